@@ -1,0 +1,133 @@
+"""The protocol's vocabulary: event names, block types, delta types, stop reasons, and
+the two dialects' payload shapes.
+
+Block types, delta types and stop reasons are open sets. The names here are plain
+strings, not a closed enum, so a producer may send a block type this module has never
+heard of and a consumer can still name it and pass it on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, TypeAlias
+
+__all__ = [
+    "ANTHROPIC",
+    "DELTA_FOR_BLOCK",
+    "DIALECTS",
+    "ESSESSEY",
+    "BlockType",
+    "DeltaType",
+    "Dialect",
+    "EventType",
+    "StopReason",
+    "text_block_start",
+    "thinking_block_start",
+    "thinking_delta_field",
+    "tool_result_block_start",
+    "tool_use_block_start",
+]
+
+Dialect: TypeAlias = Literal["essessey", "anthropic"]
+"""Which payload shapes a Publisher writes; see docs/protocol.md for the differences."""
+
+ESSESSEY: Final = "essessey"
+ANTHROPIC: Final = "anthropic"
+DIALECTS: Final[frozenset[str]] = frozenset({ESSESSEY, ANTHROPIC})
+
+
+class EventType:
+    """The protocol's event names. Every payload repeats its event name in ``type``."""
+
+    MESSAGE_START: Final = "message_start"
+    PING: Final = "ping"
+    CONTENT_BLOCK_START: Final = "content_block_start"
+    CONTENT_BLOCK_DELTA: Final = "content_block_delta"
+    CONTENT_BLOCK_STOP: Final = "content_block_stop"
+    MESSAGE_DELTA: Final = "message_delta"
+    MESSAGE_STOP: Final = "message_stop"
+    ERROR: Final = "error"
+
+    ALL: Final[frozenset[str]] = frozenset(
+        {
+            MESSAGE_START,
+            PING,
+            CONTENT_BLOCK_START,
+            CONTENT_BLOCK_DELTA,
+            CONTENT_BLOCK_STOP,
+            MESSAGE_DELTA,
+            MESSAGE_STOP,
+            ERROR,
+        }
+    )
+
+
+class BlockType:
+    """Content block types this library knows; others pass through untouched."""
+
+    TEXT: Final = "text"
+    THINKING: Final = "thinking"
+    TOOL_USE: Final = "tool_use"
+    TOOL_RESULT: Final = "tool_result"
+
+
+class DeltaType:
+    """Delta types this library knows; others pass through untouched."""
+
+    TEXT: Final = "text_delta"
+    THINKING: Final = "thinking_delta"
+    SIGNATURE: Final = "signature_delta"
+    INPUT_JSON: Final = "input_json_delta"
+    TOOL_RESULT: Final = "json_partial"
+
+
+class StopReason:
+    """Why a message ended. An open set: ``stop_sequence`` and others pass through."""
+
+    END_TURN: Final = "end_turn"
+    TOOL_USE: Final = "tool_use"
+    MAX_TOKENS: Final = "max_tokens"
+    STOP_SEQUENCE: Final = "stop_sequence"
+
+
+DELTA_FOR_BLOCK: Final[dict[str, frozenset[str]]] = {
+    BlockType.TEXT: frozenset({DeltaType.TEXT}),
+    BlockType.THINKING: frozenset({DeltaType.THINKING, DeltaType.SIGNATURE}),
+    BlockType.TOOL_USE: frozenset({DeltaType.INPUT_JSON}),
+    BlockType.TOOL_RESULT: frozenset({DeltaType.TOOL_RESULT}),
+}
+"""For each known block type, the known delta types it accepts. A delta type that is not
+known anywhere is accepted by every block (the set is open)."""
+
+
+def text_block_start(dialect: Dialect) -> dict[str, Any]:
+    """The ``content_block`` of a text block's start event."""
+    if dialect == ANTHROPIC:
+        # The Anthropic SDK appends this object to its snapshot and then does
+        # ``text += delta``: it needs the empty string to be there.
+        return {"type": BlockType.TEXT, "text": ""}
+    return {"type": BlockType.TEXT}
+
+
+def thinking_block_start(dialect: Dialect) -> dict[str, Any]:
+    """The ``content_block`` of a thinking block's start event."""
+    if dialect == ANTHROPIC:
+        return {"type": BlockType.THINKING, "thinking": ""}
+    return {"type": BlockType.THINKING}
+
+
+def thinking_delta_field(dialect: Dialect) -> str:
+    """The field of a ``thinking_delta`` that carries the reasoning text."""
+    return "thinking" if dialect == ANTHROPIC else "text"
+
+
+def tool_use_block_start(tool_use_id: str, name: str) -> dict[str, Any]:
+    """The ``content_block`` of a tool use block: the input always starts empty and
+    arrives in ``input_json_delta`` events."""
+    return {"type": BlockType.TOOL_USE, "id": tool_use_id, "name": name, "input": {}}
+
+
+def tool_result_block_start(tool_use_id: str, *, is_error: bool = False) -> dict[str, Any]:
+    """The ``content_block`` of a tool result block; ``is_error`` appears only when true."""
+    if is_error:
+        return {"type": BlockType.TOOL_RESULT, "tool_use_id": tool_use_id, "is_error": True}
+    return {"type": BlockType.TOOL_RESULT, "tool_use_id": tool_use_id}

@@ -1,0 +1,400 @@
+"""The Publisher: one method per protocol event, plus the composites a turn is made of.
+
+A Publisher turns calls into :class:`~essessey.Event` objects (the payload serialised
+once with orjson) and hands them to a :class:`~essessey.Sink`. With ``strict=True`` (the
+default) it runs the protocol checker before every event and raises
+:class:`~essessey.ProtocolError` instead of emitting one that would break a rule.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from essessey import protocol
+from essessey.check import ProtocolChecker
+from essessey.errors import ProtocolError, SerializationError
+from essessey.event import Event, Sink
+from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
+
+__all__ = ["Publisher"]
+
+logger = logging.getLogger("essessey.publisher")
+
+_PING: Final = Event(EventType.PING, b'{"type":"ping"}')
+_MESSAGE_STOP: Final = Event(EventType.MESSAGE_STOP, b'{"type":"message_stop"}')
+_USAGE_ORDER: Final = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+
+
+def _dumps(payload: Any) -> bytes:
+    try:
+        return orjson.dumps(payload)
+    except TypeError as exc:
+        # orjson raises its JSONEncodeError (a TypeError); name the event, never the value.
+        raise SerializationError(f"payload is not JSON-serialisable: {exc}") from exc
+
+
+class Publisher:
+    """Emits the protocol's events into a sink, in one of two dialects.
+
+    ``dialect="essessey"`` writes seed 004's shapes byte for byte; ``"anthropic"`` writes
+    what the Anthropic Messages API streams, so the official SDKs can read it. A Publisher
+    serves one stream and is meant to be driven by one task at a time.
+    """
+
+    __slots__ = ("_block_types", "_checker", "_dialect", "_input_tokens", "_sink")
+
+    def __init__(self, sink: Sink, *, dialect: Dialect = "essessey", strict: bool = True) -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {dialect!r}; expected one of {sorted(DIALECTS)}")
+        self._sink = sink
+        self._dialect: Dialect = dialect
+        self._checker: ProtocolChecker | None = ProtocolChecker() if strict else None
+        self._block_types: dict[int, str] = {}
+        self._input_tokens = 0
+
+    @property
+    def sink(self) -> Sink:
+        """The sink events go to."""
+        return self._sink
+
+    @property
+    def dialect(self) -> Dialect:
+        """The payload dialect this Publisher writes."""
+        return self._dialect
+
+    @property
+    def strict(self) -> bool:
+        """Whether each event is checked against the protocol before it is emitted."""
+        return self._checker is not None
+
+    # -- the single path every event takes -------------------------------------------
+
+    async def _send(self, name: str, payload: dict[str, Any], text_len: int = -1) -> None:
+        data = _dumps(payload)
+        checker = self._checker
+        if checker is not None:
+            # Checked on the dict we already hold, so strict mode never re-parses.
+            violations = checker.accept(name, payload)
+            if violations:
+                raise ProtocolError(f"{name} would break the protocol: {violations[0]}", violations)
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log(name, payload, text_len)
+        await self._sink.emit(Event(name, data))
+
+    async def _send_constant(self, event: Event) -> None:
+        checker = self._checker
+        if checker is not None:
+            payload = {"type": event.event}
+            violations = checker.accept(event.event, payload)
+            if violations:
+                raise ProtocolError(
+                    f"{event.event} would break the protocol: {violations[0]}", violations
+                )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("emit %s", event.event)
+        await self._sink.emit(event)
+
+    def _log(self, name: str, payload: dict[str, Any], text_len: int) -> None:
+        # Names, indexes and lengths only: payload content never reaches a log.
+        index = payload.get("index")
+        block = payload.get("content_block")
+        if isinstance(block, dict) and isinstance(index, int):
+            self._block_types[index] = str(block.get("type"))
+        block_type = self._block_types.get(index) if isinstance(index, int) else None
+        logger.debug(
+            "emit %s index=%s block=%s delta_len=%s",
+            name,
+            index,
+            block_type,
+            text_len if text_len >= 0 else None,
+        )
+
+    # -- one method per protocol event -----------------------------------------------
+
+    async def send_message_start(
+        self, message_id: str, stream_id: str, model: str, *, input_tokens: int = 0
+    ) -> None:
+        """Open a message. ``stream_id`` is echoed to clients; essessey never mints one."""
+        self._input_tokens = input_tokens
+        await self._send(
+            EventType.MESSAGE_START,
+            {
+                "type": EventType.MESSAGE_START,
+                "message": {
+                    "id": message_id,
+                    "stream_id": stream_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": model,
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+                },
+            },
+        )
+
+    async def send_ping(self) -> None:
+        """A keep-alive event; allowed anywhere in a stream."""
+        await self._send_constant(_PING)
+
+    async def send_content_block_start_text(self, index: int) -> None:
+        """Open a text block at ``index``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_START,
+            {
+                "type": EventType.CONTENT_BLOCK_START,
+                "index": index,
+                "content_block": protocol.text_block_start(self._dialect),
+            },
+        )
+
+    async def send_content_block_delta_text(self, index: int, text: str) -> None:
+        """Append answer text to the text block at ``index``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_DELTA,
+            {
+                "type": EventType.CONTENT_BLOCK_DELTA,
+                "index": index,
+                "delta": {"type": DeltaType.TEXT, "text": text},
+            },
+            len(text),
+        )
+
+    async def send_content_block_start_thinking(self, index: int) -> None:
+        """Open a thinking (reasoning) block at ``index``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_START,
+            {
+                "type": EventType.CONTENT_BLOCK_START,
+                "index": index,
+                "content_block": protocol.thinking_block_start(self._dialect),
+            },
+        )
+
+    async def send_content_block_delta_thinking(self, index: int, text: str) -> None:
+        """Append reasoning to the thinking block at ``index``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_DELTA,
+            {
+                "type": EventType.CONTENT_BLOCK_DELTA,
+                "index": index,
+                "delta": {
+                    "type": DeltaType.THINKING,
+                    protocol.thinking_delta_field(self._dialect): text,
+                },
+            },
+            len(text),
+        )
+
+    async def send_signature_delta(self, index: int, signature: str) -> None:
+        """Attach a provider's signature to the thinking block at ``index``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_DELTA,
+            {
+                "type": EventType.CONTENT_BLOCK_DELTA,
+                "index": index,
+                "delta": {"type": DeltaType.SIGNATURE, "signature": signature},
+            },
+            len(signature),
+        )
+
+    async def send_content_block_stop(self, index: int) -> None:
+        """Close the block at ``index``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_STOP,
+            {"type": EventType.CONTENT_BLOCK_STOP, "index": index},
+        )
+
+    async def send_tool_use_start(self, index: int, tool_use_id: str, name: str) -> None:
+        """Open a tool call block; its arguments follow as input deltas."""
+        await self._send(
+            EventType.CONTENT_BLOCK_START,
+            {
+                "type": EventType.CONTENT_BLOCK_START,
+                "index": index,
+                "content_block": protocol.tool_use_block_start(tool_use_id, name),
+            },
+        )
+
+    async def send_tool_input_delta(self, index: int, partial_json: str) -> None:
+        """Append a fragment of the tool call's JSON arguments."""
+        await self._send(
+            EventType.CONTENT_BLOCK_DELTA,
+            {
+                "type": EventType.CONTENT_BLOCK_DELTA,
+                "index": index,
+                "delta": {"type": DeltaType.INPUT_JSON, "partial_json": partial_json},
+            },
+            len(partial_json),
+        )
+
+    async def send_tool_result_start(
+        self, index: int, tool_use_id: str, *, is_error: bool = False
+    ) -> None:
+        """Open the result block of the tool call ``tool_use_id``."""
+        await self._send(
+            EventType.CONTENT_BLOCK_START,
+            {
+                "type": EventType.CONTENT_BLOCK_START,
+                "index": index,
+                "content_block": protocol.tool_result_block_start(tool_use_id, is_error=is_error),
+            },
+        )
+
+    async def send_tool_result_delta(self, index: int, text: str) -> None:
+        """Append a fragment of a tool's result."""
+        await self._send(
+            EventType.CONTENT_BLOCK_DELTA,
+            {
+                "type": EventType.CONTENT_BLOCK_DELTA,
+                "index": index,
+                "delta": {"type": DeltaType.TOOL_RESULT, "text": text},
+            },
+            len(text),
+        )
+
+    async def send_message_delta(
+        self,
+        stop_reason: str | None,
+        output_tokens: int,
+        *,
+        stop_sequence: str | None = None,
+        **usage: int,
+    ) -> None:
+        """Say why the message stopped, with its usage.
+
+        Extra keyword arguments are usage counts (``input_tokens``,
+        ``cache_read_input_tokens``, ``cache_creation_input_tokens``, ...). The anthropic
+        dialect always reports ``input_tokens`` (from message_start when not given),
+        because its clients read final usage from this event.
+        """
+        for key, value in usage.items():
+            if type(value) is not int:
+                raise TypeError(f"usage count {key!r} must be an int")
+        if self._dialect == protocol.ANTHROPIC:
+            counts: dict[str, int] = {"input_tokens": usage.pop("input_tokens", self._input_tokens)}
+            for key in _USAGE_ORDER[1:]:
+                if key in usage:
+                    counts[key] = usage.pop(key)
+            counts.update(usage)
+            counts["output_tokens"] = output_tokens
+        else:
+            counts = {"output_tokens": output_tokens, **usage}
+        await self._send(
+            EventType.MESSAGE_DELTA,
+            {
+                "type": EventType.MESSAGE_DELTA,
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": counts,
+            },
+        )
+
+    async def send_message_stop(self) -> None:
+        """Close the message; a new message_start may follow."""
+        await self._send_constant(_MESSAGE_STOP)
+
+    async def send_error(
+        self, error_type: str, message: str, *, request_id: str | None = None
+    ) -> None:
+        """Tell clients the stream failed; it ends the open message (if any)."""
+        payload: dict[str, Any] = {
+            "type": EventType.ERROR,
+            "error": {"type": error_type, "message": message},
+        }
+        if request_id is not None:
+            payload["request_id"] = request_id
+        await self._send(EventType.ERROR, payload)
+
+    async def publish(self, event_type: str, payload: Mapping[str, Any]) -> None:
+        """Emit a custom event (or a protocol event built by hand).
+
+        ``payload["type"]`` is set to ``event_type`` when missing. Protocol events still
+        pass the strict checker; unknown events pass through.
+        """
+        if not event_type or any(c in event_type for c in "\r\n\0"):
+            raise ValueError("event_type must be a non-empty name without CR, LF or NUL")
+        body = dict(payload)
+        body.setdefault("type", event_type)
+        await self._send(event_type, body)
+
+    # -- composites ------------------------------------------------------------------
+
+    async def send_stream_preamble(
+        self, message_id: str, stream_id: str, model: str, *, input_tokens: int = 0
+    ) -> None:
+        """``message_start`` then ``ping``: how every turn begins."""
+        async with _step("send_stream_preamble", "message_start"):
+            await self.send_message_start(message_id, stream_id, model, input_tokens=input_tokens)
+        async with _step("send_stream_preamble", "ping"):
+            await self.send_ping()
+
+    async def send_stream_epilogue(
+        self,
+        stop_reason: str | None,
+        output_tokens: int,
+        *,
+        stop_sequence: str | None = None,
+        **usage: int,
+    ) -> None:
+        """``message_delta`` then ``message_stop``: how every turn ends."""
+        async with _step("send_stream_epilogue", "message_delta"):
+            await self.send_message_delta(
+                stop_reason, output_tokens, stop_sequence=stop_sequence, **usage
+            )
+        async with _step("send_stream_epilogue", "message_stop"):
+            await self.send_message_stop()
+
+    async def send_tool_use_block(
+        self, index: int, tool_use_id: str, name: str, input_json: str | Mapping[str, Any]
+    ) -> None:
+        """A whole tool call block: start, its arguments in one delta, stop.
+
+        ``input_json`` is the arguments as JSON text, or a mapping to serialise (done
+        before anything is emitted, so a bad mapping emits nothing).
+        """
+        arguments = input_json if isinstance(input_json, str) else _dumps(input_json).decode()
+        async with _step("send_tool_use_block", "content_block_start"):
+            await self.send_tool_use_start(index, tool_use_id, name)
+        if arguments:
+            async with _step("send_tool_use_block", "content_block_delta"):
+                await self.send_tool_input_delta(index, arguments)
+        async with _step("send_tool_use_block", "content_block_stop"):
+            await self.send_content_block_stop(index)
+
+    async def send_tool_result_block(
+        self, index: int, tool_use_id: str, text: str, *, is_error: bool = False
+    ) -> None:
+        """A whole tool result block: start, the result in one delta (if any), stop."""
+        async with _step("send_tool_result_block", "content_block_start"):
+            await self.send_tool_result_start(index, tool_use_id, is_error=is_error)
+        if text:
+            async with _step("send_tool_result_block", "content_block_delta"):
+                await self.send_tool_result_delta(index, text)
+        async with _step("send_tool_result_block", "content_block_stop"):
+            await self.send_content_block_stop(index)
+
+
+class _step:
+    """Adds "which composite, which step" to an exception without changing its type."""
+
+    __slots__ = ("_composite", "_step")
+
+    def __init__(self, composite: str, step: str) -> None:
+        self._composite = composite
+        self._step = step
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, Exception):
+            exc.add_note(f"{self._composite} stopped at its {self._step} step")

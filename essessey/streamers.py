@@ -1,0 +1,407 @@
+"""Streamers keep the block indexes right so callers do not have to.
+
+Each streamer owns one kind of block and an index. It opens its block lazily, on the
+first non-empty chunk (a round with no text of a kind emits no block and uses no
+index), and advances the index only when a block it opened is closed. The turn helper
+(:func:`stream_turn`) owns the shared index across streamers, closes one before the
+next opens (so thinking always closes before text), and always ends the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from essessey.errors import ProtocolError
+from essessey.protocol import StopReason
+from essessey.publisher import Publisher
+
+__all__ = [
+    "LineStreamer",
+    "TextStreamer",
+    "ThinkingStreamer",
+    "ToolCall",
+    "ToolStreamer",
+    "Turn",
+    "stream_turn",
+]
+
+logger = logging.getLogger("essessey.streamers")
+
+NO_RESULT_TEXT = '{"error":"the tool produced no result"}'
+"""The result text :meth:`ToolStreamer.close` sends for a call that got no result."""
+
+
+class _BlockStreamer:
+    """Shared bookkeeping of the text-like streamers: one block, opened lazily."""
+
+    __slots__ = ("_index", "_open", "_parts", "_publisher")
+
+    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
+        if start_index < 0:
+            raise ValueError("start_index must be >= 0")
+        self._publisher = publisher
+        self._index = start_index
+        self._open = False
+        self._parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """Everything written so far (after any transform)."""
+        return "".join(self._parts)
+
+    @property
+    def next_index(self) -> int:
+        """The next free block index: the start index until a block opened and closed."""
+        return self._index
+
+    @property
+    def is_open(self) -> bool:
+        """Whether this streamer's block is open."""
+        return self._open
+
+    async def _emit(self, chunk: str) -> None:
+        publisher = self._publisher
+        if publisher is not None:
+            if not self._open:
+                await self._send_start(publisher, self._index)
+                self._open = True
+            await self._send_delta(publisher, self._index, chunk)
+        self._parts.append(chunk)
+
+    async def close(self) -> None:
+        """Close the block if one is open and advance the index; otherwise do nothing."""
+        if not self._open:
+            return
+        if self._publisher is not None:
+            await self._publisher.send_content_block_stop(self._index)
+        self._open = False
+        self._index += 1
+
+    async def _send_start(self, publisher: Publisher, index: int) -> None:
+        await publisher.send_content_block_start_text(index)
+
+    async def _send_delta(self, publisher: Publisher, index: int, chunk: str) -> None:
+        await publisher.send_content_block_delta_text(index, chunk)
+
+
+class TextStreamer(_BlockStreamer):
+    """Streams answer text as one text block; empty chunks open nothing.
+
+    With ``publisher=None`` it only accumulates, which is handy when the same code runs
+    with and without a client.
+    """
+
+    __slots__ = ()
+
+    async def write(self, chunk: str) -> None:
+        """Append ``chunk``: opens the block on the first non-empty chunk, then a delta."""
+        if chunk:
+            await self._emit(chunk)
+
+
+class ThinkingStreamer(_BlockStreamer):
+    """Streams reasoning as one thinking block; empty chunks open nothing."""
+
+    __slots__ = ("_signature",)
+
+    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
+        super().__init__(publisher, start_index)
+        self._signature: str | None = None
+
+    @property
+    def signature(self) -> str | None:
+        """The last signature written, if any."""
+        return self._signature
+
+    async def write(self, chunk: str) -> None:
+        """Append reasoning: opens the block on the first non-empty chunk, then a delta."""
+        if chunk:
+            await self._emit(chunk)
+
+    async def write_signature(self, signature: str) -> None:
+        """Attach a provider's signature to the thinking block (opening it if needed)."""
+        if not signature:
+            return
+        publisher = self._publisher
+        if publisher is not None:
+            if not self._open:
+                await self._send_start(publisher, self._index)
+                self._open = True
+            await publisher.send_signature_delta(self._index, signature)
+        self._signature = signature
+
+    async def _send_start(self, publisher: Publisher, index: int) -> None:
+        await publisher.send_content_block_start_thinking(index)
+
+    async def _send_delta(self, publisher: Publisher, index: int, chunk: str) -> None:
+        await publisher.send_content_block_delta_thinking(index, chunk)
+
+
+class LineStreamer(_BlockStreamer):
+    """Streams text a whole line at a time, each line passed through ``transform``.
+
+    For line-oriented payloads (a UI spec, a table) that must be checked or rewritten
+    before a client sees them. A trailing partial line is held until the next chunk or
+    :meth:`close`. A line the transform turns into ``""`` (with no newline) is dropped.
+    """
+
+    __slots__ = ("_pending", "_transform")
+
+    def __init__(
+        self,
+        publisher: Publisher | None,
+        start_index: int = 0,
+        transform: Callable[[str], str] | None = None,
+    ) -> None:
+        super().__init__(publisher, start_index)
+        self._transform = transform
+        self._pending: list[str] = []
+
+    async def write(self, chunk: str) -> None:
+        """Buffer ``chunk`` and emit every complete line in it."""
+        while chunk:
+            newline = chunk.find("\n")
+            if newline < 0:
+                self._pending.append(chunk)
+                return
+            self._pending.append(chunk[:newline])
+            line = "".join(self._pending)
+            self._pending.clear()
+            await self._emit_line(line, "\n")
+            chunk = chunk[newline + 1 :]
+
+    async def close(self) -> None:
+        """Emit the trailing partial line (if any), then close the block."""
+        if self._pending:
+            line = "".join(self._pending)
+            self._pending.clear()
+            await self._emit_line(line, "")
+        await super().close()
+
+    async def _emit_line(self, line: str, ending: str) -> None:
+        if self._transform is not None:
+            line = self._transform(line)
+        chunk = line + ending
+        if chunk:
+            await self._emit(chunk)
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call of a round, as a :class:`ToolStreamer` saw it."""
+
+    tool_use_id: str
+    name: str
+    arguments: str = ""
+    result: str | None = None
+    is_error: bool = False
+
+
+class ToolStreamer:
+    """Streams one round's tool calls: every tool_use block, then every tool_result.
+
+    Call :meth:`start_call` for each call (its arguments may follow in
+    :meth:`write_arguments` as they arrive), then :meth:`write_result` for each result,
+    in any order. Once a result is out, the round's calls are fixed: starting another
+    call raises :class:`ProtocolError` and emits nothing. :meth:`close` gives every call
+    still without a result an ``is_error`` result, so no client waits for one forever.
+    """
+
+    __slots__ = ("_by_id", "_calls", "_index", "_open_id", "_publisher", "_results_started")
+
+    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
+        if start_index < 0:
+            raise ValueError("start_index must be >= 0")
+        self._publisher = publisher
+        self._index = start_index
+        self._calls: list[ToolCall] = []
+        self._by_id: dict[str, ToolCall] = {}
+        self._open_id: str | None = None
+        self._results_started = False
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The round's calls, in the order they started."""
+        return list(self._calls)
+
+    @property
+    def next_index(self) -> int:
+        """The next free block index."""
+        return self._index
+
+    @property
+    def pending(self) -> list[str]:
+        """Ids of the calls that have no result yet."""
+        return [call.tool_use_id for call in self._calls if call.result is None]
+
+    async def start_call(self, tool_use_id: str, name: str, arguments: str = "") -> None:
+        """Open the tool_use block of a new call (closing the previous call's block)."""
+        if self._results_started:
+            raise ProtocolError(
+                "a tool call cannot start after the round's first result: "
+                "all tool_use blocks come before all tool_result blocks"
+            )
+        if not tool_use_id or tool_use_id in self._by_id:
+            raise ProtocolError(f"tool call id {tool_use_id!r} is empty or already used")
+        await self._close_open_call()
+        if self._publisher is not None:
+            await self._publisher.send_tool_use_start(self._index, tool_use_id, name)
+        call = ToolCall(tool_use_id, name)
+        self._calls.append(call)
+        self._by_id[tool_use_id] = call
+        self._open_id = tool_use_id
+        if arguments:
+            await self.write_arguments(tool_use_id, arguments)
+
+    async def write_arguments(self, tool_use_id: str, partial_json: str) -> None:
+        """Stream a fragment of the open call's JSON arguments."""
+        if tool_use_id != self._open_id:
+            raise ProtocolError(
+                f"arguments for {tool_use_id!r}, but the open tool call is {self._open_id!r}"
+            )
+        if not partial_json:
+            return
+        if self._publisher is not None:
+            await self._publisher.send_tool_input_delta(self._index, partial_json)
+        self._by_id[tool_use_id].arguments += partial_json
+
+    async def write_result(self, tool_use_id: str, text: str, *, is_error: bool = False) -> None:
+        """Emit a call's whole result block (closing the last tool_use block first)."""
+        call = self._by_id.get(tool_use_id)
+        if call is None:
+            raise ProtocolError(f"no tool call {tool_use_id!r} in this round")
+        if call.result is not None:
+            raise ProtocolError(f"tool call {tool_use_id!r} already has a result")
+        await self._close_open_call()
+        self._results_started = True
+        if self._publisher is not None:
+            await self._publisher.send_tool_result_block(
+                self._index, tool_use_id, text, is_error=is_error
+            )
+        self._index += 1
+        call.result = text
+        call.is_error = is_error
+
+    async def close(self) -> None:
+        """Close the open block and answer every call still owed with an error result."""
+        await self._close_open_call()
+        for tool_use_id in self.pending:
+            logger.warning("tool call %s got no result; sending an error result", tool_use_id)
+            await self.write_result(tool_use_id, NO_RESULT_TEXT, is_error=True)
+
+    async def _close_open_call(self) -> None:
+        if self._open_id is None:
+            return
+        if self._publisher is not None:
+            await self._publisher.send_content_block_stop(self._index)
+        self._open_id = None
+        self._index += 1
+
+
+_Streamer = TextStreamer | ThinkingStreamer | LineStreamer | ToolStreamer
+_S = TypeVar("_S", TextStreamer, ThinkingStreamer, LineStreamer, ToolStreamer)
+
+
+class Turn:
+    """The index owner of one message: hands out streamers that continue each other.
+
+    Get it from :func:`stream_turn`. Asking for a new streamer closes the current one
+    first, so one block is open at a time and the next streamer starts at the next free
+    index. Set :attr:`stop_reason`, :attr:`output_tokens` and :attr:`usage` before the
+    block ends to shape the epilogue.
+    """
+
+    __slots__ = (
+        "_current",
+        "_index",
+        "output_tokens",
+        "publisher",
+        "stop_reason",
+        "stop_sequence",
+        "usage",
+    )
+
+    def __init__(self, publisher: Publisher, start_index: int = 0) -> None:
+        self.publisher = publisher
+        self._index = start_index
+        self._current: _Streamer | None = None
+        self.stop_reason: str | None = StopReason.END_TURN
+        self.stop_sequence: str | None = None
+        self.output_tokens = 0
+        self.usage: dict[str, int] = {}
+
+    @property
+    def next_index(self) -> int:
+        """The next free block index, counting the current streamer's blocks."""
+        if self._current is not None:
+            return self._current.next_index
+        return self._index
+
+    async def text(self) -> TextStreamer:
+        """Close the current streamer and start a text streamer after it."""
+        return self._adopt(TextStreamer(self.publisher, await self._release()))
+
+    async def thinking(self) -> ThinkingStreamer:
+        """Close the current streamer and start a thinking streamer after it."""
+        return self._adopt(ThinkingStreamer(self.publisher, await self._release()))
+
+    async def lines(self, transform: Callable[[str], str] | None = None) -> LineStreamer:
+        """Close the current streamer and start a line streamer after it."""
+        return self._adopt(LineStreamer(self.publisher, await self._release(), transform))
+
+    async def tools(self) -> ToolStreamer:
+        """Close the current streamer and start a round of tool calls after it."""
+        return self._adopt(ToolStreamer(self.publisher, await self._release()))
+
+    async def close_current(self) -> None:
+        """Close the current streamer, if any, and take its next index."""
+        self._index = await self._release()
+
+    async def _release(self) -> int:
+        current = self._current
+        if current is not None:
+            await current.close()
+            self._index = current.next_index
+            self._current = None
+        return self._index
+
+    def _adopt(self, streamer: _S) -> _S:
+        self._current = streamer
+        return streamer
+
+
+@asynccontextmanager
+async def stream_turn(
+    publisher: Publisher,
+    *,
+    message_id: str,
+    stream_id: str,
+    model: str,
+    input_tokens: int = 0,
+    error_type: str = "api_error",
+) -> AsyncIterator[Turn]:
+    """Run one message: preamble on entry, the body's streamers, epilogue on exit.
+
+    If the body raises, an ``error`` event (of ``error_type``, naming only the exception
+    class, never its content) ends the stream so no client waits forever, and the
+    exception propagates.
+    """
+    await publisher.send_stream_preamble(message_id, stream_id, model, input_tokens=input_tokens)
+    turn = Turn(publisher)
+    try:
+        yield turn
+        await turn.close_current()
+    except Exception as exc:
+        try:
+            await publisher.send_error(error_type, f"the turn failed: {type(exc).__name__}")
+        except Exception as send_exc:
+            logger.error("could not send the error event: %s", type(send_exc).__name__)
+        raise
+    usage: dict[str, Any] = dict(turn.usage)  # Any: mypy cannot tell these from stop_sequence
+    await publisher.send_stream_epilogue(
+        turn.stop_reason, turn.output_tokens, stop_sequence=turn.stop_sequence, **usage
+    )
