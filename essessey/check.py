@@ -153,6 +153,22 @@ class ProtocolChecker:
         """
         return self._step(event, payload, commit=None)
 
+    def accept_delta(self, index: int, delta_type: str, has_content: bool) -> bool:
+        """Record a delta the caller built itself, if it plainly keeps the rules.
+
+        The fast path of a strict Publisher: a delta for the open block, of a type that
+        block accepts, is recorded and True returned. Anything else returns False and
+        records nothing; the caller then goes through :meth:`accept` to learn why.
+        """
+        if self._in_message and index == self._open_index and index >= 0:
+            allowed = DELTA_FOR_BLOCK.get(self._open_type)
+            if allowed is None or delta_type in allowed:
+                if has_content:
+                    self._open_has_content = True
+                self._position += 1
+                return True
+        return False
+
     def feed_event(self, event: Event) -> list[Violation]:
         """Record an :class:`Event`, parsing its payload; bad JSON is a violation."""
         try:
@@ -344,7 +360,9 @@ class ProtocolChecker:
     ) -> None:
         index = payload.get("index")
         delta = payload.get("delta")
-        if type(index) is not int or not isinstance(delta, dict):
+        # A negative index must be refused here: it would otherwise match _NO_BLOCK and
+        # pass as "the open block" when no block is open.
+        if type(index) is not int or index < 0 or not isinstance(delta, dict):
             violate(Rule.PAYLOAD, "content_block_delta needs an index and a delta")
             return
         if not self._require_message(violate):
@@ -374,7 +392,7 @@ class ProtocolChecker:
         commit: bool | None,
     ) -> None:
         index = payload.get("index")
-        if type(index) is not int:
+        if type(index) is not int or index < 0:
             violate(Rule.PAYLOAD, "content_block_stop needs an index")
             return
         if not self._require_message(violate):

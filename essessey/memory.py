@@ -22,6 +22,11 @@ class InMemorySink:
         """Record ``event``."""
         self._events.append(event)
 
+    def emit_nowait(self, event: Event) -> bool:
+        """Record ``event`` at once; it never has to wait."""
+        self._events.append(event)
+        return True
+
     @property
     def events(self) -> list[Event]:
         """A copy of the events recorded so far."""

@@ -38,7 +38,7 @@ NO_RESULT_TEXT = '{"error":"the tool produced no result"}'
 class _BlockStreamer:
     """Shared bookkeeping of the text-like streamers: one block, opened lazily."""
 
-    __slots__ = ("_index", "_open", "_parts", "_publisher")
+    __slots__ = ("_index", "_open", "_parts", "_publisher", "_retired")
 
     def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
         if start_index < 0:
@@ -47,6 +47,7 @@ class _BlockStreamer:
         self._index = start_index
         self._open = False
         self._parts: list[str] = []
+        self._retired = False
 
     @property
     def text(self) -> str:
@@ -67,10 +68,19 @@ class _BlockStreamer:
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
-                await self._send_start(publisher, self._index)
-                self._open = True
+                await self._open_block(publisher)
             await self._send_delta(publisher, self._index, chunk)
         self._parts.append(chunk)
+
+    async def _open_block(self, publisher: Publisher) -> None:
+        if self._retired:
+            # Its Turn has handed this index on to the next streamer: a new block here
+            # would reuse that index or overlap that streamer's block.
+            raise ProtocolError(
+                f"this {type(self).__name__} was closed by its Turn; ask the Turn for a new one"
+            )
+        await self._send_start(publisher, self._index)
+        self._open = True
 
     async def close(self) -> None:
         """Close the block if one is open and advance the index; otherwise do nothing."""
@@ -129,8 +139,7 @@ class ThinkingStreamer(_BlockStreamer):
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
-                await self._send_start(publisher, self._index)
-                self._open = True
+                await self._open_block(publisher)
             await publisher.send_signature_delta(self._index, signature)
         self._signature = signature
 
@@ -145,8 +154,10 @@ class LineStreamer(_BlockStreamer):
     """Streams text a whole line at a time, each line passed through ``transform``.
 
     For line-oriented payloads (a UI spec, a table) that must be checked or rewritten
-    before a client sees them. A trailing partial line is held until the next chunk or
-    :meth:`close`. A line the transform turns into ``""`` (with no newline) is dropped.
+    before a client sees them. Lines end at LF or CRLF; the transform sees a line
+    without its ending, and the ending is written back as it came. A trailing
+    partial line is held until the next chunk or :meth:`close`. A line the transform
+    turns into ``""`` (with no newline) is dropped.
     """
 
     __slots__ = ("_pending", "_transform")
@@ -171,7 +182,11 @@ class LineStreamer(_BlockStreamer):
             self._pending.append(chunk[:newline])
             line = "".join(self._pending)
             self._pending.clear()
-            await self._emit_line(line, "\n")
+            # The CR may have come in an earlier chunk than its LF, hence on the joined line.
+            if line.endswith("\r"):
+                await self._emit_line(line[:-1], "\r\n")
+            else:
+                await self._emit_line(line, "\n")
             chunk = chunk[newline + 1 :]
 
     async def close(self) -> None:
@@ -211,7 +226,16 @@ class ToolStreamer:
     still without a result an ``is_error`` result, so no client waits for one forever.
     """
 
-    __slots__ = ("_by_id", "_calls", "_index", "_open_id", "_publisher", "_results_started")
+    __slots__ = (
+        "_by_id",
+        "_calls",
+        "_index",
+        "_open_id",
+        "_open_parts",
+        "_publisher",
+        "_results_started",
+        "_retired",
+    )
 
     def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
         if start_index < 0:
@@ -221,11 +245,17 @@ class ToolStreamer:
         self._calls: list[ToolCall] = []
         self._by_id: dict[str, ToolCall] = {}
         self._open_id: str | None = None
+        # Fragments of the open call's arguments, joined once when its block closes:
+        # appending to a growing string would copy it at every fragment.
+        self._open_parts: list[str] = []
         self._results_started = False
+        self._retired = False
 
     @property
     def calls(self) -> list[ToolCall]:
         """The round's calls, in the order they started."""
+        if self._open_id is not None:
+            self._by_id[self._open_id].arguments = "".join(self._open_parts)
         return list(self._calls)
 
     @property
@@ -240,6 +270,10 @@ class ToolStreamer:
 
     async def start_call(self, tool_use_id: str, name: str, arguments: str = "") -> None:
         """Open the tool_use block of a new call (closing the previous call's block)."""
+        if self._retired:
+            raise ProtocolError(
+                "this ToolStreamer was closed by its Turn; ask the Turn for a new one"
+            )
         if self._results_started:
             raise ProtocolError(
                 "a tool call cannot start after the round's first result: "
@@ -267,7 +301,7 @@ class ToolStreamer:
             return
         if self._publisher is not None:
             await self._publisher.send_tool_input_delta(self._index, partial_json)
-        self._by_id[tool_use_id].arguments += partial_json
+        self._open_parts.append(partial_json)
 
     async def write_result(self, tool_use_id: str, text: str, *, is_error: bool = False) -> None:
         """Emit a call's whole result block (closing the last tool_use block first)."""
@@ -298,6 +332,8 @@ class ToolStreamer:
             return
         if self._publisher is not None:
             await self._publisher.send_content_block_stop(self._index)
+        self._by_id[self._open_id].arguments = "".join(self._open_parts)
+        self._open_parts = []
         self._open_id = None
         self._index += 1
 
@@ -311,8 +347,10 @@ class Turn:
 
     Get it from :func:`stream_turn`. Asking for a new streamer closes the current one
     first, so one block is open at a time and the next streamer starts at the next free
-    index. Set :attr:`stop_reason`, :attr:`output_tokens` and :attr:`usage` before the
-    block ends to shape the epilogue.
+    index. A streamer the Turn has moved past refuses to open another block
+    (:class:`ProtocolError`): its index now belongs to the next streamer. Set
+    :attr:`stop_reason`, :attr:`output_tokens` and :attr:`usage` before the block ends
+    to shape the epilogue.
     """
 
     __slots__ = (
@@ -365,6 +403,7 @@ class Turn:
         current = self._current
         if current is not None:
             await current.close()
+            current._retired = True
             self._index = current.next_index
             self._current = None
         return self._index
