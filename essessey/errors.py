@@ -17,7 +17,10 @@ if TYPE_CHECKING:
 __all__ = [
     "EssesseyError",
     "ProtocolError",
+    "SSEDecodeError",
     "SerializationError",
+    "StreamHTTPError",
+    "StreamRejected",
 ]
 
 
@@ -39,3 +42,52 @@ class ProtocolError(EssesseyError):
 
 class SerializationError(EssesseyError, TypeError):
     """A payload could not be serialised to JSON; nothing was emitted."""
+
+
+class SSEDecodeError(EssesseyError, ValueError):
+    """An SSE stream broke a configured limit (line length, event size); decoding stops.
+
+    Only limits raise: malformed lines are handled the way the WHATWG algorithm says
+    (ignored), never by an exception.
+    """
+
+
+class StreamRejected(EssesseyError):
+    """Raised by a producer (or a source) before its first event to refuse a stream.
+
+    The SSE response answers with ``status`` and a JSON body in the Anthropic error shape,
+    ``{"type": "error", "error": {"type": error_type, "message": message}}``, instead of
+    an event stream.
+    """
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(f"{status} {error_type}: {message}")
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+class StreamHTTPError(EssesseyError):
+    """A server answered a stream request with a non-2xx status or a non-SSE body.
+
+    ``error_type`` and ``message`` are read from either error shape seen in the wild:
+    ``{"type": "error", "error": {"type": ..., "message": ...}}`` and
+    ``{"message": ..., "error": "token_revoked"}``; ``body`` keeps the parsed JSON (or the
+    text, when the body is not JSON).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        error_type: str | None,
+        message: str | None,
+        body: object,
+        *,
+        content_type: str | None = None,
+    ) -> None:
+        super().__init__(f"HTTP {status}: {error_type or 'error'}: {message or ''}".rstrip(": "))
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.body = body
+        self.content_type = content_type

@@ -1,0 +1,5 @@
+"""Bindings deliver the same events over different transports: SSE, WebSocket, NATS.
+
+Each binding is a subpackage; those that need a third-party library import it only when
+the binding is used, so the core keeps its two dependencies.
+"""

@@ -1,0 +1,117 @@
+"""Writing the WHATWG "event stream" format.
+
+Rules, and why:
+- Every line of data gets its own ``data:`` line. CR, LF and CRLF all end a line for the
+  reader, so all three split here; an empty line (and a trailing one: ``"a\\n"``) becomes
+  an empty ``data:`` line, which is what makes the data round-trip exactly.
+- One space follows each colon. The reader drops exactly one leading space, so a value
+  that itself begins with a space keeps it.
+- A comment spanning lines gets a colon on every line; otherwise its second line would be
+  read as a field.
+- An id or event name containing CR, LF or NUL raises: it would end the line early (or,
+  for an id, make the reader ignore it) and silently change what the client sees.
+- ``encode`` never writes an empty ``id:``: for a browser that resets the last event id,
+  and a reconnect would then start from nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+from essessey.event import Event
+
+__all__ = ["encode", "encode_many", "format_message"]
+
+_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK_BYTES: Final = re.compile(rb"\r\n|\r|\n")
+_FORBIDDEN: Final = ("\r", "\n", "\0")
+
+# Event names are few; their validated "event: <name>\ndata: " prefix is cached.
+_PREFIXES: dict[str, bytes] = {}
+_PREFIX_CACHE_LIMIT: Final = 1024
+
+
+def _check_token(kind: str, value: str) -> str:
+    for char in _FORBIDDEN:
+        if char in value:
+            raise ValueError(f"an SSE {kind} must not contain CR, LF or NUL")
+    return value
+
+
+def _data_lines(data: str) -> list[str]:
+    return [f"data: {line}" if line else "data:" for line in _LINE_BREAK.split(data)]
+
+
+def format_message(
+    *,
+    data: str | None = None,
+    event: str | None = None,
+    id: str | None = None,
+    retry: int | None = None,
+    comment: str | None = None,
+) -> bytes:
+    """Format one SSE message (fields in the order comment, id, event, retry, data).
+
+    ``id=""`` writes a bare ``id`` field, which resets the reader's last event id; use it
+    only on purpose. ``retry`` is a reconnection delay in whole milliseconds (>= 0). At
+    least one of the arguments must be given.
+    """
+    lines: list[str] = []
+    if comment is not None:
+        lines.extend(f": {line}" if line else ":" for line in _LINE_BREAK.split(comment))
+    if id is not None:
+        _check_token("id", id)
+        lines.append(f"id: {id}" if id else "id")
+    if event is not None:
+        lines.append(f"event: {_check_token('event name', event)}")
+    if retry is not None:
+        if type(retry) is not int or retry < 0:
+            raise ValueError("retry must be a non-negative integer of milliseconds")
+        lines.append(f"retry: {retry}")
+    if data is not None:
+        lines.extend(_data_lines(data))
+    if not lines:
+        raise ValueError("format_message needs data, event, id, retry or a comment")
+    lines.append("\n")
+    return "\n".join(lines).encode()
+
+
+def _prefix(name: str) -> bytes:
+    prefix = _PREFIXES.get(name)
+    if prefix is None:
+        prefix = b"event: " + _check_token("event name", name).encode() + b"\n"
+        if len(_PREFIXES) < _PREFIX_CACHE_LIMIT:
+            _PREFIXES[name] = prefix
+    return prefix
+
+
+def encode(event: Event) -> bytes:
+    """Frame an :class:`~essessey.Event` as one SSE message: ``id:`` (when it has one),
+    ``event:``, its data, a blank line. The data bytes are written unchanged."""
+    data = event.data
+    if b"\n" in data or b"\r" in data:
+        # JSON from orjson never holds a raw line break; other payloads may.
+        body = b"".join(
+            (b"data: " + line + b"\n") if line else b"data:\n"
+            for line in _LINE_BREAK_BYTES.split(data)
+        )
+    else:
+        body = b"data: " + data + b"\n"
+    event_id = event.id
+    if event_id:
+        return (
+            b"id: "
+            + _check_token("id", event_id).encode()
+            + b"\n"
+            + _prefix(event.event)
+            + body
+            + b"\n"
+        )
+    return _prefix(event.event) + body + b"\n"
+
+
+def encode_many(events: Iterable[Event]) -> bytes:
+    """Frame several events into one byte string, for a single write."""
+    return b"".join([encode(event) for event in events])
