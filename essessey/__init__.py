@@ -5,7 +5,14 @@ own docs say otherwise.
 """
 
 from essessey.check import ProtocolChecker, Rule, Violation, check
-from essessey.errors import EssesseyError, ProtocolError, SerializationError
+from essessey.errors import (
+    EssesseyError,
+    ProtocolError,
+    SerializationError,
+    SSEDecodeError,
+    StreamHTTPError,
+    StreamRejected,
+)
 from essessey.event import Event, Sink, Source
 from essessey.memory import InMemorySink, MultiSink, SliceSource
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
@@ -64,11 +71,14 @@ __all__ = [
     "Publisher",
     "Reassembler",
     "Rule",
+    "SSEDecodeError",
     "SerializationError",
     "Sink",
     "SliceSource",
     "Source",
     "StopReason",
+    "StreamHTTPError",
+    "StreamRejected",
     "TextItem",
     "TextStreamer",
     "ThinkingItem",

@@ -1,0 +1,275 @@
+"""An ASGI response that streams a turn to a browser as SSE.
+
+Give it a producer (``async def produce(publisher)``) or a source (an async iterable of
+events, such as a hub subscription). Return it from a Starlette or FastAPI route, or mount
+it as a bare ASGI app. What it takes care of, and why:
+
+- The status line waits for the first event. A producer that refuses the stream
+  (:class:`~essessey.StreamRejected`) before emitting anything gets a real HTTP error
+  with a JSON body, which clients can tell from a stream; after the first event only an
+  ``error`` event can say that something failed.
+- Events that queue up while the client reads slower than the producer writes go out in
+  one ASGI send. It never waits to fill a batch: it writes what is queued.
+- The queue is bounded, so a slow client slows its producer instead of growing memory.
+- A keep-alive comment goes out after ``ping_interval`` seconds without an event, so
+  proxies and browsers do not drop an idle stream.
+- The client leaving (``http.disconnect``) cancels the producer at once.
+- A send stalled past ``send_timeout`` ends the response, with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+import anyio
+import orjson
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from starlette.background import BackgroundTask
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from essessey.bindings.sse._writer import encode, format_message
+from essessey.errors import StreamRejected
+from essessey.event import Event, Source
+from essessey.protocol import Dialect, EventType
+from essessey.publisher import Publisher
+
+__all__ = ["EventStreamResponse", "Producer"]
+
+logger = logging.getLogger("essessey.sse")
+
+Producer: TypeAlias = Callable[[Publisher], Awaitable[None]]
+"""An async function that publishes a stream through the Publisher it is given."""
+
+_PING: Final = format_message(comment="ping")
+_SSE_HEADERS: Final = (
+    (b"cache-control", b"no-cache"),
+    # nginx buffers proxied responses unless told not to; a stream must not be buffered.
+    (b"x-accel-buffering", b"no"),
+)
+
+
+def error_body(error_type: str, message: str) -> bytes:
+    """The JSON body of an error answered before a stream starts (the Anthropic shape)."""
+    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one request's tasks tell each other."""
+
+    failure: BaseException | None = None
+    emitted: bool = False
+    last_was_error: bool = False
+    started: bool = False
+
+
+class _QueueSink:
+    """The sink a producer writes into: a bounded queue the response drains."""
+
+    __slots__ = ("_run", "_stream")
+
+    def __init__(self, stream: MemoryObjectSendStream[Event], run: _Run) -> None:
+        self._stream = stream
+        self._run = run
+
+    async def emit(self, event: Event) -> None:
+        await self._stream.send(event)
+        self._note(event)
+
+    def emit_nowait(self, event: Event) -> bool:
+        try:
+            self._stream.send_nowait(event)
+        except anyio.WouldBlock:
+            return False
+        self._note(event)
+        return True
+
+    def _note(self, event: Event) -> None:
+        self._run.emitted = True
+        self._run.last_was_error = event.event == EventType.ERROR
+
+
+class EventStreamResponse(Response):
+    """Streams events as ``text/event-stream``; see the module docstring for the rules.
+
+    ``content`` is a producer (``async def produce(publisher: Publisher) -> None``) or a
+    source (an async iterable of :class:`~essessey.Event`). ``dialect`` and ``strict`` shape
+    the Publisher given to a producer. ``retry`` (milliseconds) is sent first as the
+    client's reconnection delay. ``max_queue`` bounds the events waiting for the client;
+    ``max_batch_bytes`` bounds one write.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        content: Producer | Source,
+        *,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        dialect: Dialect = "essessey",
+        strict: bool = True,
+        ping_interval: float = 15.0,
+        retry: int | None = None,
+        send_timeout: float | None = 30.0,
+        max_queue: int = 1024,
+        max_batch_bytes: int = 256 * 1024,
+        background: BackgroundTask | None = None,
+    ) -> None:
+        if ping_interval < 0:
+            raise ValueError("ping_interval must be >= 0 (0 disables the keep-alive)")
+        if send_timeout is not None and send_timeout <= 0:
+            raise ValueError("send_timeout must be > 0, or None for no timeout")
+        if max_queue < 1 or max_batch_bytes < 1:
+            raise ValueError("max_queue and max_batch_bytes must be >= 1")
+        self._retry = format_message(retry=retry) if retry is not None else b""
+        self.content = content
+        self.status_code = status_code
+        self.background = background
+        self.dialect: Dialect = dialect
+        self.strict = strict
+        self.ping_interval = ping_interval
+        self.send_timeout = send_timeout
+        self.max_queue = max_queue
+        self.max_batch_bytes = max_batch_bytes
+        self.init_headers(headers)
+        self.raw_headers.extend(h for h in _SSE_HEADERS if h[0] not in dict(self.raw_headers))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") == "HEAD":
+            # Headers only: starting the producer for a body nobody reads would run a
+            # whole turn for nothing.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        run = _Run()
+        send_stream, receive_stream = anyio.create_memory_object_stream[Event](self.max_queue)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
+            tasks.start_soon(self._produce, send_stream, run)
+            await self._write(send, receive_stream, run)
+            tasks.cancel_scope.cancel()
+        if self.background is not None and run.started:
+            await self.background()
+
+    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                logger.debug("client disconnected; cancelling the stream")
+                scope.cancel()
+                return
+
+    async def _produce(self, stream: MemoryObjectSendStream[Event], run: _Run) -> None:
+        async with stream:
+            sink = _QueueSink(stream, run)
+            try:
+                content = self.content
+                if isinstance(content, AsyncIterable):
+                    async for event in content:
+                        await sink.emit(event)
+                else:
+                    await content(Publisher(sink, dialect=self.dialect, strict=self.strict))
+            except Exception as exc:
+                run.failure = exc
+
+    async def _write(self, send: Send, stream: MemoryObjectReceiveStream[Event], run: _Run) -> None:
+        wait = self.ping_interval or math.inf
+        async with stream:
+            while True:
+                event: Event | None = None
+                with anyio.move_on_after(wait):
+                    try:
+                        event = await stream.receive()
+                    except anyio.EndOfStream:
+                        break
+                if event is None:
+                    # Quiet for ping_interval: a comment keeps proxies from closing it.
+                    if not await self._send_body(send, run, _PING):
+                        return
+                    continue
+                frames = [encode(event)]
+                size = len(frames[0])
+                while size < self.max_batch_bytes:
+                    try:
+                        event = stream.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                    frame = encode(event)
+                    frames.append(frame)
+                    size += len(frame)
+                if not await self._send_body(send, run, b"".join(frames)):
+                    return
+        await self._finish(send, run)
+
+    async def _finish(self, send: Send, run: _Run) -> None:
+        failure = run.failure
+        if failure is not None and not run.emitted and not run.started:
+            if isinstance(failure, StreamRejected):
+                await self._send_error(send, failure.status, failure.error_type, failure.message)
+            else:
+                logger.error("the stream failed before its first event", exc_info=failure)
+                await self._send_error(send, 500, "api_error", "Internal server error")
+            return
+        tail = b""
+        if failure is not None and not run.last_was_error:
+            if isinstance(failure, StreamRejected):
+                error_type, message = failure.error_type, failure.message
+            else:
+                logger.error("the stream failed after it started", exc_info=failure)
+                error_type, message = "api_error", "Internal server error"
+            tail = encode(Event(EventType.ERROR, error_body(error_type, message)))
+        if not await self._send_body(send, run, tail, more=False):
+            return
+
+    async def _start(self, send: Send, run: _Run) -> None:
+        run.started = True
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+
+    async def _send_body(self, send: Send, run: _Run, body: bytes, *, more: bool = True) -> bool:
+        """Send ``body`` (after the status line, the first time); False when the response
+        must end: the client is gone or the send stalled past send_timeout."""
+        timeout = self.send_timeout if self.send_timeout is not None else math.inf
+        try:
+            with anyio.fail_after(timeout):
+                if not run.started:
+                    await self._start(send, run)
+                    if self._retry:
+                        body = self._retry + body
+                await send({"type": "http.response.body", "body": body, "more_body": more})
+        except TimeoutError:
+            logger.warning(
+                "a send stalled for more than %.1f s; ending the response", self.send_timeout
+            )
+            return False
+        except OSError:
+            logger.debug("the client went away during a send")
+            return False
+        return True
+
+    async def _send_error(self, send: Send, status: int, error_type: str, message: str) -> None:
+        body = error_body(error_type, message)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
