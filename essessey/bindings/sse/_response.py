@@ -13,8 +13,10 @@ it as a bare ASGI app. What it takes care of, and why:
 - The queue is bounded, so a slow client slows its producer instead of growing memory.
 - A keep-alive comment goes out after ``ping_interval`` seconds without an event, so
   proxies and browsers do not drop an idle stream.
-- The client leaving (``http.disconnect``) cancels the producer at once.
-- A send stalled past ``send_timeout`` ends the response, with a log line.
+- The client leaving (``http.disconnect``) cancels the producer at once (a source is
+  closed).
+- A send stalled past ``send_timeout`` ends the response, with a log line, and cancels
+  the producer.
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ class _Run:
     """What one request's tasks tell each other."""
 
     failure: BaseException | None = None
-    emitted: bool = False
     last_was_error: bool = False
     started: bool = False
 
@@ -90,7 +91,6 @@ class _QueueSink:
         return True
 
     def _note(self, event: Event) -> None:
-        self._run.emitted = True
         self._run.last_was_error = event.event == EventType.ERROR
 
 
@@ -155,11 +155,17 @@ class EventStreamResponse(Response):
             return
         run = _Run()
         send_stream, receive_stream = anyio.create_memory_object_stream[Event](self.max_queue)
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
-            tasks.start_soon(self._produce, send_stream, run)
-            await self._write(send, receive_stream, run)
-            tasks.cancel_scope.cancel()
+        with receive_stream:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
+                tasks.start_soon(self._produce, send_stream, run)
+                try:
+                    await self._write(send, receive_stream, run)
+                finally:
+                    # Cancelled while the queue is still open: a producer blocked on a
+                    # full queue (the send stalled) must see a cancellation, not a
+                    # BrokenResourceError it would take for a failure of its own.
+                    tasks.cancel_scope.cancel()
         if self.background is not None and run.started:
             await self.background()
 
@@ -177,45 +183,70 @@ class EventStreamResponse(Response):
             try:
                 content = self.content
                 if isinstance(content, AsyncIterable):
-                    async for event in content:
-                        await sink.emit(event)
+                    await self._drain(content, sink)
                 else:
                     await content(Publisher(sink, dialect=self.dialect, strict=self.strict))
             except Exception as exc:
                 run.failure = exc
 
+    @staticmethod
+    async def _drain(source: Source, sink: _QueueSink) -> None:
+        iterator = aiter(source)
+        try:
+            async for event in iterator:
+                await sink.emit(event)
+        finally:
+            # A source parked at a yield (its event waiting for room in the queue) would
+            # otherwise be finalised only when the garbage collector gets to it, and
+            # the response itself may hold it: close it now, on any early end.
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     async def _write(self, send: Send, stream: MemoryObjectReceiveStream[Event], run: _Run) -> None:
         wait = self.ping_interval or math.inf
-        async with stream:
-            while True:
-                event: Event | None = None
-                with anyio.move_on_after(wait):
-                    try:
-                        event = await stream.receive()
-                    except anyio.EndOfStream:
-                        break
-                if event is None:
-                    # Quiet for ping_interval: a comment keeps proxies from closing it.
-                    if not await self._send_body(send, run, _PING):
-                        return
-                    continue
-                frames = [encode(event)]
-                size = len(frames[0])
-                while size < self.max_batch_bytes:
-                    try:
-                        event = stream.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                    frame = encode(event)
-                    frames.append(frame)
-                    size += len(frame)
-                if not await self._send_body(send, run, b"".join(frames)):
+        while True:
+            event: Event | None = None
+            with anyio.move_on_after(wait):
+                try:
+                    event = await stream.receive()
+                except anyio.EndOfStream:
+                    break
+            if event is None:
+                # Quiet for ping_interval: a comment keeps proxies from closing it.
+                if not await self._send_body(send, run, _PING):
                     return
+                continue
+            frames: list[bytes] = []
+            size = 0
+            unframable = False
+            while True:
+                try:
+                    frame = encode(event)
+                except ValueError as exc:
+                    # An event from a source with CR, LF or NUL in its id or name: it
+                    # cannot be written as it is. It ends the stream like a failure.
+                    if run.failure is None:
+                        run.failure = exc
+                    unframable = True
+                    break
+                frames.append(frame)
+                size += len(frame)
+                if size >= self.max_batch_bytes:
+                    break
+                try:
+                    event = stream.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            if frames and not await self._send_body(send, run, b"".join(frames)):
+                return
+            if unframable:
+                break
         await self._finish(send, run)
 
     async def _finish(self, send: Send, run: _Run) -> None:
         failure = run.failure
-        if failure is not None and not run.emitted and not run.started:
+        if failure is not None and not run.started:
             if isinstance(failure, StreamRejected):
                 await self._send_error(send, failure.status, failure.error_type, failure.message)
             else:

@@ -97,8 +97,10 @@ def encode(event: Event) -> bytes:
             (b"data: " + line + b"\n") if line else b"data:\n"
             for line in _LINE_BREAK_BYTES.split(data)
         )
-    else:
+    elif data:
         body = b"data: " + data + b"\n"
+    else:
+        body = b"data:\n"
     event_id = event.id
     if event_id:
         return (
