@@ -1,0 +1,455 @@
+"""How many events/s essessey's SSE response delivers over real HTTP, next to sse-starlette
+and a raw ASGI app that sends one pre-framed event per send.
+
+Run ``python benchmarks/bench_sse_e2e.py [--events N] [--clients 1,8] [--repeat R] [--json]``.
+One uvicorn server process on loopback serves three endpoints that stream the same turn
+(preamble, one text block of N deltas, epilogue); httpx clients read each whole stream, 1
+at a time and then several at once. Variants are interleaved and the best of R runs counts.
+See benchmarks/README.md for what the variants mean and how to read the ratios.
+
+``--profile-server PATH`` runs the server under cProfile, writes the stats to PATH and
+prints the hottest functions (profiling slows the server: its events/s mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import json
+import os
+import platform
+import pstats
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.metadata import version
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
+
+import essessey
+from essessey.bindings.sse import EventStreamResponse, SSEDecoder
+
+ESSESSEY = "essessey"
+STARLETTE = "sse-starlette"
+RAW = "raw per-event"
+VARIANTS: dict[str, str] = {
+    ESSESSEY: "/essessey",
+    STARLETTE: "/sse-starlette",
+    RAW: "/raw",
+}
+# sse-starlette ends its lines with CRLF by default; the other two write LF.
+SEPARATORS: dict[str, bytes] = {ESSESSEY: b"\n\n", STARLETTE: b"\r\n\r\n", RAW: b"\n\n"}
+LABELS: dict[str, str] = {
+    ESSESSEY: "essessey EventStreamResponse",
+    STARLETTE: "sse-starlette EventSourceResponse",
+    RAW: "raw ASGI, one event per send",
+}
+
+TARGET_VS_STARLETTE = 5.0
+TARGET_VS_RAW = 1.0
+STARTUP_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+REQUEST_TIMEOUT = 300.0
+
+Payloads = list[tuple[str, dict[str, Any]]]
+
+
+# -- the server side -------------------------------------------------------------------
+
+
+def make_chunks(deltas: int) -> list[str]:
+    # ~20 characters each, about what a model streams per token batch.
+    return [f"chunk {i:06d} of text " for i in range(deltas)]
+
+
+async def publish_turn(publisher: essessey.Publisher, chunks: list[str]) -> None:
+    await publisher.send_stream_preamble("msg_bench", "stream_bench", "bench-model")
+    await publisher.send_content_block_start_text(0)
+    send_delta = publisher.send_content_block_delta_text
+    for chunk in chunks:
+        await send_delta(0, chunk)
+    await publisher.send_content_block_stop(0)
+    await publisher.send_stream_epilogue(essessey.StopReason.END_TURN, len(chunks))
+
+
+async def recorded_turn(chunks: list[str]) -> list[essessey.Event]:
+    # The other variants send exactly what the Publisher builds, so every endpoint
+    # streams the same events.
+    sink = essessey.InMemorySink()
+    await publish_turn(essessey.Publisher(sink), chunks)
+    return sink.events
+
+
+def build_app(deltas: int) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """One ASGI app, routed by path, so every variant pays the same dispatch."""
+    chunks = make_chunks(deltas)
+    events = asyncio.run(recorded_turn(chunks))
+    payloads: Payloads = [(event.event, event.json()) for event in events]
+    # Framed before any request: the raw app does nothing per event but send.
+    frames = [b"event: " + e.event.encode() + b"\ndata: " + e.data + b"\n\n" for e in events]
+
+    async def produce(publisher: essessey.Publisher) -> None:
+        await publish_turn(publisher, chunks)
+
+    async def starlette_events() -> AsyncIterator[dict[str, str]]:
+        dumps = json.dumps
+        for name, payload in payloads:
+            yield {"event": name, "data": dumps(payload, separators=(",", ":"))}
+
+    async def raw(send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+        for frame in frames:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == VARIANTS[ESSESSEY]:
+            await EventStreamResponse(produce)(scope, receive, send)
+        elif path == VARIANTS[STARLETTE]:
+            await EventSourceResponse(starlette_events())(scope, receive, send)
+        elif path == VARIANTS[RAW]:
+            await raw(send)
+        else:
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"not found"})
+
+    return app
+
+
+def serve(port: int, deltas: int, profile_path: str | None) -> int:
+    """The server process: uvicorn on 127.0.0.1:port until its stdin closes."""
+    config = uvicorn.Config(
+        build_app(deltas), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+
+    def stop_when_stdin_closes() -> None:
+        # The parent closes our stdin to stop us, and so does its death: a crashed
+        # benchmark never leaves a server behind.
+        sys.stdin.buffer.read()
+        server.should_exit = True
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    profiler = cProfile.Profile() if profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if profiler is not None and profile_path:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+    return 0
+
+
+# -- the client side -------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Server:
+    """The server subprocess: started, waited for, and always stopped."""
+
+    def __init__(self, deltas: int, profile_path: str | None) -> None:
+        self.port = free_port()
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--serve",
+            "--port",
+            str(self.port),
+            "--events",
+            str(deltas),
+        ]
+        if profile_path:
+            command += ["--profile-server", profile_path]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_until_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with status {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the server did not accept connections in time") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+async def read_stream(client: httpx.AsyncClient, url: str, separator: bytes) -> tuple[int, int]:
+    """Read one whole stream; return (events, bytes). Counting frame ends is all the
+    parsing done here, so the client's CPU stays out of the server's way."""
+    frames = 0
+    size = 0
+    keep = len(separator) - 1
+    tail = b""
+    async with client.stream("GET", url) as response:
+        response.raise_for_status()
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            frames += chunk.count(separator)
+            # A frame end split across two chunks is in neither count above.
+            frames += (tail + chunk[:keep]).count(separator)
+            tail = chunk[-keep:]
+    return frames, size
+
+
+async def verify(client: httpx.AsyncClient, base_url: str, deltas: int) -> int:
+    """Check, before timing, that every endpoint streams the same events."""
+    expected = [(e.event, e.json()) for e in await recorded_turn(make_chunks(deltas))]
+    for variant, path in VARIANTS.items():
+        response = await client.get(base_url + path)
+        response.raise_for_status()
+        decoder = SSEDecoder()
+        messages = decoder.feed(response.content) + decoder.close()
+        got = [(message.event, orjson.loads(message.data)) for message in messages]
+        if got != expected:
+            raise SystemExit(f"{variant} streamed different events from the recorded turn")
+        if essessey.check([essessey.Event(name, orjson.dumps(data)) for name, data in got]):
+            raise SystemExit(f"{variant} streamed events that break the protocol")
+    return len(expected)
+
+
+async def timed_run(
+    client: httpx.AsyncClient, url: str, separator: bytes, clients: int, expected: int
+) -> tuple[float, int, int]:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(read_stream(client, url, separator) for _ in range(clients)))
+    elapsed = time.perf_counter() - start
+    for events, _size in results:
+        if events != expected:
+            raise SystemExit(f"{url}: {events} events received, {expected} expected")
+    return elapsed, sum(r[0] for r in results), sum(r[1] for r in results)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # The command name (field 2) may hold spaces; the fields after it do not.
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def measure(
+    server: Server, deltas: int, client_counts: list[int], repeat: int, variants: list[str]
+) -> dict[str, Any]:
+    base_url = server.base_url
+    pid = server.process.pid
+    limits = httpx.Limits(max_connections=max(client_counts), max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
+        expected = await verify(client, base_url, deltas)
+        best: dict[tuple[str, int], tuple[float, int, int]] = {}
+        # Server CPU summed over every run: the clock ticks in 10 ms steps, too coarse
+        # for one short run. It shows which side a variant is limited by.
+        server_cpu: dict[tuple[str, int], float | None] = {}
+        for _ in range(repeat):
+            # Interleaved rounds spread a noisy neighbour's burst over every variant
+            # instead of letting it land on one.
+            for clients in client_counts:
+                for variant in variants:
+                    gc.collect()
+                    url = base_url + VARIANTS[variant]
+                    cpu_before = process_cpu_seconds(pid)
+                    run = await timed_run(client, url, SEPARATORS[variant], clients, expected)
+                    cpu_after = process_cpu_seconds(pid)
+                    key = (variant, clients)
+                    if cpu_before is None or cpu_after is None:
+                        server_cpu[key] = None
+                    elif server_cpu.get(key, 0.0) is not None:
+                        server_cpu[key] = (server_cpu.get(key) or 0.0) + cpu_after - cpu_before
+                    if key not in best or run[0] < best[key][0]:
+                        best[key] = run
+
+    results = [
+        {
+            "variant": variant,
+            "clients": clients,
+            "best_seconds": seconds,
+            "events": events,
+            "bytes": size,
+            "events_per_second": events / seconds,
+            "server_cpu_us_per_event": _per_event_us(server_cpu[variant, clients], events, repeat),
+        }
+        for (variant, clients), (seconds, events, size) in best.items()
+    ]
+    rate = {key: events / seconds for key, (seconds, events, _size) in best.items()}
+    targets = []
+    for clients in client_counts:
+        for other, minimum in ((STARLETTE, TARGET_VS_STARLETTE), (RAW, TARGET_VS_RAW)):
+            if (ESSESSEY, clients) in rate and (other, clients) in rate:
+                ratio = rate[(ESSESSEY, clients)] / rate[(other, clients)]
+                targets.append(
+                    {
+                        "clients": clients,
+                        "versus": other,
+                        "min_ratio": minimum,
+                        "ratio": ratio,
+                        "met": ratio >= minimum,
+                    }
+                )
+    return {
+        "deltas": deltas,
+        "events_per_stream": expected,
+        "repeat": repeat,
+        "python": platform.python_version(),
+        "versions": {
+            name: version(name)
+            for name in ("essessey", "uvicorn", "h11", "httpx", "starlette", "sse-starlette")
+        },
+        "cpus": os.cpu_count(),
+        "results": results,
+        "targets": targets,
+    }
+
+
+def _per_event_us(cpu_seconds: float | None, events: int, repeat: int) -> float | None:
+    return None if cpu_seconds is None else cpu_seconds / (events * repeat) * 1e6
+
+
+def print_table(report: dict[str, Any]) -> None:
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    print(
+        f"{report['events_per_stream']:,} events per stream ({report['deltas']:,} text "
+        f"deltas), best of {report['repeat']}, Python {report['python']}, "
+        f"{report['cpus']} CPUs"
+    )
+    print(versions)
+    print()
+    print(
+        f"{'clients':>7}  {'variant':<34} {'events/s':>11} {'best s':>8} {'MB/s':>7} "
+        f"{'server us/event':>15}"
+    )
+    for row in sorted(
+        report["results"], key=lambda r: (r["clients"], list(VARIANTS).index(r["variant"]))
+    ):
+        us = row["server_cpu_us_per_event"]
+        cpu = "n/a" if us is None else f"{us:.2f}"
+        print(
+            f"{row['clients']:>7}  {LABELS[row['variant']]:<34} "
+            f"{row['events_per_second']:>11,.0f} {row['best_seconds']:>8.3f} "
+            f"{row['bytes'] / row['best_seconds'] / 1e6:>7.1f} {cpu:>15}"
+        )
+    print()
+    for target in report["targets"]:
+        verdict = "met" if target["met"] else "NOT met"
+        print(
+            f"{target['clients']} client(s): essessey / {target['versus']} = "
+            f"{target['ratio']:.2f} (target >= {target['min_ratio']:g}: {verdict})"
+        )
+
+
+def print_profile(path: str, limit: int = 25) -> None:
+    # On stderr, so --json output stays parseable.
+    print(f"\nserver profile written to {path}; hottest functions by own time:", file=sys.stderr)
+    stats = pstats.Stats(path, stream=sys.stderr)
+    stats.sort_stats(pstats.SortKey.TIME).print_stats(limit)
+
+
+def parse_clients(value: str) -> list[int]:
+    try:
+        counts = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of integers") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("client counts must be at least 1")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Events/s of essessey's SSE response over HTTP, against sse-starlette "
+        "and a raw per-event ASGI app."
+    )
+    parser.add_argument("--events", type=int, default=20_000, help="text deltas per stream")
+    parser.add_argument(
+        "--clients", type=parse_clients, default=[1, 8], help="concurrent clients, e.g. 1,8"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per variant")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated subset of: {', '.join(VARIANTS)}",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--profile-server", metavar="PATH", help="run the server under cProfile, stats to PATH"
+    )
+    # The server process is this script again, started with --serve.
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.events < 1 or args.repeat < 1:
+        parser.error("--events and --repeat must be at least 1")
+    if args.serve:
+        return serve(args.port, args.events, args.profile_server)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or not variants:
+        parser.error(f"unknown variants {sorted(unknown)}; expected some of {list(VARIANTS)}")
+
+    server = Server(args.events, args.profile_server)
+    try:
+        server.wait_until_ready()
+        report = asyncio.run(measure(server, args.events, args.clients, args.repeat, variants))
+    finally:
+        server.stop()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print_table(report)
+    if args.profile_server:
+        print_profile(args.profile_server)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
