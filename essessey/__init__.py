@@ -10,10 +10,17 @@ from essessey.errors import (
     ProtocolError,
     SerializationError,
     SSEDecodeError,
+    StreamBusy,
     StreamHTTPError,
+    StreamNotFound,
     StreamRejected,
+    StreamReset,
+    SubscriberLagged,
+    TooManySubscribers,
+    UnknownEventId,
 )
 from essessey.event import Event, Sink, Source
+from essessey.hub import Access, Authorize, StreamHub, TurnProducer
 from essessey.memory import InMemorySink, MultiSink, SliceSource
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
 from essessey.publisher import Publisher
@@ -36,6 +43,7 @@ from essessey.reassemble import (
     reassemble,
     reassemble_events,
 )
+from essessey.store import EventStore, InMemoryEventStore
 from essessey.streamers import (
     LineStreamer,
     TextStreamer,
@@ -49,13 +57,17 @@ from essessey.streamers import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Access",
+    "Authorize",
     "BlockType",
     "DeltaType",
     "Dialect",
     "EssesseyError",
     "Event",
+    "EventStore",
     "EventType",
     "Fragment",
+    "InMemoryEventStore",
     "InMemorySink",
     "ItemKind",
     "LineStreamer",
@@ -77,19 +89,27 @@ __all__ = [
     "SliceSource",
     "Source",
     "StopReason",
+    "StreamBusy",
     "StreamHTTPError",
+    "StreamHub",
+    "StreamNotFound",
     "StreamRejected",
+    "StreamReset",
+    "SubscriberLagged",
     "TextItem",
     "TextStreamer",
     "ThinkingItem",
     "ThinkingStreamer",
     "TimelineItem",
+    "TooManySubscribers",
     "ToolCall",
     "ToolExecution",
     "ToolResultItem",
     "ToolStreamer",
     "ToolUseItem",
     "Turn",
+    "TurnProducer",
+    "UnknownEventId",
     "Violation",
     "check",
     "reassemble",

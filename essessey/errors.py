@@ -19,8 +19,14 @@ __all__ = [
     "ProtocolError",
     "SSEDecodeError",
     "SerializationError",
+    "StreamBusy",
     "StreamHTTPError",
+    "StreamNotFound",
     "StreamRejected",
+    "StreamReset",
+    "SubscriberLagged",
+    "TooManySubscribers",
+    "UnknownEventId",
 ]
 
 
@@ -91,3 +97,29 @@ class StreamHTTPError(EssesseyError):
         self.message = message
         self.body = body
         self.content_type = content_type
+
+
+class StreamNotFound(EssesseyError, LookupError):
+    """No stream with this id is retained (never started, cleared, or expired)."""
+
+
+class UnknownEventId(EssesseyError):
+    """A last event id the store cannot resume from without a gap: evicted, never seen,
+    or from before the stream was reset (another epoch). Resume from the start instead."""
+
+
+class SubscriberLagged(EssesseyError):
+    """A subscriber fell too far behind the stream's head and was ended; it resumes by
+    the id of the last event it received."""
+
+
+class StreamReset(EssesseyError):
+    """The stream was cleared while a subscriber was following it."""
+
+
+class StreamBusy(EssesseyError):
+    """A turn is already running on this stream id."""
+
+
+class TooManySubscribers(EssesseyError):
+    """The stream already has its maximum number of subscribers."""

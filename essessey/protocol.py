@@ -87,6 +87,8 @@ class StopReason:
     TOOL_USE: Final = "tool_use"
     MAX_TOKENS: Final = "max_tokens"
     STOP_SEQUENCE: Final = "stop_sequence"
+    CANCELLED: Final = "cancelled"
+    """essessey's own: the turn was cancelled (``StreamHub.cancel``) before it finished."""
 
 
 DELTA_FOR_BLOCK: Final[dict[str, frozenset[str]]] = {

@@ -100,6 +100,12 @@ class Publisher:
         return self._dialect
 
     @property
+    def checker(self) -> ProtocolChecker | None:
+        """The protocol state of this stream (open message, open block) when strict, else
+        None. Read it, do not feed it: the Publisher does."""
+        return self._checker
+
+    @property
     def strict(self) -> bool:
         """Whether each event is checked against the protocol before it is emitted."""
         return self._checker is not None

@@ -8,6 +8,7 @@ dependencies). ``EventStreamResponse`` needs the ``server`` extra (Starlette);
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from essessey.bindings.sse._decoder import SSEDecoder, SSEMessage
@@ -27,17 +28,25 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from essessey.bindings.sse._hub import cancel_response as cancel_response
+    from essessey.bindings.sse._hub import hub_routes as hub_routes
+    from essessey.bindings.sse._hub import subscription_response as subscription_response
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
     from essessey.bindings.sse._response import Producer as Producer
 
-_NEEDS_STARLETTE = frozenset({"EventStreamResponse", "Producer"})
+_NEEDS_STARLETTE = {
+    "EventStreamResponse": "_response",
+    "Producer": "_response",
+    "cancel_response": "_hub",
+    "hub_routes": "_hub",
+    "subscription_response": "_hub",
+}
 
 
 def __getattr__(name: str) -> Any:
     # The ASGI response needs Starlette (the ``server`` extra), so it is imported on
     # first use: the format, the decoder and the source work without it.
-    if name in _NEEDS_STARLETTE:
-        from essessey.bindings.sse import _response
-
-        return getattr(_response, name)
+    module = _NEEDS_STARLETTE.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

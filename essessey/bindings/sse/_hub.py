@@ -1,0 +1,133 @@
+"""Serving a :class:`~essessey.StreamHub` over SSE: subscribe, resume, cancel.
+
+The resume point comes from the ``Last-Event-ID`` header (what a browser's EventSource
+sends when it reconnects) or from a ``last_event_id`` query parameter (for a client that
+cannot set headers: a page reload that remembers where it was). Every event carries its
+``id:`` line. Errors before the first event are HTTP errors with a JSON body in the
+Anthropic shape, which make an EventSource stop instead of reconnecting in a loop:
+
+====================  ======  =====================================================
+case                  status  ``error.type``
+====================  ======  =====================================================
+bad stream id or id   400     ``invalid_request_error``
+not authorised        403     ``permission_error``
+no such stream        404     ``not_found_error``
+unknown last id       410     ``resume_unavailable`` (start over without an id)
+too many subscribers  503     ``overloaded_error``
+====================  ======  =====================================================
+
+A subscriber that falls behind is ended without an error event: its client reconnects
+with its last id and carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from essessey.bindings.sse._response import EventStreamResponse, error_body
+from essessey.errors import (
+    StreamNotFound,
+    StreamRejected,
+    StreamReset,
+    SubscriberLagged,
+    TooManySubscribers,
+    UnknownEventId,
+)
+from essessey.event import Event
+from essessey.hub import Access, StreamHub
+
+__all__ = ["MAX_ID_LENGTH", "cancel_response", "hub_routes", "subscription_response"]
+
+logger = logging.getLogger("essessey.sse")
+
+MAX_ID_LENGTH: Final = 256
+"""The longest stream id or last event id accepted from a request."""
+
+
+def _json_error(status: int, error_type: str, message: str) -> Response:
+    return Response(error_body(error_type, message), status, media_type="application/json")
+
+
+def _bad_token(value: str) -> bool:
+    return not value or len(value) > MAX_ID_LENGTH or not value.isprintable()
+
+
+async def _follow(
+    hub: StreamHub, stream_id: str, last_event_id: str | None
+) -> AsyncIterator[Event]:
+    try:
+        async for event in hub.subscribe(stream_id, last_event_id):
+            yield event
+    except StreamNotFound as exc:
+        raise StreamRejected(404, "not_found_error", f"no stream {stream_id!r}") from exc
+    except UnknownEventId as exc:
+        raise StreamRejected(
+            410, "resume_unavailable", "the last event id is not retained; start over without it"
+        ) from exc
+    except TooManySubscribers as exc:
+        raise StreamRejected(503, "overloaded_error", "too many subscribers") from exc
+    except StreamReset as exc:
+        raise StreamRejected(410, "resume_unavailable", "the stream was reset") from exc
+    except SubscriberLagged:
+        # Ending the response (not an error event) makes the client reconnect with its
+        # last id, which the store still holds.
+        return
+
+
+async def subscription_response(
+    hub: StreamHub, request: Request, stream_id: str, **options: Any
+) -> Response:
+    """An SSE response following ``stream_id`` on ``hub`` for this request, resuming
+    after its ``Last-Event-ID`` header or ``last_event_id`` query parameter.
+
+    ``options`` go to :class:`EventStreamResponse` (``ping_interval``, ``retry``, ...).
+    """
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is None:
+        last_event_id = request.query_params.get("last_event_id")
+    if last_event_id == "":
+        last_event_id = None  # an empty id means "from the start", as for EventSource
+    if _bad_token(stream_id):
+        return _json_error(400, "invalid_request_error", "invalid stream id")
+    if last_event_id is not None and _bad_token(last_event_id):
+        return _json_error(400, "invalid_request_error", "invalid last event id")
+    access: Access = "resume" if last_event_id is not None else "read"
+    if not await hub.authorized(request, stream_id, access):
+        return _json_error(403, "permission_error", f"not allowed to {access} this stream")
+    return EventStreamResponse(_follow(hub, stream_id, last_event_id), **options)
+
+
+async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> Response:
+    """Cancel the turn running on ``stream_id`` if this request may: 200 with
+    ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed."""
+    if _bad_token(stream_id):
+        return _json_error(400, "invalid_request_error", "invalid stream id")
+    if not await hub.authorized(request, stream_id, "cancel"):
+        return _json_error(403, "permission_error", "not allowed to cancel this stream")
+    if not await hub.cancel(stream_id):
+        return _json_error(404, "not_found_error", "no turn is running on this stream")
+    return Response(b'{"cancelled":true}', 200, media_type="application/json")
+
+
+def hub_routes(hub: StreamHub, prefix: str = "/streams", **options: Any) -> Sequence[BaseRoute]:
+    """Starlette routes: ``GET {prefix}/{stream_id}`` (subscribe or resume, as SSE) and
+    ``POST {prefix}/{stream_id}/cancel``. ``options`` go to the SSE response."""
+
+    async def subscribe(request: Request) -> Response:
+        return await subscription_response(
+            hub, request, request.path_params["stream_id"], **options
+        )
+
+    async def cancel(request: Request) -> Response:
+        return await cancel_response(hub, request, request.path_params["stream_id"])
+
+    return [
+        Route(prefix + "/{stream_id}", subscribe, methods=["GET"]),
+        Route(prefix + "/{stream_id}/cancel", cancel, methods=["POST"]),
+    ]

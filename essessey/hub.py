@@ -1,0 +1,266 @@
+"""The hub: turns run apart from the connections that watch them.
+
+A producer runs as a task of the hub, not of a request, so a dropped connection never
+stops a turn. Its events go into an :class:`~essessey.store.EventStore`, and every
+subscriber follows the store: replay after its last event id, then live events, with no
+gap and no duplicate at the seam because both come from one ordered log.
+
+Policies, and why:
+- A subscriber more than ``max_lag`` events behind the head is ended
+  (:class:`~essessey.SubscriberLagged`, logged). Its last event id is still retained, so
+  it resumes by id; keep ``max_lag`` well below the store's per-stream capacity.
+- A last event id the store cannot resume from raises :class:`~essessey.UnknownEventId`
+  before any event: the client starts over without an id and gets the stream from the
+  oldest message retained whole. Nothing is guessed, nothing silently repeated.
+- :meth:`StreamHub.cancel` stops a turn: the open block is closed and the message ends
+  with stop reason ``cancelled``, so every subscriber sees why it ended. A client
+  disconnecting only ends its own subscription.
+- A producer that raises, or returns with a message still open, ends the stream with an
+  ``error`` event, so no subscriber waits forever.
+- A stream id is not a secret: ``authorize`` decides who may read, resume or cancel.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final, Literal, TypeAlias
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from essessey.errors import (
+    EssesseyError,
+    StreamBusy,
+    SubscriberLagged,
+    TooManySubscribers,
+)
+from essessey.event import Event
+from essessey.protocol import Dialect, EventType, StopReason
+from essessey.publisher import Publisher
+from essessey.store import EventStore, InMemoryEventStore
+
+__all__ = ["Access", "Authorize", "StreamHub", "TurnProducer"]
+
+logger = logging.getLogger("essessey.hub")
+
+Access: TypeAlias = Literal["read", "resume", "cancel"]
+"""What a request wants to do with a stream: read it from the start, resume it from a
+last event id, or cancel its turn."""
+
+Authorize: TypeAlias = Callable[[Any, str, Access], "bool | Awaitable[bool]"]
+"""``authorize(request, stream_id, access) -> bool`` (sync or async), supplied by the app."""
+
+TurnProducer: TypeAlias = Callable[[Publisher], Awaitable[None]]
+"""An async function that publishes one turn through the Publisher it is given."""
+
+_END_TIMEOUT: Final = 5.0
+"""Seconds a cancelled or failed turn may spend writing its last events."""
+
+
+class _HubSink:
+    """The sink of a running turn: appends to the store, remembers the last event."""
+
+    __slots__ = ("_append_nowait", "_store", "_stream_id", "last_was_error")
+
+    def __init__(self, store: EventStore, stream_id: str) -> None:
+        self._store = store
+        self._stream_id = stream_id
+        self._append_nowait: Callable[[str, Event], Event] | None = getattr(
+            store, "append_nowait", None
+        )
+        self.last_was_error = False
+
+    async def emit(self, event: Event) -> None:
+        await self._store.append(self._stream_id, event)
+        self.last_was_error = event.event == EventType.ERROR
+
+    def emit_nowait(self, event: Event) -> bool:
+        append = self._append_nowait
+        if append is None:
+            return False
+        append(self._stream_id, event)
+        self.last_was_error = event.event == EventType.ERROR
+        return True
+
+
+@dataclass(slots=True)
+class _Turn:
+    scope: anyio.CancelScope
+    done: anyio.Event = field(default_factory=anyio.Event)
+    cancel_requested: bool = False
+
+
+class StreamHub:
+    """Runs turns as tasks and lets any number of subscribers follow each stream.
+
+    Enter it once for the life of the app (``async with hub:``, e.g. in a Starlette
+    lifespan); leaving it cancels the turns still running, ending each properly.
+    """
+
+    def __init__(
+        self,
+        store: EventStore | None = None,
+        *,
+        dialect: Dialect = "essessey",
+        authorize: Authorize | None = None,
+        max_lag: int = 1000,
+        max_subscribers: int = 1000,
+    ) -> None:
+        if max_lag <= 0 or max_subscribers <= 0:
+            raise ValueError("max_lag and max_subscribers must be > 0")
+        self.store: EventStore = store if store is not None else InMemoryEventStore()
+        self.dialect: Dialect = dialect
+        self.max_lag = max_lag
+        self.max_subscribers = max_subscribers
+        self._authorize = authorize
+        self._turns: dict[str, _Turn] = {}
+        self._subscribers: dict[str, int] = {}
+        self._tasks: TaskGroup | None = None
+
+    async def __aenter__(self) -> StreamHub:
+        if self._tasks is not None:
+            raise RuntimeError("this StreamHub is already running")
+        tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        self._tasks = tasks
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tasks, self._tasks = self._tasks, None
+        if tasks is None:
+            return None
+        for turn in list(self._turns.values()):
+            turn.cancel_requested = True
+            turn.scope.cancel()
+        return await tasks.__aexit__(exc_type, exc, tb)
+
+    def running(self, stream_id: str) -> bool:
+        """Whether a turn is running on ``stream_id`` in this hub."""
+        return stream_id in self._turns
+
+    def subscriber_count(self, stream_id: str) -> int:
+        """How many subscribers follow ``stream_id`` right now."""
+        return self._subscribers.get(stream_id, 0)
+
+    async def start(self, stream_id: str, producer: TurnProducer) -> None:
+        """Run ``producer(publisher)`` as a task of the hub, publishing into the stream.
+
+        Returns once the turn is registered (subscribers may attach at once). Raises
+        :class:`~essessey.StreamBusy` when a turn is already running on the stream.
+        """
+        tasks = self._tasks
+        if tasks is None:
+            raise RuntimeError("enter the StreamHub (async with hub:) before starting turns")
+        if stream_id in self._turns:
+            raise StreamBusy(f"a turn is already running on stream {stream_id!r}")
+        await self.store.open_stream(stream_id)
+        await tasks.start(self._run, stream_id, producer)
+
+    async def _run(
+        self, stream_id: str, producer: TurnProducer, *, task_status: TaskStatus[None]
+    ) -> None:
+        sink = _HubSink(self.store, stream_id)
+        publisher = Publisher(sink, dialect=self.dialect, strict=True)
+        turn = _Turn(anyio.CancelScope())
+        self._turns[stream_id] = turn
+        task_status.started()
+        failed = False
+        try:
+            with turn.scope:
+                try:
+                    await producer(publisher)
+                except Exception:
+                    failed = True
+                    # The traceback is the app's own code; the turn's content is not logged.
+                    logger.exception("the turn on stream %s failed", stream_id)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+                await self._end(publisher, sink, cancelled=turn.scope.cancel_called, failed=failed)
+                await self.store.close_stream(stream_id)
+        finally:
+            del self._turns[stream_id]
+            turn.done.set()
+
+    async def _end(
+        self, publisher: Publisher, sink: _HubSink, *, cancelled: bool, failed: bool
+    ) -> None:
+        checker = publisher.checker
+        in_message = checker is not None and checker.in_message
+        if sink.last_was_error or not in_message:
+            return  # already ended (stream_turn sends its own error) or nothing open
+        try:
+            if cancelled and checker is not None:
+                block = checker.open_block
+                if block is not None:
+                    await publisher.send_content_block_stop(block[0])
+                await publisher.send_stream_epilogue(StopReason.CANCELLED, 0)
+                return
+        except EssesseyError:
+            logger.warning("could not end the cancelled turn cleanly; sending an error")
+        if failed or cancelled:
+            await publisher.send_error("api_error", "the turn failed")
+        else:
+            logger.warning("a turn returned with its message still open; sending an error")
+            await publisher.send_error("api_error", "the turn ended before message_stop")
+
+    async def cancel(self, stream_id: str) -> bool:
+        """Stop the turn running on ``stream_id`` and wait until it has ended its
+        message; False when no turn is running there."""
+        turn = self._turns.get(stream_id)
+        if turn is None:
+            return False
+        turn.cancel_requested = True
+        turn.scope.cancel()
+        await turn.done.wait()
+        return True
+
+    async def wait(self, stream_id: str) -> None:
+        """Wait until the turn running on ``stream_id`` (if any) has finished."""
+        turn = self._turns.get(stream_id)
+        if turn is not None:
+            await turn.done.wait()
+
+    async def subscribe(
+        self, stream_id: str, last_event_id: str | None = None
+    ) -> AsyncIterator[Event]:
+        """Replay the stream after ``last_event_id`` (from the oldest whole message when
+        None), then follow it live until its turn ends.
+
+        Raises, before any event: :class:`~essessey.StreamNotFound`,
+        :class:`~essessey.UnknownEventId`, :class:`~essessey.TooManySubscribers`; and
+        :class:`~essessey.SubscriberLagged` when it falls more than ``max_lag`` behind.
+        """
+        count = self._subscribers.get(stream_id, 0)
+        if count >= self.max_subscribers:
+            raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
+        self._subscribers[stream_id] = count + 1
+        try:
+            async for event in self.store.follow(stream_id, last_event_id, max_lag=self.max_lag):
+                yield event
+        except SubscriberLagged:
+            logger.warning("a subscriber of %s fell behind and was ended", stream_id)
+            raise
+        finally:
+            remaining = self._subscribers[stream_id] - 1
+            if remaining:
+                self._subscribers[stream_id] = remaining
+            else:
+                del self._subscribers[stream_id]
+
+    async def authorized(self, request: Any, stream_id: str, access: Access) -> bool:
+        """Ask the app's ``authorize`` hook; True when the hub has none."""
+        hook = self._authorize
+        if hook is None:
+            return True
+        verdict = hook(request, stream_id, access)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return bool(verdict)
