@@ -52,7 +52,9 @@ _USAGE_ORDER: Final = (
 
 def _dumps(payload: Any) -> bytes:
     try:
-        return orjson.dumps(payload)
+        # orjson's bytes keep its whole working buffer (4 KiB at least) however short the
+        # JSON; a stored event would carry that forever, so keep an exact-size copy.
+        return bytes(memoryview(orjson.dumps(payload)))
     except TypeError as exc:
         # orjson raises its JSONEncodeError (a TypeError); name the event, never the value.
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from exc
