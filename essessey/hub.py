@@ -8,7 +8,9 @@ gap and no duplicate at the seam because both come from one ordered log.
 Policies, and why:
 - A subscriber more than ``max_lag`` events behind the head is ended
   (:class:`~essessey.SubscriberLagged`, logged). Its last event id is still retained, so
-  it resumes by id; keep ``max_lag`` well below the store's per-stream capacity.
+  it resumes by id; keep ``max_lag`` well below the store's per-stream capacity. The
+  backlog a subscriber replays when it attaches does not count as lag (only events
+  appended after it attached do), so a resume always makes progress.
 - A last event id the store cannot resume from raises :class:`~essessey.UnknownEventId`
   before any event: the client starts over without an id and gets the stream from the
   oldest message retained whole. Nothing is guessed, nothing silently repeated.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
@@ -91,7 +93,7 @@ class _HubSink:
 class _Turn:
     scope: anyio.CancelScope
     done: anyio.Event = field(default_factory=anyio.Event)
-    cancel_requested: bool = False
+    started: bool = False
 
 
 class StreamHub:
@@ -139,7 +141,6 @@ class StreamHub:
         if tasks is None:
             return None
         for turn in list(self._turns.values()):
-            turn.cancel_requested = True
             turn.scope.cancel()
         return await tasks.__aexit__(exc_type, exc, tb)
 
@@ -162,16 +163,34 @@ class StreamHub:
             raise RuntimeError("enter the StreamHub (async with hub:) before starting turns")
         if stream_id in self._turns:
             raise StreamBusy(f"a turn is already running on stream {stream_id!r}")
-        await self.store.open_stream(stream_id)
-        await tasks.start(self._run, stream_id, producer)
+        # Registered before the first await, so a concurrent start on the same stream
+        # (a double click) gets StreamBusy instead of running a second producer.
+        turn = _Turn(anyio.CancelScope())
+        self._turns[stream_id] = turn
+        try:
+            await self.store.open_stream(stream_id)
+            await tasks.start(self._run, stream_id, producer, turn)
+        except BaseException:
+            if not turn.started:
+                self._forget(stream_id, turn)
+            raise
+
+    def _forget(self, stream_id: str, turn: _Turn) -> None:
+        if self._turns.get(stream_id) is turn:
+            del self._turns[stream_id]
+        turn.done.set()
 
     async def _run(
-        self, stream_id: str, producer: TurnProducer, *, task_status: TaskStatus[None]
+        self,
+        stream_id: str,
+        producer: TurnProducer,
+        turn: _Turn,
+        *,
+        task_status: TaskStatus[None],
     ) -> None:
         sink = _HubSink(self.store, stream_id)
         publisher = Publisher(sink, dialect=self.dialect, strict=True)
-        turn = _Turn(anyio.CancelScope())
-        self._turns[stream_id] = turn
+        turn.started = True
         task_status.started()
         failed = False
         try:
@@ -182,12 +201,27 @@ class StreamHub:
                     failed = True
                     # The traceback is the app's own code; the turn's content is not logged.
                     logger.exception("the turn on stream %s failed", stream_id)
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
-                await self._end(publisher, sink, cancelled=turn.scope.cancel_called, failed=failed)
-                await self.store.close_stream(stream_id)
+            # Shielded and bounded: the turn's last events go out even when the hub is
+            # being left. Nothing raised here may reach the hub's task group, where it
+            # would cancel every other turn; and the stream is always closed, or its
+            # subscribers would wait forever.
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(_END_TIMEOUT) as ending:
+                    try:
+                        await self._end(
+                            publisher, sink, cancelled=turn.scope.cancel_called, failed=failed
+                        )
+                    except Exception:
+                        logger.exception("could not end the turn on stream %s", stream_id)
+                if ending.cancelled_caught:
+                    logger.warning("ending the turn on stream %s timed out", stream_id)
+                with anyio.move_on_after(_END_TIMEOUT):
+                    try:
+                        await self.store.close_stream(stream_id)
+                    except Exception:
+                        logger.exception("could not close stream %s", stream_id)
         finally:
-            del self._turns[stream_id]
-            turn.done.set()
+            self._forget(stream_id, turn)
 
     async def _end(
         self, publisher: Publisher, sink: _HubSink, *, cancelled: bool, failed: bool
@@ -217,7 +251,6 @@ class StreamHub:
         turn = self._turns.get(stream_id)
         if turn is None:
             return False
-        turn.cancel_requested = True
         turn.scope.cancel()
         await turn.done.wait()
         return True
@@ -230,7 +263,7 @@ class StreamHub:
 
     async def subscribe(
         self, stream_id: str, last_event_id: str | None = None
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Replay the stream after ``last_event_id`` (from the oldest whole message when
         None), then follow it live until its turn ends.
 
@@ -241,19 +274,27 @@ class StreamHub:
         count = self._subscribers.get(stream_id, 0)
         if count >= self.max_subscribers:
             raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
+        events = self.store.follow(stream_id, last_event_id, max_lag=self.max_lag)
         self._subscribers[stream_id] = count + 1
         try:
-            async for event in self.store.follow(stream_id, last_event_id, max_lag=self.max_lag):
+            async for event in events:
                 yield event
         except SubscriberLagged:
             logger.warning("a subscriber of %s fell behind and was ended", stream_id)
             raise
         finally:
-            remaining = self._subscribers[stream_id] - 1
-            if remaining:
-                self._subscribers[stream_id] = remaining
-            else:
-                del self._subscribers[stream_id]
+            try:
+                # Closed now, not whenever the garbage collector finalises it: a store's
+                # follower may hold a subscription of its own.
+                aclose = getattr(events, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                remaining = self._subscribers[stream_id] - 1
+                if remaining:
+                    self._subscribers[stream_id] = remaining
+                else:
+                    del self._subscribers[stream_id]
 
     async def authorized(self, request: Any, stream_id: str, access: Access) -> bool:
         """Ask the app's ``authorize`` hook; True when the hub has none."""

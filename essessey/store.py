@@ -16,6 +16,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
+from itertools import islice
 from typing import Final, Protocol, runtime_checkable
 
 import anyio
@@ -53,8 +54,10 @@ class EventStore(Protocol):
 
         Without a last id it starts at the oldest message still retained whole. It raises
         :class:`StreamNotFound`, :class:`UnknownEventId`, :class:`SubscriberLagged` (more
-        than ``max_lag`` events behind the head, or behind what is retained) or
-        :class:`StreamReset` (cleared meanwhile)."""
+        than ``max_lag`` of the events appended since it started are waiting for it, or
+        its position was evicted) or :class:`StreamReset` (cleared or dropped meanwhile).
+        The backlog it replays on starting does not count towards ``max_lag``, so a
+        follower that resumes by id after being ended for lag always makes progress."""
         ...
 
     async def open_stream(self, stream_id: str) -> None:
@@ -123,16 +126,17 @@ class InMemoryEventStore:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def _expire(self) -> None:
+    def _expire(self, now: float | None = None) -> None:
         streams = self._streams
-        horizon = time.monotonic() - self.max_age
+        horizon = (time.monotonic() if now is None else now) - self.max_age
         while streams:
             stream_id, stream = next(iter(streams.items()))
             if stream.updated >= horizon and len(streams) <= self.max_streams:
                 break
             del streams[stream_id]
-            # Followers of a dropped stream must not wait forever.
-            stream.closed = True
+            # Followers of a dropped stream must not wait forever. It is not marked
+            # closed: a follower that has not seen the stream closed by its producer
+            # gets StreamReset, never an end that looks like the turn's.
             stream.wake()
             logger.debug("dropped stream %s (expired or over max_streams)", stream_id)
 
@@ -140,8 +144,13 @@ class InMemoryEventStore:
         self._expire()
         return self._streams.get(stream_id)
 
-    def _create_or_touch(self, stream_id: str) -> _Stream:
+    def _create_or_touch(self, stream_id: str, now: float) -> _Stream:
         stream = self._streams.get(stream_id)
+        if stream is not None and stream.updated < now - self.max_age:
+            # Past max_age, the stream is gone whether or not a read has dropped it
+            # yet: writing to it starts a new epoch either way.
+            self._expire(now)
+            stream = self._streams.get(stream_id)
         if stream is None:
             # A fresh epoch per creation: ids from an earlier life of this stream id
             # (before a clear or expiry) must not match positions in this one.
@@ -153,7 +162,8 @@ class InMemoryEventStore:
 
     def append_nowait(self, stream_id: str, event: Event) -> Event:
         """:meth:`append` without a coroutine: the in-memory store never waits."""
-        stream = self._create_or_touch(stream_id)
+        now = time.monotonic()
+        stream = self._create_or_touch(stream_id, now)
         seq = stream.next_seq
         stored = _new_event(Event, (event.event, event.data, f"{stream.epoch}-{seq}"))
         if len(stream.events) == self.max_events_per_stream:
@@ -161,10 +171,10 @@ class InMemoryEventStore:
         stream.events.append(stored)
         stream.next_seq = seq + 1
         stream.closed = False
-        stream.updated = time.monotonic()
+        stream.updated = now
         stream.wake()
         if len(self._streams) > self.max_streams:
-            self._expire()
+            self._expire(now)
         return stored
 
     async def append(self, stream_id: str, event: Event) -> Event:
@@ -184,7 +194,15 @@ class InMemoryEventStore:
                     return stream.first_seq + offset
             return stream.next_seq
         epoch, _, seq_text = last_event_id.rpartition("-")
-        if epoch != stream.epoch or not seq_text.isdigit() or len(seq_text) > 18:
+        # Only the exact spelling this store issues: ASCII digits (str.isdigit also
+        # accepts digits int() rejects, such as "²"), no leading zero, no sign.
+        if (
+            epoch != stream.epoch
+            or not seq_text.isascii()
+            or not seq_text.isdigit()
+            or len(seq_text) > 18
+            or seq_text[0] == "0"
+        ):
             return None
         seq = int(seq_text)
         # Known when everything after it is still here: the event itself may have been
@@ -198,11 +216,13 @@ class InMemoryEventStore:
         stream = self._get(stream_id)
         if stream is None:
             return [], False
+        if last_event_id is None:
+            return list(stream.events), True  # everything retained, as documented
         start = self._start(stream, last_event_id)
         if start is None:
             return [], False
-        offset = start - stream.first_seq
-        return [stream.events[i] for i in range(offset, len(stream.events))], True
+        # islice walks the deque once; indexing it is O(n) away from its ends.
+        return list(islice(stream.events, start - stream.first_seq, None)), True
 
     async def follow(
         self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
@@ -215,6 +235,10 @@ class InMemoryEventStore:
         if start is None:
             raise UnknownEventId(f"event id is not retained for stream {stream_id!r}")
         cursor = start  # the sequence of the next event to yield
+        # Lag counts only what was appended after the follower started: the backlog it
+        # replays first is not a sign of a slow reader, and counting it would end a
+        # resuming follower before its first event, again at every attempt.
+        live_from = stream.next_seq
         while True:
             if self._streams.get(stream_id) is not stream:
                 if stream.closed and cursor >= stream.next_seq:
@@ -224,7 +248,7 @@ class InMemoryEventStore:
                 raise SubscriberLagged(
                     f"events after the subscriber's position in {stream_id!r} were evicted"
                 )
-            if max_lag is not None and stream.next_seq - cursor > max_lag:
+            if max_lag is not None and stream.next_seq - max(cursor, live_from) > max_lag:
                 raise SubscriberLagged(
                     f"subscriber is {stream.next_seq - cursor} events behind {stream_id!r}"
                 )
@@ -239,11 +263,12 @@ class InMemoryEventStore:
 
     async def open_stream(self, stream_id: str) -> None:
         """Create the stream if needed and mark it open for followers to wait on."""
-        stream = self._create_or_touch(stream_id)
+        now = time.monotonic()
+        stream = self._create_or_touch(stream_id, now)
         stream.closed = False
-        stream.updated = time.monotonic()
+        stream.updated = now
         if len(self._streams) > self.max_streams:
-            self._expire()
+            self._expire(now)
 
     async def close_stream(self, stream_id: str) -> None:
         """No more events for now: followers end once they have everything."""

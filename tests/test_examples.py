@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 import essessey
-from essessey.bindings.sse import SSEDecoder
+from essessey.bindings.sse import SSEDecoder, connect
 from tests.servers import serve
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -80,3 +81,145 @@ async def test_fastapi_example_streams_a_valid_turn(monkeypatch: pytest.MonkeyPa
     ]
     assert [result.text for result in parsed.tool_results] == ['{"temp_c": 18, "sky": "clear"}']
     assert parsed.stop_reason == "tool_use"
+
+
+@pytest.mark.anyio
+async def test_resume_example_resumes_a_dropped_turn_exactly_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    example = load_example("resume_app")
+    # Fast, but not instant: the first read drops the connection mid-turn.
+    monkeypatch.setattr(example, "PAUSE", 0.002)
+
+    with serve(example.app, lifespan="on") as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+            page = await client.get("/")
+            assert page.status_code == 200
+            assert "new EventSource(" in page.text
+            assert "last_event_id" in page.text
+
+            created = await client.post("/streams")
+            assert created.status_code == 201
+            stream_id = created.json()["stream_id"]
+            token = created.json()["token"]
+            url = f"/streams/{stream_id}"
+            auth = {"authorization": f"Bearer {token}"}
+
+            # Read part of the turn, then drop the connection (leaving the block closes it).
+            first_part: list[essessey.Event] = []
+            async with connect(client, "GET", url, headers=auth) as events:
+                async for event in events:
+                    first_part.append(event)
+                    if len(first_part) == 10:
+                        break
+            assert len(first_part) == 10
+
+            # Resume with Last-Event-ID, as an EventSource does after a drop.
+            async with connect(
+                client, "GET", url, headers=auth, last_event_id=first_part[-1].id
+            ) as events:
+                rest = [event async for event in events]
+
+            # And as the page does after a reload: ?last_event_id= and ?token=.
+            middle = first_part + rest[: len(rest) // 2]
+            async with connect(
+                client,
+                "GET",
+                url,
+                params={"token": token, "last_event_id": middle[-1].id or ""},
+            ) as events:
+                after_reload = [event async for event in events]
+
+            # The whole turn, read again from the start once it has finished.
+            async with connect(client, "GET", url, headers=auth) as events:
+                whole = [event async for event in events]
+
+    turn = first_part + rest
+    assert turn == whole
+    assert middle + after_reload == whole
+    ids = [event.id for event in turn]
+    assert all(ids)
+    assert len(set(ids)) == len(ids)  # each event exactly once
+    assert essessey.check(turn) == []
+    assert turn[0].event == "message_start"
+    assert turn[-1].event == "message_stop"
+    parsed = essessey.reassemble_events(turn)
+    assert parsed.complete
+    assert parsed.text == example.REPLY
+    assert parsed.stop_reason == "end_turn"
+
+
+@pytest.mark.anyio
+async def test_resume_example_checks_the_stream_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    example = load_example("resume_app")
+    monkeypatch.setattr(example, "PAUSE", 0.05)  # the turn still runs when it is cancelled
+
+    with serve(example.app, lifespan="on") as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+            first = (await client.post("/streams")).json()
+            other = (await client.post("/streams")).json()
+            url = f"/streams/{first['stream_id']}"
+            for headers in ({}, {"authorization": f"Bearer {other['token']}"}):
+                # Read, resume, cancel: 403 and not a single event.
+                read = await client.get(url, headers=headers)
+                resume = await client.get(url, headers={**headers, "last-event-id": "x-1"})
+                cancel = await client.post(url + "/cancel", headers=headers)
+                for response in (read, resume, cancel):
+                    assert response.status_code == 403
+                    assert response.headers["content-type"] == "application/json"
+                    assert response.json()["error"]["type"] == "permission_error"
+
+            auth = {"authorization": f"Bearer {first['token']}"}
+            cancelled = await client.post(url + "/cancel", headers=auth)
+            assert cancelled.status_code == 200
+            assert cancelled.json() == {"cancelled": True}
+            async with connect(client, "GET", url, headers=auth) as events:
+                received = [event async for event in events]
+
+    assert essessey.check(received) == []
+    parsed = essessey.reassemble_events(received)
+    assert parsed.stop_reason == "cancelled"
+    assert example.REPLY.startswith(parsed.text)
+    assert parsed.text != example.REPLY
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(
+    not CHROMIUM.exists() and os.environ.get("CI") != "true",
+    reason=f"{CHROMIUM} is missing (install Debian's chromium package; in CI this test runs)",
+)
+async def test_resume_example_page_resumes_after_a_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    from playwright.async_api import async_playwright
+
+    example = load_example("resume_app")
+    monkeypatch.setattr(example, "PAUSE", 0.03)  # about 2 s: time to reload in the middle
+    wait_ms = 15_000
+    text_js = "document.getElementById('text').textContent"
+    status_js = "document.getElementById('status').textContent"
+
+    with serve(example.app, lifespan="on") as base_url:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"],
+            )
+            try:
+                tab = await browser.new_page()
+                await tab.goto(base_url + "/", timeout=wait_ms)
+                await tab.click("#start")
+                await tab.wait_for_function(f"{text_js}.length > 40", timeout=wait_ms)
+                assert not (await tab.evaluate(status_js)).startswith("done")
+                await tab.reload()
+                await tab.wait_for_function(f"{status_js}.startsWith('done')", timeout=wait_ms)
+                text: str = await tab.evaluate(text_js)
+                status: str = await tab.evaluate(status_js)
+            finally:
+                await browser.close()
+
+    # Every word once: the text before the reload, then the rest from the last id.
+    assert text == example.REPLY
+    assert status == "done (end_turn)"

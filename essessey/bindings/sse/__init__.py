@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from essessey.bindings.sse._hub import MAX_ID_LENGTH as MAX_ID_LENGTH
     from essessey.bindings.sse._hub import cancel_response as cancel_response
     from essessey.bindings.sse._hub import hub_routes as hub_routes
     from essessey.bindings.sse._hub import subscription_response as subscription_response
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 _NEEDS_STARLETTE = {
     "EventStreamResponse": "_response",
     "Producer": "_response",
+    "MAX_ID_LENGTH": "_hub",
     "cancel_response": "_hub",
     "hub_routes": "_hub",
     "subscription_response": "_hub",

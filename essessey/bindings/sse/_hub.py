@@ -61,8 +61,11 @@ def _bad_token(value: str) -> bool:
 async def _follow(
     hub: StreamHub, stream_id: str, last_event_id: str | None
 ) -> AsyncIterator[Event]:
+    # Closed as soon as this response ends (the client left), so the hub's subscriber
+    # count drops at once rather than when the garbage collector gets to it.
+    events = hub.subscribe(stream_id, last_event_id)
     try:
-        async for event in hub.subscribe(stream_id, last_event_id):
+        async for event in events:
             yield event
     except StreamNotFound as exc:
         raise StreamRejected(404, "not_found_error", f"no stream {stream_id!r}") from exc
@@ -78,6 +81,10 @@ async def _follow(
         # Ending the response (not an error event) makes the client reconnect with its
         # last id, which the store still holds.
         return
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def subscription_response(

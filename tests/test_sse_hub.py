@@ -1,0 +1,570 @@
+"""A StreamHub served over SSE (hub_routes) on a real uvicorn server, read with httpx:
+ids on every event, resume by header or query parameter, the HTTP errors before a
+stream, authorization, disconnects, cancel and the lag policy."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import httpx
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from essessey import (
+    Event,
+    EventType,
+    InMemoryEventStore,
+    Publisher,
+    StopReason,
+    StreamHub,
+    check,
+    reassemble_events,
+    stream_turn,
+)
+from essessey.bindings.sse import SSEDecoder, hub_routes
+from essessey.bindings.sse._hub import MAX_ID_LENGTH
+from essessey.hub import Access
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 15.0
+"""Seconds any one wait of these tests may take before the test fails."""
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+OWNER = {"x-user": "owner"}
+MALLORY = {"x-user": "mallory"}
+
+
+# -- the app --------------------------------------------------------------------------------
+
+
+@dataclass
+class HubApp:
+    """A Starlette app serving a hub: its SSE routes, plus test routes that start a turn
+    (``POST /turns/{id}?chunks=&hold_at=&hang=&size=``), wait for it and return what it
+    published (``GET /published/{id}``) and tell the hub's state (``GET /state/{id}``).
+
+    A held turn stops before chunk ``hold_at``, sets ``reached[id]`` and waits for
+    ``release[id]`` (or, with ``hang``, until cancelled). Those are threading events:
+    the server runs in its own thread and event loop.
+    """
+
+    hub: StreamHub
+    app: Starlette
+    release: dict[str, threading.Event] = field(default_factory=dict)
+    reached: dict[str, threading.Event] = field(default_factory=dict)
+    asked: list[tuple[str, str, Access]] = field(default_factory=list)
+
+
+def make_app(*, max_lag: int = 1000, **options: Any) -> HubApp:
+    def authorize(request: Request, stream_id: str, access: Access) -> bool:
+        user = request.headers.get("x-user", "")
+        holder.asked.append((user, stream_id, access))
+        return user != "mallory"
+
+    hub = StreamHub(InMemoryEventStore(), authorize=authorize, max_lag=max_lag)
+
+    async def start_turn(request: Request) -> Response:
+        stream_id = request.path_params["stream_id"]
+        query = request.query_params
+        chunks = int(query.get("chunks", "20"))
+        hold_at = int(query.get("hold_at", "-1"))
+        hang = "hang" in query
+        padding = "x" * int(query.get("size", "0"))
+        release = holder.release.setdefault(stream_id, threading.Event())
+        reached = holder.reached.setdefault(stream_id, threading.Event())
+
+        async def produce(publisher: Publisher) -> None:
+            async with stream_turn(
+                publisher, message_id=f"msg-{stream_id}", stream_id=stream_id, model="m"
+            ) as turn:
+                text = await turn.text()
+                for i in range(chunks):
+                    if i == hold_at:
+                        reached.set()
+                        if hang:
+                            await anyio.sleep_forever()
+                        for _ in range(int(WAIT / 0.002)):
+                            if release.is_set():
+                                break
+                            await anyio.sleep(0.002)
+                        else:
+                            raise TimeoutError("the test never released the turn")
+                    await text.write(f"w{i} {padding}")
+                    await anyio.lowlevel.checkpoint()
+
+        await hub.start(stream_id, produce)
+        return Response(status_code=202)
+
+    async def published(request: Request) -> Response:
+        stream_id = request.path_params["stream_id"]
+        with anyio.fail_after(WAIT):
+            await hub.wait(stream_id)
+        events, known = await hub.store.since(stream_id, None)
+        assert known
+        body = [[event.event, event.data.decode(), event.id] for event in events]
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    async def state(request: Request) -> Response:
+        stream_id = request.path_params["stream_id"]
+        body = {
+            "running": hub.running(stream_id),
+            "subscribers": hub.subscriber_count(stream_id),
+        }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with hub:
+            yield
+
+    routes = [
+        *hub_routes(hub, **options),
+        Route("/turns/{stream_id}", start_turn, methods=["POST"]),
+        Route("/published/{stream_id}", published),
+        Route("/state/{stream_id}", state),
+    ]
+    holder = HubApp(hub, Starlette(routes=routes, lifespan=lifespan))
+    return holder
+
+
+# -- the client -----------------------------------------------------------------------------
+
+
+@dataclass
+class Reading:
+    """What one GET of a stream gave the client."""
+
+    status: int
+    content_type: str
+    body: bytes
+    events: list[Event]
+
+    @property
+    def last_id(self) -> str:
+        event_id = self.events[-1].id
+        assert event_id
+        return event_id
+
+    def error(self) -> dict[str, Any]:
+        parsed = orjson.loads(self.body)
+        assert isinstance(parsed, dict)
+        assert parsed["type"] == "error"
+        error = parsed["error"]
+        assert isinstance(error, dict)
+        return error
+
+
+def client(base: str, **options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(WAIT), **options)
+
+
+async def read(
+    http: httpx.AsyncClient,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
+    stop_after: int | None = None,
+) -> Reading:
+    """GET a stream and decode it to the end, or, with ``stop_after``, keep the first
+    ``stop_after`` events and disconnect (events already in flight are dropped, as by a
+    client that had not processed them)."""
+    decoder = SSEDecoder()
+    body = bytearray()
+    events: list[Event] = []
+    with anyio.fail_after(WAIT):
+        async with http.stream(
+            "GET", path, headers={**OWNER, **(headers or {})}, params=params
+        ) as response:
+            async for chunk in response.aiter_raw():
+                body += chunk
+                events += [
+                    Event(m.event, m.data.encode(), m.id or None) for m in decoder.feed(chunk)
+                ]
+                if stop_after is not None and len(events) >= stop_after:
+                    events = events[:stop_after]
+                    break
+    return Reading(response.status_code, response.headers["content-type"], bytes(body), events)
+
+
+async def start_turn(http: httpx.AsyncClient, stream_id: str, **query: Any) -> None:
+    params = {key: str(value) for key, value in query.items()}
+    response = await http.post(f"/turns/{stream_id}", params=params)
+    assert response.status_code == 202
+
+
+async def published(http: httpx.AsyncClient, stream_id: str) -> list[Event]:
+    """Every event of the stream, once its turn has ended (read inside the server)."""
+    response = await http.get(f"/published/{stream_id}")
+    assert response.status_code == 200
+    return [Event(name, data.encode(), event_id) for name, data, event_id in response.json()]
+
+
+async def state(http: httpx.AsyncClient, stream_id: str) -> dict[str, Any]:
+    response = await http.get(f"/state/{stream_id}")
+    result = response.json()
+    assert isinstance(result, dict)
+    return result
+
+
+async def wait_for(event: threading.Event) -> None:
+    for _ in range(int(WAIT / 0.002)):
+        if event.is_set():
+            return
+        await anyio.sleep(0.002)
+    pytest.fail("timed out waiting for the producer")
+
+
+async def wait_until_state(
+    http: httpx.AsyncClient, stream_id: str, condition: Callable[[dict[str, Any]], bool]
+) -> None:
+    for _ in range(int(WAIT / 0.01)):
+        if condition(await state(http, stream_id)):
+            return
+        await anyio.sleep(0.01)
+    pytest.fail(f"timed out waiting for the state of {stream_id}")
+
+
+def id_lines(body: bytes) -> int:
+    return sum(1 for line in body.split(b"\n") if line.startswith(b"id: "))
+
+
+def assert_no_event(reading: Reading) -> None:
+    assert reading.events == []
+    assert b"event:" not in reading.body
+
+
+def turn_text(chunks: int, padding: int = 0) -> str:
+    return "".join(f"w{i} {'x' * padding}" for i in range(chunks))
+
+
+# -- streaming and resuming -------------------------------------------------------------------
+
+
+async def test_a_subscription_streams_the_turn_with_an_id_on_every_event() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=40, hold_at=3)
+            await wait_for(hub_app.reached["s"])
+            async with anyio.create_task_group() as tasks:
+                readings: list[Reading] = []
+
+                async def subscriber() -> None:
+                    readings.append(await read(http, "/streams/s"))
+
+                tasks.start_soon(subscriber)
+                await wait_until_state(http, "s", lambda s: s["subscribers"] == 1)
+                hub_app.release["s"].set()
+            events = await published(http, "s")
+    [reading] = readings
+    assert reading.status == 200
+    assert reading.content_type == SSE_CONTENT_TYPE
+    assert reading.events == events
+    assert id_lines(reading.body) == len(events)
+    assert all(event.id for event in reading.events)
+    assert len({event.id for event in reading.events}) == len(events)
+    assert check(events) == []
+    parsed = reassemble_events(reading.events)
+    assert parsed.complete
+    assert parsed.text == turn_text(40)
+
+
+@pytest.mark.parametrize("how", ["last-event-id-header", "last_event_id-query-parameter"])
+@pytest.mark.parametrize("seen", [1, 3, 10])
+async def test_a_resume_mid_turn_gets_exactly_the_rest(how: str, seen: int) -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=60, hold_at=12)
+            await wait_for(hub_app.reached["s"])
+            first = await read(http, "/streams/s", stop_after=seen)
+            assert len(first.events) == seen
+            if how == "last-event-id-header":
+                options: dict[str, Any] = {"headers": {"Last-Event-ID": first.last_id}}
+            else:
+                options = {"params": {"last_event_id": first.last_id}}
+            readings: list[Reading] = []
+            async with anyio.create_task_group() as tasks:
+
+                async def resume() -> None:
+                    readings.append(await read(http, "/streams/s", **options))
+
+                tasks.start_soon(resume)
+                await wait_until_state(http, "s", lambda s: s["subscribers"] == 1)
+                hub_app.release["s"].set()
+            events = await published(http, "s")
+    [rest] = readings
+    assert rest.status == 200
+    assert first.events + rest.events == events  # 0 lost, 0 duplicated
+    assert id_lines(rest.body) == len(rest.events)
+    assert reassemble_events(first.events + rest.events).text == turn_text(60)
+
+
+async def test_the_last_event_id_header_wins_over_the_query_parameter() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=10)
+            events = await published(http, "s")
+            reading = await read(
+                http,
+                "/streams/s",
+                headers={"Last-Event-ID": str(events[5].id)},
+                params={"last_event_id": str(events[2].id)},
+            )
+            assert reading.events == events[6:]
+            # Either alone works, and an empty value means "from the start".
+            by_query = await read(http, "/streams/s", params={"last_event_id": str(events[2].id)})
+            assert by_query.events == events[3:]
+            empty = await read(http, "/streams/s", params={"last_event_id": ""})
+            assert empty.events == events
+    assert [access for _, _, access in hub_app.asked] == ["resume", "resume", "read"]
+
+
+async def test_a_finished_turn_is_replayed_whole_to_a_late_client() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=25)
+            events = await published(http, "s")
+            late = await read(http, "/streams/s")
+            at_end = await read(http, "/streams/s", headers={"Last-Event-ID": str(events[-1].id)})
+    assert late.events == events
+    assert at_end.status == 200
+    assert at_end.events == []
+
+
+# -- errors before the stream -------------------------------------------------------------------
+
+
+async def test_an_unknown_last_id_is_410_resume_unavailable_with_no_event() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=5)
+            events = await published(http, "s")
+            epoch = str(events[0].id).rpartition("-")[0]
+            for bogus in ("nonsense", f"{epoch}-999", f"{epoch}-0", "00000000-1"):
+                for options in (
+                    {"headers": {"Last-Event-ID": bogus}},
+                    {"params": {"last_event_id": bogus}},
+                ):
+                    reading = await read(http, "/streams/s", **options)  # type: ignore[arg-type]
+                    assert reading.status == 410
+                    assert reading.content_type == "application/json"
+                    assert reading.error()["type"] == "resume_unavailable"
+                    assert_no_event(reading)
+
+
+async def test_an_unknown_stream_is_404() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            reading = await read(http, "/streams/nowhere")
+            cancel = await http.post("/streams/nowhere/cancel", headers=OWNER)
+    assert reading.status == 404
+    assert reading.error()["type"] == "not_found_error"
+    assert_no_event(reading)
+    assert cancel.status_code == 404
+    assert cancel.json()["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "options"),
+    [
+        ("/streams/" + "s" * (MAX_ID_LENGTH + 1), {}),
+        ("/streams/bell%07", {}),
+        ("/streams/s", {"headers": {"Last-Event-ID": "i" * (MAX_ID_LENGTH + 1)}}),
+        ("/streams/s", {"params": {"last_event_id": "i" * (MAX_ID_LENGTH + 1)}}),
+        ("/streams/s", {"params": {"last_event_id": "a\tb"}}),
+    ],
+    ids=["long-stream-id", "unprintable-stream-id", "long-header-id", "long-query-id", "tab-id"],
+)
+async def test_an_invalid_stream_id_or_last_id_is_400(path: str, options: dict[str, Any]) -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=3)
+            await published(http, "s")
+            reading = await read(http, path, **options)
+    assert reading.status == 400
+    assert reading.error()["type"] == "invalid_request_error"
+    assert_no_event(reading)
+    assert hub_app.asked == []  # refused before the hook is asked
+
+
+async def test_a_cancel_with_an_invalid_stream_id_is_400() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            response = await http.post(f"/streams/{'s' * (MAX_ID_LENGTH + 1)}/cancel")
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+# -- authorization --------------------------------------------------------------------------------
+
+
+async def test_a_denied_client_gets_403_and_no_event_on_read_resume_and_cancel() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=30, hold_at=5)
+            await wait_for(hub_app.reached["s"])
+            mine = await read(http, "/streams/s", stop_after=3)
+            denied = [
+                await read(http, "/streams/s", headers=MALLORY),
+                await read(http, "/streams/s", headers={**MALLORY, "Last-Event-ID": mine.last_id}),
+                await read(
+                    http, "/streams/s", headers=MALLORY, params={"last_event_id": mine.last_id}
+                ),
+            ]
+            cancel = await http.post("/streams/s/cancel", headers=MALLORY)
+            # A stream that does not exist is refused the same way: no existence leak.
+            elsewhere = await read(http, "/streams/nowhere", headers=MALLORY)
+            assert (await state(http, "s"))["running"]
+            hub_app.release["s"].set()
+            events = await published(http, "s")
+    for reading in [*denied, elsewhere]:
+        assert reading.status == 403
+        assert reading.content_type == "application/json"
+        assert reading.error()["type"] == "permission_error"
+        assert_no_event(reading)
+    assert cancel.status_code == 403
+    assert cancel.json()["error"]["type"] == "permission_error"
+    mallory_asked = [
+        (stream, access) for user, stream, access in hub_app.asked if user == "mallory"
+    ]
+    assert mallory_asked == [
+        ("s", "read"),
+        ("s", "resume"),
+        ("s", "resume"),
+        ("s", "cancel"),
+        ("nowhere", "read"),
+    ]
+    # The denied cancel stopped nothing: the turn ran to its end.
+    parsed = reassemble_events(events)
+    assert parsed.complete
+    assert parsed.stop_reason == StopReason.END_TURN
+    assert parsed.text == turn_text(30)
+
+
+async def test_an_allowed_cancel_ends_the_stream_with_stop_reason_cancelled() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=30, hold_at=6, hang="")
+            await wait_for(hub_app.reached["s"])
+            readings: list[Reading] = []
+            async with anyio.create_task_group() as tasks:
+
+                async def subscriber() -> None:
+                    readings.append(await read(http, "/streams/s"))
+
+                tasks.start_soon(subscriber)
+                await wait_until_state(http, "s", lambda s: s["subscribers"] == 1)
+                cancel = await http.post("/streams/s/cancel", headers=OWNER)
+            again = await http.post("/streams/s/cancel", headers=OWNER)
+            events = await published(http, "s")
+    assert cancel.status_code == 200
+    assert cancel.json() == {"cancelled": True}
+    assert again.status_code == 404  # no turn running any more
+    [reading] = readings
+    assert reading.events == events
+    assert check(events) == []
+    parsed = reassemble_events(reading.events)
+    assert parsed.complete
+    assert parsed.stop_reason == StopReason.CANCELLED
+    assert parsed.text == turn_text(6)
+    assert parsed.error is None
+    assert hub_app.asked[-2:] == [("owner", "s", "cancel"), ("owner", "s", "cancel")]
+
+
+# -- disconnects and lag ------------------------------------------------------------------------
+
+
+async def test_a_client_that_disconnects_mid_turn_does_not_stop_the_turn() -> None:
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=50, hold_at=5)
+            await wait_for(hub_app.reached["s"])
+            gone = await read(http, "/streams/s", stop_after=4)
+            # The server notices the disconnect and drops the subscription.
+            await wait_until_state(http, "s", lambda s: s["subscribers"] == 0)
+            assert (await state(http, "s"))["running"]
+            hub_app.release["s"].set()
+            events = await published(http, "s")
+            later = await read(http, "/streams/s")
+    assert gone.events == events[:4]
+    assert later.events == events
+    assert later.events[-1].event == EventType.MESSAGE_STOP
+    parsed = reassemble_events(later.events)
+    assert parsed.complete
+    assert parsed.stop_reason == StopReason.END_TURN
+    assert parsed.text == turn_text(50)
+
+
+async def test_a_lagging_client_is_ended_without_an_error_and_resumes_by_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Big events, a one-event queue and a small client receive buffer: once the socket
+    # buffers are full the server's subscription stops moving while the producer goes on,
+    # so it falls more than max_lag behind.
+    chunks, padding = 600, 32 * 1024
+    hub_app = make_app(max_lag=20, max_queue=1)
+    small_buffer = httpx.AsyncHTTPTransport(
+        socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)]
+    )
+    with (
+        caplog.at_level(logging.WARNING, logger="essessey.hub"),
+        serve(hub_app.app, lifespan="on") as base,
+    ):
+        async with client(base) as http, client(base, transport=small_buffer) as slow:
+            await start_turn(http, "s", chunks=chunks, hold_at=2, size=padding)
+            await wait_for(hub_app.reached["s"])
+            decoder = SSEDecoder()
+            first: list[Event] = []
+            with anyio.fail_after(WAIT * 2):
+                async with slow.stream("GET", "/streams/s", headers=OWNER) as response:
+                    assert response.status_code == 200
+                    raw = response.aiter_raw()
+                    while len(first) < 3:
+                        chunk = await anext(raw)
+                        first += [
+                            Event(m.event, m.data.encode(), m.id) for m in decoder.feed(chunk)
+                        ]
+                    # Stop reading while the whole turn is produced.
+                    hub_app.release["s"].set()
+                    events = await published(http, "s")
+                    async for chunk in raw:
+                        first += [
+                            Event(m.event, m.data.encode(), m.id) for m in decoder.feed(chunk)
+                        ]
+            # The stream was closed early, cleanly: no error event, no message_stop.
+            assert 3 <= len(first) < len(events)
+            assert EventType.ERROR not in [event.event for event in first]
+            assert first == events[: len(first)]
+            rest = await read(http, "/streams/s", headers={"Last-Event-ID": str(first[-1].id)})
+            assert (await state(http, "s"))["subscribers"] == 0
+    assert rest.status == 200
+    assert first + rest.events == events  # 0 lost, 0 duplicated
+    assert reassemble_events(first + rest.events).text == turn_text(chunks, padding)
+    assert any(
+        record.name == "essessey.hub" and "fell behind" in record.getMessage()
+        for record in caplog.records
+    )

@@ -1,0 +1,541 @@
+"""InMemoryEventStore: ids, since() and ``known``, the three bounds, and follow()."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import essessey.store
+from essessey import (
+    Event,
+    EventStore,
+    EventType,
+    InMemoryEventStore,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    UnknownEventId,
+)
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 5.0
+"""Seconds any single wait in these tests may take before the test fails."""
+
+
+def delta(n: int) -> Event:
+    return Event(EventType.CONTENT_BLOCK_DELTA, b'{"n":%d}' % n)
+
+
+def start(n: int = 0) -> Event:
+    return Event(EventType.MESSAGE_START, b'{"m":%d}' % n)
+
+
+def stop() -> Event:
+    return Event(EventType.MESSAGE_STOP, b'{"type":"message_stop"}')
+
+
+def seq(event_id: str | None) -> int:
+    """The sequence part of an id: what a test may look at, never a client."""
+    assert event_id is not None
+    epoch, dash, number = event_id.rpartition("-")
+    assert dash
+    assert epoch
+    assert number.isdigit()
+    return int(number)
+
+
+def epoch(event_id: str | None) -> str:
+    assert event_id is not None
+    return event_id.rpartition("-")[0]
+
+
+def bare(events: list[Event]) -> list[tuple[str, bytes]]:
+    return [(event.event, event.data) for event in events]
+
+
+async def fill(store: InMemoryEventStore, stream_id: str, count: int) -> list[Event]:
+    return [await store.append(stream_id, delta(n)) for n in range(count)]
+
+
+class Clock:
+    """A monotonic clock the test moves by hand, seen by the store module only."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    # Only essessey.store's name ``time`` is replaced: the event loop keeps real time.
+    monkeypatch.setattr(essessey.store, "time", types.SimpleNamespace(monotonic=fake.monotonic))
+    return fake
+
+
+async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
+    async for event in events:
+        into.append(event)
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Yield to other tasks until ``condition()`` holds; fail after WAIT seconds."""
+    for _ in range(int(WAIT / 0.001)):
+        if condition():
+            return
+        await anyio.sleep(0.001)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+# -- ids ------------------------------------------------------------------------------
+
+
+async def test_it_is_an_event_store() -> None:
+    assert isinstance(InMemoryEventStore(), EventStore)
+
+
+async def test_append_returns_the_event_with_an_id() -> None:
+    store = InMemoryEventStore()
+    event = delta(1)
+    stored = await store.append("s", event)
+    assert stored.id
+    assert (stored.event, stored.data) == (event.event, event.data)
+    assert event.id is None  # the caller's event is not changed
+
+
+async def test_ids_are_unique_and_increasing_per_stream() -> None:
+    store = InMemoryEventStore()
+    a = await fill(store, "a", 50)
+    b = await fill(store, "b", 50)
+    for events in (a, b):
+        ids = [event.id for event in events]
+        assert len(set(ids)) == len(ids)
+        sequences = [seq(event_id) for event_id in ids]
+        assert sequences == sorted(sequences)
+        assert len(set(sequences)) == len(sequences)
+        assert len({epoch(event_id) for event_id in ids}) == 1
+    assert not {event.id for event in a} & {event.id for event in b}
+
+
+async def test_a_client_resumes_by_id_without_parsing_it() -> None:
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 20)
+    for i, event in enumerate(events):
+        assert event.id is not None
+        replay, known = await store.since("s", event.id)
+        assert known
+        assert replay == events[i + 1 :]
+    # Walking the stream by "since the last one I got" visits every event once.
+    walked: list[Event] = []
+    last: str | None = None
+    while True:
+        replay, known = await store.since("s", last)
+        assert known
+        if not replay:
+            break
+        walked.append(replay[0])
+        last = replay[0].id
+    assert walked == events
+
+
+async def test_since_none_gives_everything() -> None:
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 7)
+    assert await store.since("s", None) == (events, True)
+
+
+async def test_since_the_last_id_is_empty_and_known() -> None:
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 3)
+    assert await store.since("s", events[-1].id) == ([], True)
+
+
+# -- unknown ids ------------------------------------------------------------------------
+
+
+async def test_a_stream_never_seen_is_unknown() -> None:
+    store = InMemoryEventStore()
+    assert await store.since("nowhere", None) == ([], False)
+    assert await store.since("nowhere", "abcd1234-1") == ([], False)
+    assert not await store.exists("nowhere")
+
+
+BOGUS_IDS: dict[str, Callable[[str, int], str]] = {
+    "empty": lambda e, n: "",
+    "garbage": lambda e, n: "garbage",
+    "dash": lambda e, n: "-",
+    "no-epoch": lambda e, n: "-1",
+    "bare-number": lambda e, n: "1",
+    "no-sequence": lambda e, n: f"{e}-",
+    "letters": lambda e, n: f"{e}-x",
+    "trailing-letter": lambda e, n: f"{e}-1x",
+    "plus-sign": lambda e, n: f"{e}-+1",
+    "minus-sign": lambda e, n: f"{e}--1",
+    "space": lambda e, n: f"{e}- 1",
+    "leading-zero": lambda e, n: f"{e}-01",  # not the spelling the store issued
+    "zero": lambda e, n: f"{e}-0",  # never issued
+    "superscript-digit": lambda e, n: f"{e}-\u00b2",  # a "digit" int() refuses
+    "arabic-indic-digit": lambda e, n: f"{e}-\u0661",  # one int() accepts
+    "not-issued-yet": lambda e, n: f"{e}-{n + 1}",
+    "huge": lambda e, n: f"{e}-{10**40}",
+    "beyond-int64": lambda e, n: f"{e}-{2**63}",
+    "epoch-suffixed": lambda e, n: f"{e}x-1",
+    "epoch-prefixed": lambda e, n: f"x{e}-1",
+    "other-epoch": lambda e, n: f"{'0' * len(e) if e != '0' * len(e) else '1' * len(e)}-1",
+    "newline": lambda e, n: f"{e}-1\n",
+}
+
+
+@pytest.mark.parametrize("spell", list(BOGUS_IDS.values()), ids=list(BOGUS_IDS))
+async def test_a_garbage_or_foreign_id_is_unknown(spell: Callable[[str, int], str]) -> None:
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 5)
+    bogus = spell(epoch(events[0].id), len(events))
+    assert bogus not in {event.id for event in events}
+    assert await store.since("s", bogus) == ([], False)
+
+
+async def test_an_id_of_another_stream_is_unknown() -> None:
+    store = InMemoryEventStore()
+    a = await fill(store, "a", 3)
+    await fill(store, "b", 3)
+    assert await store.since("b", a[0].id) == ([], False)
+
+
+async def test_an_id_from_before_clear_is_unknown() -> None:
+    store = InMemoryEventStore()
+    old = await fill(store, "s", 5)
+    await store.clear("s")
+    assert not await store.exists("s")
+    new = await fill(store, "s", 5)
+    assert epoch(new[0].id) != epoch(old[0].id)
+    for event in old:
+        assert await store.since("s", event.id) == ([], False)
+    assert await store.since("s", new[1].id) == (new[2:], True)
+
+
+async def test_an_id_from_before_the_stream_expired_is_unknown(clock: Clock) -> None:
+    store = InMemoryEventStore(max_age=10)
+    old = await fill(store, "s", 5)
+    clock.now += 11
+    new = await fill(store, "s", 5)  # the same stream id, created anew
+    assert epoch(new[0].id) != epoch(old[0].id)
+    for event in old:
+        assert await store.since("s", event.id) == ([], False)
+    assert await store.since("s", None) == (new, True)
+
+
+# -- the bounds ---------------------------------------------------------------------------
+
+
+async def test_eviction_keeps_an_id_known_while_everything_after_it_is_retained() -> None:
+    store = InMemoryEventStore(max_events_per_stream=5)
+    events = await fill(store, "s", 12)  # events[7:] are retained
+    assert await store.since("s", None) == (events[7:], True)
+    # events[6] itself is evicted, but nothing after it is: no gap, so it is known.
+    assert await store.since("s", events[6].id) == (events[7:], True)
+    for evicted in events[:6]:
+        assert await store.since("s", evicted.id) == ([], False)
+    assert await store.since("s", events[9].id) == (events[10:], True)
+    assert await store.since("s", events[11].id) == ([], True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacities=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    operations=st.lists(
+        st.tuples(st.sampled_from(["append", "append", "append", "clear"]), st.integers(0, 2)),
+        max_size=60,
+    ),
+)
+async def test_since_agrees_with_a_reference_model(
+    capacities: list[int], operations: list[tuple[str, int]]
+) -> None:
+    # One store per capacity; each store gets the same operations on three streams.
+    for capacity in capacities:
+        store = InMemoryEventStore(max_events_per_stream=capacity)
+        # The model: per stream, every event appended since the last clear, in order.
+        lives: dict[str, list[Event]] = {}
+        issued: list[tuple[str, Event, int]] = []  # (stream, event, life number)
+        life: dict[str, int] = {}
+        for n, (operation, which) in enumerate(operations):
+            stream_id = f"s{which}"
+            if operation == "clear":
+                await store.clear(stream_id)
+                lives.pop(stream_id, None)
+                life[stream_id] = life.get(stream_id, 0) + 1
+                continue
+            stored = await store.append(stream_id, delta(n))
+            lives.setdefault(stream_id, []).append(stored)
+            issued.append((stream_id, stored, life.get(stream_id, 0)))
+        for stream_id, stored, born in issued:
+            for asked in ("s0", "s1", "s2"):
+                got = await store.since(asked, stored.id)
+                current = lives.get(asked, [])
+                same_life = asked == stream_id and born == life.get(asked, 0)
+                position = current.index(stored) if same_life else -1
+                # Known exactly when every event after it is still retained.
+                if same_life and position >= len(current) - capacity - 1:
+                    assert got == (current[position + 1 :], True)
+                else:
+                    assert got == ([], False)
+        for stream_id, current in lives.items():
+            assert await store.since(stream_id, None) == (current[-capacity:], True)
+
+
+async def test_max_streams_drops_the_least_recently_updated_stream() -> None:
+    store = InMemoryEventStore(max_streams=2)
+    a = await fill(store, "a", 2)
+    await fill(store, "b", 2)
+    await store.append("a", delta(9))  # a is now newer than b
+    await fill(store, "c", 2)
+    assert len(store) == 2
+    assert await store.exists("a")
+    assert not await store.exists("b")
+    assert await store.exists("c")
+    assert (await store.since("a", a[0].id))[1]
+    assert await store.since("b", None) == ([], False)
+
+
+async def test_open_stream_counts_as_an_update_for_max_streams() -> None:
+    store = InMemoryEventStore(max_streams=2)
+    await fill(store, "a", 1)
+    await fill(store, "b", 1)
+    await store.open_stream("a")
+    await store.open_stream("c")
+    assert await store.exists("a")
+    assert not await store.exists("b")
+    assert await store.exists("c")
+
+
+async def test_max_age_expires_a_stream_after_its_last_event(clock: Clock) -> None:
+    store = InMemoryEventStore(max_age=10)
+    events = await fill(store, "s", 3)
+    await store.close_stream("s")
+    clock.now += 9
+    assert await store.since("s", events[0].id) == (events[1:], True)
+    await store.append("t", delta(0))
+    clock.now += 2  # 11 s after s's last event, 2 s after t's
+    assert not await store.exists("s")
+    assert await store.exists("t")
+    assert await store.since("s", events[0].id) == ([], False)
+    assert await store.since("s", None) == ([], False)
+    clock.now += 9
+    assert not await store.exists("t")
+    assert len(store) == 0
+
+
+async def test_max_age_with_real_time() -> None:
+    store = InMemoryEventStore(max_age=0.05)
+    await fill(store, "s", 2)
+    await anyio.sleep(0.2)
+    assert not await store.exists("s")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_events_per_stream": 0},
+        {"max_events_per_stream": -1},
+        {"max_streams": 0},
+        {"max_streams": -5},
+        {"max_age": 0},
+        {"max_age": -0.5},
+    ],
+)
+async def test_a_bound_of_zero_or_less_raises(options: dict[str, float]) -> None:
+    name = next(iter(options))
+    with pytest.raises(ValueError, match=name):
+        InMemoryEventStore(**options)  # type: ignore[arg-type]
+
+
+# -- follow -------------------------------------------------------------------------------
+
+
+async def test_follow_replays_then_goes_live_and_ends_once_closed_and_drained() -> None:
+    store = InMemoryEventStore()
+    first = await fill(store, "s", 3)
+    got: list[Event] = []
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(collect, store.follow("s"), got)
+            await wait_until(lambda: len(got) == 3, "the replay")
+            live = [await store.append("s", delta(10 + n)) for n in range(4)]
+            await wait_until(lambda: len(got) == 7, "the live events")
+            later = await store.append("s", delta(20))
+            await store.close_stream("s")  # appended before the close: still delivered
+    assert got == [*first, *live, later]
+
+
+async def test_follow_of_a_closed_stream_ends_and_an_append_reopens_it() -> None:
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 2)
+    await store.close_stream("s")
+    with anyio.fail_after(WAIT):
+        assert [event async for event in store.follow("s")] == events
+        assert [event async for event in store.follow("s", events[-1].id)] == []
+        got: list[Event] = []
+        async with anyio.create_task_group() as tasks:
+            more = await store.append("s", delta(5))  # reopens it
+            tasks.start_soon(collect, store.follow("s", events[-1].id), got)
+            await wait_until(lambda: len(got) == 1, "the event after the reopening")
+            last = await store.append("s", delta(6))
+            await store.close_stream("s")
+    assert got == [more, last]
+
+
+async def test_follow_without_an_id_after_eviction_starts_at_a_whole_message() -> None:
+    store = InMemoryEventStore(max_events_per_stream=5)
+    first = [start(1), delta(1), delta(2), delta(3), stop()]
+    second = [start(2), delta(4), delta(5)]
+    stored = [await store.append("s", event) for event in [*first, *second]]
+    # Retained: delta(3), stop, start(2), delta(4), delta(5).
+    await store.close_stream("s")
+    with anyio.fail_after(WAIT):
+        got = [event async for event in store.follow("s")]
+    assert got == stored[5:]
+    assert got[0].event == EventType.MESSAGE_START
+    # since(None) still gives everything retained, half message included.
+    assert await store.since("s", None) == (stored[3:], True)
+
+
+async def test_follow_without_an_id_and_no_whole_message_retained_starts_live() -> None:
+    store = InMemoryEventStore(max_events_per_stream=3)
+    await fill(store, "s", 6)  # no message_start retained at all
+    got: list[Event] = []
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(collect, store.follow("s"), got)
+            await anyio.sleep(0.01)
+            assert got == []
+            new = await store.append("s", start(3))
+            await store.close_stream("s")
+    assert got == [new]
+
+
+async def test_follow_raises_stream_not_found() -> None:
+    store = InMemoryEventStore()
+    with pytest.raises(StreamNotFound):
+        await anext(aiter(store.follow("nowhere")))
+
+
+async def test_follow_raises_unknown_event_id_before_any_event() -> None:
+    store = InMemoryEventStore(max_events_per_stream=3)
+    events = await fill(store, "s", 6)
+    for bogus in ("garbage", events[0].id, f"{epoch(events[0].id)}-99"):
+        follower = store.follow("s", bogus)
+        with pytest.raises(UnknownEventId):
+            await anext(aiter(follower))
+
+
+async def test_follow_raises_subscriber_lagged_past_max_lag() -> None:
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 2)
+    follower = aiter(store.follow("s", max_lag=3))
+    assert await anext(follower) == events[0]
+    assert await anext(follower) == events[1]
+    await fill(store, "s", 3)  # 3 behind: still allowed
+    assert await anext(follower)
+    await fill(store, "s", 2)  # now 4 behind
+    with pytest.raises(SubscriberLagged):
+        await anext(follower)
+
+
+async def test_the_backlog_replayed_on_attaching_is_not_lag() -> None:
+    # A follower resuming far behind the head must make progress, not be ended at once.
+    store = InMemoryEventStore()
+    events = await fill(store, "s", 50)
+    await store.close_stream("s")
+    with anyio.fail_after(WAIT):
+        got = [event async for event in store.follow("s", events[2].id, max_lag=3)]
+    assert got == events[3:]
+
+
+async def test_follow_raises_subscriber_lagged_when_its_position_is_evicted() -> None:
+    store = InMemoryEventStore(max_events_per_stream=3)
+    events = await fill(store, "s", 3)
+    follower = aiter(store.follow("s"))
+    assert await anext(follower) == events[0]
+    await fill(store, "s", 3)  # events[1] and events[2] are gone
+    with pytest.raises(SubscriberLagged):
+        await anext(follower)
+
+
+async def test_follow_raises_stream_reset_when_cleared_while_following() -> None:
+    store = InMemoryEventStore()
+    await fill(store, "s", 2)
+    raised: list[BaseException] = []
+
+    async def follow() -> None:
+        try:
+            async for _ in store.follow("s"):
+                pass
+        except StreamReset as exc:
+            raised.append(exc)
+
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(follow)
+            await anyio.sleep(0.01)  # the follower is waiting for a third event
+            await store.clear("s")
+    assert len(raised) == 1
+
+
+async def test_a_stream_dropped_while_open_resets_its_followers() -> None:
+    # Dropped for max_streams while its producer had not closed it: the follower must not
+    # see an end that looks like the turn's.
+    store = InMemoryEventStore(max_streams=1)
+    await fill(store, "s", 2)
+    raised: list[BaseException] = []
+    got: list[Event] = []
+
+    async def follow() -> None:
+        try:
+            await collect(store.follow("s"), got)
+        except StreamReset as exc:
+            raised.append(exc)
+
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(follow)
+            await wait_until(lambda: len(got) == 2, "the replay")
+            await store.append("other", delta(0))  # drops s
+    assert len(raised) == 1
+
+
+async def test_a_closed_stream_expiring_after_a_follower_drained_it_ends_cleanly(
+    clock: Clock,
+) -> None:
+    store = InMemoryEventStore(max_age=10)
+    events = await fill(store, "s", 2)
+    follower = aiter(store.follow("s"))
+    assert [await anext(follower), await anext(follower)] == events
+    await store.close_stream("s")
+    clock.now += 11
+    assert not await store.exists("s")
+    with pytest.raises(StopAsyncIteration):
+        await anext(follower)
+
+
+async def test_open_stream_lets_a_follower_wait_for_the_first_event() -> None:
+    store = InMemoryEventStore()
+    await store.open_stream("s")
+    assert await store.exists("s")
+    assert await store.since("s", None) == ([], True)
+    got: list[Event] = []
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(collect, store.follow("s"), got)
+            await anyio.sleep(0.01)
+            first = await store.append("s", start())
+            await wait_until(lambda: len(got) == 1, "the first event")
+            await store.close_stream("s")
+    assert got == [first]
