@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -34,3 +39,84 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=STARTUP_TIMEOUT)
+
+
+class ServerProcess:
+    """A uvicorn server in its own process (a "replica"), on a free loopback port."""
+
+    def __init__(self, app: str, env: dict[str, str] | None = None) -> None:
+        self.app = app
+        self.env = env or {}
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL, ``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start uvicorn and wait until the port accepts connections."""
+        env = {**os.environ, **self.env}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                self.app,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            cwd=_ROOT,
+        )
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"uvicorn exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop(kill=True)
+        raise RuntimeError("uvicorn did not start")
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop it: SIGTERM (graceful) or SIGKILL (a crash), then wait."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
+        try:
+            process.wait(timeout=STARTUP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=STARTUP_TIMEOUT)
+
+
+@contextmanager
+def serve_process(app: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """Run ``app`` ("module:attribute") under uvicorn in a subprocess; stopped on exit."""
+    server = ServerProcess(app, env)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(kill=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
