@@ -1,0 +1,46 @@
+"""The NATS binding (extra ``essessey[nats]``, on nats-py): events on subjects
+``<prefix>.<stream_id>.<event>``, the payload as the message body unchanged and the event
+id in the ``Essessey-Event-Id`` header. Core NATS (:class:`NATSSink`, :class:`NATSSource`)
+is live fan-out without replay; the JetStream backend keeps streams so a reader can
+resume on any replica.
+"""
+
+from __future__ import annotations
+
+from essessey.bindings.nats._core import (
+    DEFAULT_PREFIX,
+    HEADER_EVENT_ID,
+    NATSConnectionLost,
+    NATSSink,
+    NATSSource,
+    check_token,
+    event_subject,
+    flush_connection,
+    parse_subject,
+    subscribe_all,
+    subscribe_stream,
+)
+from essessey.bindings.nats._jetstream import (
+    CONTROL_EVENT,
+    CONTROL_HEADER,
+    JetStreamEventStore,
+    JetStreamUnavailable,
+)
+
+__all__ = [
+    "CONTROL_EVENT",
+    "CONTROL_HEADER",
+    "DEFAULT_PREFIX",
+    "HEADER_EVENT_ID",
+    "JetStreamEventStore",
+    "JetStreamUnavailable",
+    "NATSConnectionLost",
+    "NATSSink",
+    "NATSSource",
+    "check_token",
+    "event_subject",
+    "flush_connection",
+    "parse_subject",
+    "subscribe_all",
+    "subscribe_stream",
+]

@@ -1,0 +1,509 @@
+"""Core NATS: :class:`NATSSink` publishes events to subjects, :class:`NATSSource` reads a
+subscription back into events.
+
+The layout (DESIGN 6): an event goes to ``<prefix>.<stream_id>.<event>`` with its payload
+as the message body, unchanged, and its id (when it has one) in the ``Essessey-Event-Id``
+header. A plain NATS subscriber rebuilds the event from those three places alone.
+
+Why it is shaped this way:
+- Subject tokens are checked before anything is published: a ``.`` would shift the
+  tokens, and ``*``/``>`` would make a subscriber's subject a wildcard, so a bad stream id
+  or event name could silently reach the wrong readers.
+- Core NATS is at-most-once and has no replay: a reader that is not subscribed, or whose
+  connection is down, misses what is published meanwhile. Streams that must survive that
+  use the JetStream backend.
+- nats-py ends a subscription's message iterator the same way on ``unsubscribe``, on
+  ``drain`` and when the connection closes; only the subscription's state tells a clean
+  end from a lost connection, so :class:`NATSSource` reads that state (see
+  :func:`_finished`) rather than letting a dead connection look like the end of a stream.
+- Two more places reach into nats-py 2.16, each guarded so that a different version falls
+  back to the public API: :func:`flush_connection` (its ``flush`` can overtake buffered
+  commands) and :func:`_ready_queue` (its iterator costs a task per message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, Final
+
+from nats import errors as nats_errors
+
+from essessey.errors import EssesseyError
+from essessey.event import Event
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "HEADER_EVENT_ID",
+    "NATSConnectionLost",
+    "NATSSink",
+    "NATSSource",
+    "check_token",
+    "event_subject",
+    "flush_connection",
+    "parse_subject",
+    "subscribe_all",
+    "subscribe_stream",
+]
+
+logger = logging.getLogger("essessey.nats")
+
+DEFAULT_PREFIX: Final = "essessey"
+"""The first subject token(s) of every event, unless a ``prefix`` is given."""
+
+HEADER_EVENT_ID: Final = "Essessey-Event-Id"
+"""The message header carrying the event id (already in the canonical form Go's
+``nats.Header`` uses, so clients in either language find it under the same key)."""
+
+# Whitespace ends a subject on the wire; "." splits tokens; "*" and ">" are wildcards.
+_BAD_TOKEN: Final = re.compile(r"[\s.*>]")
+# Event names are few (the protocol has about ten), so every valid one is cached; the cap
+# only guards against a producer inventing names without end.
+_MAX_CACHED_SUBJECTS: Final = 1024
+# Building the named tuple through tuple.__new__ skips its argument-parsing __new__ (as
+# the Publisher does): one is built per message received.
+_new_event: Final = tuple.__new__
+
+
+class NATSConnectionLost(EssesseyError):
+    """The NATS connection closed while a :class:`NATSSource` was reading, before its
+    subscription was drained or unsubscribed: events may be missing, so this is never a
+    clean end. ``__cause__`` is nats-py's error (``UnexpectedEOF``, an ``OSError``) when
+    the client recorded one."""
+
+
+def check_token(value: str, what: str = "token") -> str:
+    """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
+
+    A token must be non-empty and hold no ``.``, ``*``, ``>`` or whitespace. ``what`` names
+    the value in the error ("stream id", "event name").
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"a {what} must be a str, not {type(value).__name__}")
+    if not value or _BAD_TOKEN.search(value):
+        shown = value if len(value) <= 80 else value[:80] + "…"
+        raise ValueError(
+            f"invalid {what} {shown!r}: a NATS subject token must be non-empty and contain "
+            "no '.', '*', '>' or whitespace"
+        )
+    return value
+
+
+def _check_prefix(prefix: str) -> str:
+    # A prefix may be several tokens ("tenant1.essessey"); each is checked on its own.
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError("the subject prefix must be a non-empty str")
+    for token in prefix.split("."):
+        check_token(token, "prefix token")
+    return prefix
+
+
+def event_subject(stream_id: str, event: str, *, prefix: str = DEFAULT_PREFIX) -> str:
+    """The subject an event named ``event`` of stream ``stream_id`` is published to:
+    ``<prefix>.<stream_id>.<event>``. Raises ``ValueError`` on an invalid token."""
+    _check_prefix(prefix)
+    return f"{prefix}.{check_token(stream_id, 'stream id')}.{check_token(event, 'event name')}"
+
+
+def _split(subject: str, prefix_dot: str) -> tuple[str, str]:
+    # Raises ValueError with the reason only: the source logs it without the subject.
+    if not subject.startswith(prefix_dot):
+        raise ValueError("subject does not start with the prefix")
+    rest = subject[len(prefix_dot) :]
+    stream_id, _, event = rest.partition(".")
+    if not event or "." in event:
+        count = rest.count(".") + 1
+        raise ValueError(f"subject has {count} tokens after the prefix, expected 2")
+    if not stream_id:
+        raise ValueError("subject has an empty stream id token")
+    return stream_id, event
+
+
+def parse_subject(subject: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+    """Split ``<prefix>.<stream_id>.<event>`` into ``(stream_id, event)``.
+
+    Raises ``ValueError`` when ``subject`` does not start with ``prefix`` or does not have
+    exactly two tokens after it.
+    """
+    try:
+        return _split(subject, _check_prefix(prefix) + ".")
+    except ValueError as exc:
+        raise ValueError(f"{exc}: {subject!r}") from None
+
+
+def _check_event_id(event_id: str) -> None:
+    # nats-py strips header values and turns CR/LF into spaces; an id it would change
+    # must fail here rather than arrive as a different id that resumes nowhere.
+    if event_id != event_id.strip() or "\r" in event_id or "\n" in event_id:
+        raise ValueError(
+            "an event id sent as a NATS header cannot contain CR or LF or start or end "
+            "with whitespace"
+        )
+
+
+class NATSSink:
+    """A sink that publishes each event of one stream to core NATS.
+
+    ``emit(event)`` publishes ``event.data`` unchanged to
+    ``<prefix>.<stream_id>.<event.event>``, with the id in the ``Essessey-Event-Id``
+    header when the event has one (an empty id counts as none). The stream id and prefix
+    are checked here, each event name on its first use; an invalid one raises
+    ``ValueError`` and nothing is published. Safe to call from concurrent tasks: nats-py
+    queues each message whole, in call order.
+
+    nats-py buffers what is published and writes it in the background, so ``emit``
+    returning means buffered, not delivered: await :meth:`flush` to know the server has
+    everything so far. Core NATS keeps nothing: only subscribers connected at the time
+    receive a message, and there is no replay (the JetStream backend keeps streams).
+    Failures come from nats-py as they are: ``ConnectionClosedError``,
+    ``OutboundBufferLimitError`` while reconnecting with a full buffer,
+    ``MaxPayloadError`` for a payload over the server's limit.
+    """
+
+    # emit_nowait is not offered: nats-py's publish is a coroutine, and reaching into its
+    # write buffer from a plain call would tie this sink to its internals.
+
+    __slots__ = ("_base", "_nc", "_prefix", "_stream_id", "_subjects")
+
+    def __init__(self, nc: Client, stream_id: str, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self._nc = nc
+        self._prefix = _check_prefix(prefix)
+        self._stream_id = check_token(stream_id, "stream id")
+        self._base = f"{prefix}.{stream_id}."
+        self._subjects: dict[str, str] = {}
+
+    @property
+    def stream_id(self) -> str:
+        """The stream id every event is published under."""
+        return self._stream_id
+
+    @property
+    def prefix(self) -> str:
+        """The subject prefix."""
+        return self._prefix
+
+    def subject(self, event_name: str) -> str:
+        """The subject an event named ``event_name`` goes to (``ValueError`` if invalid)."""
+        subject = self._subjects.get(event_name)
+        if subject is None:
+            subject = self._base + check_token(event_name, "event name")
+            if len(self._subjects) < _MAX_CACHED_SUBJECTS:
+                self._subjects[event_name] = subject
+        return subject
+
+    async def emit(self, event: Event) -> None:
+        """Publish ``event``; raise ``ValueError`` (publishing nothing) on an invalid event
+        name or id, or nats-py's error when the connection cannot take it."""
+        subject = self._subjects.get(event.event) or self.subject(event.event)
+        event_id = event.id
+        if event_id:
+            _check_event_id(event_id)
+            await self._nc.publish(subject, event.data, headers={HEADER_EVENT_ID: event_id})
+        else:
+            await self._nc.publish(subject, event.data)
+
+    async def flush(self) -> None:
+        """Wait until the server has received everything published so far (a PING/PONG
+        round trip); nats-py raises ``FlushTimeoutError`` after its 10 s default, and a
+        caller wanting less wraps the call in ``asyncio.timeout``."""
+        await flush_connection(self._nc)
+
+
+async def flush_connection(nc: Client) -> None:
+    """Wait until the server has received everything ``nc`` has published or subscribed
+    so far.
+
+    ``nc.flush()`` alone does not promise that with nats-py 2.16: it writes its PING
+    straight to the socket, ahead of the commands still in the client's buffer, so the
+    PONG can come back before the server has read them. This first has the client's
+    flusher write its buffer (which keeps order), then makes the round trip.
+    """
+    flush_pending: Any = getattr(nc, "_flush_pending", None)
+    if flush_pending is not None and nc.is_connected:
+        # nats-py's own "write the buffer now and wait for it"; private, hence getattr:
+        # without it the round trip below is all there is.
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
+        await flush_pending(force_flush=True)
+        if task is not None and task.cancelling() > cancelling:
+            # It swallows a cancellation that arrives while it waits: hand it back, or a
+            # timeout around this call would never fire.
+            raise asyncio.CancelledError
+    await nc.flush()
+
+
+def _finished(sub: Subscription) -> bool:
+    """Whether ``sub`` ended on purpose (unsubscribed, drained, or its message limit
+    reached) rather than by its connection closing under it.
+
+    nats-py exposes none of this publicly, so its attributes are read with defaults: if a
+    later version renames them, a closed connection is reported as lost, never as clean.
+    """
+    conn: Any = getattr(sub, "_conn", None)
+    if conn is None or not conn.is_closed:
+        # The iterator stops with the connection open only for unsubscribe, drain or an
+        # auto-unsubscribe limit.
+        return True
+    if getattr(sub, "_closed", False):
+        return True
+    max_msgs = getattr(sub, "_max_msgs", 0)
+    return bool(max_msgs > 0 and getattr(sub, "_received", 0) >= max_msgs)
+
+
+def _lost(sub: Subscription) -> NATSConnectionLost:
+    conn: Any = getattr(sub, "_conn", None)
+    cause = getattr(conn, "last_error", None)
+    error = NATSConnectionLost(
+        "the NATS connection closed before the subscription was drained or unsubscribed"
+        + (f" ({cause})" if cause is not None else "")
+    )
+    error.__cause__ = cause if isinstance(cause, BaseException) else None
+    return error
+
+
+class NATSSource:
+    """The events of a core NATS subscription, as an async iterable of
+    :class:`~essessey.Event`.
+
+    ``sub`` is a subscription made without a callback (``await nc.subscribe(subject)``)
+    on subjects laid out as ``<prefix>.<stream_id>.<event>``. Each message becomes
+    ``Event(<event>, <payload>, <Essessey-Event-Id header or None>)``; the stream id is
+    :attr:`last_stream_id` after each event, or comes paired with it from
+    :meth:`with_stream_ids`. A message whose subject does not fit the layout is skipped
+    with a WARNING giving the reason and the subject's length (never the payload).
+
+    Iteration ends cleanly when the subscription is unsubscribed or drained (``sub``'s
+    own methods, ``nc.drain()``, or :meth:`aclose`) or reaches an auto-unsubscribe limit.
+    When the connection closes first (the server went away and reconnection is off or
+    gave up, or ``nc.close()`` was called) it raises :class:`NATSConnectionLost`, after
+    the messages already received. A disconnect that nats-py reconnects from is not
+    seen: core NATS drops what was published meanwhile, and so does a subscription
+    whose pending limits overflow (nats-py reports a ``SlowConsumerError`` to the
+    client's ``error_cb``). A source can be iterated once.
+    """
+
+    __slots__ = (
+        "_last_event_id",
+        "_last_stream_id",
+        "_messages",
+        "_prefix_dot",
+        "_queue",
+        "_started",
+        "_sub",
+        "_subjects",
+    )
+
+    def __init__(self, sub: Subscription, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self._prefix_dot = _check_prefix(prefix) + "."
+        try:
+            messages = sub.messages
+        except nats_errors.Error as exc:
+            raise ValueError(
+                "NATSSource needs a subscription made without a callback "
+                "(await nc.subscribe(subject))"
+            ) from exc
+        self._sub = sub
+        self._messages: AsyncIterator[Msg] = messages
+        self._queue = _ready_queue(sub, messages)
+        # A stream's events use a handful of subjects: each is split once.
+        self._subjects: dict[str, tuple[str, str]] = {}
+        self._started = False
+        self._last_stream_id: str | None = None
+        self._last_event_id = ""
+
+    @property
+    def subscription(self) -> Subscription:
+        """The nats-py subscription read from."""
+        return self._sub
+
+    @property
+    def prefix(self) -> str:
+        """The subject prefix expected before the stream id."""
+        return self._prefix_dot[:-1]
+
+    @property
+    def last_stream_id(self) -> str | None:
+        """The stream id of the last event handed out (None before the first)."""
+        return self._last_stream_id
+
+    @property
+    def last_event_id(self) -> str:
+        """The id of the last event handed out that carried one ("" when none yet)."""
+        return self._last_event_id
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        self._start()
+        return self._events()
+
+    def with_stream_ids(self) -> AsyncIterator[tuple[str, Event]]:
+        """Iterate ``(stream_id, event)`` pairs instead of events: what a reader of
+        :func:`subscribe_all` needs, since an :class:`~essessey.Event` has no stream id."""
+        self._start()
+        return self._pairs()
+
+    async def aclose(self) -> None:
+        """Unsubscribe (when the subscription and its connection are still open): the
+        iteration then ends cleanly, after handing out the messages the client had
+        already received; nothing published later arrives."""
+        # Already unsubscribed, drained or closed: nothing is left to stop.
+        with contextlib.suppress(
+            nats_errors.BadSubscriptionError,
+            nats_errors.ConnectionClosedError,
+            nats_errors.ConnectionDrainingError,
+        ):
+            await self._sub.unsubscribe()
+
+    def _start(self) -> None:
+        if self._started:
+            raise RuntimeError("a NATSSource can be iterated only once")
+        self._started = True
+
+    def _decode(self, msg: Msg) -> tuple[str, Event] | None:
+        subject = msg.subject
+        parsed = self._subjects.get(subject)
+        if parsed is None:
+            try:
+                parsed = _split(subject, self._prefix_dot)
+            except ValueError as exc:
+                # The reason and the length only: the subject holds a stream id and the
+                # body is model output.
+                logger.warning(
+                    "skipped a NATS message: %s (subject of %d characters)", exc, len(subject)
+                )
+                return None
+            if len(self._subjects) >= _MAX_CACHED_SUBJECTS:
+                self._subjects.clear()  # many streams: start over rather than grow
+            self._subjects[subject] = parsed
+        headers = msg.headers
+        event_id: str | None = None
+        if headers:
+            event_id = headers.get(HEADER_EVENT_ID)
+            if event_id is None:
+                event_id = _header_any_case(headers)
+            if event_id:
+                self._last_event_id = event_id
+            else:
+                event_id = None
+        stream_id = parsed[0]
+        self._last_stream_id = stream_id
+        return stream_id, _new_event(Event, (parsed[1], msg.data, event_id))
+
+    def _take_ready(self) -> Msg | None:
+        """A message the client already holds, without waiting; None when there is none
+        (or when this nats-py's internals are not the ones expected)."""
+        queue = self._queue
+        if queue is None or queue.empty():
+            return None
+        msg = queue.get_nowait()
+        # What nats-py's iterator does for each message it hands out: mark it done (a
+        # drain waits for that), keep the pending byte count, and stop at an
+        # auto-unsubscribe limit.
+        queue.task_done()
+        sub: Any = self._sub
+        sub._pending_size -= len(msg.data)
+        if sub._max_msgs > 0 and sub._received >= sub._max_msgs:
+            messages: Any = self._messages
+            messages._cancel()
+        return msg
+
+    async def _pairs(self) -> AsyncGenerator[tuple[str, Event], None]:
+        decode, take_ready, messages = self._decode, self._take_ready, self._messages
+        while True:
+            msg = take_ready()
+            if msg is None:
+                try:
+                    msg = await anext(messages)
+                except StopAsyncIteration:
+                    break
+            pair = decode(msg)
+            if pair is not None:
+                yield pair
+        if not _finished(self._sub):
+            raise _lost(self._sub)
+
+    async def _events(self) -> AsyncGenerator[Event, None]:
+        # The same loop as _pairs, not a wrapper around it: one generator per event is
+        # enough on the path every event of every reader takes.
+        decode, take_ready, messages = self._decode, self._take_ready, self._messages
+        while True:
+            msg = take_ready()
+            if msg is None:
+                try:
+                    msg = await anext(messages)
+                except StopAsyncIteration:
+                    break
+            pair = decode(msg)
+            if pair is not None:
+                yield pair[1]
+        if not _finished(self._sub):
+            raise _lost(self._sub)
+
+
+def _ready_queue(sub: Subscription, messages: AsyncIterator[Msg]) -> asyncio.Queue[Msg] | None:
+    """The subscription's queue of received messages, when this nats-py has the internals
+    :meth:`NATSSource._take_ready` uses; else None, and every message comes through the
+    public iterator.
+
+    Why reach in: nats-py's iterator starts a task and an ``asyncio.wait`` for every
+    message, which caps a reader at about a third of what the client receives. Messages
+    arrive in bursts (one socket read holds many), so taking those already queued
+    without waiting, and waiting through the iterator only when none is, keeps its
+    exact semantics at the cost of one wait per burst.
+    """
+    queue = getattr(sub, "_pending_queue", None)
+    if (
+        isinstance(queue, asyncio.Queue)
+        and isinstance(getattr(sub, "_pending_size", None), int)
+        and isinstance(getattr(sub, "_max_msgs", None), int)
+        and isinstance(getattr(sub, "_received", None), int)
+        and callable(getattr(messages, "_cancel", None))
+    ):
+        return queue
+    return None
+
+
+def _header_any_case(headers: dict[str, str]) -> str | None:
+    # HTTP-style header names are case-insensitive; a client other than ours may have
+    # changed the case of the name.
+    wanted = HEADER_EVENT_ID.lower()
+    for key, value in headers.items():
+        if key.lower() == wanted:
+            return value
+    return None
+
+
+async def subscribe_stream(
+    nc: Client, stream_id: str, *, prefix: str = DEFAULT_PREFIX
+) -> NATSSource:
+    """Subscribe to the events of one stream (``<prefix>.<stream_id>.*``) and return
+    their :class:`NATSSource`. Every event published after this returns arrives (core
+    NATS has no replay: nothing published before)."""
+    check_token(stream_id, "stream id")
+    return await _subscribe(nc, f"{_check_prefix(prefix)}.{stream_id}.*", prefix)
+
+
+async def subscribe_all(nc: Client, *, prefix: str = DEFAULT_PREFIX) -> NATSSource:
+    """Subscribe to the events of every stream under ``prefix`` (``<prefix>.*.*``).
+
+    Read it with :meth:`NATSSource.with_stream_ids` to get ``(stream_id, event)`` pairs,
+    or iterate it for events and read :attr:`NATSSource.last_stream_id`. Every event
+    published after this returns arrives.
+    """
+    return await _subscribe(nc, f"{_check_prefix(prefix)}.*.*", prefix)
+
+
+async def _subscribe(nc: Client, subject: str, prefix: str) -> NATSSource:
+    sub = await nc.subscribe(subject)
+    # The SUB is only buffered: a round trip makes sure the server has it, so a producer
+    # on another connection cannot publish into the gap before it (and its events be
+    # lost) once this helper has returned.
+    await flush_connection(nc)
+    return NATSSource(sub, prefix=prefix)

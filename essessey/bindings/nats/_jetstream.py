@@ -1,0 +1,729 @@
+"""An :class:`~essessey.EventStore` kept in a NATS JetStream stream, shared by replicas.
+
+Layout. One JetStream stream (``ESSESSEY`` by default) holds every stream id, on the
+subjects ``<prefix>.>``. An event ``ev`` of stream id ``sid`` is the message
+``<prefix>.<sid>.<ev>`` whose body is ``Event.data`` unchanged: the subjects a
+:class:`NATSSink` uses, so a plain NATS subscriber of ``<prefix>.<sid>.>`` sees the same
+events. Markers go to ``<prefix>.<sid>.__control`` with an empty body and the header
+``Essessey-Control``: ``open`` (a turn started: followers wait for its first event),
+``close`` (no more events for now: followers end once drained) and ``reset`` (the stream
+id was cleared: everything of it before the marker is purged). ``__control`` is therefore
+not an event name.
+
+Ids. ``<epoch>-<seq>``: ``seq`` is the JetStream sequence of the event's message (global
+to the JetStream stream, so increasing per stream id but not contiguous) and ``epoch`` is
+derived from the JetStream stream's creation time, so the ids of a deleted and recreated
+stream never match positions in the new one. Every store on the same JetStream stream, in
+any process, issues and accepts the same ids. An append names the epoch its store last read
+(at setup, at every ``open_stream``, i.e. once per turn, and at every read) without a
+request of its own; when another process deletes and recreates the JetStream stream, the
+ids a store issues before it notices name the old epoch, so they are unknown, never
+misplaced.
+
+Known. ``since`` and ``follow`` accept an id when its epoch is the stream's current one and
+its message is still retained as an event of that stream id; every later message of the
+stream id is then retained too (JetStream evicts from the front, and ``clear`` purges a
+stream id whole), so the replay has no gap. An id whose own message was evicted is unknown,
+even when nothing after it was: the store cannot tell it from another stream id's.
+
+Retention. By age (``max_age``) and count (``max_msgs``, for all stream ids together),
+oldest first (discard policy ``old``). There is no per-stream-id bound: NATS limits per
+*subject*, which here means per event name of a stream id, and evicting by event name
+would tear holes in a stream that no id check can see.
+
+Retries. Every append carries a ``Nats-Msg-Id`` unique to it; a publish that times out,
+finds no responders or meets a reconnecting connection is sent again with the same id
+until ``publish_timeout`` seconds have passed, and JetStream stores it once (within
+``duplicate_window``). Then :class:`JetStreamUnavailable` is raised.
+
+Following. Each ``follow`` (and ``since``) reads through its own ordered push consumer
+(ephemeral, in memory, with idle heartbeats and flow control) filtered on
+``<prefix>.<sid>.>``. Lag is measured with the ``num_pending`` each message carries and
+the messages this client holds but has not yet taken.
+A follower ends with :class:`~essessey.StreamReset` when it meets a ``reset`` marker
+(``clear``), and, best effort, when an idle check (every ``2 * heartbeat`` seconds without
+a message) finds the JetStream stream deleted or recreated, or no message of the stream id
+left (expired by ``max_age`` while the stream was open). Messages evicted before a follower
+read them end it with :class:`~essessey.SubscriberLagged` when that shows as a drop in
+``num_pending`` (messages it had been told were pending are gone); an eviction of messages
+appended after the server last sent it one is not seen (best effort). Retention far larger
+than any follower's lag makes both rare: the server pushes a follower's events to it as they
+are appended, up to a flow-control window, and ``max_lag`` ends a follower that falls
+further behind.
+
+Retention is per message, not per stream id: ``max_age`` drops a long stream's oldest
+events first, and ``follow`` without an id then starts at the oldest whole message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Final, Literal
+
+import anyio
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.client import JetStreamContext
+
+from essessey.errors import (
+    EssesseyError,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    UnknownEventId,
+)
+from essessey.event import Event
+from essessey.protocol import EventType
+
+__all__ = [
+    "CONTROL_EVENT",
+    "CONTROL_HEADER",
+    "JetStreamEventStore",
+    "JetStreamUnavailable",
+]
+
+logger = logging.getLogger("essessey.bindings.nats.jetstream")
+
+CONTROL_EVENT: Final = "__control"
+"""The last subject token of a stream id's markers; reserved, never an event name."""
+
+CONTROL_HEADER: Final = "Essessey-Control"
+"""The header of a marker: ``open``, ``close`` or ``reset``."""
+
+_OPEN: Final = "open"
+_CLOSE: Final = "close"
+_RESET: Final = "reset"
+
+_MSG_ID: Final = "Nats-Msg-Id"
+_STREAM_IN_USE: Final = 10058  # JSStreamNameExistErr: exists with another configuration
+_SINCE_IDLE: Final = 1.0  # seconds without a message before since() asks the consumer
+_MAX_BACKOFF: Final = 1.0
+_REQUEST_TIMEOUT: Final = 5.0
+
+_BAD_TOKEN: Final = re.compile(r"[\s.*>]")
+_BAD_NAME: Final = re.compile(r"[\s.*>/\\]")
+
+_RETRYABLE: Final = (
+    nats.errors.TimeoutError,  # includes FlushTimeoutError
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.errors.ConnectionClosedError,  # retried only while the client may reconnect
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+)
+_TRANSIENT: Final = (*_RETRYABLE, nats.js.errors.ServerError)
+
+
+class JetStreamUnavailable(EssesseyError):
+    """JetStream did not store an event (or marker) within ``publish_timeout`` seconds,
+    or the NATS connection is closed. The cause is chained (``__cause__``)."""
+
+
+def _is_token(value: str) -> bool:
+    return bool(value) and _BAD_TOKEN.search(value) is None
+
+
+def _check_token(value: str, what: str) -> None:
+    if not _is_token(value):
+        raise ValueError(
+            f"{what} {value!r} is not a NATS subject token (empty, or has '.', '*', '>' "
+            "or whitespace)"
+        )
+
+
+def _is_retryable(exc: Exception) -> bool:
+    if isinstance(exc, _RETRYABLE):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
+
+
+def _epoch_of(info: api.StreamInfo) -> str:
+    """The epoch of a JetStream stream: from its creation time, so a stream deleted and
+    created again under the same name gets another one."""
+    created = info.created
+    if created is None:
+        raise RuntimeError("the nats-server does not report stream creation times (need 2.2+)")
+    text = f"{info.config.name}|{created.isoformat()}"
+    return hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
+
+
+def _parse_id(event_id: str, epoch: str) -> int | None:
+    """The sequence in ``event_id`` when it is spelled exactly as this store issues ids of
+    ``epoch``, else None."""
+    id_epoch, _, seq_text = event_id.rpartition("-")
+    # The same strictness as InMemoryEventStore: ASCII digits only, no sign, no leading
+    # zero, at most 18 digits.
+    if (
+        id_epoch != epoch
+        or not seq_text.isascii()
+        or not seq_text.isdigit()
+        or len(seq_text) > 18
+        or seq_text[0] == "0"
+    ):
+        return None
+    return int(seq_text)
+
+
+def _control(msg: Msg) -> str | None:
+    headers = msg.headers
+    return headers.get(CONTROL_HEADER) if headers else None
+
+
+class JetStreamEventStore:
+    """An :class:`~essessey.EventStore` in a JetStream stream (see the module docstring
+    for subjects, ids, retention and retries).
+
+    ``nc`` is a connected nats-py client; the store does not own it. The JetStream stream
+    is created (or its configuration updated) by :meth:`setup`, or on first use. All
+    bounds must be positive; ``max_msgs`` may also be -1 (no count limit).
+    ``publish_timeout`` may not exceed ``duplicate_window``, or a late retry could be
+    stored twice. ``heartbeat`` is the idle heartbeat of the followers' consumers.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        stream: str = "ESSESSEY",
+        prefix: str = "essessey",
+        max_age: float = 3600.0,
+        max_msgs: int = 1_000_000,
+        storage: Literal["file", "memory"] = "file",
+        duplicate_window: float = 120.0,
+        publish_timeout: float = 30.0,
+        heartbeat: float = 5.0,
+    ) -> None:
+        if not stream or _BAD_NAME.search(stream):
+            raise ValueError(f"stream {stream!r} is not a valid JetStream stream name")
+        if not all(_is_token(token) for token in prefix.split(".")):
+            raise ValueError(f"prefix {prefix!r} is not a valid subject prefix")
+        if max_age <= 0:
+            raise ValueError("max_age must be > 0 seconds")
+        if max_msgs <= 0 and max_msgs != -1:
+            raise ValueError("max_msgs must be > 0, or -1 for no limit")
+        if storage not in ("file", "memory"):
+            raise ValueError("storage must be 'file' or 'memory'")
+        if duplicate_window <= 0:
+            raise ValueError("duplicate_window must be > 0 seconds")
+        if publish_timeout <= 0:
+            raise ValueError("publish_timeout must be > 0 seconds")
+        if publish_timeout > duplicate_window:
+            raise ValueError("publish_timeout must not exceed duplicate_window")
+        if heartbeat <= 0:
+            raise ValueError("heartbeat must be > 0 seconds")
+        self.nc = nc
+        self.stream = stream
+        self.prefix = prefix
+        self.max_age = max_age
+        self.max_msgs = max_msgs
+        self.storage: Literal["file", "memory"] = storage
+        self.duplicate_window = duplicate_window
+        self.publish_timeout = publish_timeout
+        self.heartbeat = heartbeat
+        self._js: JetStreamContext = nc.jetstream(timeout=_REQUEST_TIMEOUT)
+        # Msg ids: random per store, counted per publish, so no two publishes of any store
+        # share one while a retry of the same publish always does.
+        self._token = secrets.token_hex(12)
+        self._counter = itertools.count(1)
+        self._epoch: str | None = None
+        self._setup_lock = anyio.Lock()
+
+    @classmethod
+    async def connect(cls, nc: Client, **options: Any) -> JetStreamEventStore:
+        """Create a store (keyword options as for the constructor) and :meth:`setup` it."""
+        store = cls(nc, **options)
+        await store.setup()
+        return store
+
+    def stream_config(self) -> api.StreamConfig:
+        """The JetStream stream configuration this store asks for."""
+        return api.StreamConfig(
+            name=self.stream,
+            subjects=[f"{self.prefix}.>"],
+            retention=api.RetentionPolicy.LIMITS,
+            max_age=self.max_age,
+            max_msgs=self.max_msgs,
+            discard=api.DiscardPolicy.OLD,
+            storage=api.StorageType.FILE if self.storage == "file" else api.StorageType.MEMORY,
+            duplicate_window=self.duplicate_window,
+        )
+
+    async def setup(self) -> None:
+        """Create the JetStream stream, or update its configuration to this store's."""
+        config = self.stream_config()
+        try:
+            info = await self._js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _STREAM_IN_USE:
+                raise
+            info = await self._js.update_stream(config)
+        self._epoch = _epoch_of(info)
+
+    async def _ensure(self) -> str:
+        epoch = self._epoch
+        if epoch is None:
+            async with self._setup_lock:
+                if self._epoch is None:
+                    await self.setup()
+                epoch = self._epoch
+                assert epoch is not None
+        return epoch
+
+    async def _current_epoch(self) -> str | None:
+        """The epoch of the JetStream stream now (None when it does not exist); also
+        refreshes the one appends use."""
+        await self._ensure()
+        try:
+            info = await self._js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            return None
+        epoch = _epoch_of(info)
+        self._epoch = epoch
+        return epoch
+
+    # -- writing --------------------------------------------------------------------------
+
+    async def _publish(
+        self, subject: str, data: bytes, control: str | None = None
+    ) -> tuple[int, str]:
+        """Publish once to JetStream, retrying with the same msg id: the sequence, and
+        the epoch of the stream that stored it as far as this store knows."""
+        # The epoch from before the publish: if someone else recreates the JetStream
+        # stream meanwhile, the id names the older epoch and is unknown, never misplaced.
+        epoch = self._epoch or await self._ensure()
+        headers = {_MSG_ID: f"{self._token}-{next(self._counter)}"}
+        if control is not None:
+            headers[CONTROL_HEADER] = control
+        js = self._js
+        deadline = time.monotonic() + self.publish_timeout
+        delay = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                ack = await js.publish(
+                    subject,
+                    data,
+                    timeout=min(_REQUEST_TIMEOUT, max(remaining, 0.01)),
+                    headers=headers,
+                )
+                return ack.seq, epoch
+            except Exception as exc:
+                if not _is_retryable(exc):
+                    raise
+                if self.nc.is_closed:
+                    raise JetStreamUnavailable("the NATS connection is closed") from exc
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise JetStreamUnavailable(
+                        f"JetStream did not store a message on {subject!r} within "
+                        f"{self.publish_timeout} s"
+                    ) from exc
+                logger.debug("publish to %s failed (%r); retrying", subject, exc)
+                if isinstance(exc, nats.js.errors.NoStreamResponseError):
+                    epoch = await self._recreate() or epoch
+                await anyio.sleep(min(delay, max(remaining, 0.0)))
+                delay = min(delay * 2, _MAX_BACKOFF)
+
+    async def _recreate(self) -> str | None:
+        # No stream answered: the JetStream stream was deleted, or the server is still
+        # starting. Creating it is harmless in both cases (it is a no-op when it exists),
+        # and a publish that succeeds after it was stored by the stream it describes.
+        try:
+            await self.setup()
+        except Exception as exc:  # retried by the caller's loop
+            logger.debug("could not create the JetStream stream: %r", exc)
+            return None
+        return self._epoch
+
+    async def append(self, stream_id: str, event: Event) -> Event:
+        """Store ``event`` and return it with its id; wakes the stream's followers.
+
+        Raises ValueError for a stream id or event name that is not a subject token (or
+        is ``__control``), and :class:`JetStreamUnavailable` when JetStream did not store
+        it in time.
+        """
+        name = event.event
+        if not _is_token(stream_id):
+            _check_token(stream_id, "stream id")
+        if name == CONTROL_EVENT:
+            raise ValueError(f"the event name {CONTROL_EVENT!r} is reserved")
+        if not _is_token(name):
+            _check_token(name, "event name")
+        data = event.data
+        seq, epoch = await self._publish(f"{self.prefix}.{stream_id}.{name}", data)
+        return Event(name, data, f"{epoch}-{seq}")
+
+    async def open_stream(self, stream_id: str) -> None:
+        """Mark the stream open (creating it): followers wait for its first event.
+
+        It also reads the JetStream stream's epoch again (one request per turn), so the
+        ids of a turn name the stream it is stored in even when another process deleted
+        and recreated that stream since this store last looked."""
+        _check_token(stream_id, "stream id")
+        if await self._current_epoch() is None:
+            await self.setup()
+        await self._publish(self._control_subject(stream_id), b"", _OPEN)
+
+    async def close_stream(self, stream_id: str) -> None:
+        """No more events for now: followers end once they have everything. Does nothing
+        when the stream does not exist (never created, cleared, expired)."""
+        _check_token(stream_id, "stream id")
+        if await self.exists(stream_id):
+            await self._publish(self._control_subject(stream_id), b"", _CLOSE)
+
+    async def clear(self, stream_id: str) -> None:
+        """Forget the stream: its ids become unknown and its followers get StreamReset.
+
+        A ``reset`` marker is published, then every earlier message of the stream id is
+        purged; the marker stays (until retention drops it) so that followers, wherever
+        they are, see the reset in order."""
+        _check_token(stream_id, "stream id")
+        seq, _ = await self._publish(self._control_subject(stream_id), b"", _RESET)
+        await self._js.purge_stream(self.stream, seq=seq, subject=self._filter(stream_id))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _filter(self, stream_id: str) -> str:
+        return f"{self.prefix}.{stream_id}.>"
+
+    def _control_subject(self, stream_id: str) -> str:
+        return f"{self.prefix}.{stream_id}.{CONTROL_EVENT}"
+
+    async def exists(self, stream_id: str) -> bool:
+        """Whether the stream is retained: it has a message and was not cleared since."""
+        if not _is_token(stream_id):
+            return False
+        await self._ensure()
+        try:
+            last = await self._js.get_last_msg(self.stream, self._filter(stream_id))
+        except nats.js.errors.NotFoundError:
+            return False
+        headers = last.headers
+        return not (
+            last.subject == self._control_subject(stream_id)
+            and headers is not None
+            and headers.get(CONTROL_HEADER) == _RESET
+        )
+
+    async def _missing(self, stream_id: str) -> EssesseyError:
+        """The error for an id that cannot be resumed from: the stream is gone, or not."""
+        if await self.exists(stream_id):
+            return UnknownEventId(f"event id is not retained for stream {stream_id!r}")
+        return StreamNotFound(f"no stream {stream_id!r}")
+
+    async def _gone(self, stream_id: str, epoch: str) -> bool:
+        """Whether the JetStream stream was deleted or recreated, or holds nothing of the
+        stream id any more. False when that cannot be told now (a transient failure)."""
+        try:
+            info = await self._js.stream_info(self.stream, subjects_filter=self._filter(stream_id))
+        except nats.js.errors.NotFoundError:
+            return True
+        except _TRANSIENT as exc:
+            logger.debug("could not check stream %s: %r", stream_id, exc)
+            return False
+        return _epoch_of(info) != epoch or not info.state.subjects
+
+    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
+        """The events after ``last_event_id`` (all retained ones when None) and whether
+        that id is known; see the module docstring for when it is."""
+        if not _is_token(stream_id):
+            return [], False
+        epoch = await self._current_epoch()
+        if epoch is None:
+            return [], False
+        start: int | None = None
+        if last_event_id is not None:
+            start = _parse_id(last_event_id, epoch)
+            if start is None:
+                return [], False
+        reader = _Reader(self, stream_id, epoch)
+        try:
+            if await reader.open(start) == 0:
+                return [], False
+            events: list[Event] = []
+            alive = start is not None
+            verify = start is not None
+            name_at = len(reader.prefix)
+            idle_since = time.monotonic()
+            while True:
+                msg = await reader.next(_SINCE_IDLE)
+                if msg is None:
+                    if await reader.caught_up():
+                        break
+                    if time.monotonic() - idle_since > self.publish_timeout:
+                        raise JetStreamUnavailable(f"reading stream {stream_id!r} stalled")
+                    continue
+                idle_since = time.monotonic()
+                name = msg.subject[name_at:]
+                if verify:
+                    verify = False
+                    if reader.seq != start or name == CONTROL_EVENT:
+                        return [], False  # the id's own message is gone
+                elif start is not None and reader.removed:
+                    return [], False  # evicted or purged under the read: a gap
+                elif name == CONTROL_EVENT:
+                    if _control(msg) == _RESET:
+                        if start is not None:
+                            return [], False  # cleared after the id
+                        events = []  # a new life begins after the reset
+                        alive = False
+                    else:
+                        alive = True
+                else:
+                    events.append(Event(name, msg.data, f"{epoch}-{reader.seq}"))
+                    alive = True
+                if reader.pending == 0:
+                    break
+            return (events, True) if alive else ([], False)
+        except StreamReset:  # the JetStream stream was recreated under the read
+            return [], False
+        finally:
+            await reader.close()
+
+    async def follow(
+        self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
+    ) -> AsyncGenerator[Event, None]:
+        """Replay after ``last_event_id``, then live events, until a ``close`` marker
+        with nothing after it.
+
+        Without an id it starts at the stream's first event when its ``open`` marker is
+        still retained, else at the oldest ``message_start`` (or ``open``) retained, else
+        live. Raises :class:`StreamNotFound` or :class:`UnknownEventId` before any event,
+        :class:`SubscriberLagged` when more than ``max_lag`` of the messages appended
+        since it started are waiting for it (or some were evicted before it read them),
+        and :class:`StreamReset` when the stream id is cleared (or, best effort, the
+        JetStream stream is deleted or recreated, or the stream id expires) meanwhile.
+        """
+        if not _is_token(stream_id):
+            raise StreamNotFound(f"no stream {stream_id!r}")
+        epoch = await self._current_epoch()
+        if epoch is None:
+            raise StreamNotFound(f"no stream {stream_id!r}")
+        start: int | None = None
+        if last_event_id is not None:
+            start = _parse_id(last_event_id, epoch)
+            if start is None:
+                raise await self._missing(stream_id)
+        reader = _Reader(self, stream_id, epoch)
+        idle = 2 * self.heartbeat
+        try:
+            if await reader.open(start) == 0:
+                if start is None:
+                    raise StreamNotFound(f"no stream {stream_id!r}")
+                raise await self._missing(stream_id)
+            verify = start is not None  # the first message must be the id's own
+            live = False  # past the start: every event is yielded
+            alive = False  # (without an id) a message of the current life has been seen
+            name_at = len(reader.prefix)
+            while True:
+                msg = await reader.next(idle)
+                if msg is None:
+                    if await self._gone(stream_id, epoch):
+                        if live:
+                            raise StreamReset(f"stream {stream_id!r} was cleared or dropped")
+                        raise StreamNotFound(f"no stream {stream_id!r}")
+                    continue
+                name = msg.subject[name_at:]
+                if live:
+                    if reader.removed:
+                        raise SubscriberLagged(
+                            f"events of {stream_id!r} were evicted before the subscriber read them"
+                        )
+                    if max_lag is not None and reader.lag > max_lag:
+                        raise SubscriberLagged(
+                            f"subscriber is {reader.lag} events behind {stream_id!r}"
+                        )
+                    if name != CONTROL_EVENT:
+                        yield Event(name, msg.data, f"{epoch}-{reader.seq}")
+                        continue
+                    control = _control(msg)
+                    if control == _RESET:
+                        raise StreamReset(f"stream {stream_id!r} was cleared")
+                    if control == _CLOSE and reader.pending == 0:
+                        return
+                    continue
+                if verify:
+                    verify = False
+                    if reader.seq != start or name == CONTROL_EVENT:
+                        raise await self._missing(stream_id)
+                    live = True
+                    continue
+                # Without an id: find where a whole message starts.
+                if name == CONTROL_EVENT:
+                    control = _control(msg)
+                    if control == _RESET:
+                        alive = False  # what came before was another life
+                    else:
+                        alive = True
+                        if control == _OPEN:
+                            live = True  # the events after an open marker are whole
+                        elif control == _CLOSE and reader.pending == 0:
+                            return  # closed, and no whole message retained
+                else:
+                    alive = True
+                    if name == EventType.MESSAGE_START:
+                        live = True
+                        yield Event(name, msg.data, f"{epoch}-{reader.seq}")
+                        continue
+                if not live and reader.pending == 0:
+                    if not alive:
+                        raise StreamNotFound(f"no stream {stream_id!r}")
+                    live = True  # no whole message retained: start with the next one
+        finally:
+            await reader.close()
+
+
+class _Reader:
+    """One ordered push consumer on a stream id's subjects, with the accounting that
+    ``since`` and ``follow`` need: the stream sequence of the last message, how many are
+    pending after it, and whether messages were removed ahead of it."""
+
+    __slots__ = (
+        "backlog",
+        "consumer",
+        "count",
+        "epoch",
+        "pending",
+        "prefix",
+        "queued",
+        "removed",
+        "seq",
+        "store",
+        "stream_id",
+        "sub",
+        "total",
+    )
+
+    def __init__(self, store: JetStreamEventStore, stream_id: str, epoch: str) -> None:
+        self.store = store
+        self.stream_id = stream_id
+        self.epoch = epoch
+        self.prefix = f"{store.prefix}.{stream_id}."
+        self.sub: JetStreamContext.PushSubscription | None = None
+        self.consumer = ""
+        self.backlog = 0  # messages pending when the consumer was created
+        self.count = 0  # messages delivered (each once)
+        self.seq = 0  # stream sequence of the last message delivered
+        self.pending = 0  # num_pending of the last message delivered
+        self.queued = 0  # messages received after it, not yet taken
+        self.total = 0  # count + pending: drops only when messages ahead are removed
+        self.removed = False
+
+    async def open(self, start: int | None) -> int:
+        """Create the consumer from ``start`` (its first message is the one at ``start``
+        or after), or from the stream id's first message; the backlog it found."""
+        store = self.store
+        js = store._js
+        config = api.ConsumerConfig(
+            deliver_subject=store.nc.new_inbox(),
+            filter_subject=f"{self.prefix}>",
+            deliver_policy=(
+                api.DeliverPolicy.ALL if start is None else api.DeliverPolicy.BY_START_SEQUENCE
+            ),
+            opt_start_seq=start,
+            # What nats-py sets for an ordered consumer.
+            ack_policy=api.AckPolicy.NONE,
+            max_deliver=1,
+            ack_wait=22 * 3600,
+            flow_control=True,
+            idle_heartbeat=store.heartbeat,
+            num_replicas=1,
+            mem_storage=True,
+        )
+        info = await js.add_consumer(store.stream, config)
+        self.consumer = info.name
+        self.backlog = self.total = info.num_pending or 0
+        # nats-py may recreate an ordered consumer from the stream's first sequence
+        # (missed heartbeats before any message): anything before the start is skipped.
+        self.seq = 0 if start is None else start - 1
+        self.sub = await js.subscribe_bind(store.stream, config, info.name, ordered_consumer=True)
+        return self.backlog
+
+    @property
+    def lag(self) -> int:
+        """Messages waiting beyond the backlog the consumer started with, at least.
+
+        What waits after the last message is what this client holds and has not taken
+        (``queued``) plus what the server has not sent yet; ``num_pending`` counted both
+        when the server sent the message, so the larger of the two is a lower bound. The
+        server pushes a flow-control window ahead of the reader and then waits for it, so
+        a reader that falls behind sees ``num_pending`` grow with the appends."""
+        return max(self.pending, self.queued) - max(0, self.backlog - self.count)
+
+    async def next(self, idle: float) -> Msg | None:
+        """The next message (never one already delivered), or None after ``idle``
+        seconds without one."""
+        sub = self.sub
+        assert sub is not None
+        while True:
+            try:
+                msg = await sub.next_msg(idle)
+            except nats.errors.TimeoutError:
+                return None
+            meta = msg.metadata
+            seq = meta.sequence.stream
+            if seq <= self.seq:
+                continue
+            if meta.consumer != self.consumer:
+                # The ordered consumer was recreated (a gap, missed heartbeats, a server
+                # restart). If the JetStream stream was recreated too, these messages are
+                # from another life.
+                await self._check_epoch()
+                self.consumer = meta.consumer
+            pending = meta.num_pending
+            self.seq = seq
+            self.count += 1
+            self.pending = pending
+            self.queued = sub.pending_msgs
+            total = self.count + pending
+            self.removed = total < self.total
+            self.total = total
+            return msg
+
+    async def _check_epoch(self) -> None:
+        store = self.store
+        for attempt in range(5):
+            try:
+                info = await store._js.stream_info(store.stream)
+            except nats.js.errors.NotFoundError:
+                break
+            except _TRANSIENT:
+                await anyio.sleep(0.2 * (attempt + 1))
+                continue
+            if _epoch_of(info) == self.epoch:
+                return
+            break
+        # Deleted, recreated, or it cannot be told: deliver nothing that may be from
+        # another life of the JetStream stream.
+        raise StreamReset(f"the JetStream stream of {self.stream_id!r} was deleted or recreated")
+
+    async def caught_up(self) -> bool:
+        """Whether the consumer has nothing left to deliver (asked of the server)."""
+        sub = self.sub
+        assert sub is not None
+        try:
+            info = await sub.consumer_info()
+        except _TRANSIENT:
+            return False
+        return (info.num_pending or 0) == 0 and sub.pending_msgs == 0
+
+    async def close(self) -> None:
+        sub, self.sub = self.sub, None
+        if sub is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error as exc:  # closed connection, already unsubscribed
+                logger.debug("unsubscribe failed: %r", exc)

@@ -1,0 +1,686 @@
+"""JetStreamEventStore against a real nats-server (the ``nats`` fixture): ids, since() and
+``known``, retries deduplicated by Nats-Msg-Id, retention, follow(), the hub, and two
+stores on two connections as two replicas would use them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import nats as nats_py
+import pytest
+from nats import errors as nats_errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api
+
+from essessey import (
+    Event,
+    EventStore,
+    EventType,
+    Publisher,
+    StreamHub,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    UnknownEventId,
+    check,
+    reassemble_events,
+    stream_turn,
+)
+from essessey.bindings.nats import (
+    CONTROL_HEADER,
+    JetStreamEventStore,
+    JetStreamUnavailable,
+)
+from tests.nats_server import NatsServer
+from tests.test_store import BOGUS_IDS
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 10.0
+"""Seconds any one step of these tests may take before the test fails."""
+
+
+def delta(n: int) -> Event:
+    return Event(EventType.CONTENT_BLOCK_DELTA, b'{"n":%d}' % n)
+
+
+def start(n: int = 0) -> Event:
+    return Event(EventType.MESSAGE_START, b'{"m":%d}' % n)
+
+
+def stop() -> Event:
+    return Event(EventType.MESSAGE_STOP, b'{"type":"message_stop"}')
+
+
+def seq(event_id: str | None) -> int:
+    assert event_id is not None
+    return int(event_id.rpartition("-")[2])
+
+
+def epoch(event_id: str | None) -> str:
+    assert event_id is not None
+    return event_id.rpartition("-")[0]
+
+
+@asynccontextmanager
+async def connected(server: NatsServer) -> AsyncIterator[Client]:
+    nc = await nats_py.connect(server.url, allow_reconnect=False)
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+@asynccontextmanager
+async def store_on(server: NatsServer, **options: Any) -> AsyncIterator[JetStreamEventStore]:
+    async with connected(server) as nc:
+        yield await JetStreamEventStore.connect(nc, **options)
+
+
+async def fill(store: JetStreamEventStore, stream_id: str, count: int) -> list[Event]:
+    return [await store.append(stream_id, delta(n)) for n in range(count)]
+
+
+async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
+    async for event in events:
+        into.append(event)
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Yield to other tasks until ``condition()`` holds; fail after WAIT seconds."""
+    for _ in range(int(WAIT / 0.005)):
+        if condition():
+            return
+        await anyio.sleep(0.005)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+async def drain(events: AsyncIterator[Event]) -> None:
+    async for _ in events:
+        pass
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+async def test_it_is_an_event_store(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        assert isinstance(store, EventStore)
+
+
+async def test_setup_configures_retention_and_dedup_and_updates_it(nats: NatsServer) -> None:
+    async with connected(nats) as nc:
+        store = await JetStreamEventStore.connect(
+            nc, stream="EVENTS", prefix="app", max_age=600, max_msgs=5000, duplicate_window=60
+        )
+        info = await nc.jetstream().stream_info("EVENTS")
+        config = info.config
+        assert config.subjects == ["app.>"]
+        assert config.max_age == 600
+        assert config.max_msgs == 5000
+        assert config.discard == api.DiscardPolicy.OLD
+        assert config.retention == api.RetentionPolicy.LIMITS
+        assert config.storage == api.StorageType.FILE
+        assert config.duplicate_window == 60
+        event = await store.append("s", delta(1))
+        # Another replica with other bounds updates the stream; ids stay the same epoch.
+        other = await JetStreamEventStore.connect(
+            nc, stream="EVENTS", prefix="app", max_age=1200, max_msgs=-1, duplicate_window=60
+        )
+        config = (await nc.jetstream().stream_info("EVENTS")).config
+        assert (config.max_age, config.max_msgs) == (1200, -1)
+        assert await other.since("s", None) == ([event], True)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_age": 0}, "max_age"),
+        ({"max_age": -1}, "max_age"),
+        ({"max_msgs": 0}, "max_msgs"),
+        ({"max_msgs": -2}, "max_msgs"),
+        ({"duplicate_window": 0}, "duplicate_window"),
+        ({"publish_timeout": 0}, "publish_timeout"),
+        ({"publish_timeout": 200}, "publish_timeout"),  # beyond the duplicate window
+        ({"heartbeat": 0}, "heartbeat"),
+        ({"storage": "disk"}, "storage"),
+        ({"stream": "a.b"}, "stream"),
+        ({"stream": ""}, "stream"),
+        ({"prefix": "a.*"}, "prefix"),
+        ({"prefix": "a..b"}, "prefix"),
+    ],
+)
+async def test_bad_options_raise(options: dict[str, Any], message: str) -> None:
+    nc = Client()  # never connected: the options are checked first
+    with pytest.raises(ValueError, match=message):
+        JetStreamEventStore(nc, **options)
+
+
+async def test_events_go_to_the_subjects_a_plain_subscriber_reads(nats: NatsServer) -> None:
+    async with store_on(nats, prefix="app.v1") as store, connected(nats) as plain:
+        sub = await plain.subscribe("app.v1.conv-1.>")
+        await plain.flush()
+        await store.open_stream("conv-1")
+        stored = await store.append("conv-1", delta(7))
+        with anyio.fail_after(WAIT):
+            marker: Msg = await sub.next_msg(WAIT)
+            msg: Msg = await sub.next_msg(WAIT)
+        assert marker.subject == "app.v1.conv-1.__control"
+        assert marker.headers is not None
+        assert marker.headers[CONTROL_HEADER] == "open"
+        assert msg.subject == "app.v1.conv-1.content_block_delta"
+        assert msg.data == stored.data
+        assert msg.headers is not None
+        assert "Nats-Msg-Id" in msg.headers
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "*", ">", "a b", "a\tb", "\u00a0x"])
+async def test_stream_ids_and_event_names_must_be_tokens(nats: NatsServer, bad: str) -> None:
+    async with store_on(nats) as store:
+        with pytest.raises(ValueError, match="token"):
+            await store.append(bad, delta(1))
+        with pytest.raises(ValueError, match="token"):
+            await store.append("s", Event(bad, b"{}"))
+        with pytest.raises(ValueError, match="token"):
+            await store.open_stream(bad)
+        with pytest.raises(ValueError, match="reserved"):
+            await store.append("s", Event("__control", b"{}"))
+        # Reading a stream id that cannot exist is "not found", not an error.
+        assert await store.since(bad, None) == ([], False)
+        assert not await store.exists(bad)
+        with pytest.raises(StreamNotFound):
+            await anext(aiter(store.follow(bad)))
+
+
+# -- ids and since ------------------------------------------------------------------------
+
+
+async def test_ids_are_unique_and_increasing_per_stream(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        a: list[Event] = []
+        b: list[Event] = []
+        for n in range(20):  # interleaved: sequences are global, not contiguous
+            a.append(await store.append("a", delta(n)))
+            b.append(await store.append("b", delta(n)))
+        for events in (a, b):
+            sequences = [seq(event.id) for event in events]
+            assert sequences == sorted(set(sequences))
+            assert len({epoch(event.id) for event in events}) == 1
+            assert [(e.event, e.data) for e in events] == [
+                (delta(n).event, delta(n).data) for n in range(20)
+            ]
+        assert not {event.id for event in a} & {event.id for event in b}
+
+
+async def test_since_is_exact_after_every_id(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        events = await fill(store, "s", 12)
+        await fill(store, "other", 3)
+        for i, event in enumerate(events):
+            assert event.id is not None
+            assert await store.since("s", event.id) == (events[i + 1 :], True)
+        assert await store.since("s", None) == (events, True)
+        assert await store.since("s", events[-1].id) == ([], True)
+
+
+async def test_open_and_close_markers_are_not_events(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        assert not await store.exists("s")
+        await store.open_stream("s")
+        assert await store.exists("s")
+        assert await store.since("s", None) == ([], True)
+        events = await fill(store, "s", 3)
+        await store.close_stream("s")
+        assert await store.exists("s")
+        assert await store.since("s", None) == (events, True)
+        assert await store.since("s", events[0].id) == (events[1:], True)
+
+
+async def test_a_stream_never_seen_is_unknown(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        await fill(store, "other", 2)
+        assert await store.since("nowhere", None) == ([], False)
+        assert not await store.exists("nowhere")
+        await store.close_stream("nowhere")  # closing what does not exist does nothing
+        assert not await store.exists("nowhere")
+
+
+async def test_garbage_and_foreign_ids_are_unknown(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        events = await fill(store, "s", 5)
+        last = seq(events[-1].id)
+        for name, spell in BOGUS_IDS.items():
+            bogus = spell(epoch(events[0].id), last)
+            assert bogus not in {event.id for event in events}, name
+            assert await store.since("s", bogus) == ([], False), name
+
+
+async def test_an_id_of_another_stream_is_unknown(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        a = await fill(store, "a", 3)
+        await fill(store, "b", 3)
+        await store.open_stream("c")
+        for event in a:
+            assert await store.since("b", event.id) == ([], False)
+            assert await store.since("c", event.id) == ([], False)
+
+
+async def test_an_id_from_before_clear_is_unknown(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        old = await fill(store, "s", 5)
+        kept = await fill(store, "t", 2)
+        await store.clear("s")
+        assert not await store.exists("s")
+        assert await store.since("s", None) == ([], False)
+        new = await fill(store, "s", 5)
+        for event in old:
+            assert await store.since("s", event.id) == ([], False)
+        assert await store.since("s", None) == (new, True)
+        assert await store.since("s", new[1].id) == (new[2:], True)
+        assert await store.since("t", None) == (kept, True)  # other streams untouched
+
+
+async def test_a_recreated_jetstream_stream_makes_old_ids_unknown(nats: NatsServer) -> None:
+    async with connected(nats) as nc:
+        store = await JetStreamEventStore.connect(nc)
+        old = await fill(store, "s", 5)
+        await nc.jetstream().delete_stream("ESSESSEY")
+        assert not await store.exists("s")
+        # The next append finds no stream, creates it again, and carries on.
+        new = await fill(store, "s", 5)
+        assert epoch(new[0].id) != epoch(old[0].id)
+        # Sequences start again at 1: the old ids name positions the new stream has.
+        assert {seq(e.id) for e in old} & {seq(e.id) for e in new}
+        for event in old:
+            assert await store.since("s", event.id) == ([], False)
+            with pytest.raises(UnknownEventId):
+                await anext(aiter(store.follow("s", event.id)))
+        assert await store.since("s", new[0].id) == (new[1:], True)
+        # A store on another connection agrees.
+        other = await JetStreamEventStore.connect(nc)
+        assert await other.since("s", new[2].id) == (new[3:], True)
+        assert await other.since("s", old[2].id) == ([], False)
+
+
+async def test_eviction_keeps_an_id_known_while_it_is_retained(nats: NatsServer) -> None:
+    async with store_on(nats, max_msgs=5) as store:
+        events = await fill(store, "s", 12)  # events[7:] are retained
+        assert await store.since("s", None) == (events[7:], True)
+        for evicted in events[:7]:
+            assert await store.since("s", evicted.id) == ([], False)
+        assert await store.since("s", events[7].id) == (events[8:], True)
+        assert await store.since("s", events[11].id) == ([], True)
+
+
+async def test_max_age_expires_events(nats: NatsServer) -> None:
+    async with store_on(nats, max_age=0.5, duplicate_window=0.5, publish_timeout=0.5) as store:
+        events = await fill(store, "s", 2)
+        assert await store.since("s", events[0].id) == (events[1:], True)
+        for _ in range(int(WAIT / 0.1)):
+            if not await store.exists("s"):
+                break
+            await anyio.sleep(0.1)
+        assert not await store.exists("s")
+        assert await store.since("s", events[0].id) == ([], False)
+
+
+# -- retries ------------------------------------------------------------------------------
+
+
+class LostAcks:
+    """Wraps ``js.publish``: the first ``lose`` publishes reach JetStream, but their acks
+    are lost (the caller sees a timeout), as when a connection drops after sending."""
+
+    def __init__(self, publish: Callable[..., Any], lose: int) -> None:
+        self.publish = publish
+        self.lose = lose
+        self.calls: list[dict[str, Any]] = []
+        self.acks: list[api.PubAck] = []
+
+    async def __call__(self, subject: str, payload: bytes, **options: Any) -> api.PubAck:
+        self.calls.append(dict(options["headers"]))
+        ack: api.PubAck = await self.publish(subject, payload, **options)
+        self.acks.append(ack)
+        if self.lose > 0:
+            self.lose -= 1
+            raise nats_errors.TimeoutError
+        return ack
+
+
+async def test_a_retried_publish_is_stored_once(
+    nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with store_on(nats) as store:
+        first = await store.append("s", delta(0))
+        lossy = LostAcks(store._js.publish, lose=2)
+        monkeypatch.setattr(store._js, "publish", lossy)
+        with anyio.fail_after(WAIT):
+            retried = await store.append("s", delta(1))
+        # Three sends with one msg id; JetStream kept the first and said so.
+        assert len(lossy.calls) == 3
+        assert len({call["Nats-Msg-Id"] for call in lossy.calls}) == 1
+        assert [ack.duplicate for ack in lossy.acks] == [None, True, True]
+        assert {ack.seq for ack in lossy.acks} == {seq(retried.id)}
+        later = await store.append("s", delta(2))
+        assert await store.since("s", None) == ([first, retried, later], True)
+        info = await store._js.stream_info(store.stream)
+        assert info.state.messages == 3
+
+
+async def test_a_publish_that_never_succeeds_raises_after_publish_timeout(
+    nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with store_on(nats, publish_timeout=0.3) as store:
+
+        async def unreachable(subject: str, payload: bytes, **options: Any) -> api.PubAck:
+            raise nats_errors.TimeoutError
+
+        monkeypatch.setattr(store._js, "publish", unreachable)
+        started = anyio.current_time()
+        with anyio.fail_after(WAIT), pytest.raises(JetStreamUnavailable):
+            await store.append("s", delta(0))
+        assert 0.3 <= anyio.current_time() - started < 3
+
+
+async def test_append_on_a_closed_connection_raises_at_once(nats: NatsServer) -> None:
+    async with connected(nats) as nc:
+        store = await JetStreamEventStore.connect(nc)
+        await nc.close()
+        with anyio.fail_after(WAIT), pytest.raises(JetStreamUnavailable):
+            await store.append("s", delta(0))
+
+
+# -- follow -------------------------------------------------------------------------------
+
+
+async def test_follow_replays_then_goes_live_and_ends_once_closed(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        first = await fill(store, "s", 3)
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, store.follow("s"), got)
+                await wait_until(lambda: len(got) == 3, "the replay")
+                live = [await store.append("s", delta(10 + n)) for n in range(4)]
+                await wait_until(lambda: len(got) == 7, "the live events")
+                later = await store.append("s", delta(20))
+                await store.close_stream("s")  # appended before the close: still delivered
+        assert got == [*first, *live, later]
+
+
+async def test_follow_after_an_id_and_reopening(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        events = await fill(store, "s", 4)
+        await store.close_stream("s")
+        with anyio.fail_after(WAIT):
+            assert [e async for e in store.follow("s")] == events
+            assert [e async for e in store.follow("s", events[1].id)] == events[2:]
+            assert [e async for e in store.follow("s", events[-1].id)] == []
+            got: list[Event] = []
+            async with anyio.create_task_group() as tasks:
+                more = await store.append("s", delta(5))  # reopens it
+                tasks.start_soon(collect, store.follow("s", events[-1].id), got)
+                await wait_until(lambda: len(got) == 1, "the event after the reopening")
+                last = await store.append("s", delta(6))
+                await store.close_stream("s")
+        assert got == [more, last]
+
+
+async def test_follow_without_an_id_starts_at_a_whole_message(nats: NatsServer) -> None:
+    # max_msgs counts every message of the JetStream stream, markers included.
+    async with store_on(nats, max_msgs=6) as store:
+        first = [start(1), delta(1), delta(2), delta(3), stop()]
+        second = [start(2), delta(4), delta(5)]
+        stored = [await store.append("s", event) for event in [*first, *second]]
+        await store.close_stream("s")  # retained: delta(3), stop, start(2), ..., close
+        with anyio.fail_after(WAIT):
+            got = [event async for event in store.follow("s")]
+        assert got == stored[5:]
+        assert await store.since("s", None) == (stored[3:], True)  # half message too
+
+
+async def test_follow_without_an_id_and_no_whole_message_starts_live(
+    nats: NatsServer,
+) -> None:
+    async with store_on(nats, max_msgs=3) as store:
+        await fill(store, "s", 6)  # no open marker and no message_start retained
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, store.follow("s"), got)
+                await anyio.sleep(0.3)
+                assert got == []
+                new = await store.append("s", start(3))
+                await wait_until(lambda: len(got) == 1, "the live event")
+                await store.close_stream("s")
+        assert got == [new]
+
+
+async def test_open_stream_lets_a_follower_wait_for_the_first_event(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, store.follow("s"), got)
+                await anyio.sleep(0.2)
+                first = await store.append("s", delta(0))  # not a message_start: still whole
+                await wait_until(lambda: len(got) == 1, "the first event")
+                await store.close_stream("s")
+        assert got == [first]
+
+
+async def test_follow_raises_before_any_event(nats: NatsServer) -> None:
+    async with store_on(nats, max_msgs=3) as store:
+        with pytest.raises(StreamNotFound):
+            await anext(aiter(store.follow("nowhere")))
+        with pytest.raises(StreamNotFound):
+            await anext(aiter(store.follow("nowhere", "abc-1")))
+        events = await fill(store, "s", 6)
+        await fill(store, "other", 1)
+        for bogus in ("garbage", events[0].id, f"{epoch(events[0].id)}-99", events[3].id):
+            # events[3] is evicted now: "other" pushed it out
+            with pytest.raises(UnknownEventId):
+                await anext(aiter(store.follow("s", bogus)))
+
+
+async def test_follow_raises_subscriber_lagged_past_max_lag(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        events = await fill(store, "s", 2)
+        follower = store.follow("s", max_lag=3)
+        with anyio.fail_after(WAIT):
+            assert await anext(follower) == events[0]
+            assert await anext(follower) == events[1]
+            await fill(store, "s", 2)  # 2 behind: allowed
+            assert await anext(follower)
+            assert await anext(follower)
+            await fill(store, "s", 12)  # far behind
+            await anyio.sleep(0.2)  # delivered to this client, not taken
+            with pytest.raises(SubscriberLagged):
+                await anext(follower)
+        await follower.aclose()
+
+
+async def test_the_backlog_replayed_on_attaching_is_not_lag(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        events = await fill(store, "s", 50)
+        await store.close_stream("s")
+        with anyio.fail_after(WAIT):
+            got = [event async for event in store.follow("s", events[2].id, max_lag=3)]
+        assert got == events[3:]
+
+
+async def test_follow_raises_subscriber_lagged_when_its_backlog_is_evicted(
+    nats: NatsServer,
+) -> None:
+    # The server pushes a flow-control window of the backlog (about 2 MB) to the client
+    # and keeps the rest until the reader takes it: evicting some of that rest is a gap,
+    # seen as a drop in num_pending.
+    async with store_on(nats, max_msgs=80) as store:
+        await store.open_stream("s")
+        big = Event(EventType.CONTENT_BLOCK_DELTA, b'"%s"' % (b"x" * 131072))
+        first = await store.append("s", big)
+        for _ in range(59):
+            await store.append("s", big)
+        follower = aiter(store.follow("s"))
+        with anyio.fail_after(WAIT):
+            assert await anext(follower) == first
+            await fill(store, "other", 50)  # evicts the stream's first 50 messages
+            await store.close_stream("s")
+            with pytest.raises(SubscriberLagged, match="evicted"):
+                await drain(follower)
+
+
+async def test_follow_raises_stream_reset_when_cleared_while_following(
+    nats: NatsServer,
+) -> None:
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        await fill(store, "s", 2)
+        raised: list[BaseException] = []
+        got: list[Event] = []
+
+        async def follow() -> None:
+            try:
+                await collect(store.follow("s"), got)
+            except StreamReset as exc:
+                raised.append(exc)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(follow)
+                await wait_until(lambda: len(got) == 2, "the replay")
+                await store.clear("s")
+                await fill(store, "s", 2)  # a new life: the follower must not see it
+        assert len(raised) == 1
+        assert len(got) == 2
+
+
+async def test_follow_raises_stream_reset_when_the_jetstream_stream_is_deleted(
+    nats: NatsServer,
+) -> None:
+    async with connected(nats) as nc:
+        store = await JetStreamEventStore.connect(nc, heartbeat=0.2)
+        await store.open_stream("s")
+        await fill(store, "s", 2)
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            follower = store.follow("s")
+            async with anyio.create_task_group() as tasks:
+
+                async def follow() -> None:
+                    with pytest.raises(StreamReset):
+                        await collect(follower, got)
+
+                tasks.start_soon(follow)
+                await wait_until(lambda: len(got) == 2, "the replay")
+                await nc.jetstream().delete_stream("ESSESSEY")
+
+
+# -- the hub, and two replicas -------------------------------------------------------------
+
+
+class Turn:
+    """A turn of ``chunks`` text deltas; it waits for ``release`` before chunk ``hold_at``."""
+
+    def __init__(self, stream_id: str, chunks: int = 30, hold_at: int = 10) -> None:
+        self.stream_id = stream_id
+        self.chunks = chunks
+        self.hold_at = hold_at
+        self.reached = anyio.Event()
+        self.release = anyio.Event()
+
+    async def __call__(self, publisher: Publisher) -> None:
+        async with stream_turn(
+            publisher, message_id=f"msg-{self.stream_id}", stream_id=self.stream_id, model="m"
+        ) as turn:
+            text = await turn.text()
+            for i in range(self.chunks):
+                if i == self.hold_at:
+                    self.reached.set()
+                    await self.release.wait()
+                await text.write(f"w{i} ")
+
+    @property
+    def text(self) -> str:
+        return "".join(f"w{i} " for i in range(self.chunks))
+
+
+async def test_a_hub_runs_a_turn_on_the_jetstream_store(nats: NatsServer) -> None:
+    async with store_on(nats) as store:
+        turn = Turn("conv-1", hold_at=-1)
+        with anyio.fail_after(WAIT):
+            async with StreamHub(store) as hub:
+                await hub.start("conv-1", turn)
+                got = [event async for event in hub.subscribe("conv-1")]
+                await hub.wait("conv-1")
+        assert check(got) == []
+        assert reassemble_events(got).text == turn.text
+        assert got[0].event == EventType.MESSAGE_START
+        assert got[-1].event == EventType.MESSAGE_STOP
+        assert len({event.id for event in got}) == len(got)
+        assert await store.since("conv-1", None) == (got, True)
+
+
+async def test_two_replicas_follow_and_resume_exactly(nats: NatsServer) -> None:
+    # Two connections, two stores, two hubs on one JetStream stream: the turn runs on A.
+    async with store_on(nats) as store_a, store_on(nats) as store_b:
+        turn = Turn("conv-9", chunks=40, hold_at=15)
+        live_b: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with StreamHub(store_a) as hub_a, StreamHub(store_b) as hub_b:
+                await hub_a.start("conv-9", turn)
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(collect, hub_b.subscribe("conv-9"), live_b)
+                    await turn.reached.wait()
+                    # A reader on A drops mid-turn...
+                    dropped: list[Event] = []
+                    async for event in hub_a.subscribe("conv-9"):
+                        dropped.append(event)
+                        if len(dropped) == 8:
+                            break
+                    turn.release.set()
+                    # ...and resumes on B with the last id it got from A.
+                    rest = [e async for e in hub_b.subscribe("conv-9", dropped[-1].id)]
+                await hub_a.wait("conv-9")
+        full, known = await store_b.since("conv-9", None)
+        assert known
+        assert await store_a.since("conv-9", None) == (full, True)
+        assert check(full) == []
+        assert reassemble_events(full).text == turn.text
+        assert live_b == full  # followed live through B: nothing lost, nothing twice
+        assert dropped + rest == full  # resumed through B from A's id: exact
+
+
+async def test_a_server_restart_mid_turn_loses_and_duplicates_nothing(nats: NatsServer) -> None:
+    # File storage: the stream survives; the appends that fail while the server is away
+    # are retried with their msg ids, and the follower's consumer is recreated.
+    options: dict[str, Any] = {"reconnect_time_wait": 0.1, "max_reconnect_attempts": -1}
+    producer = await nats_py.connect(nats.url, **options)
+    reader = await nats_py.connect(nats.url, **options)
+    try:
+        store = await JetStreamEventStore.connect(producer, heartbeat=0.5)
+        other = await JetStreamEventStore.connect(reader, heartbeat=0.5)
+        await store.open_stream("s")
+        sent: list[Event] = []
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, other.follow("s"), got)
+                for n in range(60):
+                    if n == 30:
+                        await anyio.to_thread.run_sync(nats.restart)
+                    sent.append(await store.append("s", delta(n)))
+                await store.close_stream("s")
+        assert got == sent
+        assert await other.since("s", None) == (sent, True)
+    finally:
+        await producer.close()
+        await reader.close()
