@@ -19,6 +19,7 @@ __all__ = [
     "ProtocolError",
     "SSEDecodeError",
     "SerializationError",
+    "StoreUnavailable",
     "StreamBusy",
     "StreamHTTPError",
     "StreamNotFound",
@@ -123,3 +124,11 @@ class StreamBusy(EssesseyError):
 
 class TooManySubscribers(EssesseyError):
     """The stream already has its maximum number of subscribers."""
+
+
+class StoreUnavailable(EssesseyError):
+    """The event store cannot be reached right now (a broker down past its retry budget).
+
+    A subscription that hits it ends without an error event, so a client reconnects by
+    its last id once the store is back; a producer that hits it fails its turn.
+    """

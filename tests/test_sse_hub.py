@@ -28,6 +28,7 @@ from essessey import (
     InMemoryEventStore,
     Publisher,
     StopReason,
+    StoreUnavailable,
     StreamHub,
     check,
     reassemble_events,
@@ -568,3 +569,53 @@ async def test_a_lagging_client_is_ended_without_an_error_and_resumes_by_id(
         record.name == "essessey.hub" and "fell behind" in record.getMessage()
         for record in caplog.records
     )
+
+
+class _FlakyStore(InMemoryEventStore):
+    """A store whose followers lose it (StoreUnavailable) after a few events."""
+
+    def __init__(self, fail_after: int) -> None:
+        super().__init__()
+        self.fail_after = fail_after
+
+    async def follow(
+        self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
+    ) -> AsyncIterator[Event]:
+        count = 0
+        async for event in super().follow(stream_id, last_event_id, max_lag=max_lag):
+            if count == self.fail_after:
+                raise StoreUnavailable("the broker is down")
+            count += 1
+            yield event
+
+
+@pytest.mark.anyio
+async def test_a_store_outage_ends_the_subscription_without_an_error_event() -> None:
+    hub = StreamHub(_FlakyStore(fail_after=3))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with hub:
+            await hub.start("s1", _short_turn)
+            await hub.wait("s1")
+            yield
+
+    app = Starlette(routes=list(hub_routes(hub)), lifespan=lifespan)
+    with serve(app, lifespan="on") as url:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"{url}/streams/s1")
+    assert response.status_code == 200
+    decoded = SSEDecoder().feed(response.content)
+    events = [Event(m.event, m.data.encode(), m.id) for m in decoded]
+    # Three events with ids, then the end: no error event a client would read as the end
+    # of the turn, so it reconnects by its last id instead.
+    assert len(events) == 3
+    assert all(event.id for event in events)
+    assert "error" not in [event.event for event in events]
+
+
+async def _short_turn(publisher: Publisher) -> None:
+    async with stream_turn(publisher, message_id="m", stream_id="s1", model="x") as turn:
+        text = await turn.text()
+        for chunk in ("a", "b", "c", "d"):
+            await text.write(chunk)

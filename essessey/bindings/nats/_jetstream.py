@@ -34,7 +34,9 @@ would tear holes in a stream that no id check can see.
 Retries. Every append carries a ``Nats-Msg-Id`` unique to it; a publish that times out,
 finds no responders or meets a reconnecting connection is sent again with the same id
 until ``publish_timeout`` seconds have passed, and JetStream stores it once (within
-``duplicate_window``). Then :class:`JetStreamUnavailable` is raised.
+``duplicate_window``). Then :class:`JetStreamUnavailable` is raised. The requests that
+start a read (``follow``, ``since``) or ask whether a stream exists are retried the same
+way, so a reader that attaches while the server restarts waits for it, as a producer does.
 
 Following. Each ``follow`` (and ``since``) reads through its own ordered push consumer
 (ephemeral, in memory, with idle heartbeats and flow control) filtered on
@@ -63,8 +65,8 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncGenerator
-from typing import Any, Final, Literal
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Final, Literal, TypeVar
 
 import anyio
 import nats.errors
@@ -76,6 +78,7 @@ from nats.js.client import JetStreamContext
 
 from essessey.errors import (
     EssesseyError,
+    StoreUnavailable,
     StreamNotFound,
     StreamReset,
     SubscriberLagged,
@@ -109,6 +112,8 @@ _SINCE_IDLE: Final = 1.0  # seconds without a message before since() asks the co
 _MAX_BACKOFF: Final = 1.0
 _REQUEST_TIMEOUT: Final = 5.0
 
+_T = TypeVar("_T")
+
 _BAD_TOKEN: Final = re.compile(r"[\s.*>]")
 _BAD_NAME: Final = re.compile(r"[\s.*>/\\]")
 
@@ -125,7 +130,7 @@ _RETRYABLE: Final = (
 _TRANSIENT: Final = (*_RETRYABLE, nats.js.errors.ServerError)
 
 
-class JetStreamUnavailable(EssesseyError):
+class JetStreamUnavailable(StoreUnavailable):
     """JetStream did not store an event (or marker) within ``publish_timeout`` seconds,
     or the NATS connection is closed. The cause is chained (``__cause__``)."""
 
@@ -285,12 +290,35 @@ class JetStreamEventStore:
         refreshes the one appends use."""
         await self._ensure()
         try:
-            info = await self._js.stream_info(self.stream)
+            info = await self._retrying(lambda: self._js.stream_info(self.stream))
         except nats.js.errors.NotFoundError:
             return None
         epoch = _epoch_of(info)
         self._epoch = epoch
         return epoch
+
+    async def _retrying(self, request: Callable[[], Awaitable[_T]]) -> _T:
+        """``await request()``, made again after a transient failure (the server
+        restarting, the connection reconnecting) until ``publish_timeout`` seconds have
+        passed, as a publish is; then :class:`JetStreamUnavailable`."""
+        deadline = time.monotonic() + self.publish_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await request()
+            except Exception as exc:
+                if not _is_retryable(exc):
+                    raise
+                if self.nc.is_closed:
+                    raise JetStreamUnavailable("the NATS connection is closed") from exc
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise JetStreamUnavailable(
+                        f"JetStream did not answer within {self.publish_timeout} s"
+                    ) from exc
+                logger.debug("a JetStream request failed (%r); retrying", exc)
+                await anyio.sleep(min(delay, remaining))
+                delay = min(delay * 2, _MAX_BACKOFF)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -406,7 +434,9 @@ class JetStreamEventStore:
             return False
         await self._ensure()
         try:
-            last = await self._js.get_last_msg(self.stream, self._filter(stream_id))
+            last = await self._retrying(
+                lambda: self._js.get_last_msg(self.stream, self._filter(stream_id))
+            )
         except nats.js.errors.NotFoundError:
             return False
         headers = last.headers
@@ -622,7 +652,12 @@ class _Reader:
 
     async def open(self, start: int | None) -> int:
         """Create the consumer from ``start`` (its first message is the one at ``start``
-        or after), or from the stream id's first message; the backlog it found."""
+        or after), or from the stream id's first message; the backlog it found.
+        Retried as the store's requests are (a consumer left by a failed attempt is
+        ephemeral: the server drops it once nothing listens to it)."""
+        return await self.store._retrying(lambda: self._open(start))
+
+    async def _open(self, start: int | None) -> int:
         store = self.store
         js = store._js
         config = api.ConsumerConfig(

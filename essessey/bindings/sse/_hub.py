@@ -32,6 +32,7 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.sse._response import EventStreamResponse, error_body
 from essessey.errors import (
+    StoreUnavailable,
     StreamNotFound,
     StreamRejected,
     StreamReset,
@@ -77,9 +78,11 @@ async def _follow(
         raise StreamRejected(503, "overloaded_error", "too many subscribers") from exc
     except StreamReset as exc:
         raise StreamRejected(410, "resume_unavailable", "the stream was reset") from exc
-    except SubscriberLagged:
+    except (SubscriberLagged, StoreUnavailable) as exc:
         # Ending the response (not an error event) makes the client reconnect with its
-        # last id, which the store still holds.
+        # last id, which the store still holds; an error event would read as the end of
+        # the turn.
+        logger.warning("ending a subscription of %s: %s", stream_id, type(exc).__name__)
         return
     finally:
         aclose = getattr(events, "aclose", None)

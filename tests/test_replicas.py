@@ -1,0 +1,423 @@
+"""Many replicas and faults (issue 5, points 3 and 4), over real processes.
+
+One nats-server (the ``nats`` fixture: JetStream, file storage) and two uvicorn processes,
+A and B, of :mod:`tests.replica_app`: each keeps its streams in a
+:class:`~essessey.bindings.nats.JetStreamEventStore` on the same JetStream stream and runs
+its own hub. A turn is the seeded turn of :mod:`tests.chaos_app`, produced on A, paced so
+that it lasts a few seconds. Clients read over SSE with :func:`connect` and, whenever a
+connection ends before the turn does, reconnect with the last id they got
+(``Last-Event-ID``), on the same replica or on the other, a bounded number of times.
+
+Every test checks the same thing at the end: the client's events, concatenated over all
+its connections, are exactly the turn the seed describes (names and data bytes), their
+ids are unique and increase, they are the ids the store holds (0 lost, 0 duplicated), and
+``check()`` finds nothing wrong.
+
+1. Resume on another replica: a client drops from A mid-turn and resumes on B.
+2. Live across replicas: a client on B from the start sees A's turn as it is produced.
+3. nats-server restarted mid-turn (stop, start on the same port and store): A's failed
+   publishes are retried with the same ``Nats-Msg-Id`` until ``publish_timeout``, so the
+   turn completes, stored once; subscribers on A and on B lose and repeat nothing, by
+   their consumers recovering or by reconnecting with their last id.
+4. A replica killed mid-turn (SIGKILL B while a client reads from it): the client
+   resumes on A.
+5. The producer's replica killed mid-turn (a known limit, documented here): nobody writes
+   the end of the turn, so a follower on B gets keep-alive pings until the stream id
+   expires (``max_age``), then an ``error`` event ``resume_unavailable``; a resume by id
+   then gets 404.
+
+Every process a test starts is stopped (uvicorn by ``serve_process``, nats-server by the
+fixture) and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from essessey import Event, EventType, check, reassemble_events
+from essessey.bindings.sse import connect
+from essessey.errors import StreamHTTPError
+from tests.chaos_app import build_script, expected_events
+from tests.nats_server import NatsServer
+from tests.servers import ServerProcess, serve_process
+
+pytestmark = pytest.mark.anyio
+
+APP = "tests.replica_app:app"
+EVENTS = 250
+DELAY_MS = 10  # after every event: a turn lasts about 2.5 s
+WAIT = 30.0  # seconds any one test's reading may take, at most
+MAX_CONNECTIONS = 30  # per client: bounds the reconnect loop
+RETRY_DELAY = 0.2
+MID_TURN = 80  # events a client has when the test drops it, or breaks something
+OUTAGE = 6.0  # seconds nats-server stays down: longer than a publish request's 5 s timeout
+
+
+@dataclass
+class Client:
+    """One SSE client reading a turn over as many connections as it takes."""
+
+    name: str
+    events: list[Event] = field(default_factory=list)
+    connections: list[str] = field(default_factory=list)  # the replica of each one
+    breaks: list[str] = field(default_factory=list)  # why a connection ended early
+    server_errors: list[bytes] = field(default_factory=list)  # the replicas' own errors
+    first_delta_at: float | None = None  # time.time(), comparable with the replicas'
+    last_event_at: float | None = None
+    got_delta: anyio.Event = field(default_factory=anyio.Event)
+    mid_turn: anyio.Event = field(default_factory=anyio.Event)  # set at MID_TURN events
+
+    @property
+    def last_id(self) -> str | None:
+        return self.events[-1].id if self.events else None
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.events) and self.events[-1].event in (
+            EventType.MESSAGE_STOP,
+            EventType.ERROR,
+        )
+
+
+async def read_once(
+    http: httpx.AsyncClient,
+    base: str,
+    stream_id: str,
+    client: Client,
+    until: Callable[[Client], bool] | None = None,
+) -> str:
+    """One connection to ``base``, resuming after the client's last id: read until the
+    turn ends (``"ended"``), ``until(client)`` holds (``"dropped"``: the client closes
+    the connection) or the connection ends or fails first (the reason)."""
+    client.connections.append(base)
+    try:
+        async with connect(
+            http, "GET", f"{base}/streams/{stream_id}", last_event_id=client.last_id
+        ) as stream:
+            async for event in stream:
+                if event.id is None or event.id == client.last_id:
+                    # Not an event of the turn (the store never gives two the same id):
+                    # the replica's own error event, written without an id line when it
+                    # cannot go on following the store, which SSE gives the last id. The
+                    # response ends after it; the client resumes by id.
+                    client.server_errors.append(event.data)
+                    continue
+                now = time.time()
+                if event.event == EventType.CONTENT_BLOCK_DELTA and not client.first_delta_at:
+                    client.first_delta_at = now
+                    client.got_delta.set()
+                client.last_event_at = now
+                client.events.append(event)
+                if len(client.events) >= MID_TURN:
+                    client.mid_turn.set()
+                if client.ended:
+                    return "ended"
+                if until is not None and until(client):
+                    return "dropped"
+        return "cut: the response ended before the turn did"
+    except (httpx.HTTPError, StreamHTTPError) as exc:
+        return f"failed: {exc!r}"
+
+
+async def read_to_end(
+    http: httpx.AsyncClient,
+    bases: list[str],
+    stream_id: str,
+    client: Client,
+) -> None:
+    """Read until the turn ends, reconnecting with the last id after every early end:
+    on ``bases[0]`` first, moving to the next replica whenever a connection fails."""
+    at = 0
+    while len(client.connections) < MAX_CONNECTIONS:
+        outcome = await read_once(http, bases[at], stream_id, client)
+        if outcome == "ended":
+            return
+        client.breaks.append(f"{bases[at]}: {outcome}")
+        if outcome.startswith("failed") and len(bases) > 1:
+            at = (at + 1) % len(bases)
+        await anyio.sleep(RETRY_DELAY)
+    pytest.fail(f"{client.name}: no end after {MAX_CONNECTIONS} connections: {client.breaks}")
+
+
+def seq(event_id: str | None) -> int:
+    assert event_id is not None
+    return int(event_id.rpartition("-")[2])
+
+
+async def assert_exact(client: Client, seed: int, stream_id: str, stored: list[Event]) -> None:
+    """The client's events are exactly the seeded turn, with the ids the store holds."""
+    expected = await expected_events(seed, stream_id, EVENTS)
+    ids = [event.id for event in client.events]
+    counts = Counter(ids)
+    duplicated = sum(count - 1 for count in counts.values())
+    lost = sum(1 for event in stored if event.id not in counts)
+    print(
+        f"{client.name}: events={len(client.events)} lost={lost} duplicated={duplicated} "
+        f"connections={len(client.connections)} breaks={client.breaks} "
+        f"server_errors={len(client.server_errors)}"
+    )
+    assert (lost, duplicated) == (0, 0)
+    assert [(e.event, e.data) for e in client.events] == [(e.event, e.data) for e in expected]
+    assert None not in ids
+    assert len({event_id.rpartition("-")[0] for event_id in ids if event_id}) == 1  # one epoch
+    sequences = [seq(event_id) for event_id in ids]
+    assert sequences == sorted(set(sequences)), "ids not unique and increasing"
+    assert client.events == stored  # names, bytes and ids: what the store holds
+    assert check(client.events) == []
+    parsed = reassemble_events(client.events)
+    script = build_script(seed, EVENTS)
+    assert parsed.complete
+    assert parsed.text == script.text
+    assert parsed.thinking == "".join(script.thinking)
+
+
+@contextmanager
+def replicas(nats: NatsServer, **env: str) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Replicas A and B of the app on ``nats``, both stopped on exit."""
+    environment = {"NATS_URL": nats.url, "ESSESSEY_STREAM": "REPLICAS", **env}
+    with ExitStack() as stack:
+        a = stack.enter_context(serve_process(APP, environment))
+        b = stack.enter_context(serve_process(APP, environment))
+        yield a, b
+
+
+async def start_turn(http: httpx.AsyncClient, base: str, stream_id: str, seed: int) -> None:
+    response = await http.post(
+        f"{base}/turns/{stream_id}", params={"seed": seed, "delay_ms": DELAY_MS, "events": EVENTS}
+    )
+    assert response.status_code == 202, response.text
+
+
+async def turn_status(http: httpx.AsyncClient, base: str, stream_id: str) -> dict[str, Any]:
+    response = await http.get(f"{base}/turns/{stream_id}")
+    assert response.status_code == 200, response.text
+    status: dict[str, Any] = response.json()
+    return status
+
+
+async def wait_finished(http: httpx.AsyncClient, base: str, stream_id: str) -> dict[str, Any]:
+    """The producer's status once its turn has finished (bounded)."""
+    with anyio.fail_after(WAIT):
+        while True:
+            status = await turn_status(http, base, stream_id)
+            if not status["running"]:
+                return status
+            await anyio.sleep(0.05)
+
+
+async def stored_turn(http: httpx.AsyncClient, base: str, stream_id: str) -> list[Event]:
+    """The whole turn as ``base`` replays it now, from the start."""
+    reader = Client(f"replay via {base}")
+    with anyio.fail_after(WAIT):
+        await read_to_end(http, [base], stream_id, reader)
+    return reader.events
+
+
+# -- 1. resume on another replica ------------------------------------------------------
+
+
+async def test_a_client_dropped_from_a_resumes_on_b_exactly(nats: NatsServer) -> None:
+    seed, stream_id = 5_001, "turn-resume"
+    with replicas(nats) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            client = Client("dropped A -> B")
+            with anyio.fail_after(WAIT):
+                outcome = await read_once(
+                    http, a.url, stream_id, client, until=lambda c: len(c.events) >= MID_TURN
+                )
+                assert outcome == "dropped"
+                # Mid-turn: the producer is still going when the client leaves A.
+                status = await turn_status(http, a.url, stream_id)
+                assert status["running"], status
+                await read_to_end(http, [b.url], stream_id, client)
+            await wait_finished(http, a.url, stream_id)
+            stored = await stored_turn(http, a.url, stream_id)
+            assert await stored_turn(http, b.url, stream_id) == stored
+    assert client.connections == [a.url, b.url]
+    assert client.breaks == []
+    await assert_exact(client, seed, stream_id, stored)
+
+
+# -- 2. live across replicas -----------------------------------------------------------
+
+
+async def test_a_client_on_b_sees_the_turn_of_a_live(nats: NatsServer) -> None:
+    seed, stream_id = 5_002, "turn-live"
+    with replicas(nats) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            client = Client("live on B")
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read_to_end, http, [b.url], stream_id, client)
+                    await client.got_delta.wait()
+                    # The first delta came through B while A was still producing: A says
+                    # its turn is running, and not near its end.
+                    at_first_delta = await turn_status(http, a.url, stream_id)
+            finished = await wait_finished(http, a.url, stream_id)
+            stored = await stored_turn(http, b.url, stream_id)
+    assert client.first_delta_at is not None
+    assert client.last_event_at is not None
+    print(
+        f"live: A at {at_first_delta['progress']}/{EVENTS} when B's client had its first "
+        f"delta, {finished['finished_at'] - client.first_delta_at:.2f} s before A finished; "
+        f"A ran {finished['finished_at'] - finished['started_at']:.2f} s"
+    )
+    assert at_first_delta["running"], at_first_delta
+    assert at_first_delta["progress"] < EVENTS // 2, at_first_delta
+    assert client.first_delta_at < finished["finished_at"]
+    assert client.connections == [b.url]  # one connection, from the start to the end
+    assert client.breaks == []
+    await assert_exact(client, seed, stream_id, stored)
+
+
+# -- 3. nats-server restarted mid-turn -------------------------------------------------
+
+
+async def test_a_nats_server_restart_mid_turn_loses_and_repeats_nothing(
+    nats: NatsServer,
+) -> None:
+    seed, stream_id = 5_003, "turn-restart"
+    with replicas(nats) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            on_a, on_b = Client("restart, on A"), Client("restart, on B")
+            # A third client leaves B when the server goes away and reconnects (by id)
+            # while it is still away: to B first, then A, then B...
+            on_c = Client("restart, reconnecting during the outage")
+            leave = anyio.CancelScope()
+
+            async def reconnect_during_outage() -> None:
+                with leave:
+                    await read_once(http, b.url, stream_id, on_c)
+                on_c.breaks.append("left by the client while nats-server was away")
+                await read_to_end(http, [b.url, a.url], stream_id, on_c)
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read_to_end, http, [a.url], stream_id, on_a)
+                    tasks.start_soon(read_to_end, http, [b.url], stream_id, on_b)
+                    tasks.start_soon(reconnect_during_outage)
+                    for client in (on_a, on_b, on_c):
+                        await client.mid_turn.wait()
+                    before = await turn_status(http, a.url, stream_id)
+                    assert before["running"], before
+                    started = time.monotonic()
+                    await anyio.to_thread.run_sync(nats.stop)
+                    leave.cancel()
+                    await anyio.sleep(OUTAGE)
+                    await anyio.to_thread.run_sync(nats.start)
+                    outage = time.monotonic() - started
+            finished = await wait_finished(http, a.url, stream_id)
+            stored = await stored_turn(http, a.url, stream_id)
+            assert await stored_turn(http, b.url, stream_id) == stored
+            health_a = (await http.get(f"{a.url}/healthz")).json()
+            health_b = (await http.get(f"{b.url}/healthz")).json()
+    print(f"restart: A {health_a}, B {health_b}")
+    print(
+        f"restart: nats-server away {outage:.2f} s with A at {before['progress']}/{EVENTS}; "
+        f"A's turn failed={finished['failed']}"
+    )
+    # The producer's publishes were retried (same Nats-Msg-Id) and the turn completed,
+    # each event stored once (assert_exact compares the store's replay with the seed).
+    assert health_a.get("store_publish_retries", 0) >= 1, health_a
+    assert finished["failed"] is None
+    # No subscriber saw an error: a follower rides out the outage, and one that attaches
+    # during it waits for the server (its requests are retried as publishes are).
+    assert on_a.server_errors == on_b.server_errors == on_c.server_errors == []
+    assert stored[-1].event == EventType.MESSAGE_STOP
+    await assert_exact(on_a, seed, stream_id, stored)
+    await assert_exact(on_b, seed, stream_id, stored)
+    await assert_exact(on_c, seed, stream_id, stored)
+
+
+# -- 4. a replica killed mid-turn ------------------------------------------------------
+
+
+async def test_a_client_of_a_killed_replica_resumes_on_the_other(nats: NatsServer) -> None:
+    seed, stream_id = 5_004, "turn-kill"
+    with replicas(nats) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            client = Client("on B, killed")
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    # On B until it fails, then on A.
+                    tasks.start_soon(read_to_end, http, [b.url, a.url], stream_id, client)
+                    await client.mid_turn.wait()
+                    await anyio.to_thread.run_sync(lambda: b.stop(kill=True))  # SIGKILL
+                    at_kill = len(client.events)
+                    before = await turn_status(http, a.url, stream_id)
+            finished = await wait_finished(http, a.url, stream_id)
+            stored = await stored_turn(http, a.url, stream_id)
+    print(
+        f"kill: B killed with its client at {at_kill}/{EVENTS} events and A at "
+        f"{before['progress']}/{EVENTS}; the client's breaks: {client.breaks}"
+    )
+    assert before["running"], before  # killed mid-turn
+    assert finished["failed"] is None
+    assert client.connections[0] == b.url
+    assert client.connections[-1] == a.url
+    assert client.breaks, "the kill did not break the client's connection"
+    await assert_exact(client, seed, stream_id, stored)
+
+
+# -- 5. the producer's replica killed mid-turn (a known limit) ---------------------------
+
+MAX_AGE = 5.0  # retention of the stream in this test: how long a follower waits
+
+
+async def test_a_follower_of_a_killed_producer_waits_until_the_stream_expires(
+    nats: NatsServer,
+) -> None:
+    # No close marker is ever written: the follower cannot tell a dead producer from a
+    # quiet one, and waits (pinged every second) until retention drops the stream id.
+    seed, stream_id = 5_005, "turn-orphan"
+    short = {
+        "ESSESSEY_MAX_AGE": str(MAX_AGE),
+        "ESSESSEY_DUPLICATE_WINDOW": "2",
+        "ESSESSEY_PUBLISH_TIMEOUT": "2",
+    }
+    with replicas(nats, **short) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            client = Client("on B, producer killed")
+            outcome = ""
+
+            async def read() -> None:
+                nonlocal outcome
+                outcome = await read_once(http, b.url, stream_id, client)
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read)
+                    await client.mid_turn.wait()
+                    await anyio.to_thread.run_sync(lambda: a.stop(kill=True))  # SIGKILL
+                    killed_at = time.monotonic()
+                waited = time.monotonic() - killed_at
+                with pytest.raises(StreamHTTPError) as gone:
+                    async with connect(
+                        http, "GET", f"{b.url}/streams/{stream_id}", last_event_id=client.last_id
+                    ):
+                        pass
+    print(
+        f"orphan: the follower got {len(client.events)} events, then waited {waited:.1f} s "
+        f"(max_age {MAX_AGE} s) for {client.server_errors}; a resume got {gone.value.status}"
+    )
+    assert outcome.startswith("cut")
+    assert not client.ended  # no message_stop, and no error event of the turn's own
+    assert MID_TURN <= len(client.events) < EVENTS
+    assert waited > MAX_AGE / 2  # it was kept open (pinged), not ended at the kill
+    [notice] = client.server_errors
+    assert b'"resume_unavailable"' in notice
+    assert gone.value.status == 404
