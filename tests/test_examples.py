@@ -14,6 +14,7 @@ import pytest
 
 import essessey
 from essessey.bindings.sse import SSEDecoder, connect
+from tests.nats_server import NatsServer, free_port
 from tests.servers import serve
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -223,3 +224,45 @@ async def test_resume_example_page_resumes_after_a_reload(monkeypatch: pytest.Mo
     # Every word once: the text before the reload, then the rest from the last id.
     assert text == example.REPLY
     assert status == "done (end_turn)"
+
+
+def run_nats_fanout(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / "nats_fanout.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "NATS_URL": url},
+    )
+
+
+def test_nats_fanout_example_reads_the_turn_back_every_way(nats: NatsServer) -> None:
+    result = run_nats_fanout(nats.url)
+    assert result.returncode == 0, result.stderr
+    text = repr("".join(load_example("nats_fanout").WORDS))
+    events = 6 + len(load_example("nats_fanout").WORDS)  # preamble, one block, epilogue
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert lines[0].startswith("core NATS: stream conv_")
+    # Both core readers got the whole turn, ids from the header included.
+    for reader in ("subscribe_stream:", "subscribe_all:"):
+        line = next(line for line in lines if line.startswith(reader))
+        assert line.endswith(f"{events} events, ids 1..{events}, text {text}")
+    # JetStream: live on one replica, replayed on the other, resumed exactly.
+    assert any(line.startswith("JetStream: stream conv_") for line in lines)
+    for reader in ("live reader (replica A):", "late reader (replica B):"):
+        line = next(line for line in lines if line.startswith(reader))
+        assert f" {events} events, ids " in line
+        assert line.endswith(f"text {text}")
+    assert "same events and ids: True" in lines
+    resumed = next(line for line in lines if line.startswith("resumed after "))
+    assert resumed.endswith(f"{events - events // 2} events, exactly the rest: True")
+
+
+def test_nats_fanout_example_says_when_no_server_answers() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    result = run_nats_fanout(url)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"cannot reach a NATS server at {url}" in result.stderr
+    assert "nats-server -js" in result.stderr
