@@ -1,0 +1,70 @@
+"""The WebSocket envelope: one JSON text frame per event.
+
+``{"id": "<id>", "event": "<name>", "data": <payload>}``: the payload is inlined as JSON,
+not as a string, by splicing the bytes the Publisher already serialised (parsing and
+re-serialising them would double the cost of every event). ``id`` is left out when the
+event has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from essessey.event import Event
+
+__all__ = ["MAX_FRAME_SIZE", "decode_frame", "encode_frame"]
+
+MAX_FRAME_SIZE: Final = 16 << 20
+"""The largest frame :func:`decode_frame` accepts by default (16 MiB, like the SSE limits)."""
+
+_new_event: Final = tuple.__new__
+# Event names are few; their encoded ``"event":"<name>","data":`` part is cached.
+_NAME_PARTS: dict[str, bytes] = {}
+_NAME_CACHE_LIMIT: Final = 1024
+
+
+def _name_part(name: str) -> bytes:
+    part = _NAME_PARTS.get(name)
+    if part is None:
+        part = b'"event":' + orjson.dumps(name) + b',"data":'
+        if len(_NAME_PARTS) < _NAME_CACHE_LIMIT:
+            _NAME_PARTS[name] = part
+    return part
+
+
+def encode_frame(event: Event) -> str:
+    """The text of the frame carrying ``event``. Its data must be JSON text (what a
+    Publisher writes); an empty payload raises ValueError, as it would make the frame
+    invalid JSON."""
+    data = event.data
+    if not data:
+        raise ValueError("an event's data must be JSON text to travel in a WebSocket frame")
+    if event.id:
+        frame = b'{"id":' + orjson.dumps(event.id) + b"," + _name_part(event.event) + data + b"}"
+    else:
+        frame = b"{" + _name_part(event.event) + data + b"}"
+    return frame.decode()
+
+
+def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
+    """The event a frame carries; ValueError (naming what is wrong, never the content)
+    when the frame is too large, not JSON, or not in the envelope's shape."""
+    if len(text) > max_size:
+        raise ValueError(f"frame of {len(text)} bytes is over the {max_size}-byte limit")
+    try:
+        envelope: Any = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"frame is not JSON ({exc.msg})") from None
+    if not isinstance(envelope, dict):
+        raise ValueError("frame is not a JSON object")
+    name = envelope.get("event")
+    if not isinstance(name, str) or not name:
+        raise ValueError("frame has no event name")
+    if "data" not in envelope:
+        raise ValueError("frame has no data")
+    event_id = envelope.get("id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ValueError("frame id is not a string")
+    return _new_event(Event, (name, orjson.dumps(envelope["data"]), event_id or None))
