@@ -19,6 +19,7 @@ from essessey.errors import (
     SubscriberLagged,
     TooManySubscribers,
     UnknownEventId,
+    WebSocketClosed,
 )
 from essessey.event import Event, Sink, Source
 from essessey.hub import Access, Authorize, StreamHub, TurnProducer
@@ -113,6 +114,7 @@ __all__ = [
     "TurnProducer",
     "UnknownEventId",
     "Violation",
+    "WebSocketClosed",
     "check",
     "reassemble",
     "reassemble_events",

@@ -28,6 +28,7 @@ __all__ = [
     "SubscriberLagged",
     "TooManySubscribers",
     "UnknownEventId",
+    "WebSocketClosed",
 ]
 
 
@@ -132,3 +133,17 @@ class StoreUnavailable(EssesseyError):
     A subscription that hits it ends without an error event, so a client reconnects by
     its last id once the store is back; a producer that hits it fails its turn.
     """
+
+
+class WebSocketClosed(EssesseyError):
+    """A WebSocket closed abnormally: a close code other than 1000 (normal) and 1001
+    (going away), or the connection dropped without a close frame (1006).
+
+    ``code`` and ``reason`` are the close frame's, so a caller can decide whether to
+    reconnect (with the last event id it received) or to give up.
+    """
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(f"WebSocket closed with code {code}" + (f": {reason}" if reason else ""))
+        self.code = code
+        self.reason = reason

@@ -1,11 +1,58 @@
 """The WebSocket binding: the same events, one JSON text frame each
 (``{"id"?, "event", "data"}`` with the payload inline), a source that reads them back,
 and an endpoint that serves a hub subscription with resume.
+
+``encode_frame``/``decode_frame``, ``WebSocketSink`` and ``WebSocketSource`` need no
+server library. ``websocket_subscription`` and ``ws_route`` need the ``server`` extra
+(Starlette) and are imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from essessey.bindings.ws._frame import MAX_FRAME_SIZE, decode_frame, encode_frame
 from essessey.bindings.ws._sink import TextSender, WebSocketSink
+from essessey.bindings.ws._source import (
+    NORMAL_CLOSE_CODES,
+    CloseCode,
+    FrameReceiver,
+    MessageReceiver,
+    WebSocketSource,
+)
+from essessey.errors import WebSocketClosed
 
-__all__ = ["MAX_FRAME_SIZE", "TextSender", "WebSocketSink", "decode_frame", "encode_frame"]
+__all__ = [
+    "MAX_FRAME_SIZE",
+    "NORMAL_CLOSE_CODES",
+    "CloseCode",
+    "FrameReceiver",
+    "MessageReceiver",
+    "TextSender",
+    "WebSocketClosed",
+    "WebSocketSink",
+    "WebSocketSource",
+    "decode_frame",
+    "encode_frame",
+]
+
+if TYPE_CHECKING:
+    from essessey.bindings.ws._endpoint import PING_FRAME as PING_FRAME
+    from essessey.bindings.ws._endpoint import websocket_subscription as websocket_subscription
+    from essessey.bindings.ws._endpoint import ws_route as ws_route
+
+_NEEDS_STARLETTE = {
+    "PING_FRAME": "_endpoint",
+    "websocket_subscription": "_endpoint",
+    "ws_route": "_endpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The endpoint needs Starlette (the ``server`` extra), so it is imported on first
+    # use: the envelope, the sink and the source work without it.
+    module = _NEEDS_STARLETTE.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
