@@ -266,3 +266,78 @@ def test_nats_fanout_example_says_when_no_server_answers() -> None:
     assert result.stdout == ""
     assert f"cannot reach a NATS server at {url}" in result.stderr
     assert "nats-server -js" in result.stderr
+
+
+@pytest.mark.anyio
+async def test_ws_example_resumes_a_dropped_turn_exactly_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from urllib.parse import urlencode
+
+    from websockets.asyncio.client import connect as ws_connect
+
+    from essessey.bindings.ws import WebSocketClosed, WebSocketSource
+
+    example = load_example("ws_app")
+    # Fast, but not instant: the first read drops the connection mid-turn.
+    monkeypatch.setattr(example, "PAUSE", 0.002)
+
+    with serve(example.app, lifespan="on") as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+            page = await client.get("/")
+            assert page.status_code == 200
+            assert "new WebSocket(" in page.text
+            assert "last_event_id" in page.text
+
+            created = await client.post("/streams")
+            assert created.status_code == 201
+            stream_id = created.json()["stream_id"]
+            token = created.json()["token"]
+            # The page's token: a cookie sent only to this stream's path.
+            cookie = created.headers["set-cookie"]
+            assert f"{example.cookie_name(stream_id)}={token}" in cookie
+            assert f"Path=/streams/{stream_id}" in cookie
+            assert "HttpOnly" in cookie
+
+        url = f"ws{base_url.removeprefix('http')}/streams/{stream_id}/ws"
+        auth = {"Authorization": f"Bearer {token}"}
+
+        # Read part of the turn, then drop the connection (leaving the block closes it).
+        first_part: list[essessey.Event] = []
+        async with ws_connect(url, additional_headers=auth) as socket:
+            async for event in WebSocketSource(socket):
+                first_part.append(event)
+                if len(first_part) == 10:
+                    break
+        assert len(first_part) == 10
+
+        # Resume with ?last_event_id=, as the page does: the rest, then a normal close.
+        resume_url = f"{url}?{urlencode({'last_event_id': first_part[-1].id})}"
+        async with ws_connect(resume_url, additional_headers=auth) as socket:
+            source = WebSocketSource(socket)
+            rest = [event async for event in source]
+        assert source.close_code == 1000
+
+        # Without the token: closed with 4403 before a single event.
+        async with ws_connect(url) as socket:
+            with pytest.raises(WebSocketClosed) as closed:
+                await anext(aiter(WebSocketSource(socket)))
+        assert closed.value.code == 4403
+
+        # The whole turn, read again from the start with the cookie, as the page sends it.
+        cookie_header = {"Cookie": f"{example.cookie_name(stream_id)}={token}"}
+        async with ws_connect(url, additional_headers=cookie_header) as socket:
+            whole = [event async for event in WebSocketSource(socket)]
+
+    turn = first_part + rest
+    assert turn == whole
+    ids = [event.id for event in turn]
+    assert all(ids)
+    assert len(set(ids)) == len(ids)  # each event exactly once
+    assert essessey.check(turn) == []
+    assert turn[0].event == "message_start"
+    assert turn[-1].event == "message_stop"
+    parsed = essessey.reassemble_events(turn)
+    assert parsed.complete
+    assert parsed.text == example.REPLY
+    assert parsed.stop_reason == "end_turn"
