@@ -4,9 +4,11 @@ stores on two connections as two replicas would use them."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 import nats as nats_py
@@ -15,6 +17,7 @@ from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
+from nats.js.client import JetStreamContext
 
 from essessey import (
     Event,
@@ -34,7 +37,9 @@ from essessey.bindings.nats import (
     CONTROL_HEADER,
     JetStreamEventStore,
     JetStreamUnavailable,
+    _jetstream,
 )
+from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
 from tests.nats_server import NatsServer
 from tests.test_store import BOGUS_IDS
 
@@ -582,6 +587,266 @@ async def test_follow_raises_stream_reset_when_the_jetstream_stream_is_deleted(
                 tasks.start_soon(follow)
                 await wait_until(lambda: len(got) == 2, "the replay")
                 await nc.jetstream().delete_stream("ESSESSEY")
+
+
+# -- how a follower takes its messages ------------------------------------------------------
+#
+# _Reader.next takes the messages the client already holds straight from the push
+# subscription's queue (nats-py's next_msg costs a task and a timer each) and reads the
+# stream sequence and num_pending from the reply subject (msg.metadata builds two
+# dataclasses and a datetime each). Both rest on nats-py internals, with next_msg and
+# msg.metadata as the fallbacks: the tests below run both ways.
+
+ACK_REPLIES = [
+    "$JS.ACK.ESSESSEY.c1.1.42.7.1700000000000000000.5",  # 9 tokens
+    "$JS.ACK._.ACCHASH.ESSESSEY.c1.1.42.7.1700000000000000000.5.r4nd",  # 12, no domain
+    "$JS.ACK.hub.ACCHASH.ESSESSEY.c1.2.42.7.1700000000000000000.0.r4nd",  # 12, a domain
+    "$JS.ACK.hub.ACCHASH.ESSESSEY.c1.2.42.7.1700000000000000000.5",  # 11
+    "$JS.ACK.hub.ACCHASH.ESSESSEY.c1.2.42.7.1700000000000000000.5.r4nd.more",  # 13
+    "$JS.ACK.ESSESSEY.c1.1.18446744073709551615.9.1700000000000000000.123456789012",
+]
+
+
+@pytest.mark.parametrize("reply", ACK_REPLIES)
+async def test_the_reply_subject_gives_what_metadata_gives(reply: str) -> None:
+    meta = Msg.Metadata._from_reply(reply)
+    assert _ack_fields(reply) == (meta.consumer, meta.sequence.stream, meta.num_pending)
+    msg = Msg(_client=cast(Any, None), reply=reply)
+    assert _position(msg) == (meta.consumer, meta.sequence.stream, meta.num_pending)
+    assert msg._metadata is None  # read from the tokens: no metadata built
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "",
+        "_INBOX.abc",
+        "$JS.ACK.ESSESSEY.c1.1.42.7.1700000000000000000",  # 8 tokens
+        "$JS.ACK.x.ESSESSEY.c1.1.42.7.1700000000000000000.5",  # 10 tokens
+        "$JS.NAK.ESSESSEY.c1.1.42.7.1700000000000000000.5",
+        "JS.ACK.ESSESSEY.c1.1.42.7.1700000000000000000.5",
+        "$JS.ACK.ESSESSEY.c1.1.x.7.1700000000000000000.5",
+        "$JS.ACK.ESSESSEY.c1.1..7.1700000000000000000.5",
+        "$JS.ACK.ESSESSEY.c1.1.+42.7.1700000000000000000.5",
+        "$JS.ACK.ESSESSEY.c1.1.42.7.1700000000000000000.-5",
+        "$JS.ACK.ESSESSEY.c1.1.4\u00b2.7.1700000000000000000.5",  # isdigit(), not int()
+        "$JS.ACK.ESSESSEY.c1.1.\u0664\u0662.7.1700000000000000000.5",  # non-ASCII digits
+        "$JS.ACK._.ACCHASH.ESSESSEY.c1.1.42.7.1700000000000000000.x.r4nd",
+    ],
+)
+async def test_an_unexpected_reply_subject_is_left_to_metadata(reply: str) -> None:
+    assert _ack_fields(reply) is None
+
+
+async def test_the_position_falls_back_to_metadata() -> None:
+    # Digits int() reads but the reply-subject parser refuses: msg.metadata decides.
+    msg = Msg(_client=cast(Any, None), reply="$JS.ACK.S.c1.1.\u0664\u0662.7.17.5")
+    assert _position(msg) == ("c1", 42, 5)
+    assert msg._metadata is not None
+    for reply in ("", "_INBOX.abc"):  # not a JetStream message: as msg.metadata raises
+        with pytest.raises(nats_errors.NotJSMessageError):
+            _position(Msg(_client=cast(Any, None), reply=reply))
+
+
+def _internals() -> tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace]:
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+    jsi = SimpleNamespace(_active=True, _fciseq=0, _fcr=None, get_js_delivered=lambda: 0)
+    inner = SimpleNamespace(_pending_queue=queue, _cb=None, _pending_size=0, _jsi=jsi)
+    return SimpleNamespace(_sub=inner, _pending_queue=queue), inner, jsi
+
+
+@pytest.mark.parametrize(
+    ("where", "name"),
+    [
+        ("sub", "_sub"),
+        ("sub", "_pending_queue"),
+        ("inner", "_pending_queue"),
+        ("inner", "_pending_size"),
+        ("inner", "_jsi"),
+        ("jsi", "_active"),
+        ("jsi", "_fciseq"),
+        ("jsi", "_fcr"),
+        ("jsi", "get_js_delivered"),
+    ],
+)
+async def test_queued_messages_are_taken_only_with_every_internal_in_place(
+    where: str, name: str
+) -> None:
+    sub, inner, jsi = _internals()
+    assert _ready_subscription(sub) is inner
+    delattr({"sub": sub, "inner": inner, "jsi": jsi}[where], name)
+    assert _ready_subscription(sub) is None
+
+
+async def test_queued_messages_are_not_taken_from_another_layout() -> None:
+    sub, inner, _ = _internals()
+    sub._pending_queue = asyncio.Queue()  # not the queue pending_msgs counts
+    assert _ready_subscription(sub) is None
+    sub, inner, _ = _internals()
+    inner._cb = print  # a callback subscription: its own task takes the messages
+    assert _ready_subscription(sub) is None
+    sub, inner, _ = _internals()
+    inner._pending_size = None
+    assert _ready_subscription(sub) is None
+    assert _ready_subscription(object()) is None
+
+
+@pytest.fixture(params=["queued", "next_msg"])
+def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How followers take their messages: ``queued`` (nats-py's internals, as installed)
+    or ``next_msg`` (as when they are absent). The list counts next_msg calls."""
+    if request.param == "next_msg":
+        monkeypatch.setattr(_jetstream, "_ready_subscription", lambda sub: None)
+    calls = [0]
+    next_msg = JetStreamContext.PushSubscription.next_msg
+
+    async def counting(self: JetStreamContext.PushSubscription, *args: Any) -> Msg:
+        calls[0] += 1
+        return await next_msg(self, *args)
+
+    monkeypatch.setattr(JetStreamContext.PushSubscription, "next_msg", counting)
+    return calls
+
+
+async def test_follow_takes_every_message_once_either_way(
+    nats: NatsServer, reading: list[int], request: pytest.FixtureRequest
+) -> None:
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        backlog = await fill(store, "s", 300)
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, store.follow("s"), got)
+                await wait_until(lambda: len(got) == 300, "the replay")
+                replay_calls = reading[0]
+                live = [await store.append("s", delta(1000 + n)) for n in range(20)]
+                await store.close_stream("s")
+        assert got == [*backlog, *live]
+        if request.node.callspec.params["reading"] == "queued":
+            # The backlog arrives in a few socket reads: next_msg waits for each burst.
+            assert replay_calls < 100
+        else:
+            assert replay_calls >= 302  # every message, markers included
+
+
+async def test_follow_answers_flow_control_either_way(
+    nats: NatsServer, reading: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A backlog of several flow-control windows (about 2 MB each): the server sends no
+    # more than a window until the client replies. nats-py's own reply task (every
+    # 0.25 s) is off here, and the heartbeat (which repeats a request) is rare, so the
+    # replay finishes in time only when taking a message sends the reply it waited for.
+    async def off(self: object) -> None:
+        return None
+
+    monkeypatch.setattr(JetStreamContext._JSI, "check_flow_control_response", off)
+    async with store_on(nats, heartbeat=60.0) as store:
+        await store.open_stream("s")
+        big = Event(EventType.CONTENT_BLOCK_DELTA, b'"%s"' % (b"x" * 65536))
+        backlog = [await store.append("s", big) for _ in range(160)]  # about 10 MB
+        await store.close_stream("s")
+        with anyio.fail_after(WAIT):
+            got = [event async for event in store.follow("s")]
+        assert got == backlog
+
+
+async def test_a_reader_keeps_the_subscription_accounts_either_way(
+    nats: NatsServer, reading: list[int], request: pytest.FixtureRequest
+) -> None:
+    # What next_msg does with a message it takes (the bytes held, task_done for a drain)
+    # is done for the messages taken from the queue too.
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        events = await fill(store, "s", 50)
+        await store.close_stream("s")
+        epoch = await store._current_epoch()
+        assert epoch is not None
+        reader = _jetstream._Reader(store, "s", epoch)
+        try:
+            assert await reader.open(None) == 52
+            queued = request.node.callspec.params["reading"] == "queued"
+            assert (reader.ready is not None) == queued
+            seqs: list[int] = []
+            with anyio.fail_after(WAIT):
+                while not seqs or reader.pending:
+                    msg = await reader.next(WAIT)
+                    assert msg is not None
+                    seqs.append(reader.seq)
+                sub = reader.sub
+                assert sub is not None
+                assert (sub.pending_msgs, sub.pending_bytes) == (0, 0)
+                assert reader.lag == 0
+                await cast(Any, sub).drain()  # waits until every message taken is done
+            assert seqs[1:-1] == [seq(event.id) for event in events]
+            assert len(seqs) == reader.count == 52
+        finally:
+            await reader.close()
+
+
+async def _consumers(nc: Client) -> list[str]:
+    return [info.name for info in await nc.jetstream().consumers_info("ESSESSEY")]
+
+
+async def _new_consumer(nc: Client, old: str) -> str:
+    for _ in range(int(WAIT / 0.05)):
+        names = await _consumers(nc)
+        if names and old not in names:
+            return names[0]
+        await anyio.sleep(0.05)
+    pytest.fail("the ordered consumer was not recreated")
+
+
+async def test_follow_survives_losing_its_consumer_mid_backlog_either_way(
+    nats: NatsServer, reading: list[int]
+) -> None:
+    # Heartbeats keep an idle follower's consumer; when it is deleted they stop, and
+    # nats-py recreates the ordered consumer after the last message it received, while
+    # messages it received before are still waiting to be taken.
+    async with connected(nats) as nc:
+        store = await JetStreamEventStore.connect(nc, heartbeat=0.2)
+        await store.open_stream("s")
+        backlog = await fill(store, "s", 200)
+        follower = store.follow("s")
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            got += [await anext(follower) for _ in range(10)]
+            [consumer] = await _consumers(nc)
+            await anyio.sleep(1.0)  # five heartbeats: the same consumer all along
+            assert await _consumers(nc) == [consumer]
+            await nc.jetstream().delete_consumer("ESSESSEY", consumer)
+            await _new_consumer(nc, consumer)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, follower, got)
+                live = [await store.append("s", delta(1000 + n)) for n in range(20)]
+                await store.close_stream("s")
+        assert got == [*backlog, *live]
+
+
+async def test_a_server_restart_with_messages_queued_loses_and_duplicates_nothing(
+    nats: NatsServer, reading: list[int]
+) -> None:
+    options: dict[str, Any] = {"reconnect_time_wait": 0.1, "max_reconnect_attempts": -1}
+    producer = await nats_py.connect(nats.url, **options)
+    reader = await nats_py.connect(nats.url, **options)
+    try:
+        store = await JetStreamEventStore.connect(producer, heartbeat=0.3)
+        other = await JetStreamEventStore.connect(reader, heartbeat=0.3)
+        await store.open_stream("s")
+        sent = await fill(store, "s", 200)
+        follower = other.follow("s")
+        got: list[Event] = []
+        with anyio.fail_after(WAIT):
+            got += [await anext(follower) for _ in range(10)]  # the rest is queued
+            await anyio.to_thread.run_sync(nats.restart)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, follower, got)
+                sent += [await store.append("s", delta(1000 + n)) for n in range(30)]
+                await store.close_stream("s")
+        assert got == sent
+    finally:
+        await producer.close()
+        await reader.close()
 
 
 # -- the hub, and two replicas -------------------------------------------------------------

@@ -59,6 +59,7 @@ events first, and ``follow`` without an id then starts at the oldest whole messa
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import logging
@@ -113,6 +114,14 @@ _MAX_BACKOFF: Final = 1.0
 _REQUEST_TIMEOUT: Final = 5.0
 
 _T = TypeVar("_T")
+
+# The reply subject of a JetStream message (``Msg.Metadata._from_reply`` reads the same
+# layouts): 9 tokens, ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``,
+# or 11 and more, ``$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.
+# <cseq>.<ts>.<pending>[.<random>...]``. The positions of the consumer name, the stream
+# sequence and num_pending in each.
+_ACK_V1: Final = (3, 5, 8)
+_ACK_V2: Final = (5, 7, 10)
 
 _BAD_TOKEN: Final = re.compile(r"[\s.*>]")
 _BAD_NAME: Final = re.compile(r"[\s.*>/\\]")
@@ -178,6 +187,79 @@ def _parse_id(event_id: str, epoch: str) -> int | None:
     ):
         return None
     return int(seq_text)
+
+
+def _ack_fields(reply: str) -> tuple[str, int, int] | None:
+    """The consumer name, stream sequence and ``num_pending`` in the reply subject of a
+    JetStream message, or None when it is not laid out as expected (the caller then asks
+    ``msg.metadata``).
+
+    ``msg.metadata`` builds two dataclasses and a ``datetime`` for every message, of which
+    a reader needs these three fields: this reads them from the same tokens, accepting the
+    layouts nats-py accepts (9 tokens, or 11 and more), and only ASCII digits as numbers.
+    """
+    tokens = reply.split(".")
+    count = len(tokens)
+    if count == 9:
+        at_consumer, at_seq, at_pending = _ACK_V1
+    elif count >= 11:
+        at_consumer, at_seq, at_pending = _ACK_V2
+    else:
+        return None
+    if tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    seq_text = tokens[at_seq]
+    pending_text = tokens[at_pending]
+    if not (
+        seq_text.isdigit()
+        and seq_text.isascii()
+        and pending_text.isdigit()
+        and pending_text.isascii()
+    ):
+        return None
+    return tokens[at_consumer], int(seq_text), int(pending_text)
+
+
+def _position(msg: Msg) -> tuple[str, int, int]:
+    """The consumer name, stream sequence and ``num_pending`` of a JetStream message: from
+    its reply subject, else from ``msg.metadata`` (which raises for a message that is not
+    one)."""
+    fields = _ack_fields(msg.reply) if msg.reply else None
+    if fields is not None:
+        return fields
+    meta = msg.metadata
+    return meta.consumer, meta.sequence.stream, meta.num_pending
+
+
+def _ready_subscription(sub: object) -> Any:
+    """The core subscription under a push subscription, when this nats-py has the
+    internals :meth:`_Reader.next` uses to take the messages it already holds; else None,
+    and every message comes through ``next_msg``.
+
+    Why reach in: ``PushSubscription.next_msg`` creates a uuid, a task and an
+    ``asyncio.wait_for`` for every message, even one already queued, which caps a reader
+    at about a third of what the client receives. What it does besides waiting is
+    bookkeeping that this module repeats (see ``_Reader._take_ready``); everything an
+    ordered consumer needs beyond that (sequence tracking, gap detection and recreating
+    the consumer, heartbeats, scheduling flow-control replies) nats-py does when a message
+    arrives, before it is queued, so it holds whichever way the message is taken.
+    """
+    inner = getattr(sub, "_sub", None)
+    queue = getattr(inner, "_pending_queue", None)
+    jsi = getattr(inner, "_jsi", None)
+    if (
+        isinstance(queue, asyncio.Queue)
+        and getattr(sub, "_pending_queue", None) is queue  # what pending_msgs counts
+        and getattr(inner, "_cb", None) is None
+        and isinstance(getattr(inner, "_pending_size", None), int)
+        and jsi is not None
+        and hasattr(jsi, "_active")
+        and isinstance(getattr(jsi, "_fciseq", None), int)
+        and hasattr(jsi, "_fcr")
+        and callable(getattr(jsi, "get_js_delivered", None))
+    ):
+        return inner
+    return None
 
 
 def _control(msg: Msg) -> str | None:
@@ -627,6 +709,7 @@ class _Reader:
         "pending",
         "prefix",
         "queued",
+        "ready",
         "removed",
         "seq",
         "store",
@@ -641,6 +724,9 @@ class _Reader:
         self.epoch = epoch
         self.prefix = f"{store.prefix}.{stream_id}."
         self.sub: JetStreamContext.PushSubscription | None = None
+        # Its core subscription, when the messages it holds can be taken without waiting
+        # (see _ready_subscription); None: through next_msg only.
+        self.ready: Any = None
         self.consumer = ""
         self.backlog = 0  # messages pending when the consumer was created
         self.count = 0  # messages delivered (each once)
@@ -683,6 +769,9 @@ class _Reader:
         # (missed heartbeats before any message): anything before the start is skipped.
         self.seq = 0 if start is None else start - 1
         self.sub = await js.subscribe_bind(store.stream, config, info.name, ordered_consumer=True)
+        self.ready = _ready_subscription(self.sub)
+        if self.ready is None:
+            logger.debug("nats-py internals not as expected: reading through next_msg only")
         return self.backlog
 
     @property
@@ -702,21 +791,23 @@ class _Reader:
         sub = self.sub
         assert sub is not None
         while True:
-            try:
-                msg = await sub.next_msg(idle)
-            except nats.errors.TimeoutError:
-                return None
-            meta = msg.metadata
-            seq = meta.sequence.stream
+            msg = self._take_ready()
+            if msg is None:
+                try:
+                    msg = await sub.next_msg(idle)
+                except nats.errors.TimeoutError:
+                    return None
+            elif self.ready._jsi._fcr:
+                await self._reply_flow_control()
+            consumer, seq, pending = _position(msg)
             if seq <= self.seq:
                 continue
-            if meta.consumer != self.consumer:
+            if consumer != self.consumer:
                 # The ordered consumer was recreated (a gap, missed heartbeats, a server
                 # restart). If the JetStream stream was recreated too, these messages are
                 # from another life.
                 await self._check_epoch()
-                self.consumer = meta.consumer
-            pending = meta.num_pending
+                self.consumer = consumer
             self.seq = seq
             self.count += 1
             self.pending = pending
@@ -725,6 +816,48 @@ class _Reader:
             self.removed = total < self.total
             self.total = total
             return msg
+
+    def _take_ready(self) -> Msg | None:
+        """A message the client already holds, taken without waiting; None when there is
+        none, when the connection is closed (``next_msg`` raises then) or when this
+        nats-py's internals are not the ones expected."""
+        inner = self.ready
+        if inner is None:
+            return None
+        queue = inner._pending_queue
+        if queue.empty() or self.store.nc.is_closed:
+            return None
+        msg: Msg = queue.get_nowait()
+        # What Subscription.next_msg does with the message it takes: keep the count of
+        # bytes held (the slow-consumer limit) and mark it done (a drain waits for that).
+        inner._pending_size -= len(msg.data)
+        queue.task_done()
+        # What PushSubscription.next_msg adds: the consumer is active (the heartbeat check
+        # recreates an inactive ordered consumer), and a flow-control reply waiting for
+        # this message to be taken is sent (by the caller, see _reply_flow_control).
+        inner._jsi._active = True
+        return msg
+
+    async def _reply_flow_control(self) -> None:
+        """Send the flow-control reply nats-py scheduled, as ``PushSubscription.next_msg``
+        does once every message the client has received is taken (the server sends no more
+        than its window until it has the reply)."""
+        jsi = self.ready._jsi
+        if jsi.get_js_delivered() < jsi._fciseq:
+            return
+        reply = jsi._fcr
+        # Cleared before the publish, which may yield: a request scheduled meanwhile is
+        # then kept, not overwritten.
+        jsi._fcr = None
+        try:
+            await self.store.nc.publish(reply)
+        except nats.errors.Error as exc:
+            # Kept for nats-py's flow-control task (every 0.25 s) to send; a stalled
+            # consumer's heartbeats also carry the request again. The message is taken
+            # all the same.
+            if jsi._fcr is None:
+                jsi._fcr = reply
+            logger.debug("flow-control reply failed: %r", exc)
 
     async def _check_epoch(self) -> None:
         store = self.store
