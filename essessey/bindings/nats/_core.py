@@ -80,6 +80,11 @@ class NATSConnectionLost(EssesseyError):
     the client recorded one."""
 
 
+def is_token(value: str) -> bool:
+    """Whether ``value`` can be one NATS subject token (see :func:`check_token`)."""
+    return bool(value) and _BAD_TOKEN.search(value) is None
+
+
 def check_token(value: str, what: str = "token") -> str:
     """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
 

@@ -77,6 +77,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
+from essessey.bindings.nats._core import check_token, is_token
 from essessey.errors import (
     EssesseyError,
     StoreUnavailable,
@@ -123,7 +124,6 @@ _T = TypeVar("_T")
 _ACK_V1: Final = (3, 5, 8)
 _ACK_V2: Final = (5, 7, 10)
 
-_BAD_TOKEN: Final = re.compile(r"[\s.*>]")
 _BAD_NAME: Final = re.compile(r"[\s.*>/\\]")
 
 _RETRYABLE: Final = (
@@ -142,18 +142,6 @@ _TRANSIENT: Final = (*_RETRYABLE, nats.js.errors.ServerError)
 class JetStreamUnavailable(StoreUnavailable):
     """JetStream did not store an event (or marker) within ``publish_timeout`` seconds,
     or the NATS connection is closed. The cause is chained (``__cause__``)."""
-
-
-def _is_token(value: str) -> bool:
-    return bool(value) and _BAD_TOKEN.search(value) is None
-
-
-def _check_token(value: str, what: str) -> None:
-    if not _is_token(value):
-        raise ValueError(
-            f"{what} {value!r} is not a NATS subject token (empty, or has '.', '*', '>' "
-            "or whitespace)"
-        )
 
 
 def _is_retryable(exc: Exception) -> bool:
@@ -293,7 +281,7 @@ class JetStreamEventStore:
     ) -> None:
         if not stream or _BAD_NAME.search(stream):
             raise ValueError(f"stream {stream!r} is not a valid JetStream stream name")
-        if not all(_is_token(token) for token in prefix.split(".")):
+        if not all(is_token(token) for token in prefix.split(".")):
             raise ValueError(f"prefix {prefix!r} is not a valid subject prefix")
         if max_age <= 0:
             raise ValueError("max_age must be > 0 seconds")
@@ -464,12 +452,12 @@ class JetStreamEventStore:
         it in time.
         """
         name = event.event
-        if not _is_token(stream_id):
-            _check_token(stream_id, "stream id")
+        if not is_token(stream_id):
+            check_token(stream_id, "stream id")
         if name == CONTROL_EVENT:
             raise ValueError(f"the event name {CONTROL_EVENT!r} is reserved")
-        if not _is_token(name):
-            _check_token(name, "event name")
+        if not is_token(name):
+            check_token(name, "event name")
         data = event.data
         seq, epoch = await self._publish(f"{self.prefix}.{stream_id}.{name}", data)
         return Event(name, data, f"{epoch}-{seq}")
@@ -480,7 +468,7 @@ class JetStreamEventStore:
         It also reads the JetStream stream's epoch again (one request per turn), so the
         ids of a turn name the stream it is stored in even when another process deleted
         and recreated that stream since this store last looked."""
-        _check_token(stream_id, "stream id")
+        check_token(stream_id, "stream id")
         if await self._current_epoch() is None:
             await self.setup()
         await self._publish(self._control_subject(stream_id), b"", _OPEN)
@@ -488,7 +476,7 @@ class JetStreamEventStore:
     async def close_stream(self, stream_id: str) -> None:
         """No more events for now: followers end once they have everything. Does nothing
         when the stream does not exist (never created, cleared, expired)."""
-        _check_token(stream_id, "stream id")
+        check_token(stream_id, "stream id")
         if await self.exists(stream_id):
             await self._publish(self._control_subject(stream_id), b"", _CLOSE)
 
@@ -498,7 +486,7 @@ class JetStreamEventStore:
         A ``reset`` marker is published, then every earlier message of the stream id is
         purged; the marker stays (until retention drops it) so that followers, wherever
         they are, see the reset in order."""
-        _check_token(stream_id, "stream id")
+        check_token(stream_id, "stream id")
         seq, _ = await self._publish(self._control_subject(stream_id), b"", _RESET)
         await self._js.purge_stream(self.stream, seq=seq, subject=self._filter(stream_id))
 
@@ -512,7 +500,7 @@ class JetStreamEventStore:
 
     async def exists(self, stream_id: str) -> bool:
         """Whether the stream is retained: it has a message and was not cleared since."""
-        if not _is_token(stream_id):
+        if not is_token(stream_id):
             return False
         await self._ensure()
         try:
@@ -549,7 +537,7 @@ class JetStreamEventStore:
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
         """The events after ``last_event_id`` (all retained ones when None) and whether
         that id is known; see the module docstring for when it is."""
-        if not _is_token(stream_id):
+        if not is_token(stream_id):
             return [], False
         epoch = await self._current_epoch()
         if epoch is None:
@@ -617,7 +605,7 @@ class JetStreamEventStore:
         and :class:`StreamReset` when the stream id is cleared (or, best effort, the
         JetStream stream is deleted or recreated, or the stream id expires) meanwhile.
         """
-        if not _is_token(stream_id):
+        if not is_token(stream_id):
             raise StreamNotFound(f"no stream {stream_id!r}")
         epoch = await self._current_epoch()
         if epoch is None:
