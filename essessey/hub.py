@@ -17,8 +17,10 @@ Policies, and why:
 - :meth:`StreamHub.cancel` stops a turn: the open block is closed and the message ends
   with stop reason ``cancelled``, so every subscriber sees why it ended. A client
   disconnecting only ends its own subscription.
-- A producer that raises, or returns with a message still open, ends the stream with an
-  ``error`` event, so no subscriber waits forever.
+- A producer that raises or returns while its message is still open gets an ``error``
+  event to end that message, so no subscriber waits forever; one that fails outside a
+  message (before message_start, after message_stop) is only logged, and the stream is
+  closed either way.
 - A stream id is not a secret: ``authorize`` decides who may read, resume or cancel.
 """
 

@@ -61,7 +61,7 @@ def test_malformed_frames_raise_value_error_naming_the_reason(frame: str, reason
 
 
 def test_a_frame_over_the_limit_raises_without_parsing() -> None:
-    with pytest.raises(ValueError, match="over the 10-byte limit"):
+    with pytest.raises(ValueError, match="26 characters is over the 10 limit"):
         decode_frame('{"event":"ping","data":{}}', max_size=10)
 
 

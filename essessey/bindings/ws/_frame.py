@@ -17,7 +17,8 @@ from essessey.event import Event
 __all__ = ["MAX_FRAME_SIZE", "decode_frame", "encode_frame"]
 
 MAX_FRAME_SIZE: Final = 16 << 20
-"""The largest frame :func:`decode_frame` accepts by default (16 MiB, like the SSE limits)."""
+"""The largest frame :func:`decode_frame` accepts by default: 16 Mi characters for a text
+frame, 16 MiB for a binary one (like the SSE limits)."""
 
 _new_event: Final = tuple.__new__
 # Event names are few; their encoded ``"event":"<name>","data":`` part is cached.
@@ -52,7 +53,9 @@ def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
     """The event a frame carries; ValueError (naming what is wrong, never the content)
     when the frame is too large, not JSON, or not in the envelope's shape."""
     if len(text) > max_size:
-        raise ValueError(f"frame of {len(text)} bytes is over the {max_size}-byte limit")
+        # len() of a str counts characters; of bytes, bytes. Either bounds the parse.
+        unit = "bytes" if isinstance(text, bytes | bytearray) else "characters"
+        raise ValueError(f"frame of {len(text)} {unit} is over the {max_size} limit")
     try:
         envelope: Any = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
