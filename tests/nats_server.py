@@ -25,17 +25,35 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    """Wait until ``process`` accepts connections on ``port``; raise if it exits first or
+    does not listen within STARTUP_TIMEOUT seconds."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"nats-server exited with {process.returncode}")
+            raise RuntimeError(f"{what} exited with {process.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError("nats-server did not start listening")
+    raise RuntimeError(f"{what} did not start listening")
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
+    """Stop ``process`` (SIGTERM, or SIGKILL with ``kill=True``) and wait for it, killing
+    it if it does not exit within STARTUP_TIMEOUT seconds."""
+    if process is None or process.poll() is not None:
+        return
+    if kill:
+        process.kill()
+    else:
+        process.terminate()
+    try:
+        process.wait(timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=STARTUP_TIMEOUT)
 
 
 class NatsServer:
@@ -65,22 +83,12 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait_for_port(self.port, self.process, STARTUP_TIMEOUT)
+        wait_for_port(self.port, self.process, "nats-server")
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server (SIGTERM, or SIGKILL with ``kill=True``) and wait for it."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        if kill:
-            process.kill()
-        else:
-            process.terminate()
-        try:
-            process.wait(timeout=STARTUP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STARTUP_TIMEOUT)
+        stop_process(process, kill=kill)
 
     def restart(self) -> None:
         """Stop, then start again on the same port and store."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+from tests.nats_server import free_port, stop_process, wait_for_port
 
 STARTUP_TIMEOUT = 15.0
 
@@ -47,7 +48,7 @@ class ServerProcess:
     def __init__(self, app: str, env: dict[str, str] | None = None) -> None:
         self.app = app
         self.env = env or {}
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -74,32 +75,16 @@ class ServerProcess:
             env=env,
             cwd=_ROOT,
         )
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"uvicorn exited with {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop(kill=True)
-        raise RuntimeError("uvicorn did not start")
+        try:
+            wait_for_port(self.port, self.process, "uvicorn")
+        except RuntimeError:
+            self.stop(kill=True)
+            raise
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop it: SIGTERM (graceful) or SIGKILL (a crash), then wait."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        if kill:
-            process.kill()
-        else:
-            process.terminate()
-        try:
-            process.wait(timeout=STARTUP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STARTUP_TIMEOUT)
+        stop_process(process, kill=kill)
 
 
 @contextmanager
@@ -111,12 +96,6 @@ def serve_process(app: str, env: dict[str, str] | None = None) -> Iterator[Serve
         yield server
     finally:
         server.stop(kill=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
