@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
 import gc
 import json
 import os
 import platform
 import pstats
-import socket
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import version
@@ -32,7 +28,7 @@ from typing import Any
 
 import httpx
 import orjson
-import uvicorn
+from _server import ServerProcess, run_until_stdin_closes
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
@@ -58,7 +54,6 @@ LABELS: dict[str, str] = {
 TARGET_VS_STARLETTE = 5.0
 TARGET_VS_RAW = 1.0
 STARTUP_TIMEOUT = 30.0
-STOP_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 300.0
 
 Payloads = list[tuple[str, dict[str, Any]]]
@@ -140,85 +135,12 @@ def build_app(deltas: int) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
 
 def serve(port: int, deltas: int, profile_path: str | None) -> int:
     """The server process: uvicorn on 127.0.0.1:port until its stdin closes."""
-    config = uvicorn.Config(
-        build_app(deltas), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    return run_until_stdin_closes(
+        build_app(deltas), port, lifespan="off", profile_path=profile_path
     )
-    server = uvicorn.Server(config)
-
-    def stop_when_stdin_closes() -> None:
-        # The parent closes our stdin to stop us, and so does its death: a crashed
-        # benchmark never leaves a server behind.
-        sys.stdin.buffer.read()
-        server.should_exit = True
-
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    profiler = cProfile.Profile() if profile_path else None
-    if profiler is not None:
-        profiler.enable()
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if profiler is not None and profile_path:
-            profiler.disable()
-            profiler.dump_stats(profile_path)
-    return 0
 
 
 # -- the client side -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Server:
-    """The server subprocess: started, waited for, and always stopped."""
-
-    def __init__(self, deltas: int, profile_path: str | None) -> None:
-        self.port = free_port()
-        command = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--serve",
-            "--port",
-            str(self.port),
-            "--events",
-            str(deltas),
-        ]
-        if profile_path:
-            command += ["--profile-server", profile_path]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_until_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the server did not accept connections in time") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 async def read_stream(client: httpx.AsyncClient, url: str, separator: bytes) -> tuple[int, int]:
@@ -279,9 +201,9 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 async def measure(
-    server: Server, deltas: int, client_counts: list[int], repeat: int, variants: list[str]
+    server: ServerProcess, deltas: int, client_counts: list[int], repeat: int, variants: list[str]
 ) -> dict[str, Any]:
-    base_url = server.base_url
+    base_url = server.http_url
     pid = server.process.pid
     limits = httpx.Limits(max_connections=max(client_counts), max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
@@ -435,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not variants:
         parser.error(f"unknown variants {sorted(unknown)}; expected some of {list(VARIANTS)}")
 
-    server = Server(args.events, args.profile_server)
+    profile = ["--profile-server", args.profile_server] if args.profile_server else []
+    server = ServerProcess(
+        __file__, ["--events", str(args.events), *profile], startup_timeout=STARTUP_TIMEOUT
+    )
     try:
         server.wait_until_ready()
         report = asyncio.run(measure(server, args.events, args.clients, args.repeat, variants))

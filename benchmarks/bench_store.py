@@ -26,22 +26,19 @@ import linecache
 import os
 import platform
 import random
-import socket
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import tracemalloc
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import version
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import httpx
 import orjson
-import uvicorn
+from _server import ServerProcess, run_until_stdin_closes
 from starlette.applications import Starlette
 
 import essessey
@@ -52,7 +49,6 @@ TARGET_OVERHEAD = 200
 """Retention target: bytes per retained event <= 2 x payload bytes per event + 200."""
 
 STARTUP_TIMEOUT = 60.0
-STOP_TIMEOUT = 10.0
 RESUME_STREAM = "resume_bench"
 RESUME_CAPACITY = 10_000
 """InMemoryEventStore's default max_events_per_stream: a longer turn would lose its start."""
@@ -319,9 +315,7 @@ async def measure_resume_in_process(events: int, resumes: int) -> dict[str, Any]
         samples = []
         for _ in range(resumes):
             start = time.perf_counter()
-            subscription = cast(
-                AsyncGenerator[essessey.Event, None], hub.subscribe(RESUME_STREAM, middle)
-            )
+            subscription = hub.subscribe(RESUME_STREAM, middle)
             async with contextlib.aclosing(subscription):
                 first = await anext(subscription)
                 samples.append(time.perf_counter() - start)
@@ -350,69 +344,9 @@ def build_app(events: int) -> Starlette:
 
 
 def serve(port: int, events: int) -> int:
-    """The server process: uvicorn on 127.0.0.1:port until its stdin closes."""
-    config = uvicorn.Config(
-        build_app(events), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-    )
-    server = uvicorn.Server(config)
-
-    def stop_when_stdin_closes() -> None:
-        # The parent closes our stdin to stop us, and so does its death: a crashed
-        # benchmark never leaves a server behind.
-        sys.stdin.buffer.read()
-        server.should_exit = True
-
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
-    return 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Server:
-    """The server subprocess: started, waited for, and always stopped."""
-
-    def __init__(self, events: int) -> None:
-        self.port = free_port()
-        command = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--serve",
-            "--port",
-            str(self.port),
-            "--resume-events",
-            str(events),
-        ]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE)
-
-    def wait_until_ready(self) -> None:
-        # uvicorn accepts connections once the lifespan (the whole turn) has run.
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the server did not accept connections in time") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+    """The server process: uvicorn on 127.0.0.1:port until its stdin closes. It accepts
+    connections once the lifespan (the whole turn) has run."""
+    return run_until_stdin_closes(build_app(events), port, lifespan="on")
 
 
 async def read_whole_stream(port: int, events: int) -> list[essessey.Event]:
@@ -464,7 +398,9 @@ async def one_http_resume(port: int, last_id: str, expected: str) -> tuple[float
 
 
 async def measure_resume_http(events: int, resumes: int) -> dict[str, Any]:
-    server = Server(events)
+    server = ServerProcess(
+        __file__, ["--resume-events", str(events)], startup_timeout=STARTUP_TIMEOUT
+    )
     try:
         server.wait_until_ready()
         received = await read_whole_stream(server.port, events)

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
 import gc
 import json
 import os
 import platform
 import pstats
 import secrets
-import socket
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,7 +32,7 @@ from importlib.metadata import version
 from typing import Any
 
 import httpx
-import uvicorn
+from _server import ServerProcess, run_until_stdin_closes
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -59,7 +55,6 @@ LABELS: dict[str, str] = {
 ORDER = [ESSESSEY, HUB, RAW]
 
 STARTUP_TIMEOUT = 30.0
-STOP_TIMEOUT = 10.0
 RUN_TIMEOUT = 300.0
 ID_PREFIX = '{"id":'
 NAME_KEY = '"event":'
@@ -143,89 +138,12 @@ def build_app(deltas: int) -> Starlette:
 
 def serve(port: int, deltas: int, profile_path: str | None) -> int:
     """The server process: uvicorn on 127.0.0.1:port until its stdin closes."""
-    config = uvicorn.Config(
-        build_app(deltas), host="127.0.0.1", port=port, log_level="warning", lifespan="auto"
+    return run_until_stdin_closes(
+        build_app(deltas), port, lifespan="auto", profile_path=profile_path
     )
-    server = uvicorn.Server(config)
-
-    def stop_when_stdin_closes() -> None:
-        # The parent closes our stdin to stop us, and so does its death: a crashed
-        # benchmark never leaves a server behind.
-        sys.stdin.buffer.read()
-        server.should_exit = True
-
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    profiler = cProfile.Profile() if profile_path else None
-    if profiler is not None:
-        profiler.enable()
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if profiler is not None and profile_path:
-            profiler.disable()
-            profiler.dump_stats(profile_path)
-    return 0
 
 
 # -- the client side -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Server:
-    """The server subprocess: started, waited for, and always stopped."""
-
-    def __init__(self, deltas: int, profile_path: str | None) -> None:
-        self.port = free_port()
-        command = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--serve",
-            "--port",
-            str(self.port),
-            "--events",
-            str(deltas),
-        ]
-        if profile_path:
-            command += ["--profile-server", profile_path]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE)
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def wait_until_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the server did not accept connections in time") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 async def read_frames(url: str, compression: str | None) -> list[str]:
@@ -264,7 +182,9 @@ def check_frames(variant: str, frames: list[str], expected: list[str]) -> None:
 class Client:
     """Connects the clients of each run to a variant's endpoint."""
 
-    def __init__(self, server: Server, http: httpx.AsyncClient, compression: str | None) -> None:
+    def __init__(
+        self, server: ServerProcess, http: httpx.AsyncClient, compression: str | None
+    ) -> None:
         self.server = server
         self.http = http
         self.compression = compression
@@ -319,7 +239,7 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 async def measure(
-    server: Server,
+    server: ServerProcess,
     deltas: int,
     client_counts: list[int],
     repeat: int,
@@ -492,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants {sorted(unknown)}; expected some of {list(PATHS)}")
     compression = None if args.no_deflate else "deflate"
 
-    server = Server(args.events, args.profile_server)
+    profile = ["--profile-server", args.profile_server] if args.profile_server else []
+    server = ServerProcess(
+        __file__, ["--events", str(args.events), *profile], startup_timeout=STARTUP_TIMEOUT
+    )
     try:
         server.wait_until_ready()
         report = asyncio.run(
