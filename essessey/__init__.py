@@ -8,6 +8,7 @@ from essessey.check import ProtocolChecker, Rule, Violation, check
 from essessey.errors import (
     EssesseyError,
     ProtocolError,
+    RoundOrderError,
     SerializationError,
     SSEDecodeError,
     StoreUnavailable,
@@ -82,6 +83,7 @@ __all__ = [
     "ParsedToolResult",
     "ProtocolChecker",
     "ProtocolError",
+    "RoundOrderError",
     "Publisher",
     "Reassembler",
     "Rule",

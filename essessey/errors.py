@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EssesseyError",
     "ProtocolError",
+    "RoundOrderError",
     "SSEDecodeError",
     "SerializationError",
     "StoreUnavailable",
@@ -46,6 +47,12 @@ class ProtocolError(EssesseyError):
     def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
         self.violations: tuple[Violation, ...] = tuple(violations)
+
+
+class RoundOrderError(ProtocolError):
+    """A :class:`~essessey.adapters.RoundStream` call came out of order (a tool call
+    started out of turn, a result for an unknown call, reasoning after the round's tool
+    calls); nothing was emitted and the round is unchanged."""
 
 
 class SerializationError(EssesseyError, TypeError):

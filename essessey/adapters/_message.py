@@ -1,0 +1,38 @@
+"""What a provider adapter saw while it published one message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PublishedMessage", "PublishedToolCall"]
+
+
+@dataclass(slots=True)
+class PublishedToolCall:
+    """One tool call the model made: its id, tool name and arguments.
+
+    ``arguments`` is the JSON text as streamed; ``input`` is that text parsed (``{}``
+    when it was empty), or None when it was not valid JSON (``arguments`` still has it).
+    """
+
+    id: str
+    name: str
+    arguments: str
+    input: Any
+
+
+@dataclass(slots=True)
+class PublishedMessage:
+    """What an adapter's ``publish`` returns: the message's content as it went out.
+
+    ``usage`` holds the token counts the provider reported (empty when it sent none).
+    """
+
+    message_id: str
+    model: str
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[PublishedToolCall] = field(default_factory=list)
+    stop_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
