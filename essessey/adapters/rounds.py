@@ -263,8 +263,9 @@ class RoundStream:
         """Open the tool_use block of the round's call ``i`` at ``base + i``.
 
         Calls start in order (``i`` is the number already started). ``call.arguments``,
-        when given, goes out as one input delta; more may follow through
-        :meth:`tool_call_delta` while this call is the open one. Starting a call that is
+        when given, goes out as one input delta; before :meth:`assistant_message` more
+        may follow through :meth:`tool_call_delta` while this call is the open one (after
+        it, the block closes at once). Starting a call that is
         already out with the same id does nothing, so a loop may announce the calls it
         streamed again when it runs them.
         """
@@ -278,6 +279,9 @@ class RoundStream:
                 return
             self._check_new_call(i, call)
             await self._emit_call(call)
+            if self._declared is not None:
+                # The model's output is complete: the arguments are whole, so is the block.
+                await self._close_call()
 
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
