@@ -111,6 +111,11 @@ class RoundStream:
     calls once the model is done, :meth:`tool_result` per call in any order, and
     :meth:`round_end`. The caller sends the message's preamble and epilogue, or uses
     :func:`stream_rounds`, which does both.
+
+    A proxy of a provider's own stream keeps that stream's events as they were with
+    :meth:`open_content` (a text or thinking block opened with the provider's start
+    object), :meth:`raw_delta` (a delta the round does not model, for the open block)
+    and :meth:`close_block` (a block closed where the provider closed it).
     """
 
     __slots__ = (
@@ -258,6 +263,66 @@ class RoundStream:
             if self._phase is not _Phase.CONTENT or self._open is not _Open.OTHER:
                 raise RoundOrderError("block_stop without a block opened by block_start")
             await self._close_content()
+
+    async def open_content(self, content_block: Mapping[str, Any]) -> None:
+        """Open a text or thinking block whose start object is given, passed through as is.
+
+        For a provider's start object with fields the dialect's own lacks (an Anthropic
+        thinking block's empty ``signature``). The block is then the round's open text
+        or thinking block: :meth:`delta` of its kind continues it and its content counts
+        in the summary. It must get content before it closes (a client would render an
+        empty card), so open it just before its first chunk. Raises ValueError for any
+        other block type (:meth:`block_start` takes those).
+        """
+        block_type = content_block.get("type")
+        kind = _Open.TEXT if block_type == "text" else _Open.THINKING
+        if block_type not in ("text", "thinking"):
+            raise ValueError("open_content takes a text or thinking block")
+        async with self._lock:
+            self._require_content("open_content")
+            await self._close_content()
+            await self.publisher.publish(
+                EventType.CONTENT_BLOCK_START,
+                {
+                    "type": EventType.CONTENT_BLOCK_START,
+                    "index": self._index,
+                    "content_block": dict(content_block),
+                },
+            )
+            self._open = kind
+
+    async def raw_delta(self, delta: Mapping[str, Any]) -> None:
+        """A delta for the open block, whichever kind it is, passed through as given.
+
+        For what the round does not model (a text block's ``citations_delta``, a
+        provider's empty chunk): it goes to the open text, thinking or pass-through
+        block, or to the open tool call, and adds nothing to the round's summary.
+        """
+        async with self._lock:
+            if self._phase is _Phase.CONTENT and self._open is not _Open.NONE:
+                index = self._index
+            elif self._phase is _Phase.CALLS and self._open_call >= 0:
+                index = self._base + self._open_call
+            else:
+                raise RoundOrderError("raw_delta without an open block")
+            await self.publisher.publish(
+                EventType.CONTENT_BLOCK_DELTA,
+                {"type": EventType.CONTENT_BLOCK_DELTA, "index": index, "delta": dict(delta)},
+            )
+
+    async def close_block(self) -> None:
+        """Close the open block (content or tool call) now.
+
+        A block otherwise closes when the next one opens; a proxy closes it where the
+        provider did, so the events in between (pings) keep their order.
+        """
+        async with self._lock:
+            if self._phase is _Phase.CONTENT and self._open is not _Open.NONE:
+                await self._close_content()
+            elif self._phase is _Phase.CALLS and self._open_call >= 0:
+                await self._close_call()
+            else:
+                raise RoundOrderError("close_block without an open block")
 
     async def tool_call_start(self, i: int, call: ToolCallRequest) -> None:
         """Open the tool_use block of the round's call ``i`` at ``base + i``.
