@@ -416,11 +416,16 @@ class RoundStream:
             self._pending_results[i] = (text, is_error)
             await self._flush_results()
 
-    async def round_end(self) -> RoundSummary:
+    async def round_end(self, *, answer_missing: bool = True) -> RoundSummary:
         """End the round: close what is open, answer owed calls with an error result.
 
         Without :meth:`assistant_message`, the calls streamed so far are the round's
         calls. Returns what the round published.
+
+        ``answer_missing=False`` leaves owed calls unanswered instead, for a message that
+        ends at the model's tool calls (stop reason ``tool_use``) and whose results come
+        in a later message: declared calls not yet out get their tool_use blocks, and a
+        result held back for an earlier unanswered call is dropped with a warning.
         """
         async with self._lock:
             if self._phase is _Phase.IDLE:
@@ -432,15 +437,28 @@ class RoundStream:
                     ToolCallRequest(call.tool_use_id, call.name, call.arguments)
                     for call in self._calls
                 ]
-            for i in range(self._next_result, len(self._declared)):
-                if i not in self._pending_results:
-                    logger.warning(
-                        "tool call %d of round %d got no result; sending an error result",
-                        i,
-                        self._rounds,
-                    )
-                    self._pending_results[i] = (NO_RESULT_TEXT, True)
+            if answer_missing:
+                for i in range(self._next_result, len(self._declared)):
+                    if i not in self._pending_results:
+                        logger.warning(
+                            "tool call %d of round %d got no result; sending an error result",
+                            i,
+                            self._rounds,
+                        )
+                        self._pending_results[i] = (NO_RESULT_TEXT, True)
+            elif self._phase is not _Phase.RESULTS:
+                # Once results began, _flush_results has announced every declared call.
+                for request in self._declared[len(self._calls) :]:
+                    await self._emit_call(request)
+                await self._close_call()
             await self._flush_results()
+            if self._pending_results:
+                logger.warning(
+                    "%d tool result(s) of round %d wait for an earlier call's result; dropped",
+                    len(self._pending_results),
+                    self._rounds,
+                )
+                self._pending_results.clear()
             summary = RoundSummary(
                 number=self._rounds,
                 start_index=self._round_start,
