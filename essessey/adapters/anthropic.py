@@ -1,0 +1,685 @@
+"""Anthropic Messages stream events in, the protocol out: a provider's stream proxied.
+
+The Anthropic Messages API streams the protocol's own events, so a proxy's job is
+mostly to keep them as they are while essessey owns the stream (its stream id, event
+ids, resume). Two things change on the way through:
+
+- **Indexes.** A provider numbers each message's blocks from 0. An agent turn puts
+  several provider messages, and the tool results between them, into one message, so
+  the indexes are :class:`~essessey.adapters.RoundStream`'s. The provider's indexes
+  still route each delta to its block; they never reach the output.
+- **Empty blocks.** A text or thinking block opens on its first content (protocol rule
+  2); a provider block that never gets any is not published.
+
+:func:`publish` publishes one provider message as a whole message; :func:`stream_round`
+publishes one provider message as a round of a turn the caller runs (with
+:func:`~essessey.adapters.stream_rounds`, say), tool results and further rounds after it.
+
+Events are dicts (parsed JSON) or the ``anthropic`` SDK's event objects; the SDK is not
+imported. Objects are read with ``model_dump(mode="json", by_alias=True,
+exclude_unset=True)``: fields the provider did not send stay out (a dump with defaults
+would add ``citations: null`` to every text block); their keys come out in the SDK's
+field order, so the JSON is the provider's but not its bytes. An event that cannot be
+read or comes out of turn is skipped with a WARNING naming the reason and its position
+in the provider's stream; payload content never reaches a log, lengths only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from essessey import protocol
+from essessey.adapters._message import PublishedMessage, PublishedToolCall
+from essessey.adapters.rounds import RoundStream, ToolCallRequest
+from essessey.errors import EssesseyError, ProtocolError, RoundOrderError
+from essessey.protocol import BlockType, DeltaType, EventType
+from essessey.publisher import Publisher
+
+__all__ = [
+    "INCOMPLETE_MESSAGE",
+    "ProviderStreamError",
+    "StreamedMessage",
+    "publish",
+    "stream_round",
+]
+
+logger = logging.getLogger("essessey.adapters.anthropic")
+
+INCOMPLETE_MESSAGE: Final = "the provider stream ended before message_stop"
+"""The message of the error a stream cut short ends with."""
+
+# What the SDK's MessageStream yields besides the raw events: conveniences derived from
+# them (the text so far, a parsed citation). The raw events carry the same content.
+_SDK_DERIVED_EVENTS: Final = frozenset({"text", "thinking", "signature", "input_json", "citation"})
+
+_KNOWN_DELTAS: Final = frozenset(
+    {DeltaType.TEXT, DeltaType.THINKING, DeltaType.SIGNATURE, DeltaType.INPUT_JSON}
+)
+# Only names that look like identifiers are logged: a type field can hold anything.
+_IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+class ProviderStreamError(EssesseyError):
+    """The provider's stream failed: it sent an ``error`` event, or ended before
+    ``message_stop``.
+
+    ``error_type`` and ``message`` are the provider's (``api_error`` and
+    :data:`INCOMPLETE_MESSAGE` for a stream cut short); ``request_id`` is the provider's
+    request id when it sent one. The string form names the type only.
+    """
+
+    def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(f"the provider stream failed with {_label(error_type)}")
+        self.error_type = error_type
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(slots=True)
+class StreamedMessage(PublishedMessage):
+    """What the adapter read from one provider message, as it went out.
+
+    Besides :class:`~essessey.adapters.PublishedMessage`'s fields: ``signature`` (the
+    last thinking block's), ``stop_sequence``, ``content`` (the published blocks as the
+    provider sent them, put together: what a next request sends back as the assistant
+    turn, thinking signatures included) and ``error`` (the ``error`` object that ended
+    the stream, when one did; :func:`publish` then returns with ``stop_reason`` None).
+    """
+
+    signature: str | None = None
+    stop_sequence: str | None = None
+    content: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+def _label(value: object) -> str:
+    """A value fit for a log line: an identifier as it is, anything else by size."""
+    if isinstance(value, str):
+        return value if _IDENTIFIER.fullmatch(value) else f"<{len(value)} chars>"
+    return f"<{type(value).__name__}>"
+
+
+def _as_payload(event: object) -> dict[str, Any] | None:
+    """An event as a dict: a mapping as it is, an SDK object dumped, else None."""
+    if isinstance(event, Mapping):
+        return dict(event)
+    dump = getattr(event, "model_dump", None)
+    if not callable(dump):
+        return None
+    try:
+        # exclude_unset keeps exactly the keys the provider sent (an SDK object records
+        # which fields its JSON had); warnings off because objects the SDK built without
+        # validation may hold values of other types than declared.
+        payload = dump(mode="json", by_alias=True, exclude_unset=True, warnings=False)
+    except Exception as exc:
+        logger.debug("model_dump failed: %s", type(exc).__name__)
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _int_counts(usage: object) -> dict[str, int]:
+    if not isinstance(usage, Mapping):
+        return {}
+    return {key: value for key, value in usage.items() if type(value) is int}
+
+
+def _parse_arguments(arguments: str) -> Any:
+    if not arguments:
+        return {}
+    try:
+        return orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+
+
+class _Block:
+    """The provider block that is open, and what became of it."""
+
+    __slots__ = ("call", "content", "held", "index", "json_parts", "kind", "opened", "start")
+
+    def __init__(self, index: int, kind: str, start: Mapping[str, Any]) -> None:
+        self.index = index
+        # "text", "thinking", "tool", "other", or "skip" for a block that was refused.
+        self.kind = kind
+        # The provider's start object as it came, and a copy that collects the content.
+        self.start = dict(start)
+        self.content = dict(start)
+        # Whether its start went out. Until then the events that come (pings, a text
+        # block's citations before its text) are held in order: none may overtake it.
+        self.opened = False
+        self.held: list[dict[str, Any] | None] = []
+        self.json_parts: list[str] = []
+        self.call = -1
+
+
+class _Reader:
+    """Reads one provider message into a round; in ``own`` mode also its frame events."""
+
+    def __init__(self, rounds: RoundStream, *, own: bool, stream_id: str = "") -> None:
+        self.rounds = rounds
+        self.publisher = rounds.publisher
+        self.own = own
+        self.stream_id = stream_id
+        self.faithful = rounds.publisher.dialect == protocol.ANTHROPIC
+        self.result = StreamedMessage(message_id="", model="")
+        # 0 before message_start, 1 content, 2 after message_delta, 3 after message_stop.
+        self.stage = 0
+        self.block: _Block | None = None
+        self.used: set[int] = set()
+        self.calls: list[ToolCallRequest] = []
+        self.text_parts: list[str] = []
+        self.thinking_parts: list[str] = []
+
+    @property
+    def complete(self) -> bool:
+        """Whether the provider's message_stop was read."""
+        return self.stage == 3
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def run(self, events: Iterable[Any] | AsyncIterable[Any]) -> None:
+        position = 0
+        if isinstance(events, AsyncIterable):
+            async for event in events:
+                await self.feed(position, event)
+                position += 1
+        else:
+            for event in events:
+                await self.feed(position, event)
+                position += 1
+        if self.stage < 3:
+            logger.warning("provider stream ended after %d events, before message_stop", position)
+            raise ProviderStreamError("api_error", INCOMPLETE_MESSAGE)
+
+    async def feed(self, position: int, event: object) -> None:
+        payload = _as_payload(event)
+        if payload is None:
+            _skip(position, "?", f"not a mapping ({type(event).__name__})")
+            return
+        name = payload.get("type")
+        if not isinstance(name, str):
+            _skip(position, "?", "no type")
+            return
+        try:
+            if name == EventType.CONTENT_BLOCK_DELTA:
+                await self._delta(position, payload)
+            elif name == EventType.CONTENT_BLOCK_START:
+                await self._block_start(position, payload)
+            elif name == EventType.CONTENT_BLOCK_STOP:
+                await self._block_stop(position, payload)
+            elif name == EventType.PING:
+                await self._ping()
+            elif name == EventType.MESSAGE_START:
+                await self._message_start(position, payload)
+            elif name == EventType.MESSAGE_DELTA:
+                await self._message_delta(position, payload)
+            elif name == EventType.MESSAGE_STOP:
+                await self._message_stop(position)
+            elif name == EventType.ERROR:
+                self._error(position, payload)
+            elif name in _SDK_DERIVED_EVENTS:
+                logger.debug("provider event #%d (%s): derived by the SDK; skipped", position, name)
+            else:
+                _skip(position, name, "unknown event type")
+        except ProtocolError as exc:
+            # Refused by the round's layout (RoundOrderError: text after the round's tool
+            # calls, a tool call id used twice) or by the checker: nothing went out.
+            block = self.block
+            if block is not None and not block.opened:
+                # A block whose start never went out: its deltas and stop are skipped
+                # quietly, this warning names the cause.
+                block.kind = "skip"
+            _skip(position, name, f"refused ({_reason(exc)})")
+
+    # -- frame events ----------------------------------------------------------------
+
+    async def _ping(self) -> None:
+        block = self.block
+        if block is not None and not block.opened:
+            block.held.append(None)
+        else:
+            await self.publisher.send_ping()
+
+    async def _message_start(self, position: int, payload: dict[str, Any]) -> None:
+        if self.stage != 0:
+            _skip(position, EventType.MESSAGE_START, "a message already started")
+            return
+        message = payload.get("message")
+        if not isinstance(message, Mapping):
+            _skip(position, EventType.MESSAGE_START, "no message object")
+            return
+        message_id, model = message.get("id"), message.get("model")
+        if not isinstance(message_id, str) or not isinstance(model, str):
+            _skip(position, EventType.MESSAGE_START, "message id or model is not a string")
+            return
+        usage = _int_counts(message.get("usage"))
+        if self.own:
+            if self.faithful:
+                # The provider's payload, key order and all, with essessey's stream id
+                # where send_message_start puts it: right after the message id.
+                with_id: dict[str, Any] = {}
+                for key, value in message.items():
+                    if key != "stream_id":
+                        with_id[key] = value
+                    if key == "id":
+                        with_id["stream_id"] = self.stream_id
+                body = {
+                    key: with_id if key == "message" else value for key, value in payload.items()
+                }
+                await self.publisher.publish(EventType.MESSAGE_START, body)
+            else:
+                await self.publisher.send_message_start(
+                    message_id, self.stream_id, model, input_tokens=usage.get("input_tokens", 0)
+                )
+        self.result.message_id = message_id
+        self.result.model = model
+        self.result.usage.update(usage)
+        self.stage = 1
+
+    async def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
+        if self.stage != 1:
+            _skip(position, EventType.MESSAGE_DELTA, _stage_reason(self.stage))
+            return
+        delta, usage = payload.get("delta"), payload.get("usage")
+        if not isinstance(delta, Mapping) or not isinstance(usage, Mapping):
+            _skip(position, EventType.MESSAGE_DELTA, "no delta or usage object")
+            return
+        stop_reason, stop_sequence = delta.get("stop_reason"), delta.get("stop_sequence")
+        if not (stop_reason is None or isinstance(stop_reason, str)) or not (
+            stop_sequence is None or isinstance(stop_sequence, str)
+        ):
+            _skip(position, EventType.MESSAGE_DELTA, "stop_reason or stop_sequence not a string")
+            return
+        block = self.block
+        if block is not None:
+            logger.warning(
+                "provider event #%d (message_delta): block %d was still open; closed",
+                position,
+                block.index,
+            )
+            await self._close(block)
+        await self.rounds.assistant_message(self.calls)
+        counts = _int_counts(usage)
+        if self.own:
+            if self.faithful:
+                await self.publisher.publish(EventType.MESSAGE_DELTA, payload)
+            else:
+                extra = {key: value for key, value in counts.items() if key != "output_tokens"}
+                await self.publisher.send_message_delta(
+                    stop_reason,
+                    counts.get("output_tokens", 0),
+                    stop_sequence=stop_sequence,
+                    **extra,
+                )
+        else:
+            # For the epilogue stream_rounds sends: the turn's stop is its last round's,
+            # its token counts the sum of its rounds'.
+            rounds = self.rounds
+            rounds.stop_reason = stop_reason
+            rounds.stop_sequence = stop_sequence
+            for key, value in counts.items():
+                if key == "output_tokens":
+                    rounds.output_tokens += value
+                else:
+                    rounds.usage[key] = rounds.usage.get(key, 0) + value
+        result = self.result
+        result.stop_reason = stop_reason
+        result.stop_sequence = stop_sequence
+        result.usage.update(counts)
+        self.stage = 2
+
+    async def _message_stop(self, position: int) -> None:
+        if self.stage != 2:
+            reason = "before message_delta" if self.stage == 1 else _stage_reason(self.stage)
+            _skip(position, EventType.MESSAGE_STOP, reason)
+            return
+        if self.own:
+            await self.publisher.send_message_stop()
+        self.stage = 3
+
+    def _error(self, position: int, payload: dict[str, Any]) -> None:
+        if self.stage == 3:
+            _skip(position, EventType.ERROR, "the message already ended")
+            return
+        error = payload.get("error")
+        error = error if isinstance(error, Mapping) else {}
+        error_type, message = error.get("type"), error.get("message")
+        request_id = payload.get("request_id")
+        logger.warning(
+            "provider event #%d (error): the provider's stream failed with %s",
+            position,
+            _label(error_type),
+        )
+        self.result.error = dict(error)
+        raise ProviderStreamError(
+            error_type if isinstance(error_type, str) else "api_error",
+            message if isinstance(message, str) else "",
+            request_id if isinstance(request_id, str) else None,
+        )
+
+    # -- blocks ------------------------------------------------------------------------
+
+    async def _block_start(self, position: int, payload: dict[str, Any]) -> None:
+        name = EventType.CONTENT_BLOCK_START
+        if self.stage != 1:
+            _skip(position, name, _stage_reason(self.stage))
+            return
+        index, content_block = payload.get("index"), payload.get("content_block")
+        if type(index) is not int or index < 0 or not isinstance(content_block, Mapping):
+            _skip(position, name, "no index or content_block")
+            return
+        block_type = content_block.get("type")
+        if not isinstance(block_type, str):
+            _skip(position, name, f"block {index} has no type")
+            return
+        if self.block is not None:
+            _skip(position, name, f"block {index} starts while block {self.block.index} is open")
+            return
+        if index in self.used:
+            _skip(position, name, f"block index {index} was used before")
+            return
+        self.used.add(index)
+        if block_type in (BlockType.TEXT, BlockType.THINKING):
+            if self.calls:
+                self.block = _Block(index, "skip", content_block)
+                _skip(position, name, f"a {block_type} block after the round's tool calls")
+                return
+            self.block = _Block(index, block_type, content_block)
+            return
+        # Marked skipped until the round takes it: a refusal leaves it that way.
+        self.block = _Block(index, "skip", content_block)
+        start = self.block.start
+        if block_type == BlockType.TOOL_USE:
+            call_id, tool, given = start.get("id"), start.get("name"), start.get("input")
+            if not (isinstance(call_id, str) and call_id and isinstance(tool, str) and tool):
+                _skip(position, name, f"tool_use block {index} has no id or name")
+                return
+            # A streamed tool_use starts with input {} and gets it in deltas; any input
+            # the start carries is kept as the call's first fragment.
+            arguments = orjson.dumps(given).decode() if isinstance(given, Mapping) and given else ""
+            request = ToolCallRequest(call_id, tool, arguments)
+            await self.rounds.tool_call_start(len(self.calls), request)
+            self.block.kind = "tool"
+            self.block.opened = True
+            self.block.call = len(self.calls)
+            self.block.json_parts.append(arguments)
+            self.calls.append(request)
+        else:
+            await self.rounds.block_start(start)
+            self.block.kind = "other"
+            self.block.opened = True
+
+    async def _delta(self, position: int, payload: dict[str, Any]) -> None:
+        name = EventType.CONTENT_BLOCK_DELTA
+        if self.stage != 1:
+            _skip(position, name, _stage_reason(self.stage))
+            return
+        index, delta = payload.get("index"), payload.get("delta")
+        if type(index) is not int or not isinstance(delta, Mapping):
+            _skip(position, name, "no index or delta object")
+            return
+        delta_type = delta.get("type")
+        if not isinstance(delta_type, str):
+            _skip(position, name, f"delta for block {index} has no type")
+            return
+        block = self.block
+        if block is None or block.index != index:
+            open_index = "none" if block is None else str(block.index)
+            _skip(position, name, f"delta for block {index}, but the open block is {open_index}")
+            return
+        if block.kind == "skip":
+            logger.debug("provider event #%d: delta of skipped block %d", position, index)
+            return
+        delta = dict(delta)
+        if block.kind == "other":
+            # Passed through whole; only a server tool's input is kept for the result.
+            await self.rounds.block_delta(delta)
+            chunk = delta.get("partial_json")
+            if delta_type == DeltaType.INPUT_JSON and isinstance(chunk, str):
+                block.json_parts.append(chunk)
+            return
+        allowed = protocol.DELTA_FOR_BLOCK[
+            BlockType.TOOL_USE if block.kind == "tool" else block.kind
+        ]
+        if delta_type not in _KNOWN_DELTAS:
+            await self._raw(block, delta)
+            if delta_type == "citations_delta" and isinstance(delta.get("citation"), Mapping):
+                citations = block.content.get("citations")
+                existing = citations if isinstance(citations, list) else []
+                block.content["citations"] = [*existing, dict(delta["citation"])]
+            return
+        if delta_type not in allowed:
+            _skip(position, name, f"{delta_type} does not belong in block {index} ({block.kind})")
+            return
+        field_name = {
+            DeltaType.TEXT: "text",
+            DeltaType.THINKING: "thinking",
+            DeltaType.SIGNATURE: "signature",
+            DeltaType.INPUT_JSON: "partial_json",
+        }[delta_type]
+        chunk = delta.get(field_name)
+        if not isinstance(chunk, str):
+            _skip(position, name, f"{delta_type} for block {index} has no string {field_name}")
+            return
+        if not chunk:
+            # Nothing to add, but a faithful proxy still passes the provider's empty
+            # chunk on (Anthropic opens each tool input with one); the essessey dialect
+            # has no use for it, and its thinking deltas name the field otherwise.
+            if self.faithful:
+                await self._raw(block, delta)
+            return
+        if block.kind == "tool":
+            await self.rounds.tool_call_delta(block.call, chunk)
+            block.json_parts.append(chunk)
+            return
+        await self._open(block)
+        if delta_type == DeltaType.TEXT:
+            await self.rounds.delta(text=chunk)
+            self.text_parts.append(chunk)
+            block.content["text"] = str(block.content.get("text") or "") + chunk
+        elif delta_type == DeltaType.THINKING:
+            await self.rounds.delta(reasoning=chunk)
+            self.thinking_parts.append(chunk)
+            block.content["thinking"] = str(block.content.get("thinking") or "") + chunk
+        else:
+            await self.rounds.delta(signature=chunk)
+            self.result.signature = chunk
+            block.content["signature"] = chunk
+
+    async def _block_stop(self, position: int, payload: dict[str, Any]) -> None:
+        name = EventType.CONTENT_BLOCK_STOP
+        if self.stage != 1:
+            _skip(position, name, _stage_reason(self.stage))
+            return
+        index = payload.get("index")
+        block = self.block
+        if type(index) is not int or block is None or block.index != index:
+            open_index = "none" if block is None else str(block.index)
+            _skip(position, name, f"stop for block {index!r}, but the open block is {open_index}")
+            return
+        await self._close(block)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    async def _open(self, block: _Block) -> None:
+        """Open a text or thinking block at its first content, then what it held."""
+        if block.opened:
+            return
+        if self.faithful:
+            start = block.start
+        elif block.kind == BlockType.TEXT:
+            start = protocol.text_block_start(self.publisher.dialect)
+        else:
+            start = protocol.thinking_block_start(self.publisher.dialect)
+        await self.rounds.open_content(start)
+        block.opened = True
+        for held in block.held:
+            if held is None:
+                await self.publisher.send_ping()
+            else:
+                await self.rounds.raw_delta(held)
+        block.held = []
+
+    async def _raw(self, block: _Block, delta: dict[str, Any]) -> None:
+        if block.opened:
+            await self.rounds.raw_delta(delta)
+        else:
+            block.held.append(delta)
+
+    async def _close(self, block: _Block) -> None:
+        self.block = None
+        if not block.opened:
+            if block.kind != "skip":
+                # Never got content: not published (protocol rule 2).
+                logger.info(
+                    "provider block %d (%s) had no content; not published",
+                    block.index,
+                    block.kind,
+                )
+            # What it held goes with it, except the pings: they belong to the stream.
+            for held in block.held:
+                if held is None:
+                    await self.publisher.send_ping()
+            return
+        if block.kind == "other":
+            await self.rounds.block_stop()
+        else:
+            await self.rounds.close_block()
+        if block.kind in ("tool", "other") and block.json_parts:
+            block.content["input"] = _parse_arguments("".join(block.json_parts))
+        if block.kind == "tool":
+            arguments = "".join(block.json_parts)
+            self.result.tool_calls.append(
+                PublishedToolCall(
+                    id=str(block.content["id"]),
+                    name=str(block.content["name"]),
+                    arguments=arguments,
+                    input=_parse_arguments(arguments),
+                )
+            )
+        self.result.content.append(block.content)
+
+    def finish(self) -> StreamedMessage:
+        result = self.result
+        result.text = "".join(self.text_parts)
+        result.thinking = "".join(self.thinking_parts)
+        return result
+
+
+def _skip(position: int, name: str, reason: str) -> None:
+    logger.warning("skipping provider event #%d (%s): %s", position, _label(name), reason)
+
+
+def _reason(exc: ProtocolError) -> str:
+    # The checker's rule names are fixed strings; its details may quote ids.
+    if exc.violations:
+        return f"rule {exc.violations[0].rule}"
+    return type(exc).__name__
+
+
+def _stage_reason(stage: int) -> str:
+    return (
+        "before message_start",
+        "inside the message",
+        "after message_delta",
+        "after message_stop",
+    )[stage]
+
+
+async def stream_round(
+    rounds: RoundStream, events: Iterable[Any] | AsyncIterable[Any]
+) -> StreamedMessage:
+    """Publish one provider message (``message_start`` .. ``message_stop``) as a round.
+
+    ``rounds`` must be in a started round (:meth:`RoundStream.round_start`); the caller
+    owns the message around it. Text, thinking (with its signature) and tool_use blocks
+    go through the round's own calls; any other block (``redacted_thinking``, server
+    tool blocks) and any delta the round does not model (``citations_delta``) pass
+    through unchanged. At ``message_delta`` the round's model output ends
+    (:meth:`RoundStream.assistant_message` with the message's tool calls); then send
+    the results with :meth:`RoundStream.tool_result` and end the round.
+
+    The provider's stop reason and stop sequence are set on ``rounds`` and its token
+    counts added to ``rounds.output_tokens`` and ``rounds.usage``, so the epilogue of
+    :func:`~essessey.adapters.stream_rounds` reports the turn's. Its ``message_start``,
+    ``message_delta`` and ``message_stop`` are not published; its pings are.
+
+    ``events`` is a sync or async iterable (a sync one is read in the event loop's
+    thread). Raises :class:`ProviderStreamError` when the provider sends an ``error``
+    event or its stream ends before ``message_stop``; what the iterable raises
+    propagates. Either way the round is left as it was when the stream stopped.
+    """
+    if not rounds.in_round:
+        raise RoundOrderError("stream_round needs a started round: call round_start first")
+    reader = _Reader(rounds, own=False)
+    await reader.run(events)
+    return reader.finish()
+
+
+async def publish(
+    publisher: Publisher, events: Iterable[Any] | AsyncIterable[Any], *, stream_id: str
+) -> StreamedMessage:
+    """Publish one provider message as a whole message of the stream ``stream_id``.
+
+    In the ``anthropic`` dialect the provider's events go out as they came, as parsed
+    JSON, with ``stream_id`` added to ``message_start`` (so long as the provider numbers
+    its blocks from 0 and sends no empty text or thinking block, indexes are its own
+    too). In the ``essessey`` dialect the frame events are the dialect's own, carrying
+    the provider's message id, model, stop reason and token counts.
+
+    A tool_use block's start is the round's own (type, id, name, ``input: {}``); a field
+    the provider adds to it beyond those is not carried. A message that stops for tool
+    use is published without results (they belong to the next request), so its calls
+    are left unanswered rather than given error results.
+
+    When the provider sends an ``error`` event, that event is published (it ends the
+    message for every client) and ``publish`` returns the message so far with ``error``
+    set and ``stop_reason`` None: the stream already says what happened. A provider
+    stream that ends before ``message_stop`` is treated the same, with an ``api_error``
+    saying so. If ``events`` raises (or publishing fails), an ``error`` event of type
+    ``api_error`` naming only the exception's class ends the stream (unless the message
+    was already complete) and the exception propagates.
+    """
+    rounds = RoundStream(publisher)
+    reader = _Reader(rounds, own=True, stream_id=stream_id)
+    try:
+        await rounds.round_start()
+        try:
+            await reader.run(events)
+        except ProviderStreamError as exc:
+            await _publish_error(publisher, reader, exc)
+    except Exception as exc:
+        if not reader.complete:
+            try:
+                await publisher.send_error(
+                    "api_error", f"the provider stream failed: {type(exc).__name__}"
+                )
+            except Exception as send_exc:
+                logger.error("could not send the error event: %s", type(send_exc).__name__)
+        raise
+    # The round is not ended: round_end would answer the calls it has no results for.
+    return reader.finish()
+
+
+async def _publish_error(publisher: Publisher, reader: _Reader, exc: ProviderStreamError) -> None:
+    error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
+    given = reader.result.error
+    if (
+        reader.faithful
+        and given is not None
+        and (given.get("type"), given.get("message")) == (exc.error_type, exc.message)
+    ):
+        # The provider's object as it came (with any field beyond type and message).
+        error = given
+    payload: dict[str, Any] = {"type": EventType.ERROR, "error": error}
+    if exc.request_id is not None:
+        payload["request_id"] = exc.request_id
+    await publisher.publish(EventType.ERROR, payload)
+    reader.result.error = error
+    reader.result.stop_reason = None
