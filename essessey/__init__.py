@@ -8,6 +8,7 @@ from essessey.check import ProtocolChecker, Rule, Violation, check
 from essessey.errors import (
     EssesseyError,
     ProtocolError,
+    ProviderStreamError,
     RoundOrderError,
     SerializationError,
     SSEDecodeError,
@@ -83,6 +84,7 @@ __all__ = [
     "ParsedToolResult",
     "ProtocolChecker",
     "ProtocolError",
+    "ProviderStreamError",
     "Publisher",
     "Reassembler",
     "RoundOrderError",

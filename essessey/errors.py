@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EssesseyError",
     "ProtocolError",
+    "ProviderStreamError",
     "RoundOrderError",
     "SSEDecodeError",
     "SerializationError",
@@ -53,6 +54,23 @@ class RoundOrderError(ProtocolError):
     """A :class:`~essessey.adapters.RoundStream` call came out of order (a tool call
     started out of turn, a result for an unknown call, reasoning after the round's tool
     calls); nothing was emitted and the round is unchanged."""
+
+
+class ProviderStreamError(EssesseyError):
+    """A provider's stream failed: it sent an ``error`` event, or ended before
+    ``message_stop`` (raised by :func:`essessey.adapters.anthropic.stream_round`).
+
+    ``error_type`` and ``message`` are the provider's (``api_error`` and a fixed message
+    for a stream cut short); ``request_id`` is the provider's request id when it sent
+    one. The string form names the type only, never the message.
+    """
+
+    def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
+        shown = error_type if error_type.isidentifier() and len(error_type) <= 64 else "an error"
+        super().__init__(f"the provider stream failed with {shown}")
+        self.error_type = error_type
+        self.message = message
+        self.request_id = request_id
 
 
 class SerializationError(EssesseyError, TypeError):

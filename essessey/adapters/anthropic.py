@@ -37,7 +37,7 @@ import orjson
 from essessey import protocol
 from essessey.adapters._message import PublishedMessage, PublishedToolCall
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
-from essessey.errors import EssesseyError, ProtocolError, RoundOrderError
+from essessey.errors import ProtocolError, ProviderStreamError, RoundOrderError
 from essessey.protocol import BlockType, DeltaType, EventType
 from essessey.publisher import Publisher
 
@@ -63,22 +63,6 @@ _KNOWN_DELTAS: Final = frozenset(
 )
 # Only names that look like identifiers are logged: a type field can hold anything.
 _IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
-
-
-class ProviderStreamError(EssesseyError):
-    """The provider's stream failed: it sent an ``error`` event, or ended before
-    ``message_stop``.
-
-    ``error_type`` and ``message`` are the provider's (``api_error`` and
-    :data:`INCOMPLETE_MESSAGE` for a stream cut short); ``request_id`` is the provider's
-    request id when it sent one. The string form names the type only.
-    """
-
-    def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
-        super().__init__(f"the provider stream failed with {_label(error_type)}")
-        self.error_type = error_type
-        self.message = message
-        self.request_id = request_id
 
 
 @dataclass(slots=True)
