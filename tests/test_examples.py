@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import anyio
 import httpx
+import orjson
 import pytest
 
 import essessey
@@ -341,3 +343,47 @@ async def test_ws_example_resumes_a_dropped_turn_exactly_once(
     assert parsed.complete
     assert parsed.text == example.REPLY
     assert parsed.stop_reason == "end_turn"
+
+
+def test_agent_loop_runs_its_rounds_into_one_valid_message() -> None:
+    example = load_example("agent_loop")
+    events = anyio.run(example.main)
+    assert essessey.check(events) == []
+    parsed = essessey.reassemble_events(events)
+    assert [(e.call.name, e.call.params, e.result, e.is_error) for e in parsed.executions] == [
+        ("get_weather", {"city": "Paris"}, '{"city":"Paris","sky":"sunny","celsius":21}', False),
+        ("get_weather", {"city": "Oslo"}, '{"city":"Oslo","sky":"snow","celsius":-3}', False),
+        ("convert", {"celsius": -3}, '{"fahrenheit":26.6}', False),
+    ]
+    assert parsed.text.endswith(example.FINAL_ANSWER)
+    assert parsed.stop_reason == "end_turn"
+    layout = [
+        (payload["index"], payload["content_block"]["type"])
+        for payload in (orjson.loads(e.data) for e in events if e.event == "content_block_start")
+    ]
+    # Round 1: thinking, text, two calls, two results; round 2: thinking, a call, its
+    # result; round 3: the answer.
+    assert layout == [
+        (0, "thinking"),
+        (1, "text"),
+        (2, "tool_use"),
+        (3, "tool_use"),
+        (4, "tool_result"),
+        (5, "tool_result"),
+        (6, "thinking"),
+        (7, "tool_use"),
+        (8, "tool_result"),
+        (9, "text"),
+    ]
+
+
+def test_agent_loop_as_a_script() -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "agent_loop.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.rstrip().endswith("events, 0 protocol violations")
+    assert 'convert({"celsius": -3}) -> {"fahrenheit":26.6}' in result.stdout
