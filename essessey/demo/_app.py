@@ -1,0 +1,330 @@
+"""The demo app: a page, a scripted agent turn served with resume, a fake Messages API.
+
+Routes (see docs/demo.md for examples):
+
+- ``GET /``: the page, which runs a turn and renders it live over SSE or a WebSocket;
+- ``POST /streams``: start a scripted turn, ``201 {"stream_id": ...}``;
+- ``GET /streams/{stream_id}``: the turn as SSE, resuming after ``Last-Event-ID`` or
+  ``?last_event_id=`` (``essessey.bindings.sse.hub_routes``);
+- ``GET /streams/{stream_id}/ws``: the same over a WebSocket (``ws_route``);
+- ``POST /streams/{stream_id}/cancel``: stop the turn (it ends with ``cancelled``);
+- ``POST /v1/messages``: an Anthropic Messages API stand-in with a scripted reply.
+
+There is no ``authorize`` hook: the demo's stream ids are random, but whoever has one may
+read or cancel its turn. Serve it on loopback, or behind something that authenticates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from essessey.bindings.sse._hub import hub_routes
+from essessey.bindings.ws._endpoint import ws_route
+from essessey.demo._http import BadRequest, bad_request_response, json_error, read_json
+from essessey.demo._messages_api import messages_endpoint
+from essessey.demo._page import PAGE
+from essessey.demo._scenario import (
+    DEFAULT_DELAY_MS,
+    DEFAULT_DELTAS,
+    DEFAULT_SCENARIO,
+    MAX_DELAY_MS,
+    MAX_DELTAS,
+    MIN_DELTAS,
+    SCENARIOS,
+    agent_turn,
+)
+from essessey.errors import StoreUnavailable
+from essessey.hub import StreamHub, TurnProducer
+from essessey.publisher import Publisher
+from essessey.store import EventStore, InMemoryEventStore
+
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = ["DEFAULT_NATS_STREAM", "MAX_STREAMS_BODY", "create_app", "serve"]
+
+logger = logging.getLogger("essessey.demo")
+
+DEFAULT_NATS_STREAM: Final = "ESSESSEY_DEMO"
+"""The JetStream stream the demo keeps its turns in when given a NATS URL."""
+
+MAX_STREAMS_BODY: Final = 64 * 1024
+"""The largest ``POST /streams`` body read, in bytes."""
+
+MAX_STREAMS: Final = 1_000
+"""Streams an in-memory demo keeps (oldest dropped first)."""
+
+_SHUTDOWN_GRACE: Final = 5
+"""Seconds uvicorn waits for connections to end on shutdown before cancelling them."""
+
+_NATS_CONNECT_TIMEOUT: Final = 10
+"""Seconds the first connection to NATS may take before the startup fails."""
+
+_OPTIONS: Final = ("scenario", "deltas", "delay_ms")
+
+
+def _int_option(body: dict[str, Any], name: str, low: int, high: int, default: int) -> int:
+    value = body.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequest(f"{name} must be an integer between {low} and {high}")
+    return value
+
+
+def parse_stream_options(body: Any) -> dict[str, Any]:
+    """The turn options of a ``POST /streams`` body (``{}`` when there was none);
+    BadRequest for anything else than ``scenario``, ``deltas`` and ``delay_ms`` in range."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = sorted(key for key in body if key not in _OPTIONS)
+    if unknown:
+        # Only the first key's length is bounded: the body is, and the name is the
+        # client's own, echoed to it and never logged.
+        raise BadRequest(f"unknown field {unknown[0][:64]!r}; known: {', '.join(_OPTIONS)}")
+    scenario = body.get("scenario", DEFAULT_SCENARIO)
+    if scenario not in SCENARIOS:
+        raise BadRequest(f"unknown scenario; known: {', '.join(SCENARIOS)}")
+    return {
+        "scenario": scenario,
+        "deltas": _int_option(body, "deltas", MIN_DELTAS, MAX_DELTAS, DEFAULT_DELTAS),
+        "delay_ms": _int_option(body, "delay_ms", 0, MAX_DELAY_MS, DEFAULT_DELAY_MS),
+    }
+
+
+class _Turns:
+    """The turns this app started and that are still running, so that a shutdown can
+    end them first (their readers then see ``cancelled`` and leave)."""
+
+    def __init__(self, hub: StreamHub) -> None:
+        self.hub = hub
+        self.running: set[str] = set()
+
+    def track(self, stream_id: str, producer: TurnProducer) -> TurnProducer:
+        self.running.add(stream_id)
+
+        async def produce(publisher: Publisher) -> None:
+            try:
+                await producer(publisher)
+            finally:
+                self.running.discard(stream_id)
+
+        return produce
+
+    async def cancel_all(self) -> None:
+        async with anyio.create_task_group() as tasks:
+            for stream_id in list(self.running):
+                tasks.start_soon(self.hub.cancel, stream_id)
+
+
+def _store(
+    nats_url: str | None, nats_stream: str, max_age: float
+) -> tuple[EventStore, Any, Callable[[], Awaitable[None]] | None]:
+    """The event store, and for NATS the client to connect and the store's setup."""
+    if nats_url is None:
+        # Room for the longest turn the demo plays, so any event of it can be resumed.
+        store = InMemoryEventStore(
+            max_events_per_stream=MAX_DELTAS + 1_000, max_streams=MAX_STREAMS, max_age=max_age
+        )
+        return store, None, None
+    from nats.aio.client import Client
+
+    from essessey.bindings.nats import JetStreamEventStore
+
+    nc = Client()
+    duplicate_window = min(120.0, max_age)  # nats-server wants it within max_age
+    jetstream = JetStreamEventStore(
+        nc,
+        stream=nats_stream,
+        max_age=max_age,
+        duplicate_window=duplicate_window,
+        publish_timeout=min(30.0, duplicate_window),
+    )
+    return jetstream, nc, jetstream.setup
+
+
+async def _nats_error(exc: Exception) -> None:
+    # nats-py's default prints a traceback for every failed reconnect attempt.
+    logger.warning("NATS connection problem: %s", type(exc).__name__)
+
+
+async def _connect(nc: Any, nats_url: str | None) -> None:
+    # Once connected, reconnect forever (a nats-server restart must not end the demo);
+    # but nats-py retries the first connection the same way, so bound that one: a wrong
+    # URL ends the startup instead of hanging it.
+    try:
+        with anyio.fail_after(_NATS_CONNECT_TIMEOUT):
+            await nc.connect(
+                nats_url,
+                name="essessey-demo",
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+                error_cb=_nats_error,
+            )
+    except TimeoutError:
+        with anyio.move_on_after(_NATS_CONNECT_TIMEOUT, shield=True):
+            await nc.close()
+        # The URL is not repeated: it may hold credentials.
+        raise RuntimeError(f"could not connect to NATS within {_NATS_CONNECT_TIMEOUT} s") from None
+
+
+def create_app(
+    *,
+    nats_url: str | None = None,
+    nats_stream: str = DEFAULT_NATS_STREAM,
+    max_age: float = 3600.0,
+    ping_interval: float = 15.0,
+) -> Starlette:
+    """The demo as a Starlette app; its lifespan runs the hub (and connects to NATS).
+
+    Turns are kept in memory, or, with ``nats_url``, in the JetStream stream
+    ``nats_stream`` (created if missing), so that demo processes on the same nats-server
+    serve each other's turns. ``max_age`` is how long a turn stays resumable after its
+    last event, in seconds; ``ping_interval`` the keep-alive interval of SSE and
+    WebSocket subscriptions.
+    """
+    store, nc, setup = _store(nats_url, nats_stream, max_age)
+    hub = StreamHub(store)
+    turns = _Turns(hub)
+
+    async def page(request: Request) -> Response:
+        return HTMLResponse(PAGE, headers={"cache-control": "no-store"})
+
+    async def start_stream(request: Request) -> Response:
+        try:
+            body = await read_json(request, limit=MAX_STREAMS_BODY, empty={})
+            options = parse_stream_options(body)
+        except BadRequest as exc:
+            return bad_request_response(exc)
+        stream_id = f"demo_{secrets.token_hex(8)}"
+        producer = turns.track(stream_id, agent_turn(stream_id, **options))
+        try:
+            await hub.start(stream_id, producer)
+        except StoreUnavailable:
+            turns.running.discard(stream_id)
+            logger.warning("could not start stream %s: the store is unavailable", stream_id)
+            return json_error(503, "overloaded_error", "the event store is unavailable")
+        logger.debug(
+            "started stream %s: scenario %s, %d deltas, %d ms apart",
+            stream_id,
+            options["scenario"],
+            options["deltas"],
+            options["delay_ms"],
+        )
+        return JSONResponse(
+            {"stream_id": stream_id},
+            status_code=201,
+            headers={"location": f"/streams/{stream_id}"},
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if nc is not None:
+            await _connect(nc, nats_url)
+        try:
+            if setup is not None:
+                await setup()
+            # Leaving the hub cancels the turns still running: each ends "cancelled".
+            async with hub:
+                yield
+        finally:
+            if nc is not None and not nc.is_closed:
+                await nc.drain()
+
+    app = Starlette(
+        routes=[
+            Route("/", page, methods=["GET"]),
+            Route("/streams", start_stream, methods=["POST"]),
+            # retry=1000: an EventSource whose stream was cut reconnects a second later.
+            *hub_routes(hub, "/streams", retry=1000, ping_interval=ping_interval),
+            ws_route(hub, "/streams/{stream_id}/ws", ping_interval=ping_interval),
+            Route("/v1/messages", messages_endpoint, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.hub = hub
+    app.state.turns = turns
+    return app
+
+
+_TRACE: Final = 5
+"""uvicorn's ``trace`` level, below DEBUG."""
+
+
+def _configure_logging(log_level: str) -> None:
+    name = log_level.upper()
+    level = _TRACE if name == "TRACE" else logging.getLevelName(name)
+    if not isinstance(level, int):
+        raise ValueError(f"unknown log level {log_level!r}")
+    essessey_logger = logging.getLogger("essessey")
+    essessey_logger.setLevel(level)
+    if not essessey_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        essessey_logger.addHandler(handler)
+
+
+def _server(config: uvicorn.Config, turns: _Turns) -> uvicorn.Server:
+    import uvicorn
+
+    class DemoServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # uvicorn waits for open responses before the lifespan ends the hub, and a
+            # turn's readers stay until it ends: end the turns first, so they leave.
+            with anyio.move_on_after(_SHUTDOWN_GRACE):
+                await turns.cancel_all()
+            await super().shutdown(sockets)
+
+    return DemoServer(config)
+
+
+def serve(*, host: str, port: int, nats_url: str | None, log_level: str) -> None:
+    """Serve the demo with uvicorn until Ctrl-C or SIGTERM (blocking).
+
+    Prints ``essessey demo on http://host:port`` once the port listens (``port=0`` picks
+    a free one). On shutdown the turns still running end with stop reason
+    ``cancelled``, their readers are let go, then the hub and the NATS connection
+    close. Ctrl-C then returns; SIGTERM ends the process by that signal once the
+    shutdown is done (uvicorn raises it again). Exits with status 3 when the app cannot
+    start (e.g. NATS unreachable).
+    """
+    import uvicorn
+
+    _configure_logging(log_level)
+    app = create_app(nats_url=nats_url)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        lifespan="on",
+        timeout_graceful_shutdown=_SHUTDOWN_GRACE,
+    )
+    server = _server(config, app.state.turns)
+    sock = config.bind_socket()
+    try:
+        # Listening before the URL is printed: a client that reads it and connects at
+        # once waits in the backlog while the app starts, instead of being refused.
+        sock.listen(config.backlog)
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        print(f"essessey demo on http://{shown}:{bound_port}", flush=True)
+        # uvicorn shuts down cleanly, then raises again the Ctrl-C it held back.
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if not server.started:
+        sys.exit(3)
