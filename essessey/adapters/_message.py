@@ -5,7 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PublishedMessage", "PublishedToolCall"]
+import orjson
+
+__all__ = ["PublishedMessage", "PublishedToolCall", "parse_arguments"]
+
+
+def parse_arguments(arguments: str) -> Any:
+    """Tool call arguments as a value: ``{}`` when blank (a call without parameters),
+    None when the text is not JSON (the caller keeps the text)."""
+    if not arguments.strip():
+        return {}
+    try:
+        return orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ from typing import Any, Final
 import orjson
 
 from essessey import protocol
-from essessey.adapters._message import PublishedMessage, PublishedToolCall
+from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import ProtocolError, ProviderStreamError, RoundOrderError
 from essessey.protocol import BlockType, DeltaType, EventType
@@ -111,15 +111,6 @@ def _int_counts(usage: object) -> dict[str, int]:
     if not isinstance(usage, Mapping):
         return {}
     return {key: value for key, value in usage.items() if type(value) is int}
-
-
-def _parse_arguments(arguments: str) -> Any:
-    if not arguments:
-        return {}
-    try:
-        return orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return None
 
 
 class _Block:
@@ -536,7 +527,7 @@ class _Reader:
         else:
             await self.rounds.close_block()
         if block.kind in ("tool", "other") and block.json_parts:
-            block.content["input"] = _parse_arguments("".join(block.json_parts))
+            block.content["input"] = parse_arguments("".join(block.json_parts))
         if block.kind == "tool":
             arguments = "".join(block.json_parts)
             self.result.tool_calls.append(
@@ -544,7 +535,7 @@ class _Reader:
                     id=str(block.content["id"]),
                     name=str(block.content["name"]),
                     arguments=arguments,
-                    input=_parse_arguments(arguments),
+                    input=parse_arguments(arguments),
                 )
             )
         self.result.content.append(block.content)

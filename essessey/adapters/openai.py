@@ -36,9 +36,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import orjson
-
-from essessey.adapters._message import PublishedMessage, PublishedToolCall
+from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.protocol import StopReason
 from essessey.publisher import Publisher
@@ -406,15 +404,6 @@ def _read_chunk(raw: Any) -> _Chunk:
     return _Chunk(model=model, choice=first, other_choices=other, usage=usage)
 
 
-def _parse_arguments(arguments: str) -> Any:
-    if not arguments.strip():
-        return {}
-    try:
-        return orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return None
-
-
 # -- publishing one round ------------------------------------------------------------------
 
 
@@ -557,7 +546,7 @@ class _RoundReader:
         requests = [ToolCallRequest(c.id, c.name or "", "".join(c.parts)) for c in self._started]
         await self.rounds.assistant_message(requests)
         calls = [
-            PublishedToolCall(r.id, r.name, r.arguments, _parse_arguments(r.arguments))
+            PublishedToolCall(r.id, r.name, r.arguments, parse_arguments(r.arguments))
             for r in requests
         ]
         return StreamedRound(

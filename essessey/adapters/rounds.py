@@ -237,14 +237,7 @@ class RoundStream:
         async with self._lock:
             self._require_content("block_start")
             await self._close_content()
-            await self.publisher.publish(
-                EventType.CONTENT_BLOCK_START,
-                {
-                    "type": EventType.CONTENT_BLOCK_START,
-                    "index": self._index,
-                    "content_block": dict(content_block),
-                },
-            )
+            await self._publish_start(content_block)
             self._open = _Open.OTHER
 
     async def block_delta(self, delta: Mapping[str, Any]) -> None:
@@ -281,14 +274,7 @@ class RoundStream:
         async with self._lock:
             self._require_content("open_content")
             await self._close_content()
-            await self.publisher.publish(
-                EventType.CONTENT_BLOCK_START,
-                {
-                    "type": EventType.CONTENT_BLOCK_START,
-                    "index": self._index,
-                    "content_block": dict(content_block),
-                },
-            )
+            await self._publish_start(content_block)
             self._open = kind
 
     async def raw_delta(self, delta: Mapping[str, Any]) -> None:
@@ -473,6 +459,17 @@ class RoundStream:
             return summary
 
     # -- internals (called with the lock held) -----------------------------------------
+
+    async def _publish_start(self, content_block: Mapping[str, Any]) -> None:
+        # "type" first, as every other event: publish() would add it last.
+        await self.publisher.publish(
+            EventType.CONTENT_BLOCK_START,
+            {
+                "type": EventType.CONTENT_BLOCK_START,
+                "index": self._index,
+                "content_block": dict(content_block),
+            },
+        )
 
     def _require_content(self, what: str) -> None:
         if self._phase is not _Phase.CONTENT:
