@@ -26,12 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 from nats import errors as nats_errors
 
+from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey.errors import EssesseyError
 from essessey.event import Event
 
@@ -63,8 +63,6 @@ HEADER_EVENT_ID: Final = "Essessey-Event-Id"
 """The message header carrying the event id (already in the canonical form Go's
 ``nats.Header`` uses, so clients in either language find it under the same key)."""
 
-# Whitespace ends a subject on the wire; "." splits tokens; "*" and ">" are wildcards.
-_BAD_TOKEN: Final = re.compile(r"[\s.*>]")
 # Event names are few (the protocol has about ten), so every valid one is cached; the cap
 # only guards against a producer inventing names without end.
 _MAX_CACHED_SUBJECTS: Final = 1024
@@ -80,24 +78,21 @@ class NATSConnectionLost(EssesseyError):
     the client recorded one."""
 
 
-def is_token(value: str) -> bool:
-    """Whether ``value`` can be one NATS subject token (see :func:`check_token`)."""
-    return bool(value) and _BAD_TOKEN.search(value) is None
-
-
 def check_token(value: str, what: str = "token") -> str:
     """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
 
-    A token must be non-empty and hold no ``.``, ``*``, ``>`` or whitespace. ``what`` names
-    the value in the error ("stream id", "event name").
+    A token is 1 to 256 (``MAX_ID_LENGTH``) printable characters, none of them ``.``,
+    ``*``, ``>`` or whitespace: the rule the SSE and WebSocket endpoints apply to stream ids
+    too. ``what`` names the value in the error ("stream id", "event name").
     """
     if not isinstance(value, str):
         raise TypeError(f"a {what} must be a str, not {type(value).__name__}")
-    if not value or _BAD_TOKEN.search(value):
+    if not is_token(value):
         shown = value if len(value) <= 80 else value[:80] + "…"
         raise ValueError(
-            f"invalid {what} {shown!r}: a NATS subject token must be non-empty and contain "
-            "no '.', '*', '>' or whitespace"
+            f"invalid {what} {shown!r} ({len(value)} characters): a NATS subject token must "
+            f"be 1 to {MAX_ID_LENGTH} printable characters, with no '.', '*', '>' or "
+            "whitespace"
         )
     return value
 

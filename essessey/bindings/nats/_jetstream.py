@@ -77,7 +77,8 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from essessey.bindings.nats._core import check_token, is_token
+from essessey._ids import is_token
+from essessey.bindings.nats._core import check_token
 from essessey.errors import (
     EssesseyError,
     StoreUnavailable,

@@ -14,7 +14,13 @@ not authorised        403     ``permission_error``
 no such stream        404     ``not_found_error``
 unknown last id       410     ``resume_unavailable`` (start over without an id)
 too many subscribers  503     ``overloaded_error``
+the hook raised       503     ``api_error`` (logged, without the exception's text)
 ====================  ======  =====================================================
+
+A stream id is 1 to ``MAX_ID_LENGTH`` printable characters without whitespace, ``.``,
+``*`` or ``>`` (one NATS subject token, so every backend can carry it); a last event id is
+1 to ``MAX_ID_LENGTH`` printable characters. The cancel route never reads the request
+body.
 
 A subscriber that falls behind is ended without an error event: its client reconnects
 with its last id and carries on.
@@ -23,13 +29,15 @@ with its last id and carries on.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
 from essessey.bindings.sse._response import EventStreamResponse, error_body
 from essessey.errors import (
     StoreUnavailable,
@@ -47,16 +55,36 @@ __all__ = ["MAX_ID_LENGTH", "cancel_response", "hub_routes", "subscription_respo
 
 logger = logging.getLogger("essessey.sse")
 
-MAX_ID_LENGTH: Final = 256
-"""The longest stream id or last event id accepted from a request."""
+_CHECK_FAILED = "could not check access to this stream; try again later"
 
 
 def _json_error(status: int, error_type: str, message: str) -> Response:
     return Response(error_body(error_type, message), status, media_type="application/json")
 
 
-def _bad_token(value: str) -> bool:
-    return not value or len(value) > MAX_ID_LENGTH or not value.isprintable()
+async def check_access(
+    hub: StreamHub, request: Any, stream_id: str, access: Access, log: logging.Logger
+) -> bool | None:
+    """The ``authorize`` hook's answer, or None when it raised.
+
+    A hook that raises is the app's failure, not the client's: the caller answers "try
+    again later" (503, close 1013), never a 500 and never a refusal that would read as
+    "your credentials are wrong". The log line names the exception's class and where it
+    was raised, but not its text, which may hold the very token being checked.
+    """
+    try:
+        return await hub.authorized(request, stream_id, access)
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        log.error(
+            "the authorize hook raised %s%s (%s access to stream %s); answered try again later",
+            type(exc).__name__,
+            where,
+            access,
+            stream_id,
+        )
+        return None
 
 
 async def _follow(
@@ -103,22 +131,29 @@ async def subscription_response(
         last_event_id = request.query_params.get("last_event_id")
     if last_event_id == "":
         last_event_id = None  # an empty id means "from the start", as for EventSource
-    if _bad_token(stream_id):
+    if not is_token(stream_id):
         return _json_error(400, "invalid_request_error", "invalid stream id")
-    if last_event_id is not None and _bad_token(last_event_id):
+    if last_event_id is not None and not is_event_id(last_event_id):
         return _json_error(400, "invalid_request_error", "invalid last event id")
     access: Access = "resume" if last_event_id is not None else "read"
-    if not await hub.authorized(request, stream_id, access):
+    allowed = await check_access(hub, request, stream_id, access, logger)
+    if allowed is None:
+        return _json_error(503, "api_error", _CHECK_FAILED)
+    if not allowed:
         return _json_error(403, "permission_error", f"not allowed to {access} this stream")
     return EventStreamResponse(_follow(hub, stream_id, last_event_id), **options)
 
 
 async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> Response:
     """Cancel the turn running on ``stream_id`` if this request may: 200 with
-    ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed."""
-    if _bad_token(stream_id):
+    ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed, 503 when
+    the ``authorize`` hook raised. The request's body is never read."""
+    if not is_token(stream_id):
         return _json_error(400, "invalid_request_error", "invalid stream id")
-    if not await hub.authorized(request, stream_id, "cancel"):
+    allowed = await check_access(hub, request, stream_id, "cancel", logger)
+    if allowed is None:
+        return _json_error(503, "api_error", _CHECK_FAILED)
+    if not allowed:
         return _json_error(403, "permission_error", "not allowed to cancel this stream")
     if not await hub.cancel(stream_id):
         return _json_error(404, "not_found_error", "no turn is running on this stream")

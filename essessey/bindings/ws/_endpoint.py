@@ -12,7 +12,8 @@ not authorised                              4403   do not reconnect
 no such stream                              4404   do not reconnect
 unknown last id, or the stream was reset    4410   reconnect without an id (start over)
 too many subscribers, subscriber lagged,    1013   reconnect after a pause, with the last id
-store unavailable, a send stalled
+store unavailable, a send stalled, the
+``authorize`` hook raised
 the server failed                           1011   give up (or retry later)
 ==========================================  =====  ==========================================
 
@@ -54,7 +55,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from essessey.bindings.sse._hub import MAX_ID_LENGTH, _bad_token
+from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
+from essessey.bindings.sse._hub import check_access
 from essessey.bindings.ws._frame import encode_frame
 from essessey.bindings.ws._source import CloseCode
 from essessey.errors import (
@@ -130,7 +132,7 @@ async def websocket_subscription(
     _check_options(ping_interval, send_timeout, max_queue, resume_message_timeout)
     if websocket.application_state == WebSocketState.CONNECTING:
         await websocket.accept()
-    if _bad_token(stream_id):
+    if not is_token(stream_id):
         await _close(websocket, CloseCode.BAD_REQUEST, "invalid stream id")
         return
     last_event_id = websocket.query_params.get("last_event_id")
@@ -144,15 +146,13 @@ async def websocket_subscription(
             return
     if last_event_id == "":
         last_event_id = None
-    if last_event_id is not None and _bad_token(last_event_id):
+    if last_event_id is not None and not is_event_id(last_event_id):
         await _close(websocket, CloseCode.BAD_REQUEST, "invalid last event id")
         return
     access: Access = "resume" if last_event_id is not None else "read"
-    try:
-        allowed = await hub.authorized(websocket, stream_id, access)
-    except Exception:
-        logger.exception("the authorize hook failed for a WebSocket on %s", stream_id)
-        await _close(websocket, CloseCode.INTERNAL_ERROR, "internal error")
+    allowed = await check_access(hub, websocket, stream_id, access, logger)
+    if allowed is None:
+        await _close(websocket, CloseCode.TRY_AGAIN_LATER, "could not check access; try later")
         return
     if not allowed:
         await _close(websocket, CloseCode.FORBIDDEN, f"not allowed to {access} this stream")

@@ -1,0 +1,39 @@
+"""What a stream id and an event id taken from a request may be: one rule for the SSE
+routes, the WebSocket endpoint and the NATS subjects, so that an id one of them accepts is
+one the others accept too.
+
+- A **stream id** (and any NATS subject token: a prefix token, an event name) is 1 to
+  :data:`MAX_ID_LENGTH` printable characters, none of them whitespace, ``.``, ``*`` or
+  ``>``. Whitespace ends a NATS subject, ``.`` splits it, ``*`` and ``>`` are wildcards;
+  unprintable characters (controls, NUL) have no business in a URL or a log line. This
+  also refuses ``..`` and anything holding ``%00`` once decoded.
+- A **last event id** is opaque: 1 to :data:`MAX_ID_LENGTH` printable characters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_token"]
+
+MAX_ID_LENGTH: Final = 256
+"""The longest stream id or last event id accepted from a request, in characters (and the
+longest NATS subject token: nats-server closes a connection whose command line passes its
+``max_control_line``, 4 KiB by default)."""
+
+_NOT_IN_A_TOKEN: Final = re.compile(r"[\s.*>]")
+
+
+def is_token(value: str) -> bool:
+    """Whether ``value`` is a valid stream id (and NATS subject token)."""
+    return (
+        0 < len(value) <= MAX_ID_LENGTH
+        and value.isprintable()
+        and _NOT_IN_A_TOKEN.search(value) is None
+    )
+
+
+def is_event_id(value: str) -> bool:
+    """Whether ``value`` is a valid last event id for a request."""
+    return 0 < len(value) <= MAX_ID_LENGTH and value.isprintable()
