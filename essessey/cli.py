@@ -162,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep streams in NATS JetStream at URL (default: in memory)",
     )
     demo.add_argument(
+        "--cors-origin",
+        metavar="ORIGIN",
+        dest="cors_origins",
+        action="append",
+        default=[],
+        help="let pages of ORIGIN (e.g. https://app.example, or '*' for any) call the demo "
+        "from a browser; repeatable (default: no CORS headers)",
+    )
+    demo.add_argument(
         "--log-level",
         choices=_LOG_LEVELS,
         default="info",
@@ -281,7 +290,13 @@ def _silence_stdout() -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     try:
         demo = importlib.import_module("essessey.demo")
-        demo.serve(host=args.host, port=args.port, nats_url=args.nats_url, log_level=args.log_level)
+        demo.serve(
+            host=args.host,
+            port=args.port,
+            nats_url=args.nats_url,
+            log_level=args.log_level,
+            cors_origins=args.cors_origins,
+        )
     except KeyboardInterrupt:
         # Ctrl-C is how a demo server is meant to stop, not a failure.
         return EXIT_OK

@@ -652,7 +652,14 @@ def test_demo_calls_serve(
     monkeypatch.setitem(sys.modules, "essessey.demo", stand_in)
     code, _, _ = run(capsys, "demo", "--port", "0")
     assert code == EXIT_OK
-    assert calls == [{"host": "127.0.0.1", "port": 0, "nats_url": None, "log_level": "info"}]
+    assert calls == [
+        {"host": "127.0.0.1", "port": 0, "nats_url": None, "log_level": "info", "cors_origins": []}
+    ]
+    calls.clear()
+    argv = ["demo", "--cors-origin", "https://a.example", "--cors-origin", "http://localhost:3000"]
+    code, _, _ = run(capsys, *argv)
+    assert code == EXIT_OK
+    assert calls[0]["cors_origins"] == ["https://a.example", "http://localhost:3000"]
 
 
 def test_demo_hints_at_the_missing_extra(

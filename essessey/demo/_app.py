@@ -12,6 +12,7 @@ Routes (see docs/demo.md for examples):
 
 There is no ``authorize`` hook: the demo's stream ids are random, but whoever has one may
 read or cancel its turn. Serve it on loopback, or behind something that authenticates.
+No CORS header is sent unless ``cors_origins`` names the origins whose pages may call it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import contextlib
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -61,7 +64,7 @@ DEFAULT_NATS_STREAM: Final = "ESSESSEY_DEMO"
 """The JetStream stream the demo keeps its turns in when given a NATS URL."""
 
 MAX_STREAMS_BODY: Final = 64 * 1024
-"""The largest ``POST /streams`` body read, in bytes."""
+"""The largest ``POST /streams`` body read, in bytes (a larger one gets 413)."""
 
 MAX_STREAMS: Final = 1_000
 """Streams an in-memory demo keeps (oldest dropped first)."""
@@ -186,6 +189,7 @@ def create_app(
     nats_stream: str = DEFAULT_NATS_STREAM,
     max_age: float = 3600.0,
     ping_interval: float = 15.0,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
     """The demo as a Starlette app; its lifespan runs the hub (and connects to NATS).
 
@@ -193,8 +197,11 @@ def create_app(
     ``nats_stream`` (created if missing), so that demo processes on the same nats-server
     serve each other's turns. ``max_age`` is how long a turn stays resumable after its
     last event, in seconds; ``ping_interval`` the keep-alive interval of SSE and
-    WebSocket subscriptions.
+    WebSocket subscriptions. ``cors_origins`` lists the origins (``"https://app.example"``,
+    or ``"*"`` for any) whose pages may call the routes from a browser; by default none.
     """
+    if isinstance(cors_origins, str):
+        raise TypeError("cors_origins is a list of origins, not one string")
     store, nc, setup = _store(nats_url, nats_stream, max_age)
     hub = StreamHub(store)
     turns = _Turns(hub)
@@ -204,7 +211,12 @@ def create_app(
 
     async def start_stream(request: Request) -> Response:
         try:
-            body = await read_json(request, limit=MAX_STREAMS_BODY, empty={})
+            too_large = BadRequest(
+                f"the request body is larger than {MAX_STREAMS_BODY} bytes",
+                status=413,
+                error_type="request_too_large",
+            )
+            body = await read_json(request, limit=MAX_STREAMS_BODY, empty={}, too_large=too_large)
             options = parse_stream_options(body)
         except BadRequest as exc:
             return bad_request_response(exc)
@@ -243,7 +255,21 @@ def create_app(
             if nc is not None and not nc.is_closed:
                 await nc.drain()
 
+    middleware = []
+    if cors_origins:
+        # No credentials: the demo has no cookies or tokens to protect, and a wildcard
+        # origin is allowed only without them.
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                expose_headers=["Location", "Request-Id"],
+            )
+        )
     app = Starlette(
+        middleware=middleware,
         routes=[
             Route("/", page, methods=["GET"]),
             Route("/streams", start_stream, methods=["POST"]),
@@ -290,7 +316,14 @@ def _server(config: uvicorn.Config, turns: _Turns) -> uvicorn.Server:
     return DemoServer(config)
 
 
-def serve(*, host: str, port: int, nats_url: str | None, log_level: str) -> None:
+def serve(
+    *,
+    host: str,
+    port: int,
+    nats_url: str | None,
+    log_level: str,
+    cors_origins: Sequence[str] = (),
+) -> None:
     """Serve the demo with uvicorn until Ctrl-C or SIGTERM (blocking).
 
     Prints ``essessey demo on http://host:port`` once the port listens (``port=0`` picks
@@ -298,12 +331,12 @@ def serve(*, host: str, port: int, nats_url: str | None, log_level: str) -> None
     ``cancelled``, their readers are let go, then the hub and the NATS connection
     close. Ctrl-C then returns; SIGTERM ends the process by that signal once the
     shutdown is done (uvicorn raises it again). Exits with status 3 when the app cannot
-    start (e.g. NATS unreachable).
+    start (e.g. NATS unreachable). ``cors_origins`` goes to :func:`create_app`.
     """
     import uvicorn
 
     _configure_logging(log_level)
-    app = create_app(nats_url=nats_url)
+    app = create_app(nats_url=nats_url, cors_origins=cors_origins)
     config = uvicorn.Config(
         app,
         host=host,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from essessey.bindings.sse._response import error_body
@@ -46,17 +46,21 @@ async def read_json(
 
     Reads at most ``limit`` bytes: a larger body raises ``too_large`` (a 400 by
     default) without being read whole, so a client cannot make the server buffer more.
-    Malformed JSON raises a 400.
+    Malformed JSON raises a 400, and so does a client that leaves before its body ends
+    (nobody reads that answer, but it is not a server error to log).
     """
     refusal = too_large or BadRequest(f"the request body is larger than {limit} bytes")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise refusal
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise refusal
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise refusal
+    except ClientDisconnect:
+        raise BadRequest("the client left before the request body ended") from None
     if not body.strip():
         return empty
     try:
