@@ -4,6 +4,12 @@ The public API lives here; the modules behind it are implementation detail unles
 own docs say otherwise.
 """
 
+from essessey._shutdown import (
+    begin_shutdown,
+    detect_uvicorn_shutdown,
+    shutting_down,
+    wait_for_shutdown,
+)
 from essessey.check import ProtocolChecker, Rule, Violation, check
 from essessey.errors import (
     EssesseyError,
@@ -119,8 +125,12 @@ __all__ = [
     "UnknownEventId",
     "Violation",
     "WebSocketClosed",
+    "begin_shutdown",
     "check",
+    "detect_uvicorn_shutdown",
     "reassemble",
     "reassemble_events",
+    "shutting_down",
     "stream_turn",
+    "wait_for_shutdown",
 ]

@@ -22,6 +22,19 @@ Policies, and why:
   message (before message_start, after message_stop) is only logged, and the stream is
   closed either way.
 - A stream id is not a secret: ``authorize`` decides who may read, resume or cancel.
+- Leaving the hub (the app shutting down) first lets the running turns finish, for up to
+  ``shutdown_grace`` seconds (20 by default), and only then cancels those still running
+  (stop reason ``cancelled``, as :meth:`StreamHub.cancel`). With a shared store the
+  clients of this replica resume on another while the turn is still being written, so
+  what they get is the whole turn, not one cut at the shutdown; in one process a turn's
+  own work (saving the answer, say) still completes. No new turn starts meanwhile
+  (``RuntimeError``). The default leaves a cancelled turn's ending (up to 2 x 5 s) room
+  within the 30 s an orchestrator commonly allows between SIGTERM and SIGKILL
+  (Kubernetes' ``terminationGracePeriodSeconds``). Left because of an exception (a
+  cancellation included), the hub cancels its turns at once. The lifespan shutdown, where
+  the hub is usually left, runs only after the server's responses have ended, which the
+  SSE and WebSocket endpoints do at once when the server shuts down
+  (``essessey._shutdown``).
 """
 
 from __future__ import annotations
@@ -63,6 +76,8 @@ TurnProducer: TypeAlias = Callable[[Publisher], Awaitable[None]]
 
 _END_TIMEOUT: Final = 5.0
 """Seconds a cancelled or failed turn may spend writing its last events."""
+DEFAULT_SHUTDOWN_GRACE: Final = 20.0
+"""Seconds the running turns may take to finish when the hub is left."""
 
 
 class _HubSink:
@@ -102,7 +117,8 @@ class StreamHub:
     """Runs turns as tasks and lets any number of subscribers follow each stream.
 
     Enter it once for the life of the app (``async with hub:``, e.g. in a Starlette
-    lifespan); leaving it cancels the turns still running, ending each properly.
+    lifespan); leaving it waits up to ``shutdown_grace`` seconds for the running turns to
+    finish, then cancels those still running, ending each properly (0: at once).
     """
 
     def __init__(
@@ -113,9 +129,14 @@ class StreamHub:
         authorize: Authorize | None = None,
         max_lag: int = 1000,
         max_subscribers: int = 1000,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
     ) -> None:
         if max_lag <= 0 or max_subscribers <= 0:
             raise ValueError("max_lag and max_subscribers must be > 0")
+        if not shutdown_grace >= 0:
+            raise ValueError("shutdown_grace must be >= 0")
+        self.shutdown_grace = shutdown_grace
+        self._closing = False
         self.store: EventStore = store if store is not None else InMemoryEventStore()
         self.dialect: Dialect = dialect
         self.max_lag = max_lag
@@ -131,6 +152,7 @@ class StreamHub:
         tasks = anyio.create_task_group()
         await tasks.__aenter__()
         self._tasks = tasks
+        self._closing = False
         return self
 
     async def __aexit__(
@@ -139,12 +161,37 @@ class StreamHub:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        tasks, self._tasks = self._tasks, None
+        tasks = self._tasks
         if tasks is None:
             return None
+        self._closing = True  # no new turn from here on
+        interrupted: BaseException | None = None
+        if exc_type is None and self._turns and self.shutdown_grace > 0:
+            try:
+                await self._drain(self.shutdown_grace)
+            except BaseException as error:  # cancelled while waiting: cancel the turns
+                interrupted = error
+        self._tasks = None
         for turn in list(self._turns.values()):
             turn.scope.cancel()
+        if interrupted is not None:
+            await tasks.__aexit__(type(interrupted), interrupted, interrupted.__traceback__)
+            raise interrupted
         return await tasks.__aexit__(exc_type, exc, tb)
+
+    async def _drain(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for the running turns to finish."""
+        count = len(self._turns)
+        logger.info("waiting up to %.1f s for %d running turn(s) to finish", grace, count)
+        with anyio.move_on_after(grace):
+            for turn in list(self._turns.values()):
+                await turn.done.wait()
+        if self._turns:
+            logger.warning(
+                "%d turn(s) still running after the %.1f s shutdown grace; cancelling them",
+                len(self._turns),
+                grace,
+            )
 
     def running(self, stream_id: str) -> bool:
         """Whether a turn is running on ``stream_id`` in this hub."""
@@ -163,6 +210,8 @@ class StreamHub:
         tasks = self._tasks
         if tasks is None:
             raise RuntimeError("enter the StreamHub (async with hub:) before starting turns")
+        if self._closing:
+            raise RuntimeError("the StreamHub is shutting down; no new turn starts")
         if stream_id in self._turns:
             raise StreamBusy(f"a turn is already running on stream {stream_id!r}")
         # Registered before the first await, so a concurrent start on the same stream

@@ -6,7 +6,8 @@ stream ``ESSESSEY_STREAM`` and runs a :class:`StreamHub` on it, so every replica
 every stream, whichever replica produces it. Routes:
 
 - ``GET /streams/{stream_id}`` (subscribe or resume by ``Last-Event-ID``) and
-  ``POST /streams/{stream_id}/cancel``: the hub's SSE routes;
+  ``POST /streams/{stream_id}/cancel``: the hub's SSE routes; ``/streams/{stream_id}/ws``
+  (resume by the ``last_event_id`` query parameter): its WebSocket route;
 - ``POST /turns/{stream_id}?seed=N&delay_ms=M&events=K``: start the seeded turn of
   :mod:`tests.chaos_app` (``K`` events, 250 by default), sleeping ``M`` ms after each
   event so that it lasts a while;
@@ -41,6 +42,7 @@ from starlette.routing import Route
 from essessey import Publisher, StreamBusy, StreamHub
 from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.sse import hub_routes
+from essessey.bindings.ws import ws_route
 from tests.chaos_app import build_script, play
 
 DEFAULT_EVENTS = 250
@@ -176,6 +178,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 app = Starlette(
     routes=[
         *hub_routes(hub, ping_interval=_env_float("ESSESSEY_PING", 1.0)),
+        ws_route(hub, ping_interval=_env_float("ESSESSEY_PING", 1.0)),
         Route("/turns/{stream_id}", start_turn, methods=["POST"]),
         Route("/turns/{stream_id}", turn_status, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -56,25 +56,25 @@ class ServerProcess:
         """The base URL, ``http://127.0.0.1:<port>``."""
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        """The command line: the ``uvicorn`` command serving ``app`` on the port."""
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            self.app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        ]
+
     def start(self) -> None:
         """Start uvicorn and wait until the port accepts connections."""
         env = {**os.environ, **self.env}
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                self.app,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            cwd=_ROOT,
-        )
+        self.process = subprocess.Popen(self.command(), env=env, cwd=_ROOT)
         try:
             wait_for_port(self.port, self.process, "uvicorn")
         except RuntimeError:

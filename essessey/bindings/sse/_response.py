@@ -17,6 +17,18 @@ it as a bare ASGI app. What it takes care of, and why:
   closed).
 - A send stalled past ``send_timeout`` ends the response, with a log line, and cancels
   the producer.
+- When the server shuts down (:func:`essessey.begin_shutdown` called, or uvicorn's
+  shutdown detected), the response stops sending events, sends
+  ``retry: <shutdown_retry>`` and ends, and the producer is cancelled (a source is
+  closed: for a hub subscription that ends the subscription, never the turn). Otherwise
+  uvicorn would wait for the stream before it shuts down, forever by default. Only whole
+  events are sent, so the client's last event id is the last event it has whole; events
+  still queued are dropped, not flushed, because a slow client could hold the shutdown
+  up and a resuming client gets them anyway. The retry hint spaces out the reconnects
+  (an EventSource reconnects by itself, the hint sets its delay). A producer's turn is
+  cut there, having nowhere to resume from: run turns in a :class:`~essessey.StreamHub`,
+  or pass ``shutdown_retry=None`` to let a response run to its end (and bound the wait
+  with uvicorn's ``timeout_graceful_shutdown``).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from essessey._shutdown import wait_for_shutdown
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, Source
@@ -67,6 +80,8 @@ class _Run:
     failure: BaseException | None = None
     last_was_error: bool = False
     started: bool = False
+    shutdown: bool = False  # the server is shutting down: end with the retry hint
+    idle: anyio.CancelScope | None = None  # the writer's wait for an event, while it waits
 
 
 class _QueueSink:
@@ -101,7 +116,9 @@ class EventStreamResponse(Response):
     source (an async iterable of :class:`~essessey.Event`). ``dialect`` and ``strict`` shape
     the Publisher given to a producer. ``retry`` (milliseconds) is sent first as the
     client's reconnection delay. ``max_queue`` bounds the events waiting for the client;
-    ``max_batch_bytes`` bounds one write.
+    ``max_batch_bytes`` bounds one write. ``shutdown_retry`` (milliseconds, 1000 by
+    default) is the reconnection delay sent when the server shuts down, as the response
+    ends; None lets the response run to its end through a shutdown.
     """
 
     media_type = "text/event-stream"
@@ -120,6 +137,7 @@ class EventStreamResponse(Response):
         max_queue: int = 1024,
         max_batch_bytes: int = 256 * 1024,
         background: BackgroundTask | None = None,
+        shutdown_retry: int | None = 1000,
     ) -> None:
         if ping_interval < 0:
             raise ValueError("ping_interval must be >= 0 (0 disables the keep-alive)")
@@ -128,6 +146,10 @@ class EventStreamResponse(Response):
         if max_queue < 1 or max_batch_bytes < 1:
             raise ValueError("max_queue and max_batch_bytes must be >= 1")
         self._retry = format_message(retry=retry) if retry is not None else b""
+        self.shutdown_retry = shutdown_retry
+        self._shutdown_tail = (
+            format_message(retry=shutdown_retry) if shutdown_retry is not None else b""
+        )
         self.content = content
         self.status_code = status_code
         self.background = background
@@ -159,6 +181,8 @@ class EventStreamResponse(Response):
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
                 tasks.start_soon(self._produce, send_stream, run)
+                if self.shutdown_retry is not None:
+                    tasks.start_soon(self._watch_shutdown, run)
                 try:
                     await self._write(send, receive_stream, run)
                 finally:
@@ -176,6 +200,16 @@ class EventStreamResponse(Response):
                 logger.debug("client disconnected; cancelling the stream")
                 scope.cancel()
                 return
+
+    @staticmethod
+    async def _watch_shutdown(run: _Run) -> None:
+        await wait_for_shutdown()
+        run.shutdown = True
+        # Only the writer's wait for an event is cancelled, never a send: an event is
+        # sent whole or not at all. A writer in a send sees the flag when it returns.
+        idle = run.idle
+        if idle is not None:
+            idle.cancel()
 
     async def _produce(self, stream: MemoryObjectSendStream[Event], run: _Run) -> None:
         async with stream:
@@ -206,12 +240,22 @@ class EventStreamResponse(Response):
     async def _write(self, send: Send, stream: MemoryObjectReceiveStream[Event], run: _Run) -> None:
         wait = self.ping_interval or math.inf
         while True:
+            if run.shutdown:
+                # The event the writer may hold is dropped: the client resumes from the
+                # last one it got whole.
+                await self._send_body(send, run, self._shutdown_tail, more=False)
+                return
             event: Event | None = None
-            with anyio.move_on_after(wait):
+            with anyio.move_on_after(wait) as idle:
+                run.idle = idle
                 try:
                     event = await stream.receive()
                 except anyio.EndOfStream:
                     break
+                finally:
+                    run.idle = None
+            if run.shutdown:
+                continue
             if event is None:
                 # Quiet for ping_interval: a comment keeps proxies from closing it.
                 if not await self._send_body(send, run, _PING):

@@ -7,6 +7,7 @@ close codes where SSE has HTTP statuses:
 case                                        code   what the client should do
 ==========================================  =====  ==========================================
 the turn ended (the stream is complete)     1000   nothing: do not reconnect
+the server is shutting down                 1012   reconnect (elsewhere) with the last id
 bad stream id, last id or first message     4400   do not reconnect
 not authorised                              4403   do not reconnect
 no such stream                              4404   do not reconnect
@@ -39,6 +40,14 @@ Why it is shaped this way:
   invisible to a page's script and to some proxies' idle timers.
 - The client closing or dropping ends the subscription at once (the hub's subscriber
   count drops); the turn goes on. Messages the client sends after the first are ignored.
+- When the server shuts down (:func:`essessey.begin_shutdown` called, or uvicorn's
+  shutdown detected), the subscription stops sending (a frame goes out whole or not at
+  all; queued ones are dropped: the client gets them on resuming) and closes with 1012,
+  "service restart": the server is going and the client should reconnect, with its last
+  id, and it will be served (by another replica, with a shared store). Not 1001 "going
+  away": :class:`WebSocketSource` (like many clients) takes 1001 for a clean end and
+  would stop, not resume. 1012 is also what uvicorn sends when it closes the sockets it
+  still holds at shutdown, so a client sees one code whichever comes first.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
+from essessey._shutdown import wait_for_shutdown
 from essessey.bindings.sse._hub import check_access
 from essessey.bindings.ws._frame import encode_frame
 from essessey.bindings.ws._source import CloseCode
@@ -104,6 +114,8 @@ class _Ending:
     code: int = CloseCode.NORMAL
     reason: str = "the turn ended"
     disconnected: bool = False
+    shutdown: bool = False  # the server is shutting down: close with 1012
+    idle: anyio.CancelScope | None = None  # the writer's wait for an event, while it waits
 
     def set(self, code: int, reason: str) -> None:
         self.code = code
@@ -163,6 +175,7 @@ async def websocket_subscription(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
             tasks.start_soon(_follow, hub, stream_id, last_event_id, send_stream, ending)
+            tasks.start_soon(_watch_shutdown, ending)
             clock = _SendClock()
             if send_timeout is not None:
                 tasks.start_soon(_watch_sends, clock, send_timeout, tasks.cancel_scope, ending)
@@ -218,6 +231,16 @@ async def _watch_disconnect(
             return
 
 
+async def _watch_shutdown(ending: _Ending) -> None:
+    await wait_for_shutdown()
+    ending.shutdown = True
+    # Only the writer's wait is cancelled, never a send; a writer in a send sees the flag
+    # when it returns.
+    idle = ending.idle
+    if idle is not None:
+        idle.cancel()
+
+
 async def _follow(
     hub: StreamHub,
     stream_id: str,
@@ -264,17 +287,25 @@ async def _write(
 ) -> None:
     wait = ping_interval or math.inf
     while True:
+        if ending.shutdown:
+            ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
+            return
         event: Event | None = None
         try:
             # Drain what is queued without a timer; wait under the ping timer only when
             # the queue is empty (a scope per event cost about 40% of this loop).
             event = stream.receive_nowait()
         except anyio.WouldBlock:
-            with anyio.move_on_after(wait):
+            with anyio.move_on_after(wait) as idle:
+                ending.idle = idle
                 try:
                     event = await stream.receive()
                 except anyio.EndOfStream:
                     return  # the subscription ended; ``ending`` says how
+                finally:
+                    ending.idle = None
+            if ending.shutdown:
+                continue
         except anyio.EndOfStream:
             return
         if event is None:

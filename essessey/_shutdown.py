@@ -1,0 +1,197 @@
+"""Server shutdown: open streams end with a reconnect hint instead of holding the server up.
+
+Why this exists: on SIGTERM or SIGINT uvicorn stops accepting connections, marks the
+responses in flight not keep-alive, and then waits for every running response to finish
+(forever, unless ``timeout_graceful_shutdown`` is set) before it runs the lifespan
+shutdown. Nothing tells a streaming response, so one open SSE stream holds the process
+up, and the hub, left in the lifespan, is never reached. So:
+
+- There is one signal, "the server is shutting down", per event loop. Every open
+  :class:`~essessey.bindings.sse.EventStreamResponse` and WebSocket subscription on the
+  loop waits on it: an SSE response then sends a ``retry:`` hint and ends, a WebSocket
+  closes with 1012, and the clients reconnect with their last event id (on another
+  replica, with a shared store). Per loop, not per process: two servers in one process
+  (a test suite, a server per thread) shut down apart, and a server started after
+  another has stopped starts clean. A process-wide flag nothing resets would end every
+  later stream at once.
+- It fires on :func:`begin_shutdown`, the portable way: any server integration or app
+  calls it from its own shutdown hook, before the server waits for its responses.
+- Or when uvicorn's shutdown is detected, best effort. uvicorn (the ``uvicorn`` command,
+  ``Server.run()`` and ``Server.serve()``, gunicorn's ``UvicornWorker``) installs its
+  SIGTERM/SIGINT handler as a bound method of its ``Server``, whose ``should_exit`` turns
+  true on the signal. One watcher task per loop, shared by all open streams, reads
+  ``signal.getsignal(...).__self__.should_exit`` every ``interval`` seconds (0.25 by
+  default), and only while at least one stream is open: it starts with the first and
+  stops after the last, so an idle server polls nothing. The handler is looked up again on
+  every poll, so a server that has stopped (uvicorn puts the previous handler back) is
+  never seen again. Limits: only a server on the main thread is found (signal handlers
+  belong to it; uvicorn in another thread installs none), nothing is found when another
+  handler replaced uvicorn's, it lags by up to ``interval``, and it needs asyncio (as
+  uvicorn does). Elsewhere (hypercorn, granian, uvicorn in a thread) call
+  :func:`begin_shutdown`. uvicorn is never imported: the handler is read by duck typing.
+- Once fired, the signal stays fired for the life of the loop: a stream opened afterwards
+  ends at once, and its client reconnects elsewhere.
+- :func:`detect_uvicorn_shutdown` turns detection off (or tunes its interval), process
+  wide: for an app whose streams must run to their end (bound the wait with uvicorn's
+  ``timeout_graceful_shutdown``), or one that calls :func:`begin_shutdown` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import weakref
+from typing import Final
+
+import anyio
+
+__all__ = ["begin_shutdown", "detect_uvicorn_shutdown", "shutting_down", "wait_for_shutdown"]
+
+logger = logging.getLogger("essessey.shutdown")
+
+DEFAULT_INTERVAL: Final = 0.25
+"""Seconds between two looks at uvicorn's ``should_exit``."""
+
+_SIGNALS: Final = tuple(
+    sig for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGINT", None)) if sig
+)
+
+
+class _Settings:
+    detect: bool = True
+    interval: float = DEFAULT_INTERVAL
+
+
+class _LoopState:
+    """The shutdown signal of one event loop and the streams waiting on it."""
+
+    __slots__ = ("fired", "waiters", "watcher")
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.waiters: set[anyio.Event] = set()
+        self.watcher: asyncio.Task[None] | None = None
+
+
+_states: weakref.WeakKeyDictionary[object, _LoopState] = weakref.WeakKeyDictionary()
+
+
+def _current_loop() -> object:
+    """The running event loop (asyncio), or trio's token for the running trio run."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        trio = sys.modules.get("trio")
+        if trio is not None:
+            try:
+                return trio.lowlevel.current_trio_token()
+            except RuntimeError:
+                pass
+        raise RuntimeError("no event loop is running in this thread") from None
+
+
+def _state_of(loop: object) -> _LoopState:
+    state = _states.get(loop)
+    if state is None:
+        state = _states[loop] = _LoopState()
+    return state
+
+
+def _fire(state: _LoopState) -> None:
+    if not state.fired:
+        state.fired = True
+        if state.waiters:
+            logger.info("the server is shutting down; ending %d open stream(s)", len(state.waiters))
+    for waiter in list(state.waiters):
+        waiter.set()
+
+
+def _server_is_exiting() -> bool:
+    """Whether the object a SIGTERM/SIGINT handler is bound to (uvicorn's ``Server``)
+    says it should exit."""
+    for sig in _SIGNALS:
+        try:
+            handler = signal.getsignal(sig)
+        except (ValueError, OSError):  # pragma: no cover - a platform without it
+            continue
+        server = getattr(handler, "__self__", None)
+        if server is not None and getattr(server, "should_exit", False) is True:
+            return True
+    return False
+
+
+async def _watch(state: _LoopState) -> None:
+    try:
+        while state.waiters and not state.fired and _Settings.detect:
+            if _server_is_exiting():
+                _fire(state)
+                return
+            await asyncio.sleep(_Settings.interval)
+    finally:
+        state.watcher = None
+
+
+def _ensure_watcher(state: _LoopState, loop: object) -> None:
+    if state.watcher is None and _Settings.detect and isinstance(loop, asyncio.AbstractEventLoop):
+        # A task of the loop, not of any one stream: it outlives the stream that started
+        # it, and ends by itself once no stream is open (the loop holds it meanwhile).
+        state.watcher = loop.create_task(_watch(state), name="essessey-shutdown-watcher")
+
+
+def begin_shutdown(loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Tell every open stream on ``loop`` (the running loop when None) that the server is
+    shutting down: SSE responses send their ``retry:`` hint and end, WebSocket
+    subscriptions close with 1012, and streams opened later end at once.
+
+    Call it before the server waits for its open responses (uvicorn's own shutdown is
+    detected without it). With ``loop``, it may be called from another thread.
+    """
+    if loop is None:
+        _fire(_state_of(_current_loop()))
+        return
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        _fire(_state_of(loop))
+    else:
+        loop.call_soon_threadsafe(lambda: _fire(_state_of(loop)))
+
+
+def shutting_down() -> bool:
+    """Whether the server of the running event loop is shutting down: :func:`begin_shutdown`
+    was called, or uvicorn's shutdown is detected (when detection is on)."""
+    state = _state_of(_current_loop())
+    if not state.fired and _Settings.detect and _server_is_exiting():
+        _fire(state)
+    return state.fired
+
+
+async def wait_for_shutdown() -> None:
+    """Return once the server of the running event loop is shutting down (at once when it
+    already is). What the SSE response and the WebSocket endpoint wait on; a long-lived
+    response of an app's own can wait on it too."""
+    loop = _current_loop()
+    state = _state_of(loop)
+    if state.fired:
+        return
+    waiter = anyio.Event()
+    state.waiters.add(waiter)
+    try:
+        _ensure_watcher(state, loop)
+        await waiter.wait()
+    finally:
+        state.waiters.discard(waiter)
+
+
+def detect_uvicorn_shutdown(enabled: bool = True, *, interval: float = DEFAULT_INTERVAL) -> None:
+    """Turn the detection of uvicorn's shutdown on (the default) or off, for the whole
+    process, and set how often it looks (seconds, > 0). With it off, only
+    :func:`begin_shutdown` ends the open streams."""
+    if not interval > 0:
+        raise ValueError("interval must be > 0")
+    _Settings.detect = enabled
+    _Settings.interval = interval
