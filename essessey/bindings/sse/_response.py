@@ -33,8 +33,12 @@ it as a bare ASGI app. What it takes care of, and why:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
+import socket
+import struct
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
@@ -228,7 +232,11 @@ class EventStreamResponse(Response):
         iterator = aiter(source)
         try:
             async for event in iterator:
-                await sink.emit(event)
+                # Into the queue without a checkpoint while it has room: awaiting each
+                # event handed the writer one event per send (no coalescing) when a
+                # source had a backlog, such as a hub subscription replaying.
+                if not sink.emit_nowait(event):
+                    await sink.emit(event)
         finally:
             # A source parked at a yield (its event waiting for room in the queue) would
             # otherwise be finalised only when the garbage collector gets to it, and
@@ -329,6 +337,7 @@ class EventStreamResponse(Response):
             logger.warning(
                 "a send stalled for more than %.1f s; ending the response", self.send_timeout
             )
+            abort_stalled_connection()
             return False
         except OSError:
             logger.debug("the client went away during a send")
@@ -348,3 +357,42 @@ class EventStreamResponse(Response):
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def abort_stalled_connection() -> bool:
+    """After a send stalled: abort the server's connection for the current request when it
+    still holds bytes the client has not taken, so its socket and buffers are freed now.
+    True when it did. Best effort; used by the SSE response and the WebSocket endpoint.
+
+    ASGI has no way to say "abort". uvicorn closes the transport when the app returns, and
+    an asyncio transport closes gracefully: it first waits for its buffer to drain, which
+    a client that stopped reading never lets happen, so the socket, its kernel buffers and
+    the unsent bytes would stay until that client leaves. The transport is found the way
+    uvicorn runs an app: the current task is its ``run_asgi``, whose ``self`` holds the
+    connection's ``transport`` (duck typed; uvicorn is never imported). Elsewhere (another
+    server, the app run in a task of its own, a loop other than asyncio) nothing happens.
+    Nothing is aborted while its buffer is empty: such a connection closes by itself (and
+    with HTTP/2 it may carry other streams).
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop running (trio)
+        return False
+    frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
+    owner = frame.f_locals.get("self") if frame is not None else None
+    transport = getattr(owner, "transport", None)
+    abort = getattr(transport, "abort", None)
+    buffered = getattr(transport, "get_write_buffer_size", None)
+    if not callable(abort) or not callable(buffered) or not buffered():
+        return False
+    logger.debug("aborting the stalled connection (%d bytes unsent)", buffered())
+    extra = getattr(transport, "get_extra_info", None)
+    sock = extra("socket") if callable(extra) else None
+    if sock is not None:
+        # A reset, not a FIN (SO_LINGER on, 0 s): closed with bytes unsent, the socket
+        # would otherwise stay in the kernel, buffers and all, for minutes, probing a
+        # receive window that never opens.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    abort()
+    return True

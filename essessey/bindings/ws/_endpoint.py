@@ -67,6 +67,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
 from essessey._shutdown import wait_for_shutdown
 from essessey.bindings.sse._hub import check_access
+from essessey.bindings.sse._response import abort_stalled_connection
 from essessey.bindings.ws._frame import encode_frame
 from essessey.bindings.ws._source import CloseCode
 from essessey.errors import (
@@ -185,6 +186,10 @@ async def websocket_subscription(
                 # Cancelled while the queue is still open: the subscription, maybe
                 # blocked on a full queue, sees a cancellation and is closed.
                 tasks.cancel_scope.cancel()
+    if clock.started is not None and abort_stalled_connection():
+        # A send stalled (the watchdog cut it): a close frame would wait behind frames the
+        # client is not reading, and the server would hold the socket until it reads.
+        ending.disconnected = True
     if not ending.disconnected:
         await _close(websocket, ending.code, ending.reason)
 
