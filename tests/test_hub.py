@@ -459,7 +459,7 @@ async def test_start_outside_the_hub_raises() -> None:
 async def test_leaving_the_hub_cancels_running_turns_and_ends_their_messages() -> None:
     producers = [Scripted(f"s{n}", 20, hold_at=3 + n, hang=True) for n in range(3)]
     store = InMemoryEventStore()
-    hub = StreamHub(store)
+    hub = StreamHub(store, shutdown_grace=0)  # no grace: cancelled at once
     with anyio.fail_after(WAIT):
         async with hub:
             for producer in producers:
