@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -289,6 +290,24 @@ _TRACE: Final = 5
 """uvicorn's ``trace`` level, below DEBUG."""
 
 
+class _WireTraceFilter(logging.Filter):
+    """Drops the DEBUG records of the ``websockets`` library, which uvicorn's WebSocket
+    layer logs on ``uvicorn.error``: every handshake's headers (cookies and tokens
+    included) and the start of every frame (the turn's content). Wire traces are
+    uvicorn's and websockets' own; they have no place beside a turn's content."""
+
+    _PACKAGE = f"{os.sep}websockets{os.sep}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG or self._PACKAGE not in record.pathname
+
+
+def _hide_wire_traces() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _WireTraceFilter) for f in logger.filters):
+        logger.addFilter(_WireTraceFilter())
+
+
 def _configure_logging(log_level: str) -> None:
     name = log_level.upper()
     level = _TRACE if name == "TRACE" else logging.getLevelName(name)
@@ -345,6 +364,7 @@ def serve(
         lifespan="on",
         timeout_graceful_shutdown=_SHUTDOWN_GRACE,
     )
+    _hide_wire_traces()  # after uvicorn has configured its loggers
     server = _server(config, app.state.turns)
     sock = config.bind_socket()
     try:
