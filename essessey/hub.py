@@ -244,6 +244,7 @@ class StreamHub:
         turn.started = True
         task_status.started()
         failed = False
+        cut = False  # cancelled from outside the turn: the hub left with an exception
         try:
             with turn.scope:
                 try:
@@ -252,27 +253,38 @@ class StreamHub:
                     failed = True
                     # The traceback is the app's own code; the turn's content is not logged.
                     logger.exception("the turn on stream %s failed", stream_id)
-            # Shielded and bounded: the turn's last events go out even when the hub is
-            # being left. Nothing raised here may reach the hub's task group, where it
-            # would cancel every other turn; and the stream is always closed, or its
-            # subscribers would wait forever.
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(_END_TIMEOUT) as ending:
-                    try:
-                        await self._end(
-                            publisher, sink, cancelled=turn.scope.cancel_called, failed=failed
-                        )
-                    except Exception:
-                        logger.exception("could not end the turn on stream %s", stream_id)
-                if ending.cancelled_caught:
-                    logger.warning("ending the turn on stream %s timed out", stream_id)
-                with anyio.move_on_after(_END_TIMEOUT):
-                    try:
-                        await self.store.close_stream(stream_id)
-                    except Exception:
-                        logger.exception("could not close stream %s", stream_id)
+        except anyio.get_cancelled_exc_class():
+            cut = True
+            raise
         finally:
-            self._forget(stream_id, turn)
+            # In ``finally``, so that a turn cancelled from outside (the hub's task group
+            # or its host cancelled) ends too. Shielded and bounded: the turn's last
+            # events go out even when the hub is being left. Nothing raised here may
+            # reach the hub's task group, where it would cancel every other turn; and
+            # the stream is always closed, or its subscribers would wait forever.
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._finish(
+                        stream_id, publisher, sink, turn.scope.cancel_called or cut, failed
+                    )
+            finally:
+                self._forget(stream_id, turn)
+
+    async def _finish(
+        self, stream_id: str, publisher: Publisher, sink: _HubSink, cancelled: bool, failed: bool
+    ) -> None:
+        with anyio.move_on_after(_END_TIMEOUT) as ending:
+            try:
+                await self._end(publisher, sink, cancelled=cancelled, failed=failed)
+            except Exception:
+                logger.exception("could not end the turn on stream %s", stream_id)
+        if ending.cancelled_caught:
+            logger.warning("ending the turn on stream %s timed out", stream_id)
+        with anyio.move_on_after(_END_TIMEOUT):
+            try:
+                await self.store.close_stream(stream_id)
+            except Exception:
+                logger.exception("could not close stream %s", stream_id)
 
     async def _end(
         self, publisher: Publisher, sink: _HubSink, *, cancelled: bool, failed: bool

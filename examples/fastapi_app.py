@@ -214,7 +214,8 @@ def agent_turn(stream_id: str, prompt: str) -> essessey.TurnProducer:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # Turns run as tasks of the hub, apart from any request. Leaving it (at shutdown)
-    # cancels the turns still running; each ends with stop reason "cancelled".
+    # lets the turns still running finish (up to shutdown_grace, 20 s), then cancels the
+    # rest; each ends with stop reason "cancelled".
     async with essessey.StreamHub(essessey.InMemoryEventStore(max_age=600)) as hub:
         app.state.hub = hub
         yield

@@ -141,8 +141,9 @@ async def page(request: Request) -> HTMLResponse:
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    # The hub lives as long as the app: turns run as its tasks, and leaving it cancels
-    # the turns still running (each ends with stop reason "cancelled").
+    # The hub lives as long as the app: turns run as its tasks. Leaving it lets the turns
+    # still running finish (up to shutdown_grace, 20 s), then cancels the rest (each ends
+    # with stop reason "cancelled").
     async with hub:
         yield
 

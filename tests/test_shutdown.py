@@ -15,7 +15,9 @@ turns finish within its ``shutdown_grace`` and cancels the rest.
    ``uvicorn`` command with SIGTERM and ``Server.serve()`` with SIGINT: the streams end,
    the process exits, its hub having finished the short turn and cancelled the endless
    one at the grace. Without the detection (the control) SIGTERM leaves the process up,
-   held by its open stream.
+   held by its open stream. (Before that, the hub's grace on its own: turns finish
+   within it, the rest are cancelled at its end, no turn starts meanwhile; an exception
+   or a cancellation cancels at once.)
 3. Two replicas on one nats-server (JetStream): SIGTERM to A mid-turn; its SSE and
    WebSocket clients get the hint and the close, reconnect to B with their last id, and
    get exactly the rest of the turn, which A finishes before it exits.
@@ -47,9 +49,16 @@ from websockets.exceptions import ConnectionClosed
 from essessey import (
     Event,
     EventType,
+    InMemoryEventStore,
+    Publisher,
+    StreamHub,
+    TurnProducer,
     begin_shutdown,
+    check,
     detect_uvicorn_shutdown,
+    reassemble_events,
     shutting_down,
+    stream_turn,
     wait_for_shutdown,
 )
 from essessey.bindings.sse import SSEDecoder
@@ -301,6 +310,92 @@ async def test_one_watcher_polls_while_streams_wait_and_none_when_none_do() -> N
     assert shutting_down()
     with pytest.raises(ValueError, match="interval"):
         detect_uvicorn_shutdown(interval=0)
+
+
+# -- the hub's grace ----------------------------------------------------------------
+
+
+def _turn(stream_id: str, chunks: str, *, hang: bool = False) -> TurnProducer:
+    """A turn writing ``chunks`` (one a tick), then ending, or hanging until cancelled."""
+
+    async def produce(publisher: Publisher) -> None:
+        async with stream_turn(
+            publisher, message_id=f"msg_{stream_id}", stream_id=stream_id, model="m"
+        ) as turn:
+            text = await turn.text()
+            for chunk in chunks:
+                await anyio.sleep(0.2)
+                await text.write(chunk)
+            if hang:
+                await anyio.sleep_forever()
+
+    return produce
+
+
+async def ending(store: InMemoryEventStore, stream_id: str) -> tuple[str | None, str]:
+    """How the stored turn ended (its stop reason) and its text; it must be whole."""
+    events, _ = await store.since(stream_id, None)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.complete
+    return parsed.stop_reason, parsed.text
+
+
+async def test_leaving_the_hub_lets_turns_finish_within_the_grace_then_cancels() -> None:
+    store = InMemoryEventStore()
+    hub = StreamHub(store, shutdown_grace=1.0)
+    refused: list[str] = []
+    quick = _turn("quick", "abc")  # about 0.6 s
+
+    async def quick_then_start(publisher: Publisher) -> None:
+        await quick(publisher)
+        try:  # the hub is being left by now
+            await hub.start("late", _turn("late", "x"))
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    with anyio.fail_after(WAIT):
+        async with hub:
+            await hub.start("quick", quick_then_start)
+            await hub.start("endless", _turn("endless", "x", hang=True))
+            await anyio.sleep(0.3)
+            left = anyio.current_time()
+        waited = anyio.current_time() - left
+    print(f"hub grace 1 s: left after {waited:.2f} s")
+    assert await ending(store, "quick") == ("end_turn", "abc")
+    assert await ending(store, "endless") == ("cancelled", "x")
+    assert refused == ["the StreamHub is shutting down; no new turn starts"]
+    assert not await store.exists("late")
+    assert waited >= 1.0  # the endless turn had the whole grace
+
+
+async def test_a_hub_left_by_an_exception_or_cancelled_in_its_grace_cancels_at_once() -> None:
+    store = InMemoryEventStore()
+
+    async def fail() -> None:
+        async with StreamHub(store, shutdown_grace=60) as hub:
+            await hub.start("raised", _turn("raised", "x", hang=True))
+            await anyio.sleep(0.3)
+            raise KeyError("the app failed")
+
+    started = anyio.current_time()
+    with anyio.fail_after(WAIT):
+        # The hub's task group hands the app's exception on inside a group.
+        with pytest.raises(ExceptionGroup) as failed:
+            await fail()
+        assert failed.group_contains(KeyError)
+        with anyio.move_on_after(0.5) as waiting:
+            async with StreamHub(store, shutdown_grace=60) as hub:
+                await hub.start("interrupted", _turn("interrupted", "y", hang=True))
+                await anyio.sleep(0.3)
+            # Left normally: the hub waits out its grace, and is cancelled meanwhile.
+        assert waiting.cancelled_caught
+    took = anyio.current_time() - started
+    assert await ending(store, "raised") == ("cancelled", "x")
+    assert await ending(store, "interrupted") == ("cancelled", "y")
+    assert took < 30  # not the 60 s grace
+    with pytest.raises(ValueError, match="shutdown_grace"):
+        StreamHub(shutdown_grace=-1)
 
 
 # -- 2. uvicorn's shutdown, detected --------------------------------------------------

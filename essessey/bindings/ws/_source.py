@@ -54,8 +54,8 @@ class CloseCode(IntEnum):
     INTERNAL_ERROR = 1011
     """The server failed: reconnecting may not help."""
     SERVICE_RESTART = 1012
-    """The server is restarting (what uvicorn sends on shutdown): reconnect, after a
-    pause, with the last event id received."""
+    """The server is shutting down or restarting (what the endpoint and uvicorn send on
+    shutdown): reconnect, after a pause, with the last event id received."""
     TRY_AGAIN_LATER = 1013
     """Too many subscribers, the subscriber lagged, the store is unavailable, or a send
     stalled: reconnect (after a pause) with the last event id received."""
