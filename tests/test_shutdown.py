@@ -75,7 +75,7 @@ pytestmark = pytest.mark.anyio
 WAIT = 30.0  # seconds any one reading may take, at most
 EXIT_BOUND = 20.0  # seconds a server may take to exit after the signal (it hangs without)
 RETRY_TAIL = b"retry: 1000\n\n"  # what an SSE response ends with at shutdown
-LONG_TURN = 100_000  # events: a turn that outlasts every test
+LONG_TURN = 20_000  # events, 10 ms apart: a turn that outlasts every test
 WATCHER = "essessey-shutdown-watcher"
 
 
@@ -185,12 +185,18 @@ async def start_long_turn(
     assert response.status_code == 202, response.text
 
 
+_expected: dict[tuple[int, str, int], list[Event]] = {}
+
+
 async def assert_prefix_of_turn(
     events: list[Event], seed: int, stream_id: str, total: int, start: int = 0
 ) -> None:
     """``events`` are the turn's events ``start`` to ``start + len(events)``, with
     unique increasing ids."""
-    expected = await expected_events(seed, stream_id, total)
+    key = (seed, stream_id, total)
+    expected = _expected.get(key)
+    if expected is None:
+        expected = _expected[key] = await expected_events(seed, stream_id, total)
     got = [(event.event, event.data) for event in events]
     assert got == [(e.event, e.data) for e in expected[start : start + len(events)]]
     sequences = [int((event.id or "").rpartition("-")[2]) for event in events]
