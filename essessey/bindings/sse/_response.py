@@ -290,8 +290,13 @@ class EventStreamResponse(Response):
                     event = stream.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-            if frames and not await self._send_body(send, run, b"".join(frames)):
-                return
+            if frames:
+                body = b"".join(frames)
+                # A stalled send waits (up to send_timeout) holding the joined body: not
+                # its parts as well, which would double what a slow client costs.
+                frames.clear()
+                if not await self._send_body(send, run, body):
+                    return
             if unframable:
                 break
         await self._finish(send, run)
