@@ -51,7 +51,8 @@ def encode_frame(event: Event) -> str:
 
 def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
     """The event a frame carries; ValueError (naming what is wrong, never the content)
-    when the frame is too large, not JSON, or not in the envelope's shape."""
+    when the frame is too large, not JSON, not in the envelope's shape, or has data
+    nested too deeply to be written back as JSON."""
     if len(text) > max_size:
         # len() of a str counts characters; of bytes, bytes. Either bounds the parse.
         unit = "bytes" if isinstance(text, bytes | bytearray) else "characters"
@@ -70,4 +71,10 @@ def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
     event_id = envelope.get("id")
     if event_id is not None and not isinstance(event_id, str):
         raise ValueError("frame id is not a string")
-    return _new_event(Event, (name, orjson.dumps(envelope["data"]), event_id or None))
+    try:
+        data = orjson.dumps(envelope["data"])
+    except orjson.JSONEncodeError:
+        # orjson reads 1024 levels of nesting but writes only 255: a frame between the
+        # two parses, and its data cannot be carried on.
+        raise ValueError("frame data is nested too deeply") from None
+    return _new_event(Event, (name, data, event_id or None))
