@@ -91,7 +91,9 @@ class ParsedToolCall:
     ``params`` is the parsed arguments, or None when they are not valid JSON, in which
     case ``parse_error`` says why (position and reason, never the text). A call whose
     input arrived in no fragment takes the ``input`` of its block start (normally
-    ``{}``). ``closed`` is False for a block that never got its ``content_block_stop``.
+    ``{}``; one nested too deeply to write back as text leaves ``arguments`` empty and
+    ``params`` None, with the reason). ``closed`` is False for a block that never got
+    its ``content_block_stop``.
     """
 
     tool_use_id: str
@@ -346,7 +348,12 @@ class _Block:
         arguments = "".join(self.parts)
         if not arguments:
             initial = self.initial_input if isinstance(self.initial_input, dict) else {}
-            return (orjson.dumps(initial).decode() if initial else ""), initial, None
+            if not initial:
+                return "", initial, None
+            text = _write_input(initial)
+            if text is None:
+                return "", None, "the block's input is nested too deeply to write as JSON"
+            return text, initial, None
         params, error = _parse_arguments(arguments)
         return arguments, params, error
 
@@ -887,6 +894,23 @@ def _fragment(block: _Block, event: str, text: str) -> Fragment:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _write_input(value: dict[str, Any]) -> str | None:
+    """A block start's input as JSON text, or None when it is nested too deeply.
+
+    orjson parses 1024 levels of nesting but writes only 255, so an input it parsed may
+    be one it cannot write; the standard library's writer then takes it (up to Python's
+    recursion limit).
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        pass
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        return None
 
 
 def _parse_arguments(arguments: str) -> tuple[Any, str | None]:
