@@ -476,7 +476,9 @@ class _Reader:
         block = self.block
         if type(index) is not int or block is None or block.index != index:
             open_index = "none" if block is None else str(block.index)
-            _skip(position, name, f"stop for block {index!r}, but the open block is {open_index}")
+            # The index as sent may be anything (a string, an object): named by its type.
+            shown = str(index) if type(index) is int else _label(index)
+            _skip(position, name, f"stop for block {shown}, but the open block is {open_index}")
             return
         await self._close(block)
 
