@@ -18,7 +18,7 @@ import pytest
 from essessey import Event, InMemorySink, Publisher, check
 from essessey.adapters import anthropic as anthropic_adapter
 from essessey.bindings.ws import decode_frame
-from essessey.protocol import DIALECTS
+from essessey.protocol import DIALECTS, EventType
 from essessey.reassemble import Reassembler
 
 
@@ -70,6 +70,14 @@ def test_reassembler_reads_a_tool_input_nested_deeper_than_orjson_writes() -> No
 # Put into content (text, reasoning, arguments, data): it must never reach a log line.
 # Upper case and a dash: no reader mistakes it for an identifier it may log as a name.
 MARKER = "ZQX-SECRET-QXZ"
+
+
+def nested(depth: int, kind: str = "list") -> Any:
+    """A value nested ``depth`` levels deep, built without recursion."""
+    value: Any = MARKER
+    for _ in range(depth):
+        value = [value] if kind == "list" else {"k": value}
+    return value
 
 
 class _Records(logging.Handler):
@@ -184,3 +192,79 @@ def test_anthropic_adapter_does_not_log_a_stop_index_that_is_not_an_integer(
         f"skipping provider event #3 (content_block_stop): stop for block {shown}, "
         "but the open block is 0"
     ]
+
+
+def _text_block(index: int, *parts: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": "text"}},
+        *(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "text_delta", "text": p},
+            }
+            for p in parts
+        ),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_anthropic_adapter_skips_values_orjson_cannot_write(dialect: str) -> None:
+    # Values Python's json module reads but orjson will not write ended the turn: a
+    # tool_use input nested 300 levels raised orjson's JSONEncodeError, a passed-through
+    # block holding one raised SerializationError, and a text chunk with a lone surrogate
+    # opened its block, could not fill it, and left it open empty, so every later event
+    # was refused and the message ended in an error.
+    tool = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"q": nested(300)}}
+    other = {"type": "redacted_thinking", "data": nested(300)}
+    events = [
+        ANTHROPIC_START,
+        *_text_block(0, MARKER + "\ud800"),
+        *_text_block(1, "a"),
+        {"type": "content_block_start", "index": 2, "content_block": other},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "content_block_start", "index": 3, "content_block": tool},
+        {"type": "content_block_stop", "index": 3},
+        *ANTHROPIC_END,
+    ]
+    published, outcome, warned = _anthropic_publish(events, dialect)
+    assert outcome.error is None
+    assert (outcome.text, outcome.tool_calls) == ("a", [])
+    assert published[-1].event == EventType.MESSAGE_STOP
+    assert warned == [
+        "skipping provider event #2 (content_block_delta): text_delta for block 0 holds a "
+        "lone surrogate",
+        "skipping provider event #7 (content_block_start): refused (SerializationError)",
+        "skipping provider event #9 (content_block_start): tool_use block 3 has an input not "
+        "writable as JSON",
+    ]
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_anthropic_adapter_drops_a_count_past_64_bits(dialect: str) -> None:
+    # A usage count past 64 bits made message_delta fail with SerializationError, which
+    # ended the whole turn.
+    events = [
+        ANTHROPIC_START,
+        *_text_block(0, "a"),
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 2**64, "cache_read_input_tokens": 3},
+        },
+        {"type": "message_stop"},
+    ]
+    published, outcome, _ = _anthropic_publish(events, dialect)
+    assert outcome.text == "a"
+    assert "output_tokens" not in outcome.usage
+    if dialect == "essessey":
+        # The dialect's own frame events carry the counts that fit.
+        assert outcome.error is None
+        assert outcome.usage["cache_read_input_tokens"] == 3
+        assert published[-1].event == EventType.MESSAGE_STOP
+    else:
+        # The provider's payloads go out as they are: one that cannot be written is
+        # skipped, and a stream left without its end says so in an error event.
+        assert outcome.error is not None
+        assert published[-1].event == EventType.ERROR

@@ -20,8 +20,9 @@ imported. Objects are read with ``model_dump(mode="json", by_alias=True,
 exclude_unset=True)``: fields the provider did not send stay out (a dump with defaults
 would add ``citations: null`` to every text block); their keys come out in the SDK's
 field order, so the JSON is the provider's but not its bytes. An event that cannot be
-read or comes out of turn is skipped with a WARNING naming the reason and its position
-in the provider's stream; payload content never reaches a log, lengths only.
+read, comes out of turn, or holds a value orjson cannot write back (nested past 255
+levels, an integer past 64 bits) is skipped with a WARNING naming the reason and its
+position in the provider's stream; payload content never reaches a log, lengths only.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ import orjson
 from essessey import protocol
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
-from essessey.errors import ProtocolError, ProviderStreamError, RoundOrderError
+from essessey.errors import (
+    ProtocolError,
+    ProviderStreamError,
+    RoundOrderError,
+    SerializationError,
+)
 from essessey.protocol import BlockType, DeltaType, EventType
 from essessey.publisher import Publisher
 
@@ -63,6 +69,8 @@ _KNOWN_DELTAS: Final = frozenset(
 )
 # Only names that look like identifiers are logged: a type field can hold anything.
 _IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_MAX_COUNT: Final = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -110,7 +118,12 @@ def _as_payload(event: object) -> dict[str, Any] | None:
 def _int_counts(usage: object) -> dict[str, int]:
     if not isinstance(usage, Mapping):
         return {}
-    return {key: value for key, value in usage.items() if type(value) is int}
+    # A count past 64 bits (Python's json module reads any integer) cannot be written.
+    return {
+        key: value
+        for key, value in usage.items()
+        if type(value) is int and isinstance(key, str) and abs(value) <= _MAX_COUNT
+    }
 
 
 class _Block:
@@ -202,9 +215,11 @@ class _Reader:
                 logger.debug("provider event #%d (%s): derived by the SDK; skipped", position, name)
             else:
                 _skip(position, name, "unknown event type")
-        except ProtocolError as exc:
+        except (ProtocolError, SerializationError) as exc:
             # Refused by the round's layout (RoundOrderError: text after the round's tool
-            # calls, a tool call id used twice) or by the checker: nothing went out.
+            # calls, a tool call id used twice), by the checker, or by the Publisher's
+            # JSON writer (a value passed through that orjson cannot write: nested past
+            # 255 levels, an integer past 64 bits): nothing went out.
             block = self.block
             if block is not None and not block.opened:
                 # A block whose start never went out: its deltas and stop are skipped
@@ -377,7 +392,15 @@ class _Reader:
                 return
             # A streamed tool_use starts with input {} and gets it in deltas; any input
             # the start carries is kept as the call's first fragment.
-            arguments = orjson.dumps(given).decode() if isinstance(given, Mapping) and given else ""
+            try:
+                arguments = (
+                    orjson.dumps(given).decode() if isinstance(given, Mapping) and given else ""
+                )
+            except orjson.JSONEncodeError:
+                # Parsed JSON that orjson cannot write back (nested past 255 levels, an
+                # integer past 64 bits, not JSON at all): the call cannot go out.
+                _skip(position, name, f"tool_use block {index} has an input not writable as JSON")
+                return
             request = ToolCallRequest(call_id, tool, arguments)
             await self.rounds.tool_call_start(len(self.calls), request)
             self.block.kind = "tool"
@@ -441,6 +464,11 @@ class _Reader:
         chunk = delta.get(field_name)
         if not isinstance(chunk, str):
             _skip(position, name, f"{delta_type} for block {index} has no string {field_name}")
+            return
+        if not chunk.isascii() and _SURROGATE.search(chunk):
+            # Python's json module makes a lone surrogate of a "\ud800" escape, and no
+            # JSON writer takes one: refused here, before it could open its block empty.
+            _skip(position, name, f"{delta_type} for block {index} holds a lone surrogate")
             return
         if not chunk:
             # Nothing to add, but a faithful proxy still passes the provider's empty
@@ -553,9 +581,9 @@ def _skip(position: int, name: str, reason: str) -> None:
     logger.warning("skipping provider event #%d (%s): %s", position, _label(name), reason)
 
 
-def _reason(exc: ProtocolError) -> str:
+def _reason(exc: ProtocolError | SerializationError) -> str:
     # The checker's rule names are fixed strings; its details may quote ids.
-    if exc.violations:
+    if isinstance(exc, ProtocolError) and exc.violations:
         return f"rule {exc.violations[0].rule}"
     return type(exc).__name__
 
