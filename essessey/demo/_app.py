@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from essessey._shutdown import begin_shutdown, detect_uvicorn_shutdown
 from essessey.bindings.sse._hub import hub_routes
 from essessey.bindings.ws._endpoint import ws_route
 from essessey.demo._http import BadRequest, bad_request_response, json_error, read_json
@@ -249,7 +250,8 @@ def create_app(
         try:
             if setup is not None:
                 await setup()
-            # Leaving the hub cancels the turns still running: each ends "cancelled".
+            # Leaving the hub lets running turns finish within its shutdown grace, then
+            # cancels the rest: each ends "cancelled".
             async with hub:
                 yield
         finally:
@@ -321,15 +323,19 @@ def _configure_logging(log_level: str) -> None:
         essessey_logger.addHandler(handler)
 
 
-def _server(config: uvicorn.Config, turns: _Turns) -> uvicorn.Server:
+def _server(config: uvicorn.Config, turns: _Turns, *, cancel_turns: bool) -> uvicorn.Server:
     import uvicorn
 
     class DemoServer(uvicorn.Server):
         async def shutdown(self, sockets: Any = None) -> None:
-            # uvicorn waits for open responses before the lifespan ends the hub, and a
-            # turn's readers stay until it ends: end the turns first, so they leave.
-            with anyio.move_on_after(_SHUTDOWN_GRACE):
-                await turns.cancel_all()
+            if cancel_turns:
+                # In memory, nothing outlives this process: end the turns first, so their
+                # readers see why they ended (stop reason cancelled) and leave.
+                with anyio.move_on_after(_SHUTDOWN_GRACE):
+                    await turns.cancel_all()
+            # Every stream still open gets its retry hint and ends; with JetStream its
+            # client resumes on another demo process while the hub drains the turn.
+            begin_shutdown()
             await super().shutdown(sockets)
 
     return DemoServer(config)
@@ -346,11 +352,13 @@ def serve(
     """Serve the demo with uvicorn until Ctrl-C or SIGTERM (blocking).
 
     Prints ``essessey demo on http://host:port`` once the port listens (``port=0`` picks
-    a free one). On shutdown the turns still running end with stop reason
-    ``cancelled``, their readers are let go, then the hub and the NATS connection
-    close. Ctrl-C then returns; SIGTERM ends the process by that signal once the
-    shutdown is done (uvicorn raises it again). Exits with status 3 when the app cannot
-    start (e.g. NATS unreachable). ``cors_origins`` goes to :func:`create_app`.
+    a free one). On shutdown, in memory, the turns still running end with stop reason
+    ``cancelled`` and their readers are let go; with ``nats_url``, readers get a retry
+    hint (they resume on another demo process sharing the streams) while the hub lets
+    running turns finish within its grace. Then the hub and the NATS connection close.
+    Ctrl-C then returns; SIGTERM ends the process by that signal once the shutdown is
+    done (uvicorn raises it again). Exits with status 3 when the app cannot start (e.g.
+    NATS unreachable). ``cors_origins`` goes to :func:`create_app`.
     """
     import uvicorn
 
@@ -365,7 +373,10 @@ def serve(
         timeout_graceful_shutdown=_SHUTDOWN_GRACE,
     )
     _hide_wire_traces()  # after uvicorn has configured its loggers
-    server = _server(config, app.state.turns)
+    # The server's shutdown below decides the order (turns first, then the streams); the
+    # automatic detection would end the streams as soon as the signal came, racing it.
+    detect_uvicorn_shutdown(False)
+    server = _server(config, app.state.turns, cancel_turns=nats_url is None)
     sock = config.bind_socket()
     try:
         # Listening before the URL is printed: a client that reads it and connects at
