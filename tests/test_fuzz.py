@@ -17,6 +17,7 @@ import pytest
 
 from essessey import Event, InMemorySink, Publisher, check
 from essessey.adapters import anthropic as anthropic_adapter
+from essessey.adapters import openai as openai_adapter
 from essessey.bindings.ws import decode_frame
 from essessey.protocol import DIALECTS, EventType
 from essessey.reassemble import Reassembler
@@ -268,3 +269,38 @@ def test_anthropic_adapter_drops_a_count_past_64_bits(dialect: str) -> None:
         # skipped, and a stream left without its end says so in an error event.
         assert outcome.error is not None
         assert published[-1].event == EventType.ERROR
+
+
+def _openai_chunk(delta: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": "gpt-x", "choices": [{"index": 0, "delta": delta}], **fields}
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_openai_adapter_skips_a_chunk_orjson_cannot_write(dialect: str) -> None:
+    # A lone surrogate in the text (Python's json module makes one of a "\ud800" escape)
+    # or a count past 64 bits was read as valid; publishing it then raised
+    # SerializationError and ended the turn (for the count, at the epilogue, which left
+    # the stream open with no error event).
+    chunks = [
+        _openai_chunk({"content": "a"}),
+        _openai_chunk({"content": MARKER + "\ud800"}),
+        _openai_chunk({"reasoning": "\udc00"}),
+        _openai_chunk({"content": "b"}),
+        {"choices": [], "usage": {"prompt_tokens": 2**64, "completion_tokens": 1}},
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2**63}},
+    ]
+
+    def run(publisher: Publisher, source: Any) -> Any:
+        return openai_adapter.publish(publisher, source, message_id="m", stream_id="s")
+
+    published, records, outcome = _publish(run, chunks, dialect, None)
+    assert_no_content(records)
+    assert check(published) == []
+    assert published[-1].event == EventType.MESSAGE_STOP
+    assert (outcome.text, outcome.thinking, outcome.usage) == ("ab", "", {})
+    assert [r.getMessage() for r in warnings_of(records)] == [
+        "skipping chat completion chunk 1: choices[0].delta.content holds a lone surrogate",
+        "skipping chat completion chunk 2: choices[0].delta.reasoning holds a lone surrogate",
+        "skipping chat completion chunk 4: usage.prompt_tokens does not fit in 64 bits",
+        "skipping chat completion chunk 5: usage.completion_tokens does not fit in 64 bits",
+    ]

@@ -24,14 +24,15 @@ The mapping, for ``choices[0]`` (other choices are skipped, with one log line):
 The blocks follow :class:`~essessey.adapters.RoundStream`'s layout: a round's thinking
 and text, then its tool_use blocks, so text that comes after the round's tool calls
 began has no place and is dropped with a warning. A chunk that cannot be read (not a
-mapping, a field of the wrong type) is skipped with a warning naming the chunk's
-position and the reason. Logs carry positions, counts and lengths, never text or
-arguments.
+mapping, a field of the wrong type, a string with a lone surrogate, a count past 64
+bits) is skipped with a warning naming the chunk's position and the reason. Logs carry
+positions, counts and lengths, never text or arguments.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -44,6 +45,9 @@ from essessey.publisher import Publisher
 __all__ = ["StreamedRound", "map_stop_reason", "publish", "stream_round"]
 
 logger = logging.getLogger("essessey.adapters.openai")
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_MAX_COUNT: Final = 2**63 - 1
 
 _STOP_REASONS: Final[dict[str, str]] = {
     "length": StopReason.MAX_TOKENS,
@@ -256,7 +260,13 @@ def _kind(value: object) -> str:
 
 
 def _opt_str(value: object, where: str) -> str | None:
-    if value is None or isinstance(value, str):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        # Python's json module turns a "\ud800" escape into a lone surrogate, which no
+        # UTF-8 text (so no published event) can carry. isascii() is O(1) in CPython.
+        if not value.isascii() and _SURROGATE.search(value):
+            raise _Malformed(f"{where} holds a lone surrogate")
         return value
     raise _Malformed(f"{where} is a {_kind(value)}, not a string")
 
@@ -285,6 +295,9 @@ def _count(value: object, where: str) -> int | None:
     count = _opt_int(value, where)
     if count is not None and count < 0:
         raise _Malformed(f"{where} is negative")
+    if count is not None and count > _MAX_COUNT:
+        # Python's json module reads any integer; orjson writes none past 64 bits.
+        raise _Malformed(f"{where} does not fit in 64 bits")
     return count
 
 
