@@ -304,3 +304,30 @@ def test_openai_adapter_skips_a_chunk_orjson_cannot_write(dialect: str) -> None:
         "skipping chat completion chunk 4: usage.prompt_tokens does not fit in 64 bits",
         "skipping chat completion chunk 5: usage.completion_tokens does not fit in 64 bits",
     ]
+
+
+class _FailsOnce:
+    """A sink whose ``emit`` fails once, at the first event named ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failed = False
+        self.events: list[Event] = []
+
+    async def emit(self, event: Event) -> None:
+        if event.event == self.name and not self.failed:
+            self.failed = True
+            raise ConnectionResetError("the connection dropped")
+        self.events.append(event)
+
+
+def test_openai_adapter_ends_the_stream_with_an_error_when_the_epilogue_fails() -> None:
+    # The epilogue (message_delta, message_stop) went out after the try that turns a
+    # failure into an error event: a failure there left the stream open, with neither
+    # message_stop nor an error event, and clients waiting for its end.
+    sink = _FailsOnce(EventType.MESSAGE_DELTA)
+    chunks = [_openai_chunk({"content": "a"})]
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(openai_adapter.publish(Publisher(sink), chunks, message_id="m", stream_id="s"))
+    assert sink.events[-1].event == EventType.ERROR
+    assert check(sink.events) == []

@@ -182,17 +182,18 @@ async def publish(
             await open_message(None)
         result = await reader.finish()
         await rounds.round_end(answer_missing=False)
+        # Any: mypy cannot tell these keyword arguments from stop_sequence.
+        usage: dict[str, Any] = {k: v for k, v in result.usage.items() if k != "output_tokens"}
+        # Inside the try: a failed epilogue must still end the stream for its clients.
+        await publisher.send_stream_epilogue(
+            result.stop_reason, result.usage.get("output_tokens", 0), **usage
+        )
     except Exception as exc:
         try:
             await publisher.send_error("api_error", f"the turn failed: {type(exc).__name__}")
         except Exception as send_exc:
             logger.error("could not send the error event: %s", type(send_exc).__name__)
         raise
-    # Any: mypy cannot tell these keyword arguments from stop_sequence.
-    usage: dict[str, Any] = {k: v for k, v in result.usage.items() if k != "output_tokens"}
-    await publisher.send_stream_epilogue(
-        result.stop_reason, result.usage.get("output_tokens", 0), **usage
-    )
     return PublishedMessage(
         message_id=message_id,
         model=model if model is not None else "",
