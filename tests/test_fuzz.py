@@ -331,3 +331,17 @@ def test_openai_adapter_ends_the_stream_with_an_error_when_the_epilogue_fails() 
         asyncio.run(openai_adapter.publish(Publisher(sink), chunks, message_id="m", stream_id="s"))
     assert sink.events[-1].event == EventType.ERROR
     assert check(sink.events) == []
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_anthropic_adapter_publishes_a_provider_error_orjson_cannot_write(dialect: str) -> None:
+    # A provider error event holding a lone surrogate (or, passed through in the anthropic
+    # dialect, any value orjson cannot write) made publish() raise SerializationError,
+    # where it promises to publish the error and return.
+    error = {"type": "overloaded_error\ud800", "message": MARKER + "\udc00", "at": nested(300)}
+    events = [ANTHROPIC_START, *_text_block(0, "a"), {"type": "error", "error": error}]
+    events[-1]["request_id"] = "req_\ud800"
+    published, outcome, _ = _anthropic_publish(events, dialect)
+    assert outcome.error == {"type": "overloaded_error\ufffd", "message": MARKER + "\ufffd"}
+    assert outcome.text == "a"
+    assert orjson.loads(published[-1].data) == {"type": "error", "error": outcome.error}

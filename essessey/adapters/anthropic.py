@@ -685,6 +685,15 @@ async def _publish_error(publisher: Publisher, reader: _Reader, exc: ProviderStr
     payload: dict[str, Any] = {"type": EventType.ERROR, "error": error}
     if exc.request_id is not None:
         payload["request_id"] = exc.request_id
-    await publisher.publish(EventType.ERROR, payload)
+    try:
+        await publisher.publish(EventType.ERROR, payload)
+    except SerializationError:
+        # The provider's error holds what orjson cannot write (a lone surrogate, nesting
+        # past 255 levels): its type and message go out alone, surrogates replaced.
+        error = {
+            "type": _SURROGATE.sub("\ufffd", exc.error_type),
+            "message": _SURROGATE.sub("\ufffd", exc.message),
+        }
+        await publisher.publish(EventType.ERROR, {"type": EventType.ERROR, "error": error})
     reader.result.error = error
     reader.result.stop_reason = None
