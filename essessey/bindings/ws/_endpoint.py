@@ -34,7 +34,9 @@ Why it is shaped this way:
 - The hub subscription feeds a bounded queue (``max_queue``) that a writer drains into
   the socket, so a slow client holds the queue and then falls behind in the store,
   where the hub's ``max_lag`` ends it (1013); a send stalled past ``send_timeout``
-  closes with 1013 and a log line. The producer is never slowed: it runs in the hub.
+  ends it with a log line: 1013, or under uvicorn a reset when bytes are still waiting
+  for the client (a close frame would queue behind them forever). The producer is never
+  slowed: it runs in the hub.
 - When no frame went out for ``ping_interval`` seconds, a ``ping`` event frame
   (``{"event":"ping","data":{"type":"ping"}}``, no id) is sent: protocol-level pings are
   invisible to a page's script and to some proxies' idle timers.
@@ -351,7 +353,7 @@ async def _watch_sends(
         started = clock.started
         if started is not None and time.monotonic() - started > limit:
             logger.warning(
-                "a WebSocket send stalled for more than %.1f s; closing with 1013", limit
+                "a WebSocket send stalled for more than %.1f s; ending the subscription", limit
             )
             ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
             scope.cancel()
