@@ -1,6 +1,23 @@
-"""Fuzzing the readers and the provider adapters.
+"""Fuzzing the readers: whatever a peer or a provider sends, nothing crashes.
 
-For now, the regression tests of what the fuzzing found; the fuzz targets follow.
+The contract, target by target:
+
+- The SSE decoder (and :class:`SSESource` over it): random bytes and valid streams cut
+  anywhere, in chunks of any size and type. Only :class:`SSEDecodeError` (a limit) may be
+  raised; the chunking never changes what comes out; a valid stream round-trips exactly;
+  a stream cut inside an event never yields part of it.
+- WebSocket frames: :func:`decode_frame` on random and mutated frames returns an event or
+  raises ``ValueError``, nothing else; a real server sending random frames to
+  :class:`WebSocketSource` gets exactly the valid ones, the others skipped with a warning
+  that holds none of their content.
+- :class:`Reassembler` and :func:`check` on random event sequences: never an exception;
+  one warning per event that cannot be read, without its content.
+- The provider adapters on random and mutated chunks: nothing raised but what their
+  docstrings name, and what they publish keeps every protocol rule.
+
+The budget comes from the environment (see tests/fuzz_settings.py): a few dozen examples
+per target in CI, ``ESSESSEY_FUZZ_EXAMPLES=20000 pytest tests/test_fuzz.py -q`` for a
+long run. Every failure names the seed that replays it.
 """
 
 from __future__ import annotations
@@ -8,69 +25,68 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import connect
 
 from essessey import Event, InMemorySink, Publisher, check
 from essessey.adapters import anthropic as anthropic_adapter
 from essessey.adapters import openai as openai_adapter
-from essessey.bindings.ws import decode_frame
-from essessey.protocol import DIALECTS, EventType
-from essessey.reassemble import Reassembler
-
-
-def test_ws_decode_frame_refuses_data_nested_deeper_than_it_can_write() -> None:
-    # orjson parses 1024 levels but writes 255: the frame parsed, then re-serialising its
-    # data raised orjson's JSONEncodeError (a TypeError), which WebSocketSource does not
-    # catch, so one such frame ended the whole stream.
-    for depth in (255, 256, 1000):
-        frame = '{"event":"x","data":' + "[" * depth + "]" * depth + "}"
-        with pytest.raises(ValueError, match="nested too deeply"):
-            decode_frame(frame)
-    assert decode_frame('{"event":"x","data":' + "[" * 254 + "]" * 254 + "}").event == "x"
-
-
-def payload_event(payload: dict[str, Any]) -> Event:
-    return Event(payload["type"], orjson.dumps(payload))
-
-
-def test_reassembler_reads_a_tool_input_nested_deeper_than_orjson_writes() -> None:
-    # A tool_use start whose input is nested 300 levels (valid JSON: orjson parses up to
-    # 1024) made the reassembler raise orjson's JSONEncodeError at the block's stop, when
-    # it wrote the input back out as the call's arguments.
-    for depth, writable in ((300, True), (1000, False)):
-        deep = "[" * depth + "]" * depth
-        events = [
-            payload_event({"type": "message_start", "message": {"id": "m"}}),
-            Event(
-                "content_block_start",
-                b'{"type":"content_block_start","index":0,"content_block":'
-                b'{"type":"tool_use","id":"t","name":"n","input":{"a":' + deep.encode() + b"}}}",
-            ),
-            payload_event({"type": "content_block_stop", "index": 0}),
-            payload_event({"type": "message_stop"}),
-        ]
-        reassembler = Reassembler()
-        for event in events:
-            reassembler.feed(event)
-        (call,) = reassembler.result().tool_calls
-        if writable:
-            assert call.params == {"a": json.loads(deep)}
-            assert json.loads(call.arguments) == call.params
-            assert call.parse_error is None
-        else:
-            # Past what the standard library writes too: no text, and the reason why.
-            assert (call.arguments, call.params) == ("", None)
-            assert call.parse_error == "the block's input is nested too deeply to write as JSON"
-
+from essessey.bindings.sse import SSEDecoder, SSEMessage, SSESource, encode
+from essessey.bindings.ws import WebSocketSource, decode_frame, encode_frame
+from essessey.check import ProtocolChecker, Violation
+from essessey.errors import SSEDecodeError
+from essessey.protocol import DIALECTS, BlockType, DeltaType, EventType
+from essessey.reassemble import ParsedStream, Reassembler
+from tests.fuzz_settings import fuzz
+from tests.servers import serve
+from tests.test_sse_decoder import BOM, SOUP, limit_hit, reference_decode
 
 # Put into content (text, reasoning, arguments, data): it must never reach a log line.
 # Upper case and a dash: no reader mistakes it for an identifier it may log as a name.
 MARKER = "ZQX-SECRET-QXZ"
+
+LINE_BREAKS = re.compile(rb"\r\n|\r|\n")
+CHARACTERS = st.characters(exclude_categories=["Cs"])
+SECRET = st.one_of(
+    st.text(CHARACTERS, max_size=10),
+    st.just(MARKER),
+    st.tuples(st.text(CHARACTERS, max_size=4), st.text(CHARACTERS, max_size=4)).map(
+        lambda pair: pair[0] + MARKER + pair[1]
+    ),
+)
+# A token the SSE writer accepts as an event name or id: no CR, LF or NUL.
+TOKEN = st.text(
+    st.characters(exclude_categories=["Cs"], exclude_characters="\r\n\x00"), max_size=10
+)
+BIG_INTS = st.sampled_from([2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30])
+JSON_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    BIG_INTS,
+    st.floats(allow_nan=False, allow_infinity=False),
+    SECRET,
+)
+JSON_VALUE = st.recursive(
+    JSON_LEAF,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(CHARACTERS, max_size=6), children)
+    ),
+    max_leaves=10,
+)
 
 
 def nested(depth: int, kind: str = "list") -> Any:
@@ -79,6 +95,47 @@ def nested(depth: int, kind: str = "list") -> Any:
     for _ in range(depth):
         value = [value] if kind == "list" else {"k": value}
     return value
+
+
+# A value a JSON parser can hand over that orjson cannot write back: nested deeper than
+# the 255 levels it writes (BIG_INTS and SURROGATE_TEXT are the other kinds).
+DEEP = st.builds(nested, st.integers(200, 1100), st.sampled_from(["list", "dict"]))
+# Text with a lone surrogate: what Python's json module makes of a "\\ud800" escape.
+SURROGATE_TEXT = st.tuples(SECRET, st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)).map(
+    lambda pair: pair[0] + pair[1]
+)
+ANY_VALUE = st.one_of(JSON_VALUE, JSON_VALUE, JSON_VALUE, DEEP, SURROGATE_TEXT)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """JSON text spliced into a payload as it is: what no Python value serialises to."""
+
+    text: str
+
+
+RAW_JSON = st.one_of(
+    st.integers(200, 1100).map(lambda d: Raw("[" * d + "]" * d)),
+    st.integers(200, 1100).map(lambda d: Raw('{"k":' * d + "1" + "}" * d)),
+    st.sampled_from(
+        [Raw("1" + "0" * 400), Raw("1e400"), Raw("-0"), Raw("NaN"), Raw('"\\ud800"'), Raw("")]
+    ),
+)
+
+
+def to_json(value: Any) -> str:
+    """``value`` as JSON text, :class:`Raw` parts spliced in, big integers exact."""
+    if isinstance(value, Raw):
+        return value.text
+    if isinstance(value, dict):
+        parts = (json.dumps(str(k)) + ":" + to_json(v) for k, v in value.items())
+        return "{" + ",".join(parts) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(map(to_json, value)) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+# -- capturing logs -------------------------------------------------------------------
 
 
 class _Records(logging.Handler):
@@ -119,6 +176,930 @@ def warnings_of(records: Sequence[logging.LogRecord]) -> list[logging.LogRecord]
     return [record for record in records if record.levelno >= logging.WARNING]
 
 
+# == 1. The SSE decoder =====================================================================
+
+Chunk = bytes | bytearray | memoryview
+
+
+@st.composite
+def rechunked(draw: st.DrawFn, raw: bytes, *, types: bool = True) -> list[Chunk]:
+    """``raw`` cut at random points (empty chunks included), each chunk a random type."""
+    points = sorted(draw(st.lists(st.integers(0, len(raw)), max_size=24)))
+    pieces = [raw[a:b] for a, b in pairwise([0, *points, len(raw)])]
+    if not types:
+        return list(pieces)
+    kinds = draw(
+        st.lists(
+            st.sampled_from([bytes, bytearray, memoryview]),
+            min_size=len(pieces),
+            max_size=len(pieces),
+        )
+    )
+    return [kind(piece) for kind, piece in zip(kinds, pieces, strict=True)]
+
+
+def chunkings(raw: bytes, data: st.DataObject, *, types: bool = True) -> list[list[Chunk]]:
+    """Whole, a byte at a time, and two random cuts."""
+    return [
+        [raw],
+        [raw[i : i + 1] for i in range(len(raw))],
+        data.draw(rechunked(raw, types=types)),
+        data.draw(rechunked(raw, types=types)),
+    ]
+
+
+@dataclass
+class Decoded:
+    """What a decoder produced: its messages, its state at the end, and whether a limit
+    stopped it (the messages are then those completed before)."""
+
+    messages: list[SSEMessage]
+    last_event_id: str
+    retry: int | None
+    failed: bool
+
+
+def run_decoder(chunks: Sequence[Chunk], start_id: str, limits: dict[str, int]) -> Decoded:
+    decoder = SSEDecoder(start_id, **limits)
+    messages: list[SSEMessage] = []
+    try:
+        for chunk in chunks:
+            messages.extend(decoder.feed(chunk))
+    except SSEDecodeError:
+        # A decoder that hit a limit stays stopped.
+        with pytest.raises(SSEDecodeError):
+            decoder.feed(b"data: x\n\n")
+        decoder.close()
+        return Decoded(messages, decoder.last_event_id, decoder.retry, True)
+    messages.extend(decoder.close())
+    with pytest.raises(ValueError, match="after close"):
+        decoder.feed(b"\n")
+    return Decoded(messages, decoder.last_event_id, decoder.retry, False)
+
+
+LIMITS = st.one_of(
+    st.just({}),
+    st.fixed_dictionaries(
+        {"max_line_length": st.integers(1, 80), "max_event_size": st.integers(1, 80)}
+    ),
+)
+
+
+def hits_a_limit(raw: bytes, limits: dict[str, int]) -> bool:
+    return bool(limits) and limit_hit(raw, limits["max_line_length"], limits["max_event_size"])
+
+
+SSE_PIECES = st.sampled_from(
+    [
+        b"data:", b"data: ", b"event:", b"event: ", b"id:", b"id: ", b"retry:", b"retry: ",
+        b":", b": keep-alive", b"\r", b"\n", b"\r\n", b"\n\r", b"\r\r", b"\n\n", b"\x00",
+        BOM, b"\xef\xbb", b"\xff\xfe", b"\xc3", b"\xe2\x82\xac", b"\xf0\x9f\x98",
+        b"\xed\xa0\x80", b"42", b"9" * 30, b" ", MARKER.encode(),
+    ]
+)  # fmt: skip
+ANY_BYTES = st.one_of(
+    st.binary(max_size=1024),
+    SOUP,
+    st.lists(
+        st.one_of(SSE_PIECES, st.binary(max_size=8), st.text(max_size=8).map(str.encode)),
+        max_size=150,
+    ).map(b"".join),
+)
+
+
+@fuzz()
+@given(raw=ANY_BYTES, limits=LIMITS, data=st.data())
+def test_sse_any_bytes_in_any_chunks_decode_the_same_or_hit_a_limit(
+    raw: bytes, limits: dict[str, int], data: st.DataObject
+) -> None:
+    whole = reference_decode(raw)
+    failed = hits_a_limit(raw, limits)
+    for chunks in chunkings(raw, data):
+        decoded = run_decoder(chunks, "", limits)
+        assert decoded.failed == failed, chunks
+        if failed:
+            # What came out before the limit stopped it is what a decoder without
+            # limits gives first: nothing invented, nothing out of order.
+            assert decoded.messages == whole[0][: len(decoded.messages)]
+        else:
+            assert (decoded.messages, decoded.last_event_id, decoded.retry) == whole
+
+
+@dataclass(frozen=True)
+class SSEStream:
+    """A stream as the writer frames it, and what a reader must see of any prefix."""
+
+    raw: bytes
+    start_id: str
+    # Per event: where its bytes end, and the message it must decode to.
+    ends: tuple[int, ...]
+    messages: tuple[SSEMessage, ...]
+
+    def expected(self, cut: int) -> tuple[list[SSEMessage], str]:
+        """The messages of the events wholly inside ``raw[:cut]``, and the last id."""
+        done = [m for end, m in zip(self.ends, self.messages, strict=True) if end <= cut]
+        return done, done[-1].id if done else self.start_id
+
+
+EVENT_DATA = st.one_of(
+    JSON_VALUE.map(lambda value: to_json(value).encode()),
+    st.binary(max_size=48),
+    st.lists(st.one_of(SECRET, st.sampled_from(["\r", "\n", "\r\n", "\x00", "\ufeff"]))).map(
+        lambda parts: "".join(parts).encode()
+    ),
+)
+EVENT_NAMES = st.one_of(st.sampled_from(sorted(EventType.ALL)), TOKEN)
+
+
+@st.composite
+def sse_streams(draw: st.DrawFn) -> SSEStream:
+    start_id = draw(TOKEN)
+    pieces: list[bytes] = [BOM] if draw(st.booleans()) else []
+    kinds: list[SSEMessage | None] = [None] * len(pieces)
+    last_id = start_id
+    for _ in range(draw(st.integers(0, 8))):
+        if draw(st.integers(0, 4)) == 0:
+            # What a server sends between events: a comment, a retry, a bare blank line.
+            pieces.append(draw(st.sampled_from([b": ping\n\n", b"retry: 1000\n\n", b"\n"])))
+            kinds.append(None)
+            continue
+        event = Event(draw(EVENT_NAMES), draw(EVENT_DATA), draw(st.none() | TOKEN))
+        if event.id:
+            last_id = event.id
+        text = LINE_BREAKS.sub(b"\n", event.data).decode("utf-8", "replace")
+        pieces.append(encode(event))
+        kinds.append(SSEMessage(event.event or "message", text, last_id))
+    ends = list(accumulate(map(len, pieces)))
+    events = [(end, m) for end, m in zip(ends, kinds, strict=True) if m is not None]
+    return SSEStream(
+        b"".join(pieces),
+        start_id,
+        tuple(end for end, _ in events),
+        tuple(m for _, m in events),
+    )
+
+
+@st.composite
+def cut_points(draw: st.DrawFn, stream: SSEStream) -> int:
+    """Anywhere, the end, or next to an event's end (where an off-by-one would show)."""
+    near = [max(0, min(len(stream.raw), end + d)) for end in stream.ends for d in (-1, 0, 1)]
+    return draw(
+        st.one_of(
+            st.integers(0, len(stream.raw)),
+            st.just(len(stream.raw)),
+            st.sampled_from(near) if near else st.just(0),
+        )
+    )
+
+
+@fuzz()
+@given(stream=sse_streams(), limits=LIMITS, data=st.data())
+def test_sse_a_written_stream_cut_anywhere_yields_exactly_its_whole_events(
+    stream: SSEStream, limits: dict[str, int], data: st.DataObject
+) -> None:
+    cut = data.draw(cut_points(stream))
+    raw = stream.raw[:cut]
+    messages, last_id = stream.expected(cut)
+    failed = hits_a_limit(raw, limits)
+    for chunks in chunkings(raw, data):
+        decoded = run_decoder(chunks, stream.start_id, limits)
+        assert decoded.failed == failed
+        if failed:
+            assert decoded.messages == messages[: len(decoded.messages)]
+        else:
+            # Exactly the whole events: none cut short, none lost, none changed.
+            assert decoded.messages == messages
+            assert decoded.last_event_id == last_id
+            assert decoded.retry == (1000 if b"retry: 1000\n" in raw else None)
+
+
+@fuzz()
+@given(
+    stream=sse_streams(),
+    limits=LIMITS,
+    fails_after=st.none() | st.integers(0, 6),
+    data=st.data(),
+)
+def test_sse_source_over_random_chunks_yields_the_whole_events(
+    stream: SSEStream, limits: dict[str, int], fails_after: int | None, data: st.DataObject
+) -> None:
+    cut = data.draw(cut_points(stream))
+    chunks = [bytes(c) for c in data.draw(rechunked(stream.raw[:cut], types=False))]
+    if fails_after is not None and fails_after >= len(chunks):
+        fails_after = None
+    sent = chunks if fails_after is None else chunks[:fails_after]
+    raw = b"".join(sent)
+    messages, last_id = stream.expected(len(raw))
+
+    class TransportDropped(Exception):
+        pass
+
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in sent:
+            await asyncio.sleep(0)
+            yield chunk
+        if fails_after is not None:
+            raise TransportDropped(MARKER)
+
+    source = SSESource(body(), last_event_id=stream.start_id, **limits)
+    received: list[Event] = []
+
+    async def read() -> None:
+        async for event in source:
+            received.append(event)
+
+    expected = [Event(m.event, m.data.encode(), m.id or None) for m in messages]
+    with captured_logs() as records:
+        if hits_a_limit(raw, limits):
+            with pytest.raises(SSEDecodeError):
+                asyncio.run(read())
+        elif fails_after is not None:
+            # A transport failure is never made to look like the end of the stream.
+            with pytest.raises(TransportDropped):
+                asyncio.run(read())
+            assert received == expected
+        else:
+            asyncio.run(read())
+            assert received == expected
+            assert source.last_event_id == last_id
+    assert_no_content(records)
+    assert all(record.name == "essessey.sse" for record in records)
+    assert received == expected[: len(received)]
+
+
+@fuzz()
+@given(raw=ANY_BYTES, limits=LIMITS, data=st.data())
+def test_sse_source_over_random_bytes_yields_what_the_decoder_reads(
+    raw: bytes, limits: dict[str, int], data: st.DataObject
+) -> None:
+    chunks = [bytes(c) for c in data.draw(rechunked(raw, types=False))]
+
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    source = SSESource(body(), **limits)
+    received: list[Event] = []
+
+    async def read() -> None:
+        async for event in source:
+            received.append(event)
+
+    messages, last_id, retry = reference_decode(raw)
+    expected = [Event(m.event, m.data.encode(), m.id or None) for m in messages]
+    with captured_logs() as records:
+        if hits_a_limit(raw, limits):
+            with pytest.raises(SSEDecodeError):
+                asyncio.run(read())
+            assert received == expected[: len(received)]
+        else:
+            asyncio.run(read())
+            assert received == expected
+            assert source.last_event_id == last_id
+            assert source.retry == retry
+    assert_no_content(records)
+
+
+# == 2. WebSocket frames ====================================================================
+
+FRAME_TEXT = st.one_of(
+    st.text(max_size=200),  # lone surrogates included: a str can hold them
+    st.text(CHARACTERS, max_size=200),
+    st.binary(max_size=200),
+    JSON_VALUE.map(to_json),
+    JSON_VALUE.map(lambda v: to_json(v).encode()),
+)
+
+
+def _decode_or_refuse(frame: str | bytes, **limit: int) -> Event | None:
+    """The frame's event, or None when :func:`decode_frame` refused it with a reason
+    that names none of its content. Any other exception fails the test."""
+    refusal: ValueError | None = None
+    try:
+        return decode_frame(frame, **limit)
+    except ValueError as exc:
+        refusal = exc
+    assert MARKER not in str(refusal)
+    return None
+
+
+@fuzz()
+@given(frame=FRAME_TEXT, max_size=st.none() | st.integers(1, 300))
+def test_ws_decode_frame_on_anything_returns_an_event_or_raises_value_error(
+    frame: str | bytes, max_size: int | None
+) -> None:
+    limit = {} if max_size is None else {"max_size": max_size}
+    event = _decode_or_refuse(frame, **limit)
+    if event is None:
+        return
+    assert isinstance(event.event, str)
+    assert event.event
+    assert event.id is None or (isinstance(event.id, str) and event.id)
+    orjson.loads(event.data)  # the payload is JSON text
+    assert max_size is None or len(frame) <= max_size
+
+
+# Each envelope key: absent, or a value of the right type, or of a wrong one.
+_ABSENT = object()
+ENVELOPE_EVENT = st.one_of(
+    st.sampled_from(sorted(EventType.ALL)),
+    st.text(CHARACTERS, min_size=1, max_size=12),
+    st.sampled_from(["a\nb", "a\rb", "a\r\nb", "\x00", "ping\x00", "\n", "x" * 300]),
+    st.just(""),
+    JSON_LEAF,
+    JSON_VALUE,
+    st.just(_ABSENT),
+)
+ENVELOPE_ID = st.one_of(
+    st.just(_ABSENT),
+    st.none(),
+    st.text(CHARACTERS, max_size=12),
+    st.sampled_from(["1\n2", "\r", "\x00", "9" * 500]),
+    BIG_INTS,
+    JSON_LEAF,
+    JSON_VALUE,
+)
+ENVELOPE_DATA = st.one_of(JSON_VALUE, JSON_VALUE, RAW_JSON, st.just(_ABSENT))
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> dict[str, Any]:
+    envelope: dict[str, Any] = {}
+    for key, values in (("id", ENVELOPE_ID), ("event", ENVELOPE_EVENT), ("data", ENVELOPE_DATA)):
+        value = draw(values)
+        if value is not _ABSENT:
+            envelope[key] = value
+    for key, value in draw(st.dictionaries(st.text(CHARACTERS, max_size=6), JSON_VALUE)).items():
+        envelope.setdefault(key, value)
+    keys = draw(st.permutations(list(envelope)))
+    return {key: envelope[key] for key in keys}
+
+
+def expected_frame(text: str) -> Event | None:
+    """What :func:`decode_frame` must make of ``text``, by the envelope's rules."""
+    try:
+        envelope = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(envelope, dict) or "data" not in envelope:
+        return None
+    name, event_id = envelope.get("event"), envelope.get("id")
+    if not isinstance(name, str) or not name:
+        return None
+    if event_id is not None and not isinstance(event_id, str):
+        return None
+    try:
+        data = orjson.dumps(envelope["data"])
+    except orjson.JSONEncodeError:
+        return None  # nested deeper than a payload can be written
+    return Event(name, data, event_id or None)
+
+
+@fuzz()
+@given(envelope=envelopes(), as_bytes=st.booleans(), spaced=st.booleans())
+def test_ws_decode_frame_on_mutated_envelopes_follows_the_envelope_rules(
+    envelope: dict[str, Any], as_bytes: bool, spaced: bool
+) -> None:
+    text = to_json(envelope)
+    if spaced:
+        text = f" \n{text}\t "
+    frame: str | bytes = text.encode("utf-8", "surrogatepass") if as_bytes else text
+    expected = expected_frame(text)
+    event = _decode_or_refuse(frame)
+    assert event == expected
+    if expected is not None and "data" in envelope and not isinstance(envelope["data"], Raw):
+        try:
+            exact = orjson.dumps(envelope["data"])
+        except orjson.JSONEncodeError:
+            return  # integers past 64 bits: orjson reads them as floats
+        assert event.data == exact
+
+
+# -- a real server sending random frames ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame the server sends, text or binary."""
+
+    payload: str | bytes
+    valid: bool = False  # written by encode_frame: it must come out
+
+    def send(self, websocket: WebSocket) -> Any:
+        if isinstance(self.payload, bytes):
+            return websocket.send_bytes(self.payload)
+        return websocket.send_text(self.payload)
+
+
+WS_MAX_FRAME = 2048
+WS_BAD_TEXT = st.one_of(
+    st.text(CHARACTERS, max_size=80).map(lambda t: t + MARKER),
+    envelopes().map(to_json).map(lambda t: t + " " + MARKER) | envelopes().map(to_json),
+    st.just('{"event":"x","data":"' + MARKER * 200 + '"}'),  # over the frame limit
+    st.just('{"event":"x","data":' + "[" * 300 + '"' + MARKER + '"' + "]" * 300 + "}"),
+    st.just('{"id":7,"event":"x","data":"' + MARKER + '"}'),
+)
+
+
+@st.composite
+def ws_frames(draw: st.DrawFn) -> Frame:
+    if draw(st.integers(0, 2)) == 0:
+        event = Event(
+            draw(st.text(CHARACTERS, min_size=1, max_size=12)),
+            orjson.dumps(draw(JSON_VALUE.filter(_writable))),
+            draw(st.none() | st.text(CHARACTERS, min_size=1, max_size=12)),
+        )
+        text = encode_frame(event)
+        return Frame(text.encode() if draw(st.booleans()) else text, valid=True)
+    text = draw(WS_BAD_TEXT)
+    kind = draw(st.sampled_from(["text", "bytes", "broken-utf8"]))
+    if kind == "text":
+        return Frame(text)
+    raw = text.encode()
+    return Frame(raw if kind == "bytes" else b"\xff" + raw + b"\xc3")
+
+
+def _writable(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
+_WS_SCRIPTS: dict[str, list[Frame]] = {}
+
+
+async def _send_script(websocket: WebSocket) -> None:
+    await websocket.accept()
+    for frame in _WS_SCRIPTS.pop(websocket.path_params["key"]):
+        await frame.send(websocket)
+    await websocket.close()
+
+
+@pytest.fixture(scope="module")
+def frame_server() -> Iterator[str]:
+    app = Starlette(routes=[WebSocketRoute("/frames/{key}", _send_script)])
+    with serve(app) as base:
+        yield base.replace("http://", "ws://")
+
+
+@fuzz(weight=0.1)
+@given(frames=st.lists(ws_frames(), min_size=1, max_size=80))
+def test_ws_source_reads_the_valid_frames_a_server_sends_and_skips_the_rest(
+    frame_server: str, frames: list[Frame]
+) -> None:
+    key = f"k{len(_WS_SCRIPTS)}-{id(frames)}"
+    _WS_SCRIPTS[key] = frames
+    expected: list[Event] = []
+    refused = 0
+    for frame in frames:
+        try:
+            expected.append(decode_frame(frame.payload, max_size=WS_MAX_FRAME))
+        except ValueError:
+            assert not frame.valid
+            refused += 1
+
+    async def read() -> tuple[list[Event], WebSocketSource]:
+        async with connect(f"{frame_server}/frames/{key}", max_size=None) as websocket:
+            source = WebSocketSource(websocket, max_frame_size=WS_MAX_FRAME)
+            return [event async for event in source], source
+
+    with captured_logs() as records:
+        received, source = asyncio.run(asyncio.wait_for(read(), 30))
+    assert received == expected
+    assert source.close_code == 1000
+    ids = [event.id for event in expected if event.id is not None]
+    assert source.last_event_id == (ids[-1] if ids else None)
+    skipped = [r for r in records if r.name == "essessey.ws" and r.levelno == logging.WARNING]
+    assert len(skipped) == refused
+    assert_no_content(records)
+
+
+# == 3. Reassembling and checking random sequences ==================================
+
+INDEX = st.one_of(
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.integers(-2, -1),
+    BIG_INTS,
+    st.floats(),
+    st.booleans(),
+    st.sampled_from(["0", "1", None, [0], {"i": 0}]),
+)
+WRONG = st.one_of(JSON_LEAF, JSON_VALUE, RAW_JSON)
+BLOCK_TYPES = st.one_of(
+    st.sampled_from(
+        [
+            BlockType.TEXT,
+            BlockType.THINKING,
+            BlockType.TOOL_USE,
+            BlockType.TOOL_RESULT,
+            "redacted_thinking",
+            "server_tool_use",
+            MARKER,
+        ]
+    ),
+    JSON_LEAF,
+)
+DELTA_TYPES = st.one_of(
+    st.sampled_from(
+        [
+            DeltaType.TEXT,
+            DeltaType.THINKING,
+            DeltaType.SIGNATURE,
+            DeltaType.INPUT_JSON,
+            DeltaType.TOOL_RESULT,
+            "citations_delta",
+            MARKER,
+        ]
+    ),
+    JSON_LEAF,
+)
+MAYBE_WRONG_TEXT = st.one_of(SECRET, SECRET, SECRET, WRONG)
+CONTENT_BLOCK = st.fixed_dictionaries(
+    {"type": BLOCK_TYPES},
+    optional={
+        "id": MAYBE_WRONG_TEXT,
+        "name": MAYBE_WRONG_TEXT,
+        "input": st.one_of(st.dictionaries(st.text(max_size=4), JSON_VALUE), WRONG),
+        "tool_use_id": MAYBE_WRONG_TEXT,
+        "is_error": st.one_of(st.booleans(), WRONG),
+        "text": MAYBE_WRONG_TEXT,
+        "thinking": MAYBE_WRONG_TEXT,
+        "signature": MAYBE_WRONG_TEXT,
+    },
+)
+DELTA = st.fixed_dictionaries(
+    {"type": DELTA_TYPES},
+    optional={
+        "text": MAYBE_WRONG_TEXT,
+        "thinking": MAYBE_WRONG_TEXT,
+        "signature": MAYBE_WRONG_TEXT,
+        "partial_json": MAYBE_WRONG_TEXT,
+        "citation": WRONG,
+        "stop_reason": MAYBE_WRONG_TEXT,
+        "stop_sequence": MAYBE_WRONG_TEXT,
+    },
+)
+USAGE = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["input_tokens", "output_tokens", "cache_read_input_tokens", "x"]),
+        st.one_of(st.integers(0, 10**6), BIG_INTS, WRONG, st.dictionaries(st.text(), JSON_LEAF)),
+    ),
+    WRONG,
+)
+MESSAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": MAYBE_WRONG_TEXT,
+        "stream_id": MAYBE_WRONG_TEXT,
+        "model": MAYBE_WRONG_TEXT,
+        "usage": USAGE,
+        "content": WRONG,
+    },
+)
+ERROR = st.fixed_dictionaries(
+    {}, optional={"type": MAYBE_WRONG_TEXT, "message": MAYBE_WRONG_TEXT, "request_id": WRONG}
+)
+
+
+@st.composite
+def random_payloads(draw: st.DrawFn, name: str) -> Any:
+    """A payload for event ``name``: shaped like one, with fields missing or mistyped."""
+    payload: dict[str, Any] = {"type": draw(st.one_of(st.just(name), st.just(name), WRONG))}
+    fields = {
+        "index": INDEX,
+        "content_block": st.one_of(CONTENT_BLOCK, CONTENT_BLOCK, WRONG),
+        "delta": st.one_of(DELTA, DELTA, WRONG, st.lists(JSON_LEAF)),
+        "message": st.one_of(MESSAGE, MESSAGE, WRONG),
+        "usage": USAGE,
+        "error": st.one_of(ERROR, ERROR, WRONG),
+        "request_id": MAYBE_WRONG_TEXT,
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(fields)), unique=True, max_size=4)):
+        payload[key] = draw(fields[key])
+    return payload
+
+
+EVENT_NAME = st.one_of(
+    st.sampled_from(sorted(EventType.ALL)),
+    st.sampled_from(sorted(EventType.ALL)),
+    st.sampled_from(["", "message", "custom", "Message_Start", "content_block_start "]),
+    st.text(CHARACTERS, max_size=12),
+)
+
+
+@st.composite
+def random_events(draw: st.DrawFn) -> Event:
+    name = draw(EVENT_NAME)
+    form = draw(st.integers(0, 9))
+    if form == 0:
+        data = draw(st.binary(max_size=40))  # broken JSON, broken UTF-8
+    elif form == 1:
+        data = to_json(draw(st.one_of(JSON_VALUE, RAW_JSON))).encode("utf-8", "surrogatepass")
+    elif form == 2:
+        whole = to_json(draw(random_payloads(name)))
+        data = whole[: draw(st.integers(0, len(whole)))].encode("utf-8", "surrogatepass")
+    else:
+        data = to_json(draw(random_payloads(name))).encode("utf-8", "surrogatepass")
+    return Event(name, data, draw(st.none() | TOKEN))
+
+
+def payload_event(payload: dict[str, Any]) -> Event:
+    return Event(payload["type"], orjson.dumps(payload))
+
+
+@st.composite
+def valid_messages(draw: st.DrawFn, number: int) -> tuple[list[Event], str]:
+    """A message that keeps every rule, in either dialect's spelling; and its text."""
+    thinking_field = draw(st.sampled_from(["text", "thinking"]))
+    events = [
+        payload_event(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": f"msg_{number}",
+                    "stream_id": "s",
+                    "model": "m",
+                    "usage": {"input_tokens": 3},
+                },
+            }
+        )
+    ]
+    text: list[str] = []
+    index = draw(st.integers(0, 2))
+
+    def block(start: dict[str, Any], deltas: list[dict[str, Any]]) -> None:
+        nonlocal index
+        events.append(
+            payload_event({"type": "content_block_start", "index": index, "content_block": start})
+        )
+        for delta in deltas:
+            events.append(
+                payload_event({"type": "content_block_delta", "index": index, "delta": delta})
+            )
+            if draw(st.integers(0, 5)) == 0:
+                events.append(payload_event({"type": "ping"}))
+        events.append(payload_event({"type": "content_block_stop", "index": index}))
+        index += 1
+
+    non_empty = st.lists(SECRET.filter(bool), min_size=1, max_size=3)
+    if draw(st.booleans()):
+        parts = draw(non_empty)
+        deltas = [{"type": DeltaType.THINKING, thinking_field: p} for p in parts]
+        block({"type": "thinking"}, [*deltas, {"type": DeltaType.SIGNATURE, "signature": "sig"}])
+    if draw(st.booleans()):
+        parts = draw(non_empty)
+        text.extend(parts)
+        block({"type": "text"}, [{"type": DeltaType.TEXT, "text": p} for p in parts])
+    calls = [f"toolu_{number}_{k}" for k in range(draw(st.integers(0, 2)))]
+    for call in calls:
+        arguments = json.dumps({"q": draw(SECRET)})
+        cut = draw(st.integers(0, len(arguments)))
+        fragments = [arguments[:cut], arguments[cut:]]
+        block(
+            {"type": "tool_use", "id": call, "name": "lookup", "input": {}},
+            [{"type": DeltaType.INPUT_JSON, "partial_json": f} for f in fragments],
+        )
+    for call in calls:
+        block(
+            {"type": "tool_result", "tool_use_id": call},
+            [{"type": DeltaType.TOOL_RESULT, "text": draw(SECRET)}],
+        )
+    if draw(st.booleans()):
+        block({"type": "redacted_thinking", "data": MARKER}, [])
+    events.append(
+        payload_event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 5},
+            }
+        )
+    )
+    events.append(payload_event({"type": "message_stop"}))
+    return events, "".join(text)
+
+
+@st.composite
+def shuffled_streams(draw: st.DrawFn) -> list[Event]:
+    """Valid messages taken apart: interleaved, reordered, cut, repeated, sprinkled with
+    random events."""
+    messages = [draw(valid_messages(n))[0] for n in range(draw(st.integers(1, 3)))]
+    # Interleave the messages, each one's events in order.
+    queues = [list(m) for m in messages]
+    stream: list[Event] = []
+    while any(queues):
+        queue = draw(st.sampled_from([q for q in queues if q]))
+        stream.append(queue.pop(0))
+    for _ in range(draw(st.integers(0, 6))):
+        if not stream:
+            break
+        i = draw(st.integers(0, len(stream) - 1))
+        j = draw(st.integers(0, len(stream) - 1))
+        action = draw(st.sampled_from(["swap", "drop", "repeat", "insert"]))
+        if action == "swap":
+            stream[i], stream[j] = stream[j], stream[i]
+        elif action == "drop":
+            del stream[i]
+        elif action == "repeat":
+            stream.insert(j, stream[i])
+        else:
+            stream.insert(i, draw(random_events()))
+    return stream
+
+
+EVENT_SEQUENCES = st.one_of(
+    st.lists(random_events(), max_size=30),
+    shuffled_streams(),
+    st.tuples(shuffled_streams(), st.lists(random_events(), max_size=8)).map(
+        lambda pair: pair[0] + pair[1]
+    ),
+)
+
+
+def _unreadable(event: Event) -> bool:
+    """Whether the reassembler cannot read ``event`` at all: its data is not a JSON
+    object (a ping is read without its data)."""
+    if event.event == EventType.PING:
+        return False
+    try:
+        return not isinstance(orjson.loads(event.data), dict)
+    except orjson.JSONDecodeError:
+        return True
+
+
+@fuzz()
+@given(events=EVENT_SEQUENCES, snapshots=st.sets(st.integers(0, 40), max_size=3))
+def test_reassembler_reads_any_sequence_without_raising(
+    events: list[Event], snapshots: set[int]
+) -> None:
+    reassembler = Reassembler()
+    with captured_logs("essessey.reassemble") as records:
+        for position, event in enumerate(events):
+            before = len(records)
+            reassembler.feed(event)
+            logged = warnings_of(records[before:])
+            # At most a skip, and a note that an implicit message was opened.
+            assert len(logged) <= 2
+            for record in logged:
+                assert f"#{position} " in record.getMessage()
+            if _unreadable(event):
+                assert len(logged) == 1
+            if position in snapshots:
+                assert isinstance(reassembler.result(), ParsedStream)
+        parsed = reassembler.result()
+    assert_no_content(records)
+    assert reassembler.position == len(events)
+    assert isinstance(parsed.text, str)
+    for call in parsed.tool_calls:
+        assert isinstance(call.arguments, str)
+        assert call.parse_error is None or call.params is None
+
+
+@fuzz()
+@given(events=EVENT_SEQUENCES)
+def test_check_returns_violations_for_any_sequence_and_never_raises(events: list[Event]) -> None:
+    found = check(events)
+    assert isinstance(found, list)
+    assert all(isinstance(v, Violation) for v in found)
+    assert all(0 <= v.position <= len(events) for v in found)
+    assert [v.position for v in found] == sorted(v.position for v in found)
+    # The incremental checker's three modes agree with each other on the same input, and
+    # take payloads from Python's json module too (integers of any size kept exact,
+    # NaN and Infinity read as floats).
+    for loads in (orjson.loads, json.loads):
+        checker = ProtocolChecker()
+        for event in events:
+            try:
+                payload = loads(event.data)
+            except (ValueError, RecursionError):  # not JSON, bad UTF-8, too deep
+                continue
+            looked = checker.validate(event.event, payload)
+            assert checker.accept(event.event, payload) == looked
+            if looked:
+                checker.feed(event.event, payload)
+        assert isinstance(checker.finish(), list)
+
+
+@fuzz()
+@given(count=st.integers(1, 3), data=st.data())
+def test_valid_messages_pass_check_and_reassemble_quietly(count: int, data: st.DataObject) -> None:
+    events: list[Event] = []
+    text: list[str] = []
+    for n in range(count):
+        message, message_text = data.draw(valid_messages(n))
+        events.extend(message)
+        text.append(message_text)
+    assert check(events) == []
+    reassembler = Reassembler()
+    with captured_logs("essessey.reassemble") as records:
+        for event in events:
+            reassembler.feed(event)
+    assert records == []
+    parsed = reassembler.result()
+    assert parsed.text == "".join(text)
+    assert parsed.complete
+
+
+# == 4. The provider adapters ======================================================
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return
+    for key, child in items:
+        yield (*prefix, key)
+        if len(prefix) < 6:
+            yield from _paths(child, (*prefix, key))
+
+
+def _copy(value: Any, depth: int = 8) -> Any:
+    """A copy of the top ``depth`` levels of ``value`` (what :func:`mutated` changes);
+    deeper parts are shared, so values nested past the recursion limit copy too."""
+    if depth == 0:
+        return value
+    if isinstance(value, dict):
+        return {key: _copy(child, depth - 1) for key, child in value.items()}
+    if isinstance(value, list):
+        return [_copy(child, depth - 1) for child in value]
+    return value
+
+
+@st.composite
+def mutated(draw: st.DrawFn, value: Any, *, max_mutations: int = 3) -> Any:
+    """``value`` with a few of its fields replaced by random values, or deleted."""
+    value = _copy(value)
+    for _ in range(draw(st.integers(0, max_mutations))):
+        paths = list(_paths(value))
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = value
+        for key in path[:-1]:
+            parent = parent[key]
+        if draw(st.integers(0, 3)) == 0:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(ANY_VALUE)
+    return value
+
+
+class Dumpable:
+    """An SDK-like object: read through ``model_dump``, which may fail or return junk."""
+
+    def __init__(self, value: Any, fails: bool) -> None:
+        self.value = value
+        self.fails = fails
+
+    def model_dump(self, **options: Any) -> Any:
+        if self.fails:
+            raise RuntimeError(MARKER)
+        return _copy(self.value)
+
+
+NOT_MAPPINGS = st.one_of(
+    JSON_LEAF,
+    st.lists(JSON_LEAF, max_size=3),
+    st.builds(Dumpable, JSON_VALUE, st.booleans()),
+)
+
+
+@st.composite
+def streams_of(draw: st.DrawFn, items: list[Any]) -> list[Any]:
+    """A provider's stream taken apart: items mutated, dropped, repeated, swapped, or
+    replaced by what is not a mapping; some mappings behind ``model_dump``."""
+    stream = [draw(mutated(item)) if draw(st.integers(0, 3)) == 0 else item for item in items]
+    for _ in range(draw(st.integers(0, 4))):
+        if not stream:
+            break
+        i = draw(st.integers(0, len(stream) - 1))
+        j = draw(st.integers(0, len(stream) - 1))
+        action = draw(st.sampled_from(["swap", "drop", "repeat", "junk", "object"]))
+        if action == "swap":
+            stream[i], stream[j] = stream[j], stream[i]
+        elif action == "drop":
+            del stream[i]
+        elif action == "repeat":
+            stream.insert(j, _copy(stream[i]))
+        elif action == "junk":
+            stream.insert(i, draw(NOT_MAPPINGS))
+        else:
+            stream[i] = Dumpable(stream[i], fails=False)
+    return stream
+
+
+# What a provider's JSON, parsed by Python's json module, may hold that orjson will not
+# write: a lone surrogate (from a "\\ud800" escape) and counts past 64 bits.
+PROVIDER_TEXT = st.one_of(SECRET, SECRET, SECRET, SURROGATE_TEXT)
+COUNT = st.one_of(st.integers(0, 10**6), st.integers(0, 10**6), BIG_INTS)
+
+
 class Broken(Exception):
     """What a provider's stream raises when its transport fails."""
 
@@ -145,12 +1126,231 @@ def _publish(
     return sink.events, records, outcome
 
 
+def _openai_chunks(draw: st.DrawFn) -> list[Any]:
+    chunks: list[Any] = []
+
+    def chunk(delta: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+        choice.update(fields.pop("choice", {}))
+        return {"id": "chatcmpl-1", "model": "gpt-x", "choices": [choice], **fields}
+
+    calls = draw(st.integers(0, 3))
+    for kind in draw(
+        st.lists(
+            st.sampled_from(["text", "reasoning", "refusal", "call", "legacy", "other", "none"]),
+            max_size=14,
+        )
+    ):
+        if kind == "text":
+            chunks.append(chunk({"role": "assistant", "content": draw(PROVIDER_TEXT)}))
+        elif kind == "reasoning":
+            key = draw(st.sampled_from(["reasoning_content", "reasoning"]))
+            chunks.append(chunk({key: draw(PROVIDER_TEXT)}))
+        elif kind == "refusal":
+            chunks.append(chunk({"refusal": draw(PROVIDER_TEXT)}))
+        elif kind == "call" and calls:
+            k = draw(st.integers(0, calls - 1))
+            call: dict[str, Any] = {"function": {"arguments": draw(PROVIDER_TEXT)}}
+            if draw(st.booleans()):
+                call["index"] = k
+            if draw(st.booleans()):
+                call["id"] = draw(st.sampled_from([f"call_{k}", "", "call_0", MARKER]))
+            if draw(st.booleans()):
+                call["function"]["name"] = draw(st.sampled_from(["lookup", "", MARKER]))
+            call["type"] = "function"
+            chunks.append(chunk({"tool_calls": [call]}))
+        elif kind == "legacy":
+            chunks.append(chunk({"function_call": {"name": "f", "arguments": draw(PROVIDER_TEXT)}}))
+        elif kind == "other":
+            chunks.append(
+                chunk({}, choice={"index": draw(st.integers(1, 2)), "delta": {"content": MARKER}})
+            )
+        else:
+            chunks.append(chunk({}))
+    finish = draw(st.sampled_from(["stop", "length", "tool_calls", "content_filter", MARKER]))
+    chunks.append(chunk({}, choice={"finish_reason": finish}))
+    usage = {
+        "prompt_tokens": draw(COUNT),
+        "completion_tokens": draw(COUNT),
+        "prompt_tokens_details": {"cached_tokens": draw(COUNT)},
+        "completion_tokens_details": {"reasoning_tokens": draw(COUNT)},
+    }
+    chunks.append({"id": "chatcmpl-1", "model": "gpt-x", "choices": [], "usage": usage})
+    return chunks
+
+
+@st.composite
+def openai_streams(draw: st.DrawFn) -> list[Any]:
+    return draw(streams_of(_openai_chunks(draw)))
+
+
+def assert_published_stream_keeps_the_rules(events: list[Event]) -> None:
+    assert check(events) == []
+    assert events, "publish always sends something"
+    assert events[-1].event in (EventType.MESSAGE_STOP, EventType.ERROR)
+
+
+@fuzz()
+@given(
+    chunks=openai_streams(),
+    dialect=st.sampled_from(sorted(DIALECTS)),
+    fails_after=st.none() | st.integers(0, 8),
+)
+def test_openai_adapter_publishes_a_valid_stream_from_any_chunks(
+    chunks: list[Any], dialect: str, fails_after: int | None
+) -> None:
+    def run(publisher: Publisher, source: Any) -> Any:
+        return openai_adapter.publish(publisher, source, message_id="msg_1", stream_id="s_1")
+
+    events, records, outcome = _publish(run, chunks, dialect, fails_after)
+    assert_no_content(records)
+    assert_published_stream_keeps_the_rules(events)
+    if isinstance(outcome, Broken):
+        # The iterable's failure propagates, after an error event that names its class.
+        assert events[-1].event == EventType.ERROR
+        assert MARKER.encode() not in events[-1].data
+    else:
+        assert isinstance(outcome, openai_adapter.PublishedMessage)
+        assert events[-1].event == EventType.MESSAGE_STOP
+
+
+def _anthropic_events(draw: st.DrawFn) -> list[Any]:
+    events: list[Any] = [
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-x",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 5, "output_tokens": 1},
+            },
+        }
+    ]
+    kinds = st.sampled_from(["text", "thinking", "tool_use", "server_tool_use", "redacted"])
+    for index, kind in enumerate(draw(st.lists(kinds, max_size=5))):
+        deltas: list[dict[str, Any]] = []
+        if kind == "text":
+            start: dict[str, Any] = {"type": "text", "text": ""}
+            for part in draw(st.lists(PROVIDER_TEXT, max_size=3)):
+                deltas.append({"type": "text_delta", "text": part})
+            if draw(st.booleans()):
+                citation = {"type": "char_location", "cited_text": MARKER}
+                deltas.insert(0, {"type": "citations_delta", "citation": citation})
+        elif kind == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            for part in draw(st.lists(PROVIDER_TEXT, max_size=3)):
+                deltas.append({"type": "thinking_delta", "thinking": part})
+            deltas.append({"type": "signature_delta", "signature": "c2ln"})
+        elif kind in ("tool_use", "server_tool_use"):
+            start = {"type": kind, "id": f"toolu_{index}", "name": "lookup", "input": {}}
+            arguments = json.dumps({"q": draw(PROVIDER_TEXT)}, ensure_ascii=False)
+            cut = draw(st.integers(0, len(arguments)))
+            for fragment in ("", arguments[:cut], arguments[cut:]):
+                deltas.append({"type": "input_json_delta", "partial_json": fragment})
+        else:
+            start = {"type": "redacted_thinking", "data": MARKER}
+        events.append({"type": "content_block_start", "index": index, "content_block": start})
+        for delta in deltas:
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+            if draw(st.integers(0, 6)) == 0:
+                events.append({"type": "ping"})
+        events.append({"type": "content_block_stop", "index": index})
+    if draw(st.integers(0, 5)) == 0:
+        error = {"type": draw(st.sampled_from(["overloaded_error", MARKER])), "message": MARKER}
+        events.append({"type": "error", "error": error, "request_id": "req_1"})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": draw(COUNT)},
+        }
+    )
+    events.append({"type": "message_stop"})
+    if draw(st.integers(0, 4)) == 0:
+        events.append({"type": draw(st.sampled_from(["text", "citation", MARKER]))})
+    return events
+
+
+@st.composite
+def anthropic_streams(draw: st.DrawFn) -> list[Any]:
+    return draw(streams_of(_anthropic_events(draw)))
+
+
+@fuzz()
+@given(
+    events=anthropic_streams(),
+    dialect=st.sampled_from(sorted(DIALECTS)),
+    fails_after=st.none() | st.integers(0, 8),
+)
+def test_anthropic_adapter_publishes_a_valid_stream_from_any_events(
+    events: list[Any], dialect: str, fails_after: int | None
+) -> None:
+    def run(publisher: Publisher, source: Any) -> Any:
+        return anthropic_adapter.publish(publisher, source, stream_id="s_1")
+
+    published, records, outcome = _publish(run, events, dialect, fails_after)
+    assert_no_content(records)
+    assert_published_stream_keeps_the_rules(published)
+    if isinstance(outcome, Broken):
+        assert published[-1].event in (EventType.ERROR, EventType.MESSAGE_STOP)
+    else:
+        assert isinstance(outcome, anthropic_adapter.StreamedMessage)
+        # An error (the provider's, or the stream cut short) is published and returned.
+        assert (outcome.error is not None) == (published[-1].event == EventType.ERROR)
+
+
+# == 5. Regressions: what the fuzzing found =====================================================
+
+
+def test_ws_decode_frame_refuses_data_nested_deeper_than_it_can_write() -> None:
+    # orjson parses 1024 levels but writes 255: the frame parsed, then re-serialising its
+    # data raised orjson's JSONEncodeError (a TypeError), which WebSocketSource does not
+    # catch, so one such frame ended the whole stream.
+    for depth in (255, 256, 1000):
+        frame = '{"event":"x","data":' + "[" * depth + "]" * depth + "}"
+        with pytest.raises(ValueError, match="nested too deeply"):
+            decode_frame(frame)
+    assert decode_frame('{"event":"x","data":' + "[" * 254 + "]" * 254 + "}").event == "x"
+
+
+def test_reassembler_reads_a_tool_input_nested_deeper_than_orjson_writes() -> None:
+    # A tool_use start whose input is nested 300 levels (valid JSON: orjson parses up to
+    # 1024) made the reassembler raise orjson's JSONEncodeError at the block's stop, when
+    # it wrote the input back out as the call's arguments.
+    for depth, writable in ((300, True), (1000, False)):
+        deep = "[" * depth + "]" * depth
+        events = [
+            payload_event({"type": "message_start", "message": {"id": "m"}}),
+            Event(
+                "content_block_start",
+                b'{"type":"content_block_start","index":0,"content_block":'
+                b'{"type":"tool_use","id":"t","name":"n","input":{"a":' + deep.encode() + b"}}}",
+            ),
+            payload_event({"type": "content_block_stop", "index": 0}),
+            payload_event({"type": "message_stop"}),
+        ]
+        reassembler = Reassembler()
+        for event in events:
+            reassembler.feed(event)
+        (call,) = reassembler.result().tool_calls
+        if writable:
+            assert call.params == {"a": json.loads(deep)}
+            assert json.loads(call.arguments) == call.params
+            assert call.parse_error is None
+        else:
+            # Past what the standard library writes too: no text, and the reason why.
+            assert (call.arguments, call.params) == ("", None)
+            assert call.parse_error == "the block's input is nested too deeply to write as JSON"
+
+
 ANTHROPIC_START = {
     "type": "message_start",
     "message": {"id": "msg_1", "model": "claude-x", "usage": {"input_tokens": 1}},
 }
-
-
 ANTHROPIC_END = [
     {
         "type": "message_delta",
