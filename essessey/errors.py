@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from essessey._logsafe import log_label
+
 if TYPE_CHECKING:
     from essessey.check import Violation
 
@@ -66,8 +68,7 @@ class ProviderStreamError(EssesseyError):
     """
 
     def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
-        shown = error_type if error_type.isidentifier() and len(error_type) <= 64 else "an error"
-        super().__init__(f"the provider stream failed with {shown}")
+        super().__init__(f"the provider stream failed with {log_label(error_type)}")
         self.error_type = error_type
         self.message = message
         self.request_id = request_id

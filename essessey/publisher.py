@@ -15,6 +15,7 @@ from typing import Any, Final
 import orjson
 
 from essessey import protocol
+from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
 from essessey.event import Event, Sink
@@ -184,7 +185,8 @@ class Publisher:
         index = payload.get("index")
         block = payload.get("content_block")
         if isinstance(block, dict) and isinstance(index, int):
-            self._block_types[index] = str(block.get("type"))
+            # A pass-through block's type is the provider's string: logged if it is a word.
+            self._block_types[index] = log_label(block.get("type"))
         block_type = self._block_types.get(index) if isinstance(index, int) else None
         logger.debug(
             "emit %s index=%s block=%s delta_len=%s",

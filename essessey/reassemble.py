@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import orjson
 
+from essessey._logsafe import log_label
 from essessey.event import Event, Source
 from essessey.protocol import BlockType, DeltaType, EventType
 
@@ -74,7 +74,6 @@ _CONTENT_DELTAS: Final[dict[str, dict[str, tuple[str, ...]]]] = {
     BlockType.TOOL_RESULT: {DeltaType.TOOL_RESULT: ("text",)},
 }
 # What an event name logged as it is looks like (the protocol's names all do).
-_IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 _KNOWN_DELTAS: Final[frozenset[str]] = frozenset(
     delta for deltas in _CONTENT_DELTAS.values() for delta in deltas
@@ -846,15 +845,9 @@ def reassemble_events(events: Iterable[Event]) -> ParsedStream:
 # -- small pure helpers ----------------------------------------------------------------
 
 
-def _label(name: str) -> str:
-    """A name from the stream fit for a log line: a protocol-like identifier as it is,
-    anything else by its length (an unknown name may be anything, content included)."""
-    return name if _IDENTIFIER.fullmatch(name) else f"<{len(name)} chars>"
-
-
 def _warn(position: int, name: str, reason: str, event: Event | None = None) -> None:
     # Names, positions, reasons and sizes only: payload content never reaches a log.
-    name = _label(name)
+    name = log_label(name)
     if event is not None:
         logger.warning(
             "skipping event #%d %s (%d bytes): %s", position, name, len(event.data), reason

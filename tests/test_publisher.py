@@ -949,3 +949,23 @@ async def test_in_memory_sink_nowait_records_in_order() -> None:
     assert sink.emit_nowait(first) is True
     await sink.emit(first.with_id("2"))
     assert [e.id for e in sink.events] == [None, "2"]
+
+
+@pytest.mark.anyio
+async def test_a_pass_through_block_type_is_logged_only_as_a_word(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = InMemorySink()
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("m", "s", "x")
+    with caplog.at_level(logging.DEBUG, logger="essessey"):
+        for index, block_type in enumerate((MARKER, "server_tool_use")):
+            await publisher.publish(
+                "content_block_start",
+                {"index": index, "content_block": {"type": block_type}},
+            )
+            await publisher.send_content_block_stop(index)
+    logged = [record.getMessage() for record in caplog.records]
+    assert not any(MARKER in line for line in logged)
+    assert any(f"block=<{len(MARKER)} chars>" in line for line in logged)
+    assert any("block=server_tool_use" in line for line in logged)

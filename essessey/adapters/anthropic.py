@@ -36,6 +36,7 @@ from typing import Any, Final
 import orjson
 
 from essessey import protocol
+from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import (
@@ -67,8 +68,6 @@ _SDK_DERIVED_EVENTS: Final = frozenset({"text", "thinking", "signature", "input_
 _KNOWN_DELTAS: Final = frozenset(
     {DeltaType.TEXT, DeltaType.THINKING, DeltaType.SIGNATURE, DeltaType.INPUT_JSON}
 )
-# Only names that look like identifiers are logged: a type field can hold anything.
-_IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _MAX_COUNT: Final = 2**63 - 1
 
@@ -88,13 +87,6 @@ class StreamedMessage(PublishedMessage):
     stop_sequence: str | None = None
     content: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] | None = None
-
-
-def _label(value: object) -> str:
-    """A value fit for a log line: an identifier as it is, anything else by size."""
-    if isinstance(value, str):
-        return value if _IDENTIFIER.fullmatch(value) else f"<{len(value)} chars>"
-    return f"<{type(value).__name__}>"
 
 
 def _as_payload(event: object) -> dict[str, Any] | None:
@@ -344,7 +336,7 @@ class _Reader:
         logger.warning(
             "provider event #%d (error): the provider's stream failed with %s",
             position,
-            _label(error_type),
+            log_label(error_type),
         )
         self.result.error = dict(error)
         raise ProviderStreamError(
@@ -505,7 +497,7 @@ class _Reader:
         if type(index) is not int or block is None or block.index != index:
             open_index = "none" if block is None else str(block.index)
             # The index as sent may be anything (a string, an object): named by its type.
-            shown = str(index) if type(index) is int else _label(index)
+            shown = str(index) if type(index) is int else log_label(index)
             _skip(position, name, f"stop for block {shown}, but the open block is {open_index}")
             return
         await self._close(block)
@@ -578,7 +570,7 @@ class _Reader:
 
 
 def _skip(position: int, name: str, reason: str) -> None:
-    logger.warning("skipping provider event #%d (%s): %s", position, _label(name), reason)
+    logger.warning("skipping provider event #%d (%s): %s", position, log_label(name), reason)
 
 
 def _reason(exc: ProtocolError | SerializationError) -> str:

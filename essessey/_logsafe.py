@@ -1,0 +1,24 @@
+"""How a value from outside may appear in a log line.
+
+Logs carry names, positions and lengths, never content. A name read from a stream (an
+event name, a block or delta type, an error type) is usually a protocol word, but it is
+whatever the sender put there, content included: it is logged as it is only when it
+looks like a protocol identifier, and by its length otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["log_label"]
+
+_IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def log_label(value: object) -> str:
+    """``value`` fit for a log line: a lowercase identifier of up to 64 characters as it
+    is, another string by its length, anything else by its type."""
+    if isinstance(value, str):
+        return value if _IDENTIFIER.fullmatch(value) else f"<{len(value)} chars>"
+    return f"<{type(value).__name__}>"
