@@ -23,31 +23,18 @@ import pytest
 from essessey import Event, check, reassemble_events
 from essessey.bindings.sse import connect
 from essessey.demo import DEFAULT_DELTAS, DemoScript, create_app, scenario_script
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 20_000
 DELTAS = 100
 DELAY_MS = 30  # the answer alone takes 3 s: time to drop, reconnect and reload in it
 ANSWER_INDEX = 6  # thinking 0, text 1, two tool_use 2-3, two tool_result 4-5, answer 6
 MAX_SCREENSHOT = 300 * 1024
 
-if not CHROMIUM.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"{CHROMIUM} is missing (install Debian's chromium package; in CI this test runs)",
-        allow_module_level=True,
-    )
+skip_module_without_chromium()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ import pytest
 
 import essessey
 from essessey.bindings.sse import SSEDecoder, connect
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, MISSING_REASON
+from tests.browser import MISSING as CHROMIUM_MISSING
 from tests.nats_server import NatsServer, free_port
 from tests.servers import serve
 
@@ -186,14 +188,8 @@ async def test_resume_example_checks_the_stream_token(monkeypatch: pytest.Monkey
     assert parsed.text != example.REPLY
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
 @pytest.mark.anyio
-@pytest.mark.skipif(
-    not CHROMIUM.exists() and os.environ.get("CI") != "true",
-    reason=f"{CHROMIUM} is missing (install Debian's chromium package; in CI this test runs)",
-)
+@pytest.mark.skipif(CHROMIUM_MISSING, reason=MISSING_REASON)
 async def test_resume_example_page_resumes_after_a_reload(monkeypatch: pytest.MonkeyPatch) -> None:
     from playwright.async_api import async_playwright
 
@@ -208,7 +204,7 @@ async def test_resume_example_page_resumes_after_a_reload(monkeypatch: pytest.Mo
             browser = await playwright.chromium.launch(
                 executable_path=str(CHROMIUM),
                 headless=True,
-                args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"],
+                args=CHROMIUM_ARGS,
             )
             try:
                 tab = await browser.new_page()

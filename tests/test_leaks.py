@@ -16,9 +16,7 @@ Run with ``pytest -s`` to see the figures.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import os
 import socket
 import struct
 import time
@@ -30,6 +28,7 @@ from typing import Final
 import pytest
 
 from tests.load_app import LoadServer, load_server
+from tests.raw_clients import sse_request, ws_request
 
 CYCLES: Final = 5_000
 WARM_UP: Final = 200
@@ -49,21 +48,6 @@ class Endpoint:
     name: str
     request: Callable[[str], bytes]
     status: bytes
-
-
-def sse_request(stream_id: str) -> bytes:
-    return (
-        f"GET /streams/{stream_id} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
-    ).encode()
-
-
-def ws_request(stream_id: str) -> bytes:
-    key = base64.b64encode(os.urandom(16)).decode()
-    return (
-        f"GET /streams/{stream_id}/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    ).encode()
 
 
 ENDPOINTS: Final = [

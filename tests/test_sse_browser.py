@@ -7,9 +7,7 @@ where it must run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,27 +19,14 @@ from starlette.routing import Route
 
 from essessey import Event, InMemorySink, Publisher, stream_turn
 from essessey.bindings.sse import EventStreamResponse
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 15_000
 
-if not CHROMIUM.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"{CHROMIUM} is missing (install Debian's chromium package; in CI this test runs)",
-        allow_module_level=True,
-    )
+skip_module_without_chromium()
 
 PROTOCOL_EVENTS = [
     "message_start",

@@ -22,8 +22,6 @@ were. Every wait is bounded; nothing asserts how long anything took.
 
 from __future__ import annotations
 
-import base64
-import os
 import socket
 import threading
 import time
@@ -43,6 +41,7 @@ from essessey.bindings.sse import connect as sse_connect
 from essessey.bindings.sse import encode
 from essessey.bindings.ws import decode_frame, encode_frame
 from tests.load_app import LoadServer, delta_text, load_server
+from tests.raw_clients import sse_request, ws_request
 
 STALLED: Final = 200
 DELTAS: Final = 20_000
@@ -101,21 +100,6 @@ def rss_bound() -> int:
 
 
 # -- clients ----------------------------------------------------------------------------
-
-
-def sse_request(stream_id: str) -> bytes:
-    return (
-        f"GET /streams/{stream_id} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
-    ).encode()
-
-
-def ws_request(stream_id: str) -> bytes:
-    key = base64.b64encode(os.urandom(16)).decode()
-    return (
-        f"GET /streams/{stream_id}/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    ).encode()
 
 
 def stalled_client(port: int, request: bytes, status: bytes) -> socket.socket:

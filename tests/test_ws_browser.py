@@ -8,10 +8,8 @@ where it must run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,27 +22,14 @@ from starlette.routing import Route
 
 from essessey import Event, InMemoryEventStore, Publisher, StreamHub, check, stream_turn
 from essessey.bindings.ws import ws_route
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 15_000
 
-if not CHROMIUM.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"{CHROMIUM} is missing (install Debian's chromium package; in CI this test runs)",
-        allow_module_level=True,
-    )
+skip_module_without_chromium()
 
 PAGE = """<!doctype html>
 <html>
