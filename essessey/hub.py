@@ -49,6 +49,7 @@ from typing import Any, Final, Literal, TypeAlias
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey.errors import (
     EssesseyError,
     StreamBusy,
@@ -205,8 +206,16 @@ class StreamHub:
         """Run ``producer(publisher)`` as a task of the hub, publishing into the stream.
 
         Returns once the turn is registered (subscribers may attach at once). Raises
-        :class:`~essessey.StreamBusy` when a turn is already running on the stream.
+        :class:`~essessey.StreamBusy` when a turn is already running on the stream, and
+        ValueError for a stream id the SSE and WebSocket routes would refuse (see
+        ``essessey._ids``: 1 to 256 printable characters, no whitespace, ``.``, ``*``,
+        ``>``), since no client could then read it.
         """
+        if not is_token(stream_id):
+            raise ValueError(
+                f"stream id of {len(stream_id)} characters is not a valid token: 1 to "
+                f"{MAX_ID_LENGTH} printable characters, no whitespace, '.', '*' or '>'"
+            )
         tasks = self._tasks
         if tasks is None:
             raise RuntimeError("enter the StreamHub (async with hub:) before starting turns")

@@ -630,3 +630,13 @@ async def test_authorized_reads_a_truthy_verdict_as_a_bool() -> None:
 async def test_limits_must_be_positive(max_lag: int, max_subscribers: int) -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         StreamHub(max_lag=max_lag, max_subscribers=max_subscribers)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream_id", ["", "conv.1", "a b", "x" * 257, "tab\there", "a*", ">"])
+async def test_start_refuses_a_stream_id_no_client_could_read(stream_id: str) -> None:
+    async with StreamHub() as hub:
+        with pytest.raises(ValueError, match="not a valid token"):
+            await hub.start(stream_id, Scripted(stream_id))
+        assert not hub.running(stream_id)
+        assert not await hub.store.exists(stream_id)
