@@ -361,22 +361,32 @@ class JetStreamEventStore:
         refreshes the one appends use."""
         await self._ensure()
         try:
-            info = await self._retrying(lambda: self._js.stream_info(self.stream))
+            info = await self._retrying(lambda _: self._js.stream_info(self.stream))
         except nats.js.errors.NotFoundError:
             return None
         epoch = _epoch_of(info)
         self._epoch = epoch
         return epoch
 
-    async def _retrying(self, request: Callable[[], Awaitable[_T]]) -> _T:
-        """``await request()``, made again after a transient failure (the server
+    async def _retrying(
+        self,
+        request: Callable[[float], Awaitable[_T]],
+        *,
+        what: str = "a JetStream request",
+        failed: str = "JetStream did not answer",
+        recover: Callable[[Exception], Awaitable[None]] | None = None,
+    ) -> _T:
+        """``await request(remaining)``, made again after a transient failure (the server
         restarting, the connection reconnecting) until ``publish_timeout`` seconds have
-        passed, as a publish is; then :class:`JetStreamUnavailable`."""
+        passed; then :class:`JetStreamUnavailable` (``failed`` says what did not happen).
+
+        ``remaining`` is what is left of that budget (a request may bound its own timeout
+        by it); ``recover(exc)`` runs before each new attempt."""
         deadline = time.monotonic() + self.publish_timeout
         delay = 0.05
         while True:
             try:
-                return await request()
+                return await request(deadline - time.monotonic())
             except Exception as exc:
                 if not _is_retryable(exc):
                     raise
@@ -384,11 +394,11 @@ class JetStreamEventStore:
                     raise JetStreamUnavailable("the NATS connection is closed") from exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise JetStreamUnavailable(
-                        f"JetStream did not answer within {self.publish_timeout} s"
-                    ) from exc
-                logger.debug("a JetStream request failed (%r); retrying", exc)
-                await anyio.sleep(min(delay, remaining))
+                    raise JetStreamUnavailable(f"{failed} within {self.publish_timeout} s") from exc
+                logger.debug("%s failed (%r); retrying", what, exc)
+                if recover is not None:
+                    await recover(exc)
+                await anyio.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
                 delay = min(delay * 2, _MAX_BACKOFF)
 
     # -- writing --------------------------------------------------------------------------
@@ -405,34 +415,23 @@ class JetStreamEventStore:
         if control is not None:
             headers[CONTROL_HEADER] = control
         js = self._js
-        deadline = time.monotonic() + self.publish_timeout
-        delay = 0.05
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                ack = await js.publish(
-                    subject,
-                    data,
-                    timeout=min(_REQUEST_TIMEOUT, max(remaining, 0.01)),
-                    headers=headers,
-                )
-                return ack.seq, epoch
-            except Exception as exc:
-                if not _is_retryable(exc):
-                    raise
-                if self.nc.is_closed:
-                    raise JetStreamUnavailable("the NATS connection is closed") from exc
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise JetStreamUnavailable(
-                        f"JetStream did not store a message on {subject!r} within "
-                        f"{self.publish_timeout} s"
-                    ) from exc
-                logger.debug("publish to %s failed (%r); retrying", subject, exc)
-                if isinstance(exc, nats.js.errors.NoStreamResponseError):
-                    epoch = await self._recreate() or epoch
-                await anyio.sleep(min(delay, max(remaining, 0.0)))
-                delay = min(delay * 2, _MAX_BACKOFF)
+
+        async def publish(remaining: float) -> tuple[int, str]:
+            timeout = min(_REQUEST_TIMEOUT, max(remaining, 0.01))
+            ack = await js.publish(subject, data, timeout=timeout, headers=headers)
+            return ack.seq, epoch
+
+        async def recover(exc: Exception) -> None:
+            nonlocal epoch
+            if isinstance(exc, nats.js.errors.NoStreamResponseError):
+                epoch = await self._recreate() or epoch
+
+        return await self._retrying(
+            publish,
+            what=f"publish to {subject}",
+            failed=f"JetStream did not store a message on {subject!r}",
+            recover=recover,
+        )
 
     async def _recreate(self) -> str | None:
         # No stream answered: the JetStream stream was deleted, or the server is still
@@ -506,7 +505,7 @@ class JetStreamEventStore:
         await self._ensure()
         try:
             last = await self._retrying(
-                lambda: self._js.get_last_msg(self.stream, self._filter(stream_id))
+                lambda _: self._js.get_last_msg(self.stream, self._filter(stream_id))
             )
         except nats.js.errors.NotFoundError:
             return False
@@ -730,7 +729,7 @@ class _Reader:
         or after), or from the stream id's first message; the backlog it found.
         Retried as the store's requests are (a consumer left by a failed attempt is
         ephemeral: the server drops it once nothing listens to it)."""
-        return await self.store._retrying(lambda: self._open(start))
+        return await self.store._retrying(lambda _: self._open(start))
 
     async def _open(self, start: int | None) -> int:
         store = self.store
