@@ -9,7 +9,7 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -18,9 +18,6 @@ import httpx
 import orjson
 import pytest
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from essessey import (
     Event,
@@ -36,13 +33,11 @@ from essessey import (
 )
 from essessey.bindings.sse import SSEDecoder, hub_routes
 from essessey.bindings.sse._hub import MAX_ID_LENGTH
-from essessey.hub import Access
+from tests.hub_app import WAIT, HubApp, make_hub_app
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 15.0
-"""Seconds any one wait of these tests may take before the test fails."""
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 OWNER = {"x-user": "owner"}
 MALLORY = {"x-user": "mallory"}
@@ -51,94 +46,8 @@ MALLORY = {"x-user": "mallory"}
 # -- the app --------------------------------------------------------------------------------
 
 
-@dataclass
-class HubApp:
-    """A Starlette app serving a hub: its SSE routes, plus test routes that start a turn
-    (``POST /turns/{id}?chunks=&hold_at=&hang=&size=``), wait for it and return what it
-    published (``GET /published/{id}``) and tell the hub's state (``GET /state/{id}``).
-
-    A held turn stops before chunk ``hold_at``, sets ``reached[id]`` and waits for
-    ``release[id]`` (or, with ``hang``, until cancelled). Those are threading events:
-    the server runs in its own thread and event loop.
-    """
-
-    hub: StreamHub
-    app: Starlette
-    release: dict[str, threading.Event] = field(default_factory=dict)
-    reached: dict[str, threading.Event] = field(default_factory=dict)
-    asked: list[tuple[str, str, Access]] = field(default_factory=list)
-
-
 def make_app(*, max_lag: int = 1000, **options: Any) -> HubApp:
-    def authorize(request: Request, stream_id: str, access: Access) -> bool:
-        user = request.headers.get("x-user", "")
-        holder.asked.append((user, stream_id, access))
-        return user != "mallory"
-
-    hub = StreamHub(InMemoryEventStore(), authorize=authorize, max_lag=max_lag)
-
-    async def start_turn(request: Request) -> Response:
-        stream_id = request.path_params["stream_id"]
-        query = request.query_params
-        chunks = int(query.get("chunks", "20"))
-        hold_at = int(query.get("hold_at", "-1"))
-        hang = "hang" in query
-        padding = "x" * int(query.get("size", "0"))
-        release = holder.release.setdefault(stream_id, threading.Event())
-        reached = holder.reached.setdefault(stream_id, threading.Event())
-
-        async def produce(publisher: Publisher) -> None:
-            async with stream_turn(
-                publisher, message_id=f"msg-{stream_id}", stream_id=stream_id, model="m"
-            ) as turn:
-                text = await turn.text()
-                for i in range(chunks):
-                    if i == hold_at:
-                        reached.set()
-                        if hang:
-                            await anyio.sleep_forever()
-                        for _ in range(int(WAIT / 0.002)):
-                            if release.is_set():
-                                break
-                            await anyio.sleep(0.002)
-                        else:
-                            raise TimeoutError("the test never released the turn")
-                    await text.write(f"w{i} {padding}")
-                    await anyio.lowlevel.checkpoint()
-
-        await hub.start(stream_id, produce)
-        return Response(status_code=202)
-
-    async def published(request: Request) -> Response:
-        stream_id = request.path_params["stream_id"]
-        with anyio.fail_after(WAIT):
-            await hub.wait(stream_id)
-        events, known = await hub.store.since(stream_id, None)
-        assert known
-        body = [[event.event, event.data.decode(), event.id] for event in events]
-        return Response(orjson.dumps(body), media_type="application/json")
-
-    async def state(request: Request) -> Response:
-        stream_id = request.path_params["stream_id"]
-        body = {
-            "running": hub.running(stream_id),
-            "subscribers": hub.subscriber_count(stream_id),
-        }
-        return Response(orjson.dumps(body), media_type="application/json")
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with hub:
-            yield
-
-    routes = [
-        *hub_routes(hub, **options),
-        Route("/turns/{stream_id}", start_turn, methods=["POST"]),
-        Route("/published/{stream_id}", published),
-        Route("/state/{stream_id}", state),
-    ]
-    holder = HubApp(hub, Starlette(routes=routes, lifespan=lifespan))
-    return holder
+    return make_hub_app(lambda hub: hub_routes(hub, **options), max_lag=max_lag)
 
 
 # -- the client -----------------------------------------------------------------------------

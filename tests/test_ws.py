@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -21,9 +21,7 @@ import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
-from starlette.requests import HTTPConnection, Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -53,35 +51,16 @@ from essessey.bindings.ws import (
     websocket_subscription,
     ws_route,
 )
-from essessey.hub import Access
+from tests.hub_app import WAIT, HubApp, make_hub_app
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 15.0
-"""Seconds any one wait of these tests may take before the test fails."""
 OWNER = {"x-user": "owner"}
 MALLORY = {"x-user": "mallory"}
 
 
 # -- the app ----------------------------------------------------------------------------------
-
-
-@dataclass
-class HubApp:
-    """A Starlette app serving a hub over ws_route, plus test routes that start a turn
-    (``POST /turns/{id}?chunks=&hold_at=``), wait for it and return what it published
-    (``GET /published/{id}``) and tell the hub's state (``GET /state/{id}``).
-
-    A held turn stops before chunk ``hold_at``, sets ``reached[id]`` and waits for
-    ``release[id]``: threading events, as the server runs in its own thread and loop.
-    """
-
-    hub: StreamHub
-    app: Starlette
-    release: dict[str, threading.Event] = field(default_factory=dict)
-    reached: dict[str, threading.Event] = field(default_factory=dict)
-    asked: list[tuple[str, str, Access]] = field(default_factory=list)
 
 
 def make_app(
@@ -91,74 +70,12 @@ def make_app(
     extra_routes: list[BaseRoute] | None = None,
     **options: Any,
 ) -> HubApp:
-    def authorize(connection: HTTPConnection, stream_id: str, access: Access) -> bool:
-        user = connection.headers.get("x-user", "")
-        holder.asked.append((user, stream_id, access))
-        if user == "crasher":
-            raise RuntimeError("the hook failed")
-        return user != "mallory"
-
-    hub = StreamHub(
-        store if store is not None else InMemoryEventStore(),
-        authorize=authorize,
+    return make_hub_app(
+        lambda hub: [ws_route(hub, **options)],
+        store=store,
         max_subscribers=max_subscribers,
+        extra_routes=extra_routes or (),
     )
-
-    async def start_turn(request: Request) -> Response:
-        stream_id = request.path_params["stream_id"]
-        chunks = int(request.query_params.get("chunks", "20"))
-        hold_at = int(request.query_params.get("hold_at", "-1"))
-        release = holder.release.setdefault(stream_id, threading.Event())
-        reached = holder.reached.setdefault(stream_id, threading.Event())
-
-        async def produce(publisher: Publisher) -> None:
-            async with stream_turn(
-                publisher, message_id=f"msg-{stream_id}", stream_id=stream_id, model="m"
-            ) as turn:
-                text = await turn.text()
-                for i in range(chunks):
-                    if i == hold_at:
-                        reached.set()
-                        for _ in range(int(WAIT / 0.002)):
-                            if release.is_set():
-                                break
-                            await anyio.sleep(0.002)
-                        else:
-                            raise TimeoutError("the test never released the turn")
-                    await text.write(f"w{i} ")
-                    await anyio.lowlevel.checkpoint()
-
-        await hub.start(stream_id, produce)
-        return Response(status_code=202)
-
-    async def published(request: Request) -> Response:
-        stream_id = request.path_params["stream_id"]
-        with anyio.fail_after(WAIT):
-            await hub.wait(stream_id)
-        events, known = await hub.store.since(stream_id, None)
-        assert known
-        body = [[event.event, event.data.decode(), event.id] for event in events]
-        return Response(orjson.dumps(body), media_type="application/json")
-
-    async def state(request: Request) -> Response:
-        stream_id = request.path_params["stream_id"]
-        body = {"running": hub.running(stream_id), "subscribers": hub.subscriber_count(stream_id)}
-        return Response(orjson.dumps(body), media_type="application/json")
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with hub:
-            yield
-
-    routes: list[BaseRoute] = [
-        ws_route(hub, **options),
-        Route("/turns/{stream_id}", start_turn, methods=["POST"]),
-        Route("/published/{stream_id}", published),
-        Route("/state/{stream_id}", state),
-        *(extra_routes or []),
-    ]
-    holder = HubApp(hub, Starlette(routes=routes, lifespan=lifespan))
-    return holder
 
 
 # -- the client -------------------------------------------------------------------------------
