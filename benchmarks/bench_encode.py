@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from _turn import make_chunks, publish_turn, recorded_turn
 from sse_starlette import ServerSentEvent
 
 import essessey
@@ -55,22 +56,6 @@ class FramingSink:
             b"event: " + _NAME_BYTES[event.event] + b"\ndata: " + event.data + b"\n\n"
         )
         return True
-
-
-def make_chunks(deltas: int) -> list[str]:
-    # Built before timing so no variant pays for making its input; ~20 characters each,
-    # about what a model streams per token batch.
-    return [f"chunk {i:06d} of text " for i in range(deltas)]
-
-
-async def publish_turn(publisher: essessey.Publisher, chunks: list[str]) -> None:
-    await publisher.send_stream_preamble("msg_bench", "stream_bench", "bench-model")
-    await publisher.send_content_block_start_text(0)
-    send_delta = publisher.send_content_block_delta_text
-    for chunk in chunks:
-        await send_delta(0, chunk)
-    await publisher.send_content_block_stop(0)
-    await publisher.send_stream_epilogue(essessey.StopReason.END_TURN, len(chunks))
 
 
 async def run_essessey(chunks: list[str], *, strict: bool) -> tuple[float, list[bytes]]:
@@ -149,9 +134,7 @@ def run_sse_starlette(payloads: Payloads) -> tuple[float, list[bytes]]:
 async def recorded_payloads(chunks: list[str]) -> Payloads:
     # The other variants encode exactly what the Publisher builds, parsed back from a
     # recorded run, so every row does the same work.
-    sink = essessey.InMemorySink()
-    await publish_turn(essessey.Publisher(sink), chunks)
-    return [(event.event, event.json()) for event in sink.events]
+    return [(event.event, event.json()) for event in await recorded_turn(chunks)]
 
 
 async def measure(deltas: int, repeat: int) -> dict[str, Any]:

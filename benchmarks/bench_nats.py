@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from _turn import make_chunks, publish_turn, recorded_turn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
@@ -159,34 +160,6 @@ def server_version() -> str:
 
 
 # -- the turn ----------------------------------------------------------------------------
-
-
-def make_chunks(deltas: int) -> list[str]:
-    # About 20 characters each, as in bench_encode: what a model streams per token batch.
-    return [f"chunk {i:06d} of text " for i in range(deltas)]
-
-
-async def publish_turn(
-    publisher: essessey.Publisher, chunks: list[str], gate: asyncio.Event | None = None
-) -> None:
-    """``message_start``, ``ping``, a text block of the chunks, ``message_delta`` and
-    ``message_stop``; when ``gate`` is given, the rest waits for it after the ping."""
-    await publisher.send_stream_preamble("msg_bench", "stream_bench", "bench-model")
-    if gate is not None:
-        await gate.wait()
-    await publisher.send_content_block_start_text(0)
-    send_delta = publisher.send_content_block_delta_text
-    for chunk in chunks:
-        await send_delta(0, chunk)
-    await publisher.send_content_block_stop(0)
-    await publisher.send_stream_epilogue(essessey.StopReason.END_TURN, len(chunks))
-
-
-async def recorded_events(chunks: list[str]) -> list[essessey.Event]:
-    # The raw variants send exactly the bytes the Publisher builds.
-    sink = essessey.InMemorySink()
-    await publish_turn(essessey.Publisher(sink), chunks)
-    return list(sink.events)
 
 
 class IdSink:
@@ -486,7 +459,7 @@ class CoreBench:
 
 async def measure_core(server: Server, deltas: int, repeat: int) -> dict[str, Any]:
     chunks = make_chunks(deltas)
-    events = await recorded_events(chunks)
+    events = await recorded_turn(chunks)
     async with connections(server) as conns:
         bench = CoreBench(conns, chunks, events)
         variants = {**bench.variants(ids=False), **bench.variants(ids=True)}
@@ -733,13 +706,13 @@ async def measure_jetstream(
     server: Server, deltas: int, streams: int, repeat: int, profile: str | None
 ) -> dict[str, Any]:
     chunks = make_chunks(deltas)
-    events = await recorded_events(chunks)
+    events = await recorded_turn(chunks)
     async with connections(server) as conns:
         options: dict[str, Any] = {"stream": JS_STREAM, "prefix": JS_PREFIX}
         writer = await JetStreamEventStore.connect(conns.pub, **options)
         reader = JetStreamEventStore(conns.sub, **options)
         bench = JetStreamBench(conns, writer, reader, chunks, events, streams)
-        bench.conc_events = await recorded_events(bench.conc_chunks)
+        bench.conc_events = await recorded_turn(bench.conc_chunks)
         async with essessey.StreamHub(writer) as hub_a, essessey.StreamHub(reader) as hub_b:
 
             async def hub() -> tuple[float, int]:
@@ -840,7 +813,7 @@ async def profile_run(name: str, run: Run, limit: int = 25) -> None:
 
 async def profile_core(server: Server, deltas: int, name: str) -> None:
     chunks = make_chunks(deltas)
-    events = await recorded_events(chunks)
+    events = await recorded_turn(chunks)
     async with connections(server) as conns:
         bench = CoreBench(conns, chunks, events)
         variants = bench.variants(ids=name == "core-ids")

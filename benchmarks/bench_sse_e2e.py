@@ -19,7 +19,6 @@ import gc
 import json
 import os
 import platform
-import pstats
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,7 +27,9 @@ from typing import Any
 
 import httpx
 import orjson
+from _cli import parse_clients, print_profile
 from _server import ServerProcess, run_until_stdin_closes
+from _turn import make_chunks, publish_turn, recorded_turn
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
@@ -60,29 +61,6 @@ Payloads = list[tuple[str, dict[str, Any]]]
 
 
 # -- the server side -------------------------------------------------------------------
-
-
-def make_chunks(deltas: int) -> list[str]:
-    # ~20 characters each, about what a model streams per token batch.
-    return [f"chunk {i:06d} of text " for i in range(deltas)]
-
-
-async def publish_turn(publisher: essessey.Publisher, chunks: list[str]) -> None:
-    await publisher.send_stream_preamble("msg_bench", "stream_bench", "bench-model")
-    await publisher.send_content_block_start_text(0)
-    send_delta = publisher.send_content_block_delta_text
-    for chunk in chunks:
-        await send_delta(0, chunk)
-    await publisher.send_content_block_stop(0)
-    await publisher.send_stream_epilogue(essessey.StopReason.END_TURN, len(chunks))
-
-
-async def recorded_turn(chunks: list[str]) -> list[essessey.Event]:
-    # The other variants send exactly what the Publisher builds, so every endpoint
-    # streams the same events.
-    sink = essessey.InMemorySink()
-    await publish_turn(essessey.Publisher(sink), chunks)
-    return sink.events
 
 
 def build_app(deltas: int) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
@@ -306,23 +284,6 @@ def print_table(report: dict[str, Any]) -> None:
             f"{target['clients']} client(s): essessey / {target['versus']} = "
             f"{target['ratio']:.2f} (target >= {target['min_ratio']:g}: {verdict})"
         )
-
-
-def print_profile(path: str, limit: int = 25) -> None:
-    # On stderr, so --json output stays parseable.
-    print(f"\nserver profile written to {path}; hottest functions by own time:", file=sys.stderr)
-    stats = pstats.Stats(path, stream=sys.stderr)
-    stats.sort_stats(pstats.SortKey.TIME).print_stats(limit)
-
-
-def parse_clients(value: str) -> list[int]:
-    try:
-        counts = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of integers") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError("client counts must be at least 1")
-    return counts
 
 
 def main(argv: list[str] | None = None) -> int:

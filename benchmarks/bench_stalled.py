@@ -56,6 +56,7 @@ from typing import Any
 import anyio
 import httpx
 import uvicorn
+from _cli import parse_counts
 from _server import ServerProcess
 from anyio.streams.memory import MemoryObjectSendStream
 from starlette.applications import Starlette
@@ -1011,14 +1012,8 @@ def print_steady(steady: dict[str, Any]) -> None:
     )
 
 
-def parse_counts(value: str) -> list[int]:
-    try:
-        counts = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of integers") from None
-    if not counts or min(counts) < 0:
-        raise argparse.ArgumentTypeError("stall counts must be >= 0")
-    return sorted(set(counts))
+def parse_stall_counts(value: str) -> list[int]:
+    return sorted(set(parse_counts(value, minimum=0, what="stall counts")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1035,7 +1030,10 @@ def main(argv: list[str] | None = None) -> int:
         help="text deltas the healthy client reads in steady state (0: no steady rows)",
     )
     parser.add_argument(
-        "--stalled", type=parse_counts, default=[0, 50, 200], help="stall counts, e.g. 0,50,200"
+        "--stalled",
+        type=parse_stall_counts,
+        default=[0, 50, 200],
+        help="stall counts, e.g. 0,50,200",
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per row")
     parser.add_argument(

@@ -22,7 +22,6 @@ import gc
 import json
 import os
 import platform
-import pstats
 import secrets
 import sys
 import time
@@ -32,7 +31,9 @@ from importlib.metadata import version
 from typing import Any
 
 import httpx
+from _cli import parse_clients, print_profile
 from _server import ServerProcess, run_until_stdin_closes
+from _turn import make_chunks, publish_turn, recorded_turn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -61,29 +62,6 @@ NAME_KEY = '"event":'
 
 
 # -- the server side -------------------------------------------------------------------
-
-
-def make_chunks(deltas: int) -> list[str]:
-    # ~20 characters each, about what a model streams per token batch.
-    return [f"chunk {i:06d} of text " for i in range(deltas)]
-
-
-async def publish_turn(publisher: essessey.Publisher, chunks: list[str]) -> None:
-    await publisher.send_stream_preamble("msg_bench", "stream_bench", "bench-model")
-    await publisher.send_content_block_start_text(0)
-    send_delta = publisher.send_content_block_delta_text
-    for chunk in chunks:
-        await send_delta(0, chunk)
-    await publisher.send_content_block_stop(0)
-    await publisher.send_stream_epilogue(essessey.StopReason.END_TURN, len(chunks))
-
-
-async def recorded_turn(chunks: list[str]) -> list[essessey.Event]:
-    # The raw endpoint sends exactly what the Publisher builds, so every endpoint streams
-    # the same events.
-    sink = essessey.InMemorySink()
-    await publish_turn(essessey.Publisher(sink), chunks)
-    return sink.events
 
 
 def build_app(deltas: int) -> Starlette:
@@ -355,23 +333,6 @@ def print_table(report: dict[str, Any]) -> None:
             f"{ratio['clients']} client(s): {ratio['variant']} / {ratio['versus']} = "
             f"{ratio['ratio']:.2f}"
         )
-
-
-def print_profile(path: str, limit: int = 25) -> None:
-    # On stderr, so --json output stays parseable.
-    print(f"\nserver profile written to {path}; hottest functions by own time:", file=sys.stderr)
-    stats = pstats.Stats(path, stream=sys.stderr)
-    stats.sort_stats(pstats.SortKey.TIME).print_stats(limit)
-
-
-def parse_clients(value: str) -> list[int]:
-    try:
-        counts = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of integers") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError("client counts must be at least 1")
-    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
