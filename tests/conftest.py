@@ -1,9 +1,11 @@
 """Shared pytest configuration for the essessey test suite."""
 
+import types
 from collections.abc import Iterator
 
 import pytest
 
+import essessey.store
 from tests.nats_server import NatsServer, nats_server
 
 
@@ -19,3 +21,22 @@ def nats() -> Iterator[NatsServer]:
     """A real nats-server with JetStream, on a free port, stopped after the test."""
     with nats_server() as server:
         yield server
+
+
+class Clock:
+    """A monotonic clock the test moves by hand, seen by the store module only."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The in-memory store's clock, moved by hand (``clock.now += seconds``)."""
+    fake = Clock()
+    # Only essessey.store's name ``time`` is replaced: the event loop keeps real time.
+    monkeypatch.setattr(essessey.store, "time", types.SimpleNamespace(monotonic=fake.monotonic))
+    return fake

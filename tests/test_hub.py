@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -11,7 +10,6 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-import essessey.store
 from essessey import (
     Event,
     EventType,
@@ -30,6 +28,7 @@ from essessey import (
     stream_turn,
 )
 from essessey.hub import Access
+from tests.conftest import Clock
 
 pytestmark = pytest.mark.anyio
 
@@ -141,22 +140,6 @@ def assert_unique_ids(events: list[Event]) -> None:
     ids = [event.id for event in events]
     assert None not in ids
     assert len(set(ids)) == len(ids)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    # The store's clock only: the event loop keeps real time.
-    monkeypatch.setattr(essessey.store, "time", types.SimpleNamespace(monotonic=fake.monotonic))
-    return fake
 
 
 # -- running turns ------------------------------------------------------------------------

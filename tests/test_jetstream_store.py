@@ -41,29 +41,12 @@ from essessey.bindings.nats import (
 )
 from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
 from tests.nats_server import NatsServer
-from tests.test_store import BOGUS_IDS
+from tests.test_store import BOGUS_IDS, delta, seq, start, stop
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 10.0
 """Seconds any one step of these tests may take before the test fails."""
-
-
-def delta(n: int) -> Event:
-    return Event(EventType.CONTENT_BLOCK_DELTA, b'{"n":%d}' % n)
-
-
-def start(n: int = 0) -> Event:
-    return Event(EventType.MESSAGE_START, b'{"m":%d}' % n)
-
-
-def stop() -> Event:
-    return Event(EventType.MESSAGE_STOP, b'{"type":"message_stop"}')
-
-
-def seq(event_id: str | None) -> int:
-    assert event_id is not None
-    return int(event_id.rpartition("-")[2])
 
 
 def epoch(event_id: str | None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -10,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import essessey.store
 from essessey import (
     Event,
     EventStore,
@@ -21,6 +19,7 @@ from essessey import (
     SubscriberLagged,
     UnknownEventId,
 )
+from tests.conftest import Clock
 
 pytestmark = pytest.mark.anyio
 
@@ -61,24 +60,6 @@ def bare(events: list[Event]) -> list[tuple[str, bytes]]:
 
 async def fill(store: InMemoryEventStore, stream_id: str, count: int) -> list[Event]:
     return [await store.append(stream_id, delta(n)) for n in range(count)]
-
-
-class Clock:
-    """A monotonic clock the test moves by hand, seen by the store module only."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    # Only essessey.store's name ``time`` is replaced: the event loop keeps real time.
-    monkeypatch.setattr(essessey.store, "time", types.SimpleNamespace(monotonic=fake.monotonic))
-    return fake
 
 
 async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
