@@ -36,10 +36,8 @@ def test_fixture_is_the_whole_turn() -> None:
     assert names[-1] == "message_stop"
 
 
-@pytest.mark.anyio
-async def test_publisher_reproduces_the_seed_turn_byte_for_byte() -> None:
-    sink = InMemorySink()
-    publisher = Publisher(sink)
+async def publish_seed_turn(publisher: Publisher) -> None:
+    """Seed 004's turn, one Publisher method per event."""
     await publisher.send_message_start("msg_1", "conv_1", "some-model")
     await publisher.send_ping()
     await publisher.send_content_block_start_thinking(0)
@@ -56,6 +54,12 @@ async def test_publisher_reproduces_the_seed_turn_byte_for_byte() -> None:
     await publisher.send_content_block_stop(3)
     await publisher.send_message_delta("tool_use", 42)
     await publisher.send_message_stop()
+
+
+@pytest.mark.anyio
+async def test_publisher_reproduces_the_seed_turn_byte_for_byte() -> None:
+    sink = InMemorySink()
+    await publish_seed_turn(Publisher(sink))
 
     assert _pairs(sink.events) == _fixture_pairs()
     assert all(event.id is None for event in sink.events)

@@ -4,14 +4,12 @@ scripted OpenAI-compatible model, proxied as essessey SSE); and each one as a sc
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,21 +25,10 @@ import essessey
 from essessey.bindings.sse import SSEDecoder, connect
 from tests.nats_server import free_port, stop_process, wait_for_port
 from tests.servers import serve
+from tests.test_examples import load_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-
-
-def load_example(name: str) -> ModuleType:
-    # examples/ is not a package: load the file the way `python examples/<name>` would
-    # see it, without running its __main__ block.
-    path = EXAMPLES / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 async def read_sse(client: httpx.AsyncClient, url: str, **kwargs: Any) -> list[essessey.Event]:

@@ -34,6 +34,7 @@ from essessey.bindings.nats import (
 )
 from essessey.bindings.nats import _core as nats_core
 from tests.nats_server import NatsServer
+from tests.test_exactness import publish_seed_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -84,25 +85,6 @@ async def take(iterator: AsyncIterator[Any], count: int) -> list[Any]:
         while len(items) < count:
             items.append(await anext(iterator))
     return items
-
-
-async def publish_seed_turn(publisher: Publisher) -> None:
-    await publisher.send_message_start("msg_1", "conv_1", "some-model")
-    await publisher.send_ping()
-    await publisher.send_content_block_start_thinking(0)
-    await publisher.send_content_block_delta_thinking(0, "Need the weather.")
-    await publisher.send_content_block_stop(0)
-    await publisher.send_content_block_start_text(1)
-    await publisher.send_content_block_delta_text(1, "Checking.")
-    await publisher.send_content_block_stop(1)
-    await publisher.send_tool_use_start(2, "call_1", "get_weather")
-    await publisher.send_tool_input_delta(2, '{"city":"Paris"}')
-    await publisher.send_content_block_stop(2)
-    await publisher.send_tool_result_start(3, "call_1")
-    await publisher.send_tool_result_delta(3, '{"temp_c":18}')
-    await publisher.send_content_block_stop(3)
-    await publisher.send_message_delta("tool_use", 42)
-    await publisher.send_message_stop()
 
 
 async def assert_nothing_arrives(sub: Subscription, nc: Client) -> None:
