@@ -372,13 +372,13 @@ class JetStreamEventStore:
         self,
         request: Callable[[float], Awaitable[_T]],
         *,
-        what: str = "a JetStream request",
-        failed: str = "JetStream did not answer",
+        subject: str | None = None,
         recover: Callable[[Exception], Awaitable[None]] | None = None,
     ) -> _T:
         """``await request(remaining)``, made again after a transient failure (the server
         restarting, the connection reconnecting) until ``publish_timeout`` seconds have
-        passed; then :class:`JetStreamUnavailable` (``failed`` says what did not happen).
+        passed; then :class:`JetStreamUnavailable`. ``subject`` names the subject of a
+        publish, for the messages (built only on failure: publishing is the hot path).
 
         ``remaining`` is what is left of that budget (a request may bound its own timeout
         by it); ``recover(exc)`` runs before each new attempt."""
@@ -394,7 +394,13 @@ class JetStreamEventStore:
                     raise JetStreamUnavailable("the NATS connection is closed") from exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    failed = (
+                        "JetStream did not answer"
+                        if subject is None
+                        else f"JetStream did not store a message on {subject!r}"
+                    )
                     raise JetStreamUnavailable(f"{failed} within {self.publish_timeout} s") from exc
+                what = "a JetStream request" if subject is None else f"publish to {subject}"
                 logger.debug("%s failed (%r); retrying", what, exc)
                 if recover is not None:
                     await recover(exc)
@@ -426,12 +432,7 @@ class JetStreamEventStore:
             if isinstance(exc, nats.js.errors.NoStreamResponseError):
                 epoch = await self._recreate() or epoch
 
-        return await self._retrying(
-            publish,
-            what=f"publish to {subject}",
-            failed=f"JetStream did not store a message on {subject!r}",
-            recover=recover,
-        )
+        return await self._retrying(publish, subject=subject, recover=recover)
 
     async def _recreate(self) -> str | None:
         # No stream answered: the JetStream stream was deleted, or the server is still
