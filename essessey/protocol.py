@@ -79,6 +79,11 @@ class DeltaType:
     INPUT_JSON: Final = "input_json_delta"
     TOOL_RESULT: Final = "json_partial"
 
+    KNOWN: Final[frozenset[str]] = frozenset(
+        {TEXT, THINKING, SIGNATURE, INPUT_JSON, TOOL_RESULT}
+    )
+    """Every delta type above: the ones whose block and field the protocol fixes."""
+
 
 class StopReason:
     """Why a message ended. An open set: ``stop_sequence`` and others pass through."""

@@ -10,16 +10,18 @@ next opens (so thinking always closes before text), and always ends the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from essessey._failure import send_failure
 from essessey.errors import ProtocolError
-from essessey.protocol import StopReason
+from essessey.protocol import EventType, StopReason
 from essessey.publisher import Publisher
 
 __all__ = [
+    "BlockStreamer",
     "LineStreamer",
     "TextStreamer",
     "ThinkingStreamer",
@@ -35,19 +37,90 @@ NO_RESULT_TEXT = '{"error":"the tool produced no result"}'
 """The result text :meth:`ToolStreamer.close` sends for a call that got no result."""
 
 
-class _BlockStreamer:
-    """Shared bookkeeping of the text-like streamers: one block, opened lazily."""
+class _Cursor:
+    """The one owner of a message's block indexes: protocol rules 1 to 3, written once.
 
-    __slots__ = ("_index", "_open", "_parts", "_publisher", "_retired")
+    Every streamer writes its blocks through a cursor: a streamer made on its own has a
+    cursor of its own, the streamers a :class:`Turn` (or a round of
+    :class:`~essessey.adapters.RoundStream`) hands out share one. A block opens at the
+    cursor's index, one block is open at a time, and the index advances only when the
+    open block closes. The bookkeeping changes only after the publisher took the event,
+    so a refused event leaves the index as it was.
+    """
+
+    __slots__ = ("holder", "index", "publisher")
 
     def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
         if start_index < 0:
             raise ValueError("start_index must be >= 0")
+        self.publisher = publisher
+        self.index = start_index
+        # The streamer whose block is open, or None between blocks.
+        self.holder: object | None = None
+
+    def _claim(self, holder: object) -> int:
+        if self.holder is not None and self.holder is not holder:
+            raise ProtocolError(
+                f"block {self.index} is still open: close it before another block opens"
+            )
+        return self.index
+
+    async def open(
+        self, holder: object, send_start: Callable[[Publisher, int], Awaitable[None]]
+    ) -> int:
+        """Open ``holder``'s block at the next index (``send_start`` publishes its start)."""
+        index = self._claim(holder)
+        if self.publisher is not None:
+            await send_start(self.publisher, index)
+        self.holder = holder
+        return index
+
+    async def close(self, holder: object) -> None:
+        """Close ``holder``'s open block and advance the index; nothing when it has none."""
+        if self.holder is not holder:
+            return
+        if self.publisher is not None:
+            await self.publisher.send_content_block_stop(self.index)
+        self.holder = None
+        self.index += 1
+
+    async def whole(
+        self, holder: object, send: Callable[[Publisher, int], Awaitable[None]]
+    ) -> None:
+        """Publish a whole block (start to stop, by ``send``) at the next index."""
+        index = self._claim(holder)
+        if self.publisher is not None:
+            await send(self.publisher, index)
+        self.index = index + 1
+
+    async def raw_delta(self, delta: Mapping[str, Any]) -> None:
+        """A delta for the open block, whichever streamer holds it, passed on as given."""
+        if self.holder is None:
+            raise ProtocolError("a delta needs an open block")
+        if self.publisher is not None:
+            await self.publisher.publish(
+                EventType.CONTENT_BLOCK_DELTA,
+                {"type": EventType.CONTENT_BLOCK_DELTA, "index": self.index, "delta": dict(delta)},
+            )
+
+
+class _BlockStreamer:
+    """Shared bookkeeping of the text-like streamers: one block, opened lazily."""
+
+    __slots__ = ("_content_block", "_cursor", "_open", "_parts", "_publisher", "_retired")
+
+    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
+        self._cursor = _Cursor(publisher, start_index)
         self._publisher = publisher
-        self._index = start_index
         self._open = False
         self._parts: list[str] = []
         self._retired = False
+        # A start object to publish instead of the dialect's own (a provider's, proxied).
+        self._content_block: Mapping[str, Any] | None = None
+
+    def _share(self, cursor: _Cursor) -> None:
+        # Made by a Turn or a round: its blocks take the shared cursor's indexes.
+        self._cursor = cursor
 
     @property
     def text(self) -> str:
@@ -57,7 +130,7 @@ class _BlockStreamer:
     @property
     def next_index(self) -> int:
         """The next free block index: the start index until a block opened and closed."""
-        return self._index
+        return self._cursor.index
 
     @property
     def is_open(self) -> bool:
@@ -68,28 +141,41 @@ class _BlockStreamer:
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
-                await self._open_block(publisher)
-            await self._send_delta(publisher, self._index, chunk)
+                await self._open_block()
+            await self._send_delta(publisher, self._cursor.index, chunk)
         self._parts.append(chunk)
 
-    async def _open_block(self, publisher: Publisher) -> None:
+    async def _open_block(self) -> None:
         if self._retired:
             # Its Turn has handed this index on to the next streamer: a new block here
             # would reuse that index or overlap that streamer's block.
             raise ProtocolError(
                 f"this {type(self).__name__} was closed by its Turn; ask the Turn for a new one"
             )
-        await self._send_start(publisher, self._index)
+        await self._cursor.open(self, self._start_block)
         self._open = True
+
+    async def _start_block(self, publisher: Publisher, index: int) -> None:
+        given = self._content_block
+        if given is None:
+            await self._send_start(publisher, index)
+        else:
+            # "type" first, as every other event: publish() would add it last.
+            await publisher.publish(
+                EventType.CONTENT_BLOCK_START,
+                {
+                    "type": EventType.CONTENT_BLOCK_START,
+                    "index": index,
+                    "content_block": dict(given),
+                },
+            )
 
     async def close(self) -> None:
         """Close the block if one is open and advance the index; otherwise do nothing."""
         if not self._open:
             return
-        if self._publisher is not None:
-            await self._publisher.send_content_block_stop(self._index)
+        await self._cursor.close(self)
         self._open = False
-        self._index += 1
 
     async def _send_start(self, publisher: Publisher, index: int) -> None:
         await publisher.send_content_block_start_text(index)
@@ -139,8 +225,8 @@ class ThinkingStreamer(_BlockStreamer):
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
-                await self._open_block(publisher)
-            await publisher.send_signature_delta(self._index, signature)
+                await self._open_block()
+            await publisher.send_signature_delta(self._cursor.index, signature)
         self._signature = signature
 
     async def _send_start(self, publisher: Publisher, index: int) -> None:
@@ -205,6 +291,31 @@ class LineStreamer(_BlockStreamer):
             await self._emit(chunk)
 
 
+class BlockStreamer(_BlockStreamer):
+    """Streams one block of a type the protocol does not model, passed through as given.
+
+    For a provider's other content (``redacted_thinking``, a server tool's call or
+    result, an application's own block type): :meth:`start` publishes the start object
+    at the next index, :meth:`write` each delta object unchanged, :meth:`close` ends
+    the block. The checker accepts any delta type it does not know in such a block.
+    """
+
+    __slots__ = ()
+
+    async def start(self, content_block: Mapping[str, Any]) -> None:
+        """Open the block with ``content_block`` as its start object."""
+        if self._open:
+            raise ProtocolError("this BlockStreamer's block is already open")
+        self._content_block = content_block
+        await self._open_block()
+
+    async def write(self, delta: Mapping[str, Any]) -> None:
+        """Publish one delta object of the open block as it is."""
+        if not self._open:
+            raise ProtocolError("a delta for a BlockStreamer whose block is not open")
+        await self._cursor.raw_delta(delta)
+
+
 @dataclass(slots=True)
 class ToolCall:
     """One tool call of a round, as a :class:`ToolStreamer` saw it."""
@@ -214,6 +325,19 @@ class ToolCall:
     arguments: str = ""
     result: str | None = None
     is_error: bool = False
+
+
+def refused_call(tool_use_id: str, name: str, used: Iterable[str]) -> str | None:
+    """Why a tool call cannot start, or None when it can: the one rule for every caller.
+
+    A client matches a result to its call by id, and renders and runs the call by name:
+    both must be non-empty, and an id is used once per round.
+    """
+    if not tool_use_id or tool_use_id in used:
+        return f"tool call id {tool_use_id!r} is empty or already used"
+    if not name:
+        return f"tool call {tool_use_id!r} has no tool name"
+    return None
 
 
 class ToolStreamer:
@@ -229,7 +353,7 @@ class ToolStreamer:
     __slots__ = (
         "_by_id",
         "_calls",
-        "_index",
+        "_cursor",
         "_open_id",
         "_open_parts",
         "_publisher",
@@ -238,10 +362,8 @@ class ToolStreamer:
     )
 
     def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
-        if start_index < 0:
-            raise ValueError("start_index must be >= 0")
+        self._cursor = _Cursor(publisher, start_index)
         self._publisher = publisher
-        self._index = start_index
         self._calls: list[ToolCall] = []
         self._by_id: dict[str, ToolCall] = {}
         self._open_id: str | None = None
@@ -250,6 +372,9 @@ class ToolStreamer:
         self._open_parts: list[str] = []
         self._results_started = False
         self._retired = False
+
+    def _share(self, cursor: _Cursor) -> None:
+        self._cursor = cursor
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -261,7 +386,12 @@ class ToolStreamer:
     @property
     def next_index(self) -> int:
         """The next free block index."""
-        return self._index
+        return self._cursor.index
+
+    @property
+    def open_call(self) -> str | None:
+        """The id of the call whose tool_use block is open, or None."""
+        return self._open_id
 
     @property
     def pending(self) -> list[str]:
@@ -279,11 +409,14 @@ class ToolStreamer:
                 "a tool call cannot start after the round's first result: "
                 "all tool_use blocks come before all tool_result blocks"
             )
-        if not tool_use_id or tool_use_id in self._by_id:
-            raise ProtocolError(f"tool call id {tool_use_id!r} is empty or already used")
-        await self._close_open_call()
-        if self._publisher is not None:
-            await self._publisher.send_tool_use_start(self._index, tool_use_id, name)
+        reason = refused_call(tool_use_id, name, self._by_id)
+        if reason is not None:
+            raise ProtocolError(reason)
+        await self.end_call()
+        await self._cursor.open(
+            self,
+            lambda publisher, index: publisher.send_tool_use_start(index, tool_use_id, name),
+        )
         call = ToolCall(tool_use_id, name)
         self._calls.append(call)
         self._by_id[tool_use_id] = call
@@ -300,7 +433,7 @@ class ToolStreamer:
         if not partial_json:
             return
         if self._publisher is not None:
-            await self._publisher.send_tool_input_delta(self._index, partial_json)
+            await self._publisher.send_tool_input_delta(self._cursor.index, partial_json)
         self._open_parts.append(partial_json)
 
     async def write_result(self, tool_use_id: str, text: str, *, is_error: bool = False) -> None:
@@ -310,36 +443,36 @@ class ToolStreamer:
             raise ProtocolError(f"no tool call {tool_use_id!r} in this round")
         if call.result is not None:
             raise ProtocolError(f"tool call {tool_use_id!r} already has a result")
-        await self._close_open_call()
+        await self.end_call()
+        await self._cursor.whole(
+            self,
+            lambda publisher, index: publisher.send_tool_result_block(
+                index, tool_use_id, text, is_error=is_error
+            ),
+        )
         self._results_started = True
-        if self._publisher is not None:
-            await self._publisher.send_tool_result_block(
-                self._index, tool_use_id, text, is_error=is_error
-            )
-        self._index += 1
         call.result = text
         call.is_error = is_error
 
     async def close(self) -> None:
         """Close the open block and answer every call still owed with an error result."""
-        await self._close_open_call()
+        await self.end_call()
         for tool_use_id in self.pending:
             logger.warning("tool call %s got no result; sending an error result", tool_use_id)
             await self.write_result(tool_use_id, NO_RESULT_TEXT, is_error=True)
 
-    async def _close_open_call(self) -> None:
+    async def end_call(self) -> None:
+        """Close the open call's tool_use block (its arguments are complete), if any."""
         if self._open_id is None:
             return
-        if self._publisher is not None:
-            await self._publisher.send_content_block_stop(self._index)
+        await self._cursor.close(self)
         self._by_id[self._open_id].arguments = "".join(self._open_parts)
         self._open_parts = []
         self._open_id = None
-        self._index += 1
 
 
-_Streamer = TextStreamer | ThinkingStreamer | LineStreamer | ToolStreamer
-_S = TypeVar("_S", TextStreamer, ThinkingStreamer, LineStreamer, ToolStreamer)
+_Streamer = TextStreamer | ThinkingStreamer | LineStreamer | ToolStreamer | BlockStreamer
+_S = TypeVar("_S", TextStreamer, ThinkingStreamer, LineStreamer, ToolStreamer, BlockStreamer)
 
 
 class Turn:
@@ -347,15 +480,15 @@ class Turn:
 
     Get it from :func:`stream_turn`. Asking for a new streamer closes the current one
     first, so one block is open at a time and the next streamer starts at the next free
-    index. A streamer the Turn has moved past refuses to open another block
-    (:class:`ProtocolError`): its index now belongs to the next streamer. Set
-    :attr:`stop_reason`, :attr:`output_tokens` and :attr:`usage` before the block ends
-    to shape the epilogue.
+    index (all of them write through the Turn's one cursor). A streamer the Turn has
+    moved past refuses to open another block (:class:`ProtocolError`): its index now
+    belongs to the next streamer. Set :attr:`stop_reason`, :attr:`output_tokens` and
+    :attr:`usage` before the block ends to shape the epilogue.
     """
 
     __slots__ = (
         "_current",
-        "_index",
+        "_cursor",
         "output_tokens",
         "publisher",
         "stop_reason",
@@ -365,7 +498,7 @@ class Turn:
 
     def __init__(self, publisher: Publisher, start_index: int = 0) -> None:
         self.publisher = publisher
-        self._index = start_index
+        self._cursor = _Cursor(publisher, start_index)
         self._current: _Streamer | None = None
         self.stop_reason: str | None = StopReason.END_TURN
         self.stop_sequence: str | None = None
@@ -375,40 +508,46 @@ class Turn:
     @property
     def next_index(self) -> int:
         """The next free block index, counting the current streamer's blocks."""
-        if self._current is not None:
-            return self._current.next_index
-        return self._index
+        return self._cursor.index
 
     async def text(self) -> TextStreamer:
         """Close the current streamer and start a text streamer after it."""
-        return self._adopt(TextStreamer(self.publisher, await self._release()))
+        await self._release()
+        return self._adopt(TextStreamer(self.publisher))
 
     async def thinking(self) -> ThinkingStreamer:
         """Close the current streamer and start a thinking streamer after it."""
-        return self._adopt(ThinkingStreamer(self.publisher, await self._release()))
+        await self._release()
+        return self._adopt(ThinkingStreamer(self.publisher))
 
     async def lines(self, transform: Callable[[str], str] | None = None) -> LineStreamer:
         """Close the current streamer and start a line streamer after it."""
-        return self._adopt(LineStreamer(self.publisher, await self._release(), transform))
+        await self._release()
+        return self._adopt(LineStreamer(self.publisher, transform=transform))
 
     async def tools(self) -> ToolStreamer:
         """Close the current streamer and start a round of tool calls after it."""
-        return self._adopt(ToolStreamer(self.publisher, await self._release()))
+        await self._release()
+        return self._adopt(ToolStreamer(self.publisher))
+
+    async def block(self) -> BlockStreamer:
+        """Close the current streamer and start a pass-through block streamer after it."""
+        await self._release()
+        return self._adopt(BlockStreamer(self.publisher))
 
     async def close_current(self) -> None:
-        """Close the current streamer, if any, and take its next index."""
-        self._index = await self._release()
+        """Close the current streamer, if any."""
+        await self._release()
 
-    async def _release(self) -> int:
+    async def _release(self) -> None:
         current = self._current
         if current is not None:
             await current.close()
             current._retired = True
-            self._index = current.next_index
             self._current = None
-        return self._index
 
     def _adopt(self, streamer: _S) -> _S:
+        streamer._share(self._cursor)
         self._current = streamer
         return streamer
 
@@ -435,10 +574,7 @@ async def stream_turn(
         yield turn
         await turn.close_current()
     except Exception as exc:
-        try:
-            await publisher.send_error(error_type, f"the turn failed: {type(exc).__name__}")
-        except Exception as send_exc:
-            logger.error("could not send the error event: %s", type(send_exc).__name__)
+        await send_failure(publisher, exc, error_type=error_type)
         raise
     usage: dict[str, Any] = dict(turn.usage)  # Any: mypy cannot tell these from stop_sequence
     await publisher.send_stream_epilogue(

@@ -350,9 +350,10 @@ async def test_a_provider_error_in_a_round_raises_and_ends_the_stream() -> None:
         await turn()
     assert (caught.value.error_type, caught.value.message) == ("overloaded_error", "Overloaded")
     assert "Overloaded" not in str(caught.value)
+    # The provider's own type and message reach the client, as the provider sent them.
     assert _payloads(sink.events)[-1]["error"] == {
-        "type": "api_error",
-        "message": "the turn failed: ProviderStreamError",
+        "type": "overloaded_error",
+        "message": "Overloaded",
     }
     assert check(sink.events) == []
 

@@ -282,14 +282,15 @@ async def test_out_of_order_calls_raise_and_emit_nothing() -> None:
     await _refused(rounds, sink, rounds.block_stop())
     await rounds.tool_call_start(0, _call(0))
     await _refused(rounds, sink, rounds.tool_call_start(1, _call(0)))  # id reused
-    await _refused(rounds, sink, rounds.delta(text="text after a tool call"))
-    await _refused(rounds, sink, rounds.delta(reasoning="reasoning after a tool call"))
     await _refused(rounds, sink, rounds.tool_call_delta(1, "{}"))
     await _refused(rounds, sink, rounds.assistant_message([_call(5)]))  # not what streamed
     await _refused(rounds, sink, rounds.assistant_message([]))  # fewer than streamed
     await _refused(rounds, sink, rounds.assistant_message([_call(0), _call(1), _call(1)]))
     await rounds.assistant_message([_call(0), _call(1)])
     await _refused(rounds, sink, rounds.assistant_message([_call(0), _call(1)]))
+    await _refused(rounds, sink, rounds.delta(text="text after the model's output"))
+    await _refused(rounds, sink, rounds.delta(reasoning="reasoning after the model's output"))
+    await _refused(rounds, sink, rounds.block_start({"type": "server_tool_use"}))
     await _refused(rounds, sink, rounds.tool_call_start(1, _call(7)))  # not the declared one
     await _refused(rounds, sink, rounds.tool_result(2, "out of range"))
     await _refused(rounds, sink, rounds.tool_result(-1, "out of range"))

@@ -368,10 +368,8 @@ class _Reader:
             return
         self.used.add(index)
         if block_type in (BlockType.TEXT, BlockType.THINKING):
-            if self.calls:
-                self.block = _Block(index, "skip", content_block)
-                _skip(position, name, f"a {block_type} block after the round's tool calls")
-                return
+            # Opened at its first content (protocol rule 2), wherever it comes: after
+            # the round's tool calls too, since the provider's order is the truth.
             self.block = _Block(index, block_type, content_block)
             return
         # Marked skipped until the round takes it: a refusal leaves it that way.

@@ -27,15 +27,25 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
 
+from essessey._failure import send_failure
 from essessey.errors import RoundOrderError, SerializationError
-from essessey.protocol import EventType, StopReason
+from essessey.protocol import StopReason
 from essessey.publisher import Publisher
-from essessey.streamers import NO_RESULT_TEXT, ToolCall
+from essessey.streamers import (
+    NO_RESULT_TEXT,
+    BlockStreamer,
+    TextStreamer,
+    ThinkingStreamer,
+    ToolCall,
+    ToolStreamer,
+    _Cursor,
+    refused_call,
+)
 
 __all__ = [
     "RoundStream",
@@ -87,30 +97,38 @@ def result_text(result: object) -> str:
         raise SerializationError(f"tool result is not JSON-serialisable: {exc}") from exc
 
 
+_S = TypeVar("_S", TextStreamer, ThinkingStreamer)
+
+
 class _Phase(enum.Enum):
     IDLE = "idle"  # between rounds
-    CONTENT = "content"  # thinking, text and other blocks
-    CALLS = "calls"  # tool_use blocks
+    OUTPUT = "output"  # the model's output: thinking, text, tool calls, other blocks
+    DECLARED = "declared"  # assistant_message fixed the round's calls
     RESULTS = "results"  # tool_result blocks
 
 
-class _Open(enum.Enum):
-    NONE = "none"
-    THINKING = "thinking"
-    TEXT = "text"
-    OTHER = "other"
+_Content = TextStreamer | ThinkingStreamer | BlockStreamer
 
 
 class RoundStream:
     """Publishes an agent's rounds into one message with the original's index layout.
 
-    Per round: :meth:`round_start`, any number of :meth:`delta` (and pass-through
-    :meth:`block_start`/:meth:`block_delta`/:meth:`block_stop` for block types it does not
-    model), the tool calls as they stream (:meth:`tool_call_start`,
-    :meth:`tool_call_delta`), :meth:`assistant_message` with the round's whole list of
-    calls once the model is done, :meth:`tool_result` per call in any order, and
-    :meth:`round_end`. The caller sends the message's preamble and epilogue, or uses
-    :func:`stream_rounds`, which does both.
+    Per round: :meth:`round_start`, the model's output as it streams (:meth:`delta`
+    for reasoning and text, :meth:`tool_call_start` and :meth:`tool_call_delta` for tool
+    calls, and pass-through :meth:`block_start`/:meth:`block_delta`/:meth:`block_stop`
+    for block types it does not model), :meth:`assistant_message` with the round's
+    whole list of calls once the model is done, :meth:`tool_result` per call in any
+    order, and :meth:`round_end`. The caller sends the message's preamble and epilogue,
+    or uses :func:`stream_rounds`, which does both.
+
+    The model's blocks keep the order they came in: text after a tool call, or a
+    server tool's block between two calls, is a block of its own after what came
+    before (the provider's order is the truth). Only the results wait: they come after
+    every block of the round's model output.
+
+    The blocks are written by the streamers (:mod:`essessey.streamers`) through one
+    shared cursor, which owns the indexes; this class owns the round: its phases, its
+    declared calls and the order of their results.
 
     A proxy of a provider's own stream keeps that stream's events as they were with
     :meth:`open_content` (a text or thinking block opened with the provider's start
@@ -119,15 +137,11 @@ class RoundStream:
     """
 
     __slots__ = (
-        "_base",
-        "_calls",
+        "_content",
+        "_cursor",
         "_declared",
-        "_index",
         "_lock",
         "_next_result",
-        "_open",
-        "_open_call",
-        "_open_call_parts",
         "_pending_results",
         "_phase",
         "_round_start",
@@ -135,6 +149,7 @@ class RoundStream:
         "_signature",
         "_text_parts",
         "_thinking_parts",
+        "_tools",
         "output_tokens",
         "publisher",
         "stop_reason",
@@ -143,11 +158,9 @@ class RoundStream:
     )
 
     def __init__(self, publisher: Publisher, *, start_index: int = 0) -> None:
-        if start_index < 0:
-            raise ValueError("start_index must be >= 0")
         self.publisher = publisher
+        self._cursor = _Cursor(publisher, start_index)
         self._lock = anyio.Lock()
-        self._index = start_index
         self._rounds = 0
         self._phase = _Phase.IDLE
         self._reset_round()
@@ -158,13 +171,12 @@ class RoundStream:
         self.usage: dict[str, int] = {}
 
     def _reset_round(self) -> None:
-        self._round_start = self._index
-        self._open = _Open.NONE
-        self._base = -1
-        self._calls: list[ToolCall] = []
+        self._round_start = self._cursor.index
+        self._content: _Content | None = None
+        tools = ToolStreamer(self.publisher)
+        tools._share(self._cursor)
+        self._tools = tools
         self._declared: list[ToolCallRequest] | None = None
-        self._open_call = -1
-        self._open_call_parts: list[str] = []
         self._pending_results: dict[int, tuple[str, bool]] = {}
         self._next_result = 0
         self._text_parts: list[str] = []
@@ -176,7 +188,7 @@ class RoundStream:
     @property
     def next_index(self) -> int:
         """The next free block index (where the next block will open)."""
-        return self._index
+        return self._cursor.index
 
     @property
     def rounds(self) -> int:
@@ -196,64 +208,61 @@ class RoundStream:
             if self._phase is not _Phase.IDLE:
                 raise RoundOrderError("round_start while a round is open; end it first")
             self._reset_round()
-            self._phase = _Phase.CONTENT
+            self._phase = _Phase.OUTPUT
 
     async def delta(self, *, text: str = "", reasoning: str = "", signature: str = "") -> None:
         """Stream a chunk of the model's output: reasoning, answer text, or both.
 
-        Reasoning goes to a thinking block, text to a text block; whichever is open is
-        closed when the other kind arrives, so reasoning after text opens a new thinking
-        block (nothing is dropped). When both are given, reasoning goes first. A
-        ``signature`` (a provider's signature of the reasoning) goes to the thinking
-        block, after ``reasoning``.
+        Reasoning goes to a thinking block, text to a text block; whichever block is
+        open (a tool call's too) is closed when another kind arrives, so reasoning after
+        text opens a new thinking block (nothing is dropped). When both are given,
+        reasoning goes first. A ``signature`` (a provider's signature of the reasoning)
+        goes to the thinking block, after ``reasoning``.
         """
         if not (text or reasoning or signature):
             return
         async with self._lock:
-            self._require_content("delta")
-            if signature and not reasoning and self._open is not _Open.THINKING:
+            self._require_output("delta")
+            if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
-            publisher = self.publisher
             if reasoning or signature:
-                await self._switch_to(_Open.THINKING)
+                thinking = await self._switch_to(ThinkingStreamer)
                 if reasoning:
-                    await publisher.send_content_block_delta_thinking(self._index, reasoning)
-                    self._thinking_parts.append(reasoning)
+                    await thinking.write(reasoning)
                 if signature:
-                    await publisher.send_signature_delta(self._index, signature)
+                    await thinking.write_signature(signature)
                     self._signature = signature
             if text:
-                await self._switch_to(_Open.TEXT)
-                await publisher.send_content_block_delta_text(self._index, text)
-                self._text_parts.append(text)
+                streamer = await self._switch_to(TextStreamer)
+                await streamer.write(text)
 
     async def block_start(self, content_block: Mapping[str, Any]) -> None:
         """Open a block of a type this class does not model (passed through as given).
 
         For a provider's other content (``redacted_thinking``, server tool blocks): it
-        takes the next index like any block. Its deltas go through :meth:`block_delta`
-        and it ends with :meth:`block_stop`.
+        takes the next index like any block, wherever it comes in the model's output.
+        Its deltas go through :meth:`block_delta` and it ends with :meth:`block_stop`.
         """
         async with self._lock:
-            self._require_content("block_start")
-            await self._close_content()
-            await self._publish_start(content_block)
-            self._open = _Open.OTHER
+            self._require_output("block_start")
+            await self._close_open()
+            block = BlockStreamer(self.publisher)
+            block._share(self._cursor)
+            await block.start(content_block)
+            self._content = block
 
     async def block_delta(self, delta: Mapping[str, Any]) -> None:
         """A delta of the block opened by :meth:`block_start`, passed through as given."""
         async with self._lock:
-            if self._phase is not _Phase.CONTENT or self._open is not _Open.OTHER:
+            block = self._content
+            if not isinstance(block, BlockStreamer):
                 raise RoundOrderError("block_delta without a block opened by block_start")
-            await self.publisher.publish(
-                EventType.CONTENT_BLOCK_DELTA,
-                {"type": EventType.CONTENT_BLOCK_DELTA, "index": self._index, "delta": dict(delta)},
-            )
+            await block.write(delta)
 
     async def block_stop(self) -> None:
         """Close the block opened by :meth:`block_start`."""
         async with self._lock:
-            if self._phase is not _Phase.CONTENT or self._open is not _Open.OTHER:
+            if not isinstance(self._content, BlockStreamer):
                 raise RoundOrderError("block_stop without a block opened by block_start")
             await self._close_content()
 
@@ -268,14 +277,20 @@ class RoundStream:
         other block type (:meth:`block_start` takes those).
         """
         block_type = content_block.get("type")
-        kind = _Open.TEXT if block_type == "text" else _Open.THINKING
         if block_type not in ("text", "thinking"):
             raise ValueError("open_content takes a text or thinking block")
         async with self._lock:
-            self._require_content("open_content")
-            await self._close_content()
-            await self._publish_start(content_block)
-            self._open = kind
+            self._require_output("open_content")
+            await self._close_open()
+            streamer: _Content = (
+                TextStreamer(self.publisher)
+                if block_type == "text"
+                else ThinkingStreamer(self.publisher)
+            )
+            streamer._share(self._cursor)
+            streamer._content_block = content_block
+            await streamer._open_block()
+            self._content = streamer
 
     async def raw_delta(self, delta: Mapping[str, Any]) -> None:
         """A delta for the open block, whichever kind it is, passed through as given.
@@ -285,16 +300,9 @@ class RoundStream:
         block, or to the open tool call, and adds nothing to the round's summary.
         """
         async with self._lock:
-            if self._phase is _Phase.CONTENT and self._open is not _Open.NONE:
-                index = self._index
-            elif self._phase is _Phase.CALLS and self._open_call >= 0:
-                index = self._base + self._open_call
-            else:
+            if self._phase is _Phase.IDLE or self._cursor.holder is None:
                 raise RoundOrderError("raw_delta without an open block")
-            await self.publisher.publish(
-                EventType.CONTENT_BLOCK_DELTA,
-                {"type": EventType.CONTENT_BLOCK_DELTA, "index": index, "delta": dict(delta)},
-            )
+            await self._cursor.raw_delta(delta)
 
     async def close_block(self) -> None:
         """Close the open block (content or tool call) now.
@@ -303,49 +311,48 @@ class RoundStream:
         provider did, so the events in between (pings) keep their order.
         """
         async with self._lock:
-            if self._phase is _Phase.CONTENT and self._open is not _Open.NONE:
-                await self._close_content()
-            elif self._phase is _Phase.CALLS and self._open_call >= 0:
-                await self._close_call()
-            else:
+            if self._phase is _Phase.IDLE or self._cursor.holder is None:
                 raise RoundOrderError("close_block without an open block")
+            await self._close_open()
 
     async def tool_call_start(self, i: int, call: ToolCallRequest) -> None:
-        """Open the tool_use block of the round's call ``i`` at ``base + i``.
+        """Open the tool_use block of the round's call ``i`` at the next index.
 
         Calls start in order (``i`` is the number already started). ``call.arguments``,
         when given, goes out as one input delta; before :meth:`assistant_message` more
         may follow through :meth:`tool_call_delta` while this call is the open one (after
-        it, the block closes at once). Starting a call that is
-        already out with the same id does nothing, so a loop may announce the calls it
-        streamed again when it runs them.
+        it, the block closes at once). Starting a call that is already out with the same
+        id does nothing, so a loop may announce the calls it streamed again when it runs
+        them.
         """
         async with self._lock:
-            if self._phase in (_Phase.IDLE, _Phase.RESULTS) and not self._already_started(i, call):
+            if self._already_started(i, call):
+                return
+            if self._phase in (_Phase.IDLE, _Phase.RESULTS):
                 raise RoundOrderError(
                     f"tool call {i} cannot start now: "
                     + ("no round is open" if self._phase is _Phase.IDLE else "results began")
                 )
-            if self._already_started(i, call):
-                return
             self._check_new_call(i, call)
-            await self._emit_call(call)
+            await self._close_content()
+            await self._tools.start_call(call.id, call.name, call.arguments)
             if self._declared is not None:
                 # The model's output is complete: the arguments are whole, so is the block.
-                await self._close_call()
+                await self._tools.end_call()
 
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
         async with self._lock:
-            if self._phase is not _Phase.CALLS or i != self._open_call:
+            calls = self._tools._calls
+            open_id = self._tools.open_call
+            open_i = len(calls) - 1 if open_id is not None else -1
+            if self._phase is not _Phase.OUTPUT or i != open_i:
                 raise RoundOrderError(
                     f"arguments for tool call {i}, but "
-                    + (f"the open call is {self._open_call}" if self._open_call >= 0 else "none")
+                    + (f"the open call is {open_i}" if open_i >= 0 else "none")
                     + " is open"
                 )
-            if partial_json:
-                await self.publisher.send_tool_input_delta(self._base + i, partial_json)
-                self._open_call_parts.append(partial_json)
+            await self._tools.write_arguments(calls[i].tool_use_id, partial_json)
 
     async def assistant_message(self, tool_calls: Sequence[ToolCallRequest] = ()) -> None:
         """The model's round is complete: close its content and fix its tool calls.
@@ -355,12 +362,14 @@ class RoundStream:
         at the latest, when results go out.
         """
         async with self._lock:
-            if self._phase not in (_Phase.CONTENT, _Phase.CALLS):
-                raise RoundOrderError("assistant_message outside a round's model output")
-            if self._declared is not None:
-                raise RoundOrderError("assistant_message was already sent for this round")
+            if self._phase is not _Phase.OUTPUT:
+                raise RoundOrderError(
+                    "assistant_message was already sent for this round"
+                    if self._phase in (_Phase.DECLARED, _Phase.RESULTS)
+                    else "assistant_message outside a round's model output"
+                )
             declared = list(tool_calls)
-            started = self._calls
+            started = self._tools._calls
             if len(started) > len(declared) or any(
                 call.tool_use_id != request.id
                 for call, request in zip(started, declared, strict=False)
@@ -372,23 +381,21 @@ class RoundStream:
             ids = [request.id for request in declared]
             if len(set(ids)) != len(ids) or not all(ids):
                 raise RoundOrderError("the round's tool call ids must be non-empty and distinct")
-            await self._close_content()
-            await self._close_call()
-            if self._phase is _Phase.CONTENT:
-                self._phase = _Phase.CALLS
-                self._base = self._index
+            await self._close_open()
             self._declared = declared
+            self._phase = _Phase.DECLARED
 
     async def tool_result(self, i: int, result: object, *, is_error: bool = False) -> None:
-        """The result of call ``i``: published at ``base + n + i`` once ``0..i-1`` are out.
+        """The result of call ``i``: published after the round's output, in call order.
 
         ``result`` is text or any JSON-serialisable value (see :func:`result_text`).
         Needs :meth:`assistant_message` first (the layout depends on the round's number
-        of calls).
+        of calls); a result that comes before an earlier call's is held until that one
+        is out, because a client renders block ``k`` before ``k + 1``.
         """
         text = result_text(result)
         async with self._lock:
-            if self._phase not in (_Phase.CALLS, _Phase.CONTENT, _Phase.RESULTS):
+            if self._phase is _Phase.IDLE:
                 raise RoundOrderError(f"tool result {i} outside a round")
             declared = self._declared
             if declared is None:
@@ -416,12 +423,12 @@ class RoundStream:
         async with self._lock:
             if self._phase is _Phase.IDLE:
                 raise RoundOrderError("round_end without an open round")
-            await self._close_content()
-            await self._close_call()
+            await self._close_open()
+            tools = self._tools
             if self._declared is None:
                 self._declared = [
                     ToolCallRequest(call.tool_use_id, call.name, call.arguments)
-                    for call in self._calls
+                    for call in tools.calls
                 ]
             if answer_missing:
                 for i in range(self._next_result, len(self._declared)):
@@ -434,9 +441,7 @@ class RoundStream:
                         self._pending_results[i] = (NO_RESULT_TEXT, True)
             elif self._phase is not _Phase.RESULTS:
                 # Once results began, _flush_results has announced every declared call.
-                for request in self._declared[len(self._calls) :]:
-                    await self._emit_call(request)
-                await self._close_call()
+                await self._announce_declared()
             await self._flush_results()
             if self._pending_results:
                 logger.warning(
@@ -448,11 +453,11 @@ class RoundStream:
             summary = RoundSummary(
                 number=self._rounds,
                 start_index=self._round_start,
-                end_index=self._index,
+                end_index=self._cursor.index,
                 text="".join(self._text_parts),
                 thinking="".join(self._thinking_parts),
                 signature=self._signature,
-                tool_calls=list(self._calls),
+                tool_calls=tools.calls,
             )
             self._rounds += 1
             self._phase = _Phase.IDLE
@@ -460,105 +465,82 @@ class RoundStream:
 
     # -- internals (called with the lock held) -----------------------------------------
 
-    async def _publish_start(self, content_block: Mapping[str, Any]) -> None:
-        # "type" first, as every other event: publish() would add it last.
-        await self.publisher.publish(
-            EventType.CONTENT_BLOCK_START,
-            {
-                "type": EventType.CONTENT_BLOCK_START,
-                "index": self._index,
-                "content_block": dict(content_block),
-            },
-        )
-
-    def _require_content(self, what: str) -> None:
-        if self._phase is not _Phase.CONTENT:
+    def _require_output(self, what: str) -> None:
+        if self._phase is not _Phase.OUTPUT:
             raise RoundOrderError(
-                f"{what} outside a round's content: "
-                + ("no round is open" if self._phase is _Phase.IDLE else "tool calls began")
+                f"{what} outside a round's model output: "
+                + (
+                    "no round is open"
+                    if self._phase is _Phase.IDLE
+                    else "assistant_message already ended it"
+                )
             )
 
-    async def _switch_to(self, kind: _Open) -> None:
-        if self._open is kind:
-            return
-        await self._close_content()
-        if kind is _Open.THINKING:
-            await self.publisher.send_content_block_start_thinking(self._index)
-        else:
-            await self.publisher.send_content_block_start_text(self._index)
-        self._open = kind
+    async def _switch_to(self, kind: type[_S]) -> _S:
+        current = self._content
+        if type(current) is kind:
+            return current
+        await self._close_open()
+        streamer = kind(self.publisher)
+        streamer._share(self._cursor)
+        self._content = streamer
+        return streamer
 
     async def _close_content(self) -> None:
-        if self._open is not _Open.NONE:
-            await self.publisher.send_content_block_stop(self._index)
-            self._open = _Open.NONE
-            self._index += 1
+        content = self._content
+        if content is None:
+            return
+        await content.close()
+        self._content = None
+        if isinstance(content, ThinkingStreamer):
+            self._thinking_parts.append(content.text)
+        elif isinstance(content, TextStreamer):
+            self._text_parts.append(content.text)
+
+    async def _close_open(self) -> None:
+        await self._close_content()
+        await self._tools.end_call()
 
     def _already_started(self, i: int, call: ToolCallRequest) -> bool:
-        return i < len(self._calls) and self._calls[i].tool_use_id == call.id
+        calls = self._tools._calls
+        return i < len(calls) and calls[i].tool_use_id == call.id
 
     def _check_new_call(self, i: int, call: ToolCallRequest) -> None:
-        if i != len(self._calls):
+        calls = self._tools._calls
+        if i != len(calls):
             raise RoundOrderError(
-                f"tool call {i} started out of order: the next call is {len(self._calls)}"
+                f"tool call {i} started out of order: the next call is {len(calls)}"
             )
         declared = self._declared
-        if declared is not None:
-            if i >= len(declared) or declared[i].id != call.id:
-                raise RoundOrderError(f"tool call {i} is not the round's declared call {i}")
-        elif not call.id or any(c.tool_use_id == call.id for c in self._calls):
-            raise RoundOrderError(f"tool call id {call.id!r} is empty or already used")
-        if not call.name:
-            raise RoundOrderError(f"tool call {i} has no tool name")
+        if declared is not None and (i >= len(declared) or declared[i].id != call.id):
+            raise RoundOrderError(f"tool call {i} is not the round's declared call {i}")
+        reason = refused_call(call.id, call.name, self._tools._by_id)
+        if reason is not None:
+            raise RoundOrderError(reason)
 
-    async def _emit_call(self, call: ToolCallRequest) -> None:
-        # Closing the round's content fixes the base; do it before the first call only.
-        if self._phase is _Phase.CONTENT:
-            await self._close_content()
-            self._phase = _Phase.CALLS
-            self._base = self._index
-        await self._close_call()
-        index = self._base + len(self._calls)
-        await self.publisher.send_tool_use_start(index, call.id, call.name)
-        self._calls.append(ToolCall(call.id, call.name))
-        self._open_call = len(self._calls) - 1
-        self._index = index
-        if call.arguments:
-            await self.publisher.send_tool_input_delta(index, call.arguments)
-            self._open_call_parts.append(call.arguments)
-
-    async def _close_call(self) -> None:
-        if self._open_call < 0:
-            return
-        index = self._base + self._open_call
-        await self.publisher.send_content_block_stop(index)
-        self._calls[self._open_call].arguments = "".join(self._open_call_parts)
-        self._open_call_parts = []
-        self._open_call = -1
-        self._index = index + 1
-
-    async def _flush_results(self) -> None:
+    async def _announce_declared(self) -> None:
+        # Results come after every tool_use block: declared calls never started go now.
         declared = self._declared
         assert declared is not None
+        tools = self._tools
+        for request in declared[len(tools._calls) :]:
+            await self._close_content()
+            await tools.start_call(request.id, request.name, request.arguments)
+        await tools.end_call()
+
+    async def _flush_results(self) -> None:
         if self._next_result not in self._pending_results:
             return
-        # Results come after every tool_use block: announce declared calls never started.
-        for request in declared[len(self._calls) :]:
-            await self._emit_call(request)
-        await self._close_call()
-        self._phase = _Phase.RESULTS
-        n = len(declared)
+        if self._phase is not _Phase.RESULTS:
+            await self._close_open()
+            await self._announce_declared()
+            self._phase = _Phase.RESULTS
+        calls = self._tools._calls
         while self._next_result in self._pending_results:
             i = self._next_result
             text, is_error = self._pending_results.pop(i)
-            call = self._calls[i]
-            await self.publisher.send_tool_result_block(
-                self._base + n + i, call.tool_use_id, text, is_error=is_error
-            )
-            call.result = text
-            call.is_error = is_error
+            await self._tools.write_result(calls[i].tool_use_id, text, is_error=is_error)
             self._next_result = i + 1
-            self._index = self._base + n + i + 1
 
 
 @asynccontextmanager
@@ -585,10 +567,7 @@ async def stream_rounds(
         if rounds.in_round:
             await rounds.round_end()
     except Exception as exc:
-        try:
-            await publisher.send_error(error_type, f"the turn failed: {type(exc).__name__}")
-        except Exception as send_exc:
-            logger.error("could not send the error event: %s", type(send_exc).__name__)
+        await send_failure(publisher, exc, error_type=error_type)
         raise
     usage: dict[str, Any] = dict(rounds.usage)
     await publisher.send_stream_epilogue(
