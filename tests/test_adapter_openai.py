@@ -547,9 +547,7 @@ async def test_refusal_is_published_as_text() -> None:
 
 
 @pytest.mark.anyio
-async def test_text_after_the_calls_began_is_dropped_with_one_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_text_after_a_call_is_a_block_after_it(caplog: pytest.LogCaptureFixture) -> None:
     chunks = [
         _chunk(content="before "),
         _chunk(tool_calls=[_call(0, id="c1", name="f", arguments="{}")]),
@@ -559,11 +557,10 @@ async def test_text_after_the_calls_began_is_dropped_with_one_warning(
     with caplog.at_level(logging.DEBUG):
         message, events = await _publish(chunks)
     assert check(events) == []
-    assert message.text == reassemble_events(events).text == "before "
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert f"{2 * len(MARKER)} characters" in warnings[0].getMessage()
-    assert "chunk 2" in warnings[0].getMessage()
+    assert message.text == reassemble_events(events).text == "before " + 2 * MARKER
+    starts = [(i, kind) for event, i, kind in _blocks(events) if event.endswith("start")]
+    assert starts == [(0, "text"), (1, "tool_use"), (2, "text")]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert MARKER not in _log_text(caplog)
 
 
@@ -641,7 +638,7 @@ async def test_malformed_chunks_are_skipped_with_a_warning(
         message, events = await _publish(chunks, dialect)
     assert check(events) == []
     assert message.text == reassemble_events(events).text == "ok " + MARKER + "end"
-    assert message.model == ""  # the first chunk was unreadable
+    assert message.model == "test-model"  # the first readable chunk names it
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == len(bad)
     for (position, _, reason), warning in zip(bad, warnings, strict=True):

@@ -40,6 +40,8 @@ class PublishedMessage:
     """What an adapter's ``publish`` returns: the message's content as it went out.
 
     ``usage`` holds the token counts the provider reported (empty when it sent none).
+    ``error`` is the provider's error object (``type`` and ``message``) when one ended
+    the message; it is then not complete.
     """
 
     message_id: str
@@ -49,3 +51,4 @@ class PublishedMessage:
     tool_calls: list[PublishedToolCall] = field(default_factory=list)
     stop_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
+    error: dict[str, Any] | None = None

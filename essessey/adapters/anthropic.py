@@ -86,7 +86,6 @@ class StreamedMessage(PublishedMessage):
     signature: str | None = None
     stop_sequence: str | None = None
     content: list[dict[str, Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
 
 
 def _as_payload(event: object) -> dict[str, Any] | None:

@@ -21,9 +21,12 @@ The mapping, for ``choices[0]`` (other choices are skipped, with one log line):
   ``output_tokens`` (``completion_tokens``) and ``reasoning_tokens``
   (``completion_tokens_details.reasoning_tokens``), each only when the server sent it.
 
-The blocks follow :class:`~essessey.adapters.RoundStream`'s layout: a round's thinking
-and text, then its tool_use blocks, so text that comes after the round's tool calls
-began has no place and is dropped with a warning. A chunk that cannot be read (not a
+The blocks follow :class:`~essessey.adapters.RoundStream`'s layout, in the order the
+server sent them (text after a tool call is a block after it); the arguments of
+parallel calls whose fragments interleave are kept whole (see :func:`stream_round`).
+``delta.content`` may also be a list of typed parts (Mistral): ``text`` parts are text,
+``thinking`` parts reasoning, in order. An ``error`` object in a chunk ends the message
+with the provider's error. A chunk that cannot be read (not a
 mapping, a field of the wrong type, a string with a lone surrogate, a count past 64
 bits) is skipped with a warning naming the chunk's position and the reason. Logs carry
 positions, counts and lengths, never text or arguments.
@@ -32,22 +35,22 @@ positions, counts and lengths, never text or arguments.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from essessey._failure import send_failure
+from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._values import fits_count, has_lone_surrogate
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
+from essessey.errors import ProviderStreamError
 from essessey.protocol import StopReason
 from essessey.publisher import Publisher
 
 __all__ = ["StreamedRound", "map_stop_reason", "publish", "stream_round"]
 
 logger = logging.getLogger("essessey.adapters.openai")
-
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-_MAX_COUNT: Final = 2**63 - 1
 
 _STOP_REASONS: Final[dict[str, str]] = {
     "length": StopReason.MAX_TOKENS,
@@ -82,12 +85,11 @@ def map_stop_reason(finish_reason: str | None, *, tool_calls: bool = False) -> s
 class StreamedRound:
     """What :func:`stream_round` published for one model response.
 
-    ``text`` and ``thinking`` are what went out (text that came after the round's tool
-    calls began has no place in the layout and is not in them). ``tool_calls`` are the
-    calls that went out, in order. ``finish_reason`` is the server's last one, as sent;
+    ``text`` and ``thinking`` are what went out. ``tool_calls`` are the calls that went
+    out, in order. ``finish_reason`` is the server's last one, as sent;
     ``stop_reason`` is it mapped by :func:`map_stop_reason`. ``usage`` holds the token
     counts of the last usage the server reported (empty when it sent none) and
-    ``model`` the first ``model`` field seen.
+    ``model`` the first non-empty ``model`` field seen.
     """
 
     text: str = ""
@@ -112,23 +114,36 @@ async def stream_round(
     ``rounds.assistant_message`` with the round's tool calls, so results may follow.
 
     Tool calls are keyed by their ``index``. A call's tool_use block opens when the
-    call's name is known (fragments that came before are held and go out with it), in
-    order of first appearance, and its arguments stream as they arrive. Servers send a
-    round's calls one after another, so a new call closes the previous one; a fragment
-    for a call already closed cannot go out and is dropped with a warning. A fragment
-    without an ``index`` is a new call when it carries an id or a name (unless the id is
-    a known call's), else it continues the last call. A call without an id (or with an
-    empty or repeated one) gets ``f"{id_prefix}{n}"``, with ``n`` unique within the
-    message; when one stream carries several messages, pass a prefix unique to the
-    message (as :func:`publish` does). A call that never gets a name is dropped with a
-    warning.
+    call's name is known (fragments that came before go out with it), in order of first
+    appearance, and its arguments stream as they arrive. While a call's block is open
+    and its arguments are not yet whole JSON, whatever else comes (another call's
+    fragments, as servers that interleave parallel calls send them, or text) is held
+    and goes out, in order, once the call's arguments are whole or the chunks end, so
+    every call's arguments reach the client exactly as the server sent them. (A
+    fragment for a call that was closed with whole JSON arguments cannot go out; it is
+    counted in a warning.) Text and reasoning keep their place among the calls: text
+    after a call is a block after it. A fragment without an ``index`` is a new call
+    when it carries an id or a name (unless the id is a known call's), else it
+    continues the last call. A call without an id (or with an empty or repeated one)
+    gets ``f"{id_prefix}{n}"``, with ``n`` unique within the message; when one stream
+    carries several messages, pass a prefix unique to the message (as :func:`publish`
+    does). A call that never gets a name is dropped with a warning.
+
+    A chunk with an ``error`` object (OpenRouter puts one in a chunk, Groq sends an SSE
+    ``error`` event whose data is ``{"error": ...}``) ends the response: what came
+    before goes out, the round's calls are declared, and :class:`ProviderStreamError`
+    is raised with the provider's type (from its ``type``, else its HTTP ``code``) and
+    message, so :func:`~essessey.adapters.stream_rounds` ends the turn with that error.
 
     A sync iterable is read in the event loop's thread: give it chunks already in memory,
     and a network stream as an async iterable (the SDK's ``AsyncStream``).
     """
     reader = _RoundReader(rounds, id_prefix)
-    await _for_each(chunks, reader.feed)
-    return await reader.finish()
+    await _read_all(chunks, reader, reader.feed)
+    result = await reader.finish()
+    if reader.error is not None:
+        raise reader.error
+    return result
 
 
 async def publish(
@@ -141,13 +156,18 @@ async def publish(
 ) -> PublishedMessage:
     """Publish one chat-completions response as one whole message, preamble to epilogue.
 
-    ``model`` defaults to the first chunk's ``model`` field (``""`` when it has none);
-    input tokens are unknown when the message starts, so ``message_start`` says 0 and
-    the epilogue carries the usage the server reported. The content goes through one
-    round of a :class:`~essessey.adapters.RoundStream` (see :func:`stream_round`).
-    Tool calls end the message without results (stop reason ``tool_use``): their results
-    belong to the next message. Generated tool call ids are
-    ``f"call_{message_id}_{n}"``.
+    ``model`` defaults to the first non-empty ``model`` field of the chunks read before
+    any content (``""`` when none names one); input tokens are unknown when the message
+    starts, so ``message_start`` says 0 and the epilogue carries the usage the server
+    reported. The content goes through one round of a
+    :class:`~essessey.adapters.RoundStream` (see :func:`stream_round`). Tool calls end
+    the message without results (stop reason ``tool_use``): their results belong to
+    the next message. Generated tool call ids are ``f"call_{message_id}_{n}"``.
+
+    A provider error in the stream (see :func:`stream_round`) ends the message with a
+    ``message_delta`` (the stop reason and usage so far) and then the provider's
+    ``error`` event instead of ``message_stop``: the message does not read as complete.
+    ``publish`` then returns with ``error`` set to the provider's type and message.
 
     If the chunks raise (or publishing fails), an ``error`` event of type
     ``api_error``, naming only the exception class, ends the stream and the exception
@@ -156,44 +176,53 @@ async def publish(
     rounds = RoundStream(publisher)
     reader = _RoundReader(rounds, f"call_{message_id}_")
     opened = False
+    # Chunks that carry nothing to publish (Azure's content-filter chunk with model "")
+    # are read before the preamble, so the model it names is the first real one.
+    early: list[_Chunk] = []
 
-    async def open_message(first: _Chunk | None) -> None:
+    async def open_message() -> None:
         nonlocal opened, model
         if model is None:
-            model = first.model if first is not None and first.model is not None else ""
+            model = next((c.model for c in early if c.model), "")
         await publisher.send_stream_preamble(message_id, stream_id, model, input_tokens=0)
         await rounds.round_start()
         opened = True
+        for chunk in early:
+            await reader.apply(chunk)
+        early.clear()
 
     async def on_chunk(raw: Any) -> None:
         if opened:
             await reader.feed(raw)
             return
-        # The preamble must precede the content, and it names the model: read the first
-        # chunk before anything goes out.
-        first = reader.parse(raw)
-        await open_message(first)
-        if first is not None:
-            await reader.apply(first)
+        # The preamble must precede the content, and it names the model: read chunks
+        # until one names it or carries content.
+        chunk = reader.parse(raw)
+        if chunk is None:
+            return
+        early.append(chunk)
+        if chunk.model or chunk.choice is not None or chunk.error is not None:
+            await open_message()
 
     try:
-        await _for_each(chunks, on_chunk)
+        await _read_all(chunks, reader, on_chunk)
         if not opened:
-            await open_message(None)
+            await open_message()
         result = await reader.finish()
         await rounds.round_end(answer_missing=False)
         # Any: mypy cannot tell these keyword arguments from stop_sequence.
         usage: dict[str, Any] = {k: v for k, v in result.usage.items() if k != "output_tokens"}
+        output_tokens = result.usage.get("output_tokens", 0)
         # Inside the try: a failed epilogue must still end the stream for its clients.
-        await publisher.send_stream_epilogue(
-            result.stop_reason, result.usage.get("output_tokens", 0), **usage
-        )
+        if reader.error is None:
+            await publisher.send_stream_epilogue(result.stop_reason, output_tokens, **usage)
+        else:
+            await publisher.send_message_delta(result.stop_reason, output_tokens, **usage)
+            await send_failure(publisher, reader.error)
     except Exception as exc:
-        try:
-            await publisher.send_error("api_error", f"the turn failed: {type(exc).__name__}")
-        except Exception as send_exc:
-            logger.error("could not send the error event: %s", type(send_exc).__name__)
+        await send_failure(publisher, exc)
         raise
+    error = reader.error
     return PublishedMessage(
         message_id=message_id,
         model=model if model is not None else "",
@@ -202,20 +231,28 @@ async def publish(
         tool_calls=result.tool_calls,
         stop_reason=result.stop_reason,
         usage=dict(result.usage),
+        error=None if error is None else {"type": error.error_type, "message": error.message},
     )
 
 
-async def _for_each(
-    chunks: Iterable[Any] | AsyncIterable[Any], fn: Callable[[Any], Awaitable[None]]
+async def _read_all(
+    chunks: Iterable[Any] | AsyncIterable[Any],
+    reader: _RoundReader,
+    fn: Callable[[Any], Awaitable[None]],
 ) -> None:
     # A loop per kind instead of an async-generator wrapper: a wrapper left unfinished
-    # by an exception would be closed later by the event loop, not here.
+    # by an exception would be closed later by the event loop, not here. A provider
+    # error ends the response: nothing after it is read.
     if isinstance(chunks, AsyncIterable):
         async for raw in chunks:
             await fn(raw)
+            if reader.error is not None:
+                return
     else:
         for raw in chunks:
             await fn(raw)
+            if reader.error is not None:
+                return
 
 
 # -- reading chunks ---------------------------------------------------------------------
@@ -238,10 +275,10 @@ class _Fragment:
 
 @dataclass(slots=True)
 class _Delta:
-    """What ``choices[0]`` of one chunk carries."""
+    """What ``choices[0]`` of one chunk carries: its output pieces in order, each
+    ``(True, text)`` for answer text or ``(False, text)`` for reasoning."""
 
-    text: str
-    reasoning: str
+    output: list[tuple[bool, str]]
     fragments: list[_Fragment]
     finish_reason: str | None
 
@@ -254,6 +291,7 @@ class _Chunk:
     choice: _Delta | None
     other_choices: bool
     usage: dict[str, int] | None
+    error: ProviderStreamError | None
 
 
 def _kind(value: object) -> str:
@@ -264,9 +302,7 @@ def _opt_str(value: object, where: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
-        # Python's json module turns a "\ud800" escape into a lone surrogate, which no
-        # UTF-8 text (so no published event) can carry. isascii() is O(1) in CPython.
-        if not value.isascii() and _SURROGATE.search(value):
+        if has_lone_surrogate(value):
             raise _Malformed(f"{where} holds a lone surrogate")
         return value
     raise _Malformed(f"{where} is a {_kind(value)}, not a string")
@@ -296,8 +332,7 @@ def _count(value: object, where: str) -> int | None:
     count = _opt_int(value, where)
     if count is not None and count < 0:
         raise _Malformed(f"{where} is negative")
-    if count is not None and count > _MAX_COUNT:
-        # Python's json module reads any integer; orjson writes none past 64 bits.
+    if count is not None and not fits_count(count):
         raise _Malformed(f"{where} does not fit in 64 bits")
     return count
 
@@ -381,23 +416,95 @@ def _read_fragments(delta: Mapping[str, Any], where: str) -> list[_Fragment]:
     return fragments
 
 
+def _part_text(value: object, where: str) -> str:
+    # A part's text is a string, or (Mistral's thinking parts) a list of text parts.
+    if isinstance(value, list | tuple):
+        return "".join(
+            _opt_str(part.get("text"), f"{where}[{k}].text") or ""
+            for k, part in enumerate(value)
+            if isinstance(part, Mapping) and part.get("type") == "text"
+        )
+    return _opt_str(value, where) or ""
+
+
+def _read_content(value: object, where: str) -> list[tuple[bool, str]]:
+    """``delta.content``: a string, or (Mistral) a list of typed parts in order."""
+    if not isinstance(value, list | tuple):
+        text = _opt_str(value, where)
+        return [(True, text)] if text else []
+    pieces: list[tuple[bool, str]] = []
+    for k, part in enumerate(value):
+        at = f"{where}[{k}]"
+        entry = _opt_map(part, at)
+        if entry is None:
+            raise _Malformed(f"{at} is null")
+        kind = entry.get("type")
+        if kind == "text":
+            text, is_text = _part_text(entry.get("text"), f"{at}.text"), True
+        elif kind == "thinking":
+            text, is_text = _part_text(entry.get("thinking"), f"{at}.thinking"), False
+        else:
+            # An image, a reference...: nothing the protocol's blocks carry.
+            logger.info("skipping a content part of type %s in %s", log_label(kind), where)
+            continue
+        if text:
+            pieces.append((is_text, text))
+    return pieces
+
+
 def _read_choice(choice: Mapping[str, Any], where: str) -> _Delta:
     delta = _opt_map(choice.get("delta"), f"{where}.delta") or {}
     at = f"{where}.delta"
-    content = _opt_str(delta.get("content"), f"{at}.content") or ""
-    refusal = _opt_str(delta.get("refusal"), f"{at}.refusal") or ""
     reasoning_content = _opt_str(delta.get("reasoning_content"), f"{at}.reasoning_content")
     reasoning = _opt_str(delta.get("reasoning"), f"{at}.reasoning")
+    output: list[tuple[bool, str]] = []
+    if reasoning_content or reasoning:
+        output.append((False, reasoning_content or reasoning or ""))
+    output.extend(_read_content(delta.get("content"), f"{at}.content"))
+    refusal = _opt_str(delta.get("refusal"), f"{at}.refusal")
+    if refusal:
+        output.append((True, refusal))
     return _Delta(
-        text=content + refusal,
-        reasoning=reasoning_content or reasoning or "",
+        output=output,
         fragments=_read_fragments(delta, at),
         finish_reason=_opt_str(choice.get("finish_reason"), f"{where}.finish_reason"),
     )
 
 
+# The error types of the Anthropic format, for an error that names only its HTTP status.
+_ERROR_TYPES: Final[dict[int, str]] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def _read_error(value: object) -> ProviderStreamError | None:
+    """A chunk's ``error`` (OpenRouter), or the body of an SSE ``error`` event (Groq)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return ProviderStreamError("api_error", "" if has_lone_surrogate(value) else value)
+    error = _opt_map(value, "error")
+    assert error is not None
+    error_type = error.get("type")
+    message = error.get("message")
+    code = error.get("code")
+    if not isinstance(error_type, str) or not error_type or has_lone_surrogate(error_type):
+        status = code if type(code) is int else error.get("status_code")
+        error_type = _ERROR_TYPES.get(status, "api_error") if type(status) is int else "api_error"
+    if not isinstance(message, str) or has_lone_surrogate(message):
+        message = ""
+    return ProviderStreamError(error_type, message)
+
+
 def _read_chunk(raw: Any) -> _Chunk:
     data = _as_mapping(raw)
+    error = _read_error(data.get("error"))
     model = _opt_str(data.get("model"), "model")
     usage = _read_usage(data.get("usage"))
     choices = _opt_list(data.get("choices"), "choices") or ()
@@ -415,7 +522,7 @@ def _read_chunk(raw: Any) -> _Chunk:
         if first is not None:
             raise _Malformed("two choices have index 0")
         first = _read_choice(entry, where)
-    return _Chunk(model=model, choice=first, other_choices=other, usage=usage)
+    return _Chunk(model=model, choice=first, other_choices=other, usage=usage, error=error)
 
 
 # -- publishing one round ------------------------------------------------------------------
@@ -434,27 +541,48 @@ class _Call:
         self.id = ""
         self.parts: list[str] = []
 
+    def complete(self) -> bool:
+        """Whether the arguments so far are a whole JSON value (so the call may close).
+
+        Parsed only when the last fragment ends like a JSON object or array: a call
+        streamed in many fragments is not parsed again at every one of them.
+        """
+        for part in reversed(self.parts):
+            tail = part.rstrip()
+            if tail:
+                return tail[-1] in "}]" and parse_arguments("".join(self.parts)) is not None
+        return False
+
 
 class _RoundReader:
-    """The state of one round while its chunks are read and published."""
+    """The state of one round while its chunks are read and published.
+
+    What the model sends goes out in the order it came, live, with one exception: while
+    a tool call's block is open and its arguments are not yet whole JSON, what comes for
+    anything else (another call, text, reasoning) is queued, because some servers
+    interleave the fragments of parallel calls and a call's block cannot reopen once
+    closed. The open call closes as soon as its arguments are whole and something
+    waits; then the queue goes out in order. At the end of the chunks everything left
+    goes out, so no fragment the server sent is lost.
+    """
 
     __slots__ = (
         "_by_key",
         "_calls",
-        "_dropped_chars",
-        "_first_dropped",
         "_first_late",
         "_id_base",
         "_id_prefix",
         "_late_chars",
-        "_next",
+        "_live",
         "_open",
         "_position",
+        "_queue",
         "_skipped_choices",
         "_started",
         "_text",
         "_thinking",
         "_used_ids",
+        "error",
         "finish_reason",
         "model",
         "rounds",
@@ -470,20 +598,22 @@ class _RoundReader:
         self._position = -1
         self._calls: list[_Call] = []
         self._by_key: dict[object, _Call] = {}
-        self._next = 0  # the first call (by ordinal) not yet started or dropped
         self._started: list[_Call] = []
         self._open: _Call | None = None
+        self._live: list[str] = []  # fragments of the open call not yet published
+        # What waits for the open call to close, in the order it came: output pieces
+        # (True for text, False for reasoning) and calls not yet started.
+        self._queue: list[tuple[bool, str] | _Call] = []
         self._used_ids: set[str] = set()
         self._text: list[str] = []
         self._thinking: list[str] = []
-        self._dropped_chars = 0
-        self._first_dropped = -1
         self._late_chars = 0
         self._first_late = -1
         self._skipped_choices = False
         self.finish_reason: str | None = None
         self.usage: dict[str, int] = {}
         self.model: str | None = None
+        self.error: ProviderStreamError | None = None
 
     def parse(self, raw: Any) -> _Chunk | None:
         """Read the next chunk; None (with a warning) when it is malformed."""
@@ -502,7 +632,8 @@ class _RoundReader:
 
     async def apply(self, chunk: _Chunk) -> None:
         """Publish a chunk already read by :meth:`parse`."""
-        if self.model is None and chunk.model is not None:
+        if not self.model and chunk.model:
+            # The first model named: some servers (Azure) open with a chunk naming none.
             self.model = chunk.model
         if chunk.usage is not None:
             # Servers that report usage on every chunk report running totals.
@@ -514,46 +645,32 @@ class _RoundReader:
                 self._position,
             )
         choice = chunk.choice
-        if choice is None:
-            return
-        if choice.text or choice.reasoning:
-            if self._started:
-                # The layout puts a round's text before its calls: this has no place.
-                if self._first_dropped < 0:
-                    self._first_dropped = self._position
-                self._dropped_chars += len(choice.text) + len(choice.reasoning)
-            else:
-                await self.rounds.delta(text=choice.text, reasoning=choice.reasoning)
-                self._text.append(choice.text)
-                self._thinking.append(choice.reasoning)
-        for fragment in choice.fragments:
-            await self._fragment(fragment)
-        if choice.finish_reason is not None:
-            self.finish_reason = choice.finish_reason
+        if choice is not None:
+            self._queue.extend(choice.output)
+            for fragment in choice.fragments:
+                self._fragment(fragment)
+            if choice.finish_reason is not None:
+                self.finish_reason = choice.finish_reason
+            await self._advance()
+        if chunk.error is not None:
+            logger.warning(
+                "chat completion chunk %d reports an error (%s); the stream ends there",
+                self._position,
+                log_label(chunk.error.error_type),
+            )
+            self.error = chunk.error
 
     async def finish(self) -> StreamedRound:
-        """End of the chunks: start the calls still held, then declare the round's calls."""
-        for call in self._calls[self._next :]:
-            if call.name:
-                await self._start(call)
-            else:
-                logger.warning(
-                    "tool call %d never got a name; dropped with %d characters of arguments",
-                    call.ordinal,
-                    sum(map(len, call.parts)),
-                )
-        self._next = len(self._calls)
-        if self._dropped_chars:
-            logger.warning(
-                "%d characters of text and reasoning came after the round's tool calls "
-                "began (first in chunk %d); dropped",
-                self._dropped_chars,
-                self._first_dropped,
-            )
+        """End of the chunks: publish what waits, then declare the round's calls."""
+        await self._advance(final=True)
+        if self._open is not None:
+            for part in self._live:
+                await self.rounds.tool_call_delta(self._open.slot, part)
+            self._live.clear()
         if self._late_chars:
             logger.warning(
-                "%d characters of arguments came for tool calls already closed "
-                "(first in chunk %d); dropped",
+                "%d characters of arguments came for tool calls already closed with whole "
+                "JSON arguments (first in chunk %d); they cannot go out",
                 self._late_chars,
                 self._first_late,
             )
@@ -597,9 +714,10 @@ class _RoundReader:
     def _new_call(self) -> _Call:
         call = _Call(len(self._calls))
         self._calls.append(call)
+        self._queue.append(call)
         return call
 
-    async def _fragment(self, fragment: _Fragment) -> None:
+    def _fragment(self, fragment: _Fragment) -> None:
         if not (fragment.id or fragment.name or fragment.arguments) and fragment.index is None:
             return
         call = self._call_for(fragment)
@@ -609,21 +727,61 @@ class _RoundReader:
             call.server_id = fragment.id
         if fragment.name and not call.name:
             call.name = fragment.name
-        if fragment.arguments:
-            if call.slot < 0:
-                call.parts.append(fragment.arguments)
-            elif call is self._open:
-                await self.rounds.tool_call_delta(call.slot, fragment.arguments)
-                call.parts.append(fragment.arguments)
+        if not fragment.arguments:
+            return
+        if call is self._open:
+            call.parts.append(fragment.arguments)
+            self._live.append(fragment.arguments)
+        elif call.slot < 0:
+            # Not started yet: it goes out with the call's start.
+            call.parts.append(fragment.arguments)
+        else:
+            if self._first_late < 0:
+                self._first_late = self._position
+            self._late_chars += len(fragment.arguments)
+
+    async def _advance(self, *, final: bool = False) -> None:
+        """Publish what can go out now, in order (everything when ``final``)."""
+        queue = self._queue
+        rounds = self.rounds
+        k = 0
+        while True:
+            open_call = self._open
+            if open_call is not None:
+                # The open call's own fragments go out live, whatever else waits.
+                for part in self._live:
+                    await rounds.tool_call_delta(open_call.slot, part)
+                self._live.clear()
+                if k == len(queue) or not (final or open_call.complete()):
+                    break
+                await rounds.close_block()
+                self._open = None
+            if k == len(queue):
+                break
+            item = queue[k]
+            if isinstance(item, _Call):
+                if not item.name:
+                    if not final:
+                        break  # an unnamed call holds back what came after it
+                    logger.warning(
+                        "tool call %d never got a name; dropped with %d characters of arguments",
+                        item.ordinal,
+                        sum(map(len, item.parts)),
+                    )
+                    k += 1
+                    continue
+                k += 1
+                await self._start(item)
             else:
-                if self._first_late < 0:
-                    self._first_late = self._position
-                self._late_chars += len(fragment.arguments)
-        # Start, in order, every call whose name is known; an unnamed call holds back
-        # the ones after it, since blocks cannot be reordered once out.
-        while self._next < len(self._calls) and self._calls[self._next].name:
-            await self._start(self._calls[self._next])
-            self._next += 1
+                k += 1
+                is_text, text = item
+                if is_text:
+                    await rounds.delta(text=text)
+                    self._text.append(text)
+                else:
+                    await rounds.delta(reasoning=text)
+                    self._thinking.append(text)
+        del queue[:k]
 
     async def _start(self, call: _Call) -> None:
         call.slot = len(self._started)
