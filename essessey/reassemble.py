@@ -590,6 +590,22 @@ class Reassembler:
         started.model = ids["model"]
         if usage:
             started.usage.update(usage)
+        # The message may come whole in its start (Anthropic's programmatic tool calls:
+        # content and stop reason given, then message_stop). Read as the Anthropic
+        # SDK's accumulator reads it: the start's message is the snapshot.
+        content = message.get("content")
+        if isinstance(content, list):
+            for k, block in enumerate(content):
+                start = {"type": EventType.CONTENT_BLOCK_START, "index": k, "content_block": block}
+                try:
+                    self._block_start(position, start)
+                    self._block_stop(position, {"type": EventType.CONTENT_BLOCK_STOP, "index": k})
+                except _Skip as skip:
+                    _warn(position, EventType.MESSAGE_START, f"message.content[{k}]: {skip}")
+        for key in ("stop_reason", "stop_sequence"):
+            value = message.get(key)
+            if isinstance(value, str):
+                setattr(started, key, value)
 
     def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
         delta = payload.get("delta")

@@ -446,7 +446,7 @@ def _junk() -> list[tuple[int, Any]]:
         (1, [MARKER]),
         (1, {"text": MARKER}),
         (1, {"type": MARKER}),
-        (1, {"type": "message_start", "message": {"id": "msg_2", "model": MARKER}}),
+        (1, {"type": "message_start", "message": {"id": "msg_2", "model": 7}}),
         (3, {"type": "content_block_start", "index": "1", "content_block": {"type": "text"}}),
         (3, {"type": "content_block_start", "index": 1, "content_block": {"type": "text"}}),
         (3, {"type": "content_block_start", "index": 1, "content_block": [MARKER]}),

@@ -36,6 +36,7 @@ from typing import Any, Final
 import orjson
 
 from essessey import protocol
+from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
@@ -49,6 +50,7 @@ from essessey.protocol import BlockType, DeltaType, EventType
 from essessey.publisher import Publisher
 
 __all__ = [
+    "CUT_MESSAGE",
     "INCOMPLETE_MESSAGE",
     "ProviderStreamError",
     "StreamedMessage",
@@ -60,6 +62,9 @@ logger = logging.getLogger("essessey.adapters.anthropic")
 
 INCOMPLETE_MESSAGE: Final = "the provider stream ended before message_stop"
 """The message of the error a stream cut short ends with."""
+
+CUT_MESSAGE: Final = "the provider began a new message before message_stop"
+"""The message of the error a message ends with when the provider began another in it."""
 
 # What the SDK's MessageStream yields besides the raw events: conveniences derived from
 # them (the text so far, a parsed citation). The raw events carry the same content.
@@ -154,6 +159,8 @@ class _Reader:
         self.calls: list[ToolCallRequest] = []
         self.text_parts: list[str] = []
         self.thinking_parts: list[str] = []
+        # The stop reason (and sequence) a message_start's snapshot gave, if any.
+        self.given_stop: tuple[str, str | None] | None = None
 
     @property
     def complete(self) -> bool:
@@ -185,6 +192,10 @@ class _Reader:
         if not isinstance(name, str):
             _skip(position, "?", "no type")
             return
+        await self.feed_event(position, name, payload)
+
+    async def feed_event(self, position: int, name: str, payload: dict[str, Any]) -> None:
+        """Publish one provider event already read as a dict."""
         try:
             if name == EventType.CONTENT_BLOCK_DELTA:
                 await self._delta(position, payload)
@@ -228,9 +239,6 @@ class _Reader:
             await self.publisher.send_ping()
 
     async def _message_start(self, position: int, payload: dict[str, Any]) -> None:
-        if self.stage != 0:
-            _skip(position, EventType.MESSAGE_START, "a message already started")
-            return
         message = payload.get("message")
         if not isinstance(message, Mapping):
             _skip(position, EventType.MESSAGE_START, "no message object")
@@ -239,6 +247,18 @@ class _Reader:
         if not isinstance(message_id, str) or not isinstance(model, str):
             _skip(position, EventType.MESSAGE_START, "message id or model is not a string")
             return
+        if self.stage == 3 or (self.stage != 0 and not self.own):
+            if self.stage != 3:
+                # In a round of the caller's turn there is no room for a second message:
+                # the first is cut, and the turn ends with the error.
+                await self._cut(position)
+            _skip(position, EventType.MESSAGE_START, "a message already started")
+            return
+        if self.stage != 0:
+            # A new message before the last one stopped: end that one with an error
+            # (never mix two messages' blocks), then read this one as a new message.
+            await self._cut(position)
+            await self._restart()
         usage = _int_counts(message.get("usage"))
         if self.own:
             if self.faithful:
@@ -262,6 +282,134 @@ class _Reader:
         self.result.model = model
         self.result.usage.update(usage)
         self.stage = 1
+        stop_reason, stop_sequence = message.get("stop_reason"), message.get("stop_sequence")
+        if isinstance(stop_reason, str):
+            self.given_stop = (
+                stop_reason,
+                stop_sequence if isinstance(stop_sequence, str) else None,
+            )
+        content = message.get("content")
+        if isinstance(content, list) and content:
+            await self._snapshot(position, content)
+
+    async def _snapshot(self, position: int, content: list[Any]) -> None:
+        """Blocks the message_start already holds (Anthropic's programmatic tool calls).
+
+        The Anthropic SDK reads message_start's message as the snapshot it accumulates
+        into, so these blocks are the message's first ones, at indexes 0..n-1. In the
+        ``anthropic`` dialect they went out inside the message_start as given and the
+        round's own blocks follow them; otherwise each becomes a block of the round.
+        """
+        if self.own and self.faithful:
+            for k, block in enumerate(content):
+                self.used.add(k)
+                if isinstance(block, Mapping):
+                    self._record_given(dict(block))
+            self.rounds = RoundStream(self.publisher, start_index=len(content))
+            await self.rounds.round_start()
+            return
+        for k, block in enumerate(content):
+            if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+                _skip(position, EventType.MESSAGE_START, f"message.content[{k}] has no type")
+                continue
+            block_type = block["type"]
+            events: list[dict[str, Any]] = []
+            if block_type in (BlockType.TEXT, BlockType.THINKING):
+                # Started empty, its content in deltas: the round opens it on content.
+                field_name = "text" if block_type == BlockType.TEXT else "thinking"
+                delta_type = DeltaType.TEXT if block_type == BlockType.TEXT else DeltaType.THINKING
+                start = {**block, field_name: ""}
+                start.pop("signature", None)
+                given = block.get(field_name)
+                if isinstance(given, str) and given:
+                    events.append({"type": delta_type, field_name: given})
+                signature = block.get("signature")
+                if block_type == BlockType.THINKING and isinstance(signature, str) and signature:
+                    events.append({"type": DeltaType.SIGNATURE, "signature": signature})
+            else:
+                start = dict(block)
+            await self.feed_event(
+                position,
+                EventType.CONTENT_BLOCK_START,
+                {
+                    "type": EventType.CONTENT_BLOCK_START,
+                    "index": k,
+                    "content_block": start,
+                },
+            )
+            for delta in events:
+                await self.feed_event(
+                    position,
+                    EventType.CONTENT_BLOCK_DELTA,
+                    {
+                        "type": EventType.CONTENT_BLOCK_DELTA,
+                        "index": k,
+                        "delta": delta,
+                    },
+                )
+            await self.feed_event(
+                position,
+                EventType.CONTENT_BLOCK_STOP,
+                {
+                    "type": EventType.CONTENT_BLOCK_STOP,
+                    "index": k,
+                },
+            )
+
+    def _record_given(self, block: dict[str, Any]) -> None:
+        # A block that went out inside message_start: counted in what publish returns.
+        result = self.result
+        block_type = block.get("type")
+        if block_type == BlockType.TEXT and isinstance(block.get("text"), str):
+            self.text_parts.append(block["text"])
+        elif block_type == BlockType.THINKING and isinstance(block.get("thinking"), str):
+            self.thinking_parts.append(block["thinking"])
+        elif block_type == BlockType.TOOL_USE:
+            given = block.get("input")
+            try:
+                arguments = orjson.dumps(given).decode() if given else ""
+            except orjson.JSONEncodeError:
+                arguments = ""
+            result.tool_calls.append(
+                PublishedToolCall(
+                    id=str(block.get("id")),
+                    name=str(block.get("name")),
+                    arguments=arguments,
+                    input=parse_arguments(arguments),
+                )
+            )
+        result.content.append(block)
+
+    async def _cut(self, position: int) -> None:
+        """End the open message where a new one began: its open block closed, then an
+        error event (own mode) or ProviderStreamError (in the caller's round)."""
+        logger.warning(
+            "provider event #%d (message_start): a new message began before message_stop; "
+            "the open one ends with an error",
+            position,
+        )
+        block = self.block
+        if block is not None:
+            await self._close(block)
+        error = ProviderStreamError("api_error", CUT_MESSAGE)
+        if not self.own:
+            raise error
+        await send_failure(self.publisher, error)
+        self.result.error = {"type": error.error_type, "message": error.message}
+        self.result.stop_reason = None
+
+    async def _restart(self) -> None:
+        # The next message is a message of its own: its blocks count from 0 again.
+        self.rounds = RoundStream(self.publisher)
+        await self.rounds.round_start()
+        self.result = StreamedMessage(message_id="", model="")
+        self.stage = 0
+        self.block = None
+        self.used = set()
+        self.calls = []
+        self.text_parts = []
+        self.thinking_parts = []
+        self.given_stop = None
 
     async def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
         if self.stage != 1:
@@ -277,19 +425,34 @@ class _Reader:
         ):
             _skip(position, EventType.MESSAGE_DELTA, "stop_reason or stop_sequence not a string")
             return
+        await self._end_output(position, stop_reason, stop_sequence, _int_counts(usage), payload)
+
+    async def _end_output(
+        self,
+        position: int,
+        stop_reason: str | None,
+        stop_sequence: str | None,
+        counts: dict[str, int],
+        payload: dict[str, Any] | None,
+    ) -> None:
+        """The message's output is complete: its calls are fixed, its stop goes out.
+
+        ``payload`` is the provider's message_delta, or None when the message_start gave
+        the stop reason (then the faithful dialect has nothing to add: the start said it).
+        """
         block = self.block
         if block is not None:
             logger.warning(
-                "provider event #%d (message_delta): block %d was still open; closed",
+                "provider event #%d: block %d was still open at the end of the output; closed",
                 position,
                 block.index,
             )
             await self._close(block)
         await self.rounds.assistant_message(self.calls)
-        counts = _int_counts(usage)
         if self.own:
             if self.faithful:
-                await self.publisher.publish(EventType.MESSAGE_DELTA, payload)
+                if payload is not None:
+                    await self.publisher.publish(EventType.MESSAGE_DELTA, payload)
             else:
                 extra = {key: value for key, value in counts.items() if key != "output_tokens"}
                 await self.publisher.send_message_delta(
@@ -316,6 +479,11 @@ class _Reader:
         self.stage = 2
 
     async def _message_stop(self, position: int) -> None:
+        if self.stage == 1 and self.given_stop is not None:
+            # The start gave the stop reason and no message_delta came (a message that
+            # came whole in its start): its output ends here.
+            stop_reason, stop_sequence = self.given_stop
+            await self._end_output(position, stop_reason, stop_sequence, {}, None)
         if self.stage != 2:
             reason = "before message_delta" if self.stage == 1 else _stage_reason(self.stage)
             _skip(position, EventType.MESSAGE_STOP, reason)
