@@ -68,15 +68,6 @@ class Violation:
         return f"#{self.position} {self.event}: [{self.rule}] {self.detail}"
 
 
-_KNOWN_DELTAS: Final = frozenset(
-    {
-        DeltaType.TEXT,
-        DeltaType.THINKING,
-        DeltaType.SIGNATURE,
-        DeltaType.INPUT_JSON,
-        DeltaType.TOOL_RESULT,
-    }
-)
 _CONTENT_FIELDS: Final = ("text", "thinking", "signature", "partial_json")
 
 _NO_BLOCK: Final = -1
@@ -372,7 +363,7 @@ class ProtocolChecker:
             return
         delta_type = delta.get("type")
         allowed = DELTA_FOR_BLOCK.get(self._open_type)
-        if allowed is not None and delta_type in _KNOWN_DELTAS and delta_type not in allowed:
+        if allowed is not None and delta_type in DeltaType.KNOWN and delta_type not in allowed:
             violate(
                 Rule.DELTA_TYPE,
                 f"{delta_type} does not belong in a {self._open_type} block",

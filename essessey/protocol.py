@@ -79,9 +79,7 @@ class DeltaType:
     INPUT_JSON: Final = "input_json_delta"
     TOOL_RESULT: Final = "json_partial"
 
-    KNOWN: Final[frozenset[str]] = frozenset(
-        {TEXT, THINKING, SIGNATURE, INPUT_JSON, TOOL_RESULT}
-    )
+    KNOWN: Final[frozenset[str]] = frozenset({TEXT, THINKING, SIGNATURE, INPUT_JSON, TOOL_RESULT})
     """Every delta type above: the ones whose block and field the protocol fixes."""
 
 

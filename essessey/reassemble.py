@@ -75,11 +75,6 @@ _CONTENT_DELTAS: Final[dict[str, dict[str, tuple[str, ...]]]] = {
 }
 # What an event name logged as it is looks like (the protocol's names all do).
 
-_KNOWN_DELTAS: Final[frozenset[str]] = frozenset(
-    delta for deltas in _CONTENT_DELTAS.values() for delta in deltas
-)
-
-
 # -- the records a reassembly produces ---------------------------------------------
 
 
@@ -718,7 +713,7 @@ class Reassembler:
             return _fragment(block, EventType.CONTENT_BLOCK_DELTA, "")
         fields = _CONTENT_DELTAS[block.type].get(delta_type)
         if fields is None:
-            if delta_type in _KNOWN_DELTAS:
+            if delta_type in DeltaType.KNOWN:
                 raise _Skip(f"{delta_type} does not belong in a {block.type} block")
             self._extend_other(block, payload, EventType.CONTENT_BLOCK_DELTA)
             return Fragment(

@@ -28,7 +28,6 @@ position in the provider's stream; payload content never reaches a log, lengths 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -39,6 +38,7 @@ from essessey import protocol
 from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._values import fits_count, has_lone_surrogate, replace_surrogates
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import (
     ProtocolError,
@@ -69,12 +69,6 @@ CUT_MESSAGE: Final = "the provider began a new message before message_stop"
 # What the SDK's MessageStream yields besides the raw events: conveniences derived from
 # them (the text so far, a parsed citation). The raw events carry the same content.
 _SDK_DERIVED_EVENTS: Final = frozenset({"text", "thinking", "signature", "input_json", "citation"})
-
-_KNOWN_DELTAS: Final = frozenset(
-    {DeltaType.TEXT, DeltaType.THINKING, DeltaType.SIGNATURE, DeltaType.INPUT_JSON}
-)
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-_MAX_COUNT: Final = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -118,7 +112,7 @@ def _int_counts(usage: object) -> dict[str, int]:
     return {
         key: value
         for key, value in usage.items()
-        if type(value) is int and isinstance(key, str) and abs(value) <= _MAX_COUNT
+        if type(value) is int and isinstance(key, str) and fits_count(value)
     }
 
 
@@ -602,7 +596,7 @@ class _Reader:
         allowed = protocol.DELTA_FOR_BLOCK[
             BlockType.TOOL_USE if block.kind == "tool" else block.kind
         ]
-        if delta_type not in _KNOWN_DELTAS:
+        if delta_type not in DeltaType.KNOWN:
             await self._raw(block, delta)
             if delta_type == "citations_delta" and isinstance(delta.get("citation"), Mapping):
                 citations = block.content.get("citations")
@@ -622,9 +616,8 @@ class _Reader:
         if not isinstance(chunk, str):
             _skip(position, name, f"{delta_type} for block {index} has no string {field_name}")
             return
-        if not chunk.isascii() and _SURROGATE.search(chunk):
-            # Python's json module makes a lone surrogate of a "\ud800" escape, and no
-            # JSON writer takes one: refused here, before it could open its block empty.
+        if has_lone_surrogate(chunk):
+            # Refused here, before it could open its block empty (see _values).
             _skip(position, name, f"{delta_type} for block {index} holds a lone surrogate")
             return
         if not chunk:
@@ -818,12 +811,7 @@ async def publish(
             await _publish_error(publisher, reader, exc)
     except Exception as exc:
         if not reader.complete:
-            try:
-                await publisher.send_error(
-                    "api_error", f"the provider stream failed: {type(exc).__name__}"
-                )
-            except Exception as send_exc:
-                logger.error("could not send the error event: %s", type(send_exc).__name__)
+            await send_failure(publisher, exc, what="the provider stream failed")
         raise
     # The round is not ended: round_end would answer the calls it has no results for.
     return reader.finish()
@@ -848,8 +836,8 @@ async def _publish_error(publisher: Publisher, reader: _Reader, exc: ProviderStr
         # The provider's error holds what orjson cannot write (a lone surrogate, nesting
         # past 255 levels): its type and message go out alone, surrogates replaced.
         error = {
-            "type": _SURROGATE.sub("\ufffd", exc.error_type),
-            "message": _SURROGATE.sub("\ufffd", exc.message),
+            "type": replace_surrogates(exc.error_type),
+            "message": replace_surrogates(exc.message),
         }
         await publisher.publish(EventType.ERROR, {"type": EventType.ERROR, "error": error})
     reader.result.error = error
