@@ -55,6 +55,7 @@ from essessey.reassemble import (
 )
 from essessey.store import EventStore, InMemoryEventStore
 from essessey.streamers import (
+    BlockStreamer,
     LineStreamer,
     TextStreamer,
     ThinkingStreamer,
@@ -69,6 +70,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Access",
     "Authorize",
+    "BlockStreamer",
     "BlockType",
     "DeltaType",
     "Dialect",

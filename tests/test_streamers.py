@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from essessey import (
+    BlockStreamer,
     Event,
     InMemorySink,
     LineStreamer,
@@ -19,6 +20,7 @@ from essessey import (
     ThinkingStreamer,
     ToolStreamer,
     check,
+    reassemble_events,
     stream_turn,
 )
 from essessey.streamers import NO_RESULT_TEXT
@@ -296,6 +298,8 @@ async def test_bad_call_ids_and_results_are_refused() -> None:
     tools = ToolStreamer(publisher)
     with pytest.raises(ProtocolError):
         await tools.start_call("", "f")
+    with pytest.raises(ProtocolError, match="no tool name"):
+        await tools.start_call("call_a", "")  # the same rule as RoundStream's
     await tools.start_call("call_a", "f")
     with pytest.raises(ProtocolError):
         await tools.start_call("call_a", "f")
@@ -667,3 +671,66 @@ async def test_tool_arguments_from_many_fragments_join_exactly() -> None:
     assert tools.calls[0].arguments == "".join(fragments)
     await tools.write_result("call_1", "ok")
     assert tools.calls[0].arguments == "".join(fragments)
+
+
+@pytest.mark.anyio
+async def test_a_pass_through_block_takes_the_next_index_between_the_others() -> None:
+    publisher, sink = _make()
+    async with stream_turn(publisher, message_id="m", stream_id="s", model="x") as turn:
+        await (await turn.text()).write("Searching.")
+        block = await turn.block()
+        await block.start({"type": "server_tool_use", "id": "srv_1", "name": "search"})
+        await block.write({"type": "input_json_delta", "partial_json": '{"q": "x"}'})
+        with pytest.raises(ProtocolError):
+            await block.start({"type": "again"})
+        await (await turn.text()).write("Found it.")
+        with pytest.raises(ProtocolError):
+            await block.write({"type": "input_json_delta", "partial_json": "{}"})
+    events = sink.events
+    assert check(events) == []
+    starts = [
+        (p["index"], p["content_block"]["type"])
+        for p in (orjson.loads(e.data) for e in events)
+        if p["type"] == "content_block_start"
+    ]
+    assert starts == [(0, "text"), (1, "server_tool_use"), (2, "text")]
+    assert reassemble_events(events).text == "Searching.Found it."
+
+
+@pytest.mark.anyio
+async def test_a_turn_s_streamers_continue_one_cursor_a_standalone_one_has_its_own() -> None:
+    publisher, sink = _make()
+    async with stream_turn(publisher, message_id="m", stream_id="s", model="x") as turn:
+        text = await turn.text()
+        await text.write("a")
+        # A standalone streamer has its own cursor; the Turn's share one, so a block
+        # cannot open while another of the same message is open.
+        block = BlockStreamer(publisher, 5)
+        assert block.next_index == 5
+        tools = await turn.tools()
+        assert tools.next_index == 1
+        await tools.start_call("c1", "f")
+        await tools.end_call()
+        assert tools.next_index == 2
+        await tools.write_result("c1", "ok")
+    assert check(sink.events) == []
+
+
+@pytest.mark.anyio
+async def test_one_cursor_holds_one_open_block() -> None:
+    from essessey.streamers import _Cursor
+
+    publisher, sink = await _opened()
+    cursor = _Cursor(publisher)
+    first, second = TextStreamer(publisher), ThinkingStreamer(publisher)
+    first._share(cursor)
+    second._share(cursor)
+    await first.write("a")
+    before = list(sink.events)
+    with pytest.raises(ProtocolError, match="block 0 is still open"):
+        await second.write("b")
+    assert sink.events == before  # refused before anything went out
+    await first.close()
+    await second.write("b")
+    await second.close()
+    assert [i for _, i in (_shape(sink.events)[k][:2] for k in (0, 3))] == [0, 1]
