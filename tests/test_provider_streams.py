@@ -46,6 +46,15 @@ def _payloads(events: list[Event]) -> list[dict[str, Any]]:
     return [orjson.loads(event.data) for event in events]
 
 
+def _starts(events: list[Event]) -> list[tuple[int, str]]:
+    """(index, block type) of each block start, in order."""
+    return [
+        (p["index"], p["content_block"]["type"])
+        for p in _payloads(events)
+        if p["type"] == "content_block_start"
+    ]
+
+
 def _logged(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(record.getMessage() for record in caplog.records)
 
@@ -267,8 +276,7 @@ async def test_text_while_a_call_is_incomplete_waits_for_it() -> None:
     parsed = reassemble_events(events)
     assert [c.arguments for c in parsed.tool_calls] == ['{"a": 1}']
     assert parsed.text == result.text == "text"
-    starts = [p["content_block"]["type"] for p in _payloads(events) if "content_block" in p]
-    assert starts == ["tool_use", "text"]
+    assert [kind for _, kind in _starts(events)] == ["tool_use", "text"]
 
 
 @st.composite
@@ -370,8 +378,7 @@ async def test_content_parts_are_read_as_thinking_and_text(
     parsed = reassemble_events(events)
     assert (parsed.thinking, parsed.text) == ("Two plus two is four.", "2 + 2 = 4")
     assert (result.thinking, result.text) == (parsed.thinking, parsed.text)
-    starts = [p["content_block"]["type"] for p in _payloads(events) if "content_block" in p]
-    assert starts == ["thinking", "text"]
+    assert [kind for _, kind in _starts(events)] == ["thinking", "text"]
     assert "image_url" in _logged(caplog)
     assert MARKER not in _logged(caplog)
 
@@ -469,7 +476,7 @@ async def test_a_message_start_inside_a_message_never_mixes_the_two(dialect: Dia
         ("toolu_b", {"name": "Firefly"})
     ]
     # The second message's blocks count from 0 again.
-    assert [p["index"] for p in _payloads(events) if p["type"] == "content_block_start"] == [0, 0]
+    assert [index for index, _ in _starts(events)] == [0, 0]
     assert result.message_id == "msg_b"
     assert result.tool_calls[0].input == {"name": "Firefly"}
 
@@ -588,11 +595,7 @@ async def test_a_server_tool_after_a_client_tool_passes_through_in_order(
         result, events = await _publish_anthropic(SERVER_AFTER_CLIENT, dialect)
     assert not caplog.records
     assert check(events) == []
-    starts = [
-        (p["index"], p["content_block"]["type"])
-        for p in _payloads(events)
-        if p["type"] == "content_block_start"
-    ]
+    starts = _starts(events)
     assert starts == [
         (0, "text"),
         (1, "tool_use"),
@@ -632,11 +635,7 @@ async def test_a_server_tool_between_two_calls_of_a_round_keeps_the_results_afte
     summary = await rounds.round_end()
     await publisher.send_stream_epilogue("end_turn", 1)
     assert check(sink.events) == []
-    starts = [
-        (p["index"], p["content_block"]["type"])
-        for p in _payloads(sink.events)
-        if p["type"] == "content_block_start"
-    ]
+    starts = _starts(sink.events)
     assert starts == [
         (0, "tool_use"),
         (1, "server_tool_use"),
