@@ -77,7 +77,7 @@ def calls(draw: st.DrawFn, first_id: int) -> tuple[Call, ...]:
         made.append(
             Call(
                 tool_use_id=f"call_{first_id + number}",
-                name=draw(st.text(CHARACTERS, max_size=10)),
+                name=draw(st.text(CHARACTERS, min_size=1, max_size=10)),  # a call needs a name
                 params=params,
                 fragments=fragments,
                 result=draw(st.none() | st.text(CHARACTERS, max_size=20)),
