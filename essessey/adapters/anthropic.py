@@ -477,7 +477,9 @@ class _Reader:
             # The start gave the stop reason and no message_delta came (a message that
             # came whole in its start): its output ends here.
             stop_reason, stop_sequence = self.given_stop
-            await self._end_output(position, stop_reason, stop_sequence, {}, None)
+            given = self.result.usage.get("output_tokens")
+            counts = {} if given is None else {"output_tokens": given}
+            await self._end_output(position, stop_reason, stop_sequence, counts, None)
         if self.stage != 2:
             reason = "before message_delta" if self.stage == 1 else _stage_reason(self.stage)
             _skip(position, EventType.MESSAGE_STOP, reason)
