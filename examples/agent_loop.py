@@ -3,20 +3,24 @@
 Run it with ``python examples/agent_loop.py``. The "model" is scripted: each round is a
 list of OpenAI chat-completions chunks, as any OpenAI-compatible server streams them
 (swap ``scripted_model`` for ``await client.chat.completions.create(..., stream=True)``
-to use a real one). The tools are ordinary async Python functions; a round's calls run
-concurrently and finish in any order. ``RoundStream`` puts every block at its index, so
-the output passes the checker and reassembles to the calls and their results.
+to use a real one). With ``--api responses`` the same rounds are OpenAI Responses API
+events instead (a real one: ``await client.responses.create(..., stream=True)``),
+published by ``essessey.adapters.openai_responses``. The tools are ordinary async Python
+functions; a round's calls run concurrently and finish in any order. ``RoundStream``
+puts every block at its index, so the output passes the checker and reassembles to the
+calls and their results.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import essessey
-from essessey.adapters import PublishedToolCall, stream_rounds
+from essessey.adapters import PublishedToolCall, openai_responses, stream_rounds
 from essessey.adapters import openai as openai_adapter
 
 # -- the tools: plain async functions ----------------------------------------------------
@@ -89,10 +93,125 @@ SCRIPT: list[list[dict[str, Any]]] = [
 
 FINAL_ANSWER = "Paris: sunny, 21 °C. Oslo: snow, -3 °C (26.6 °F)."
 
+# -- the same rounds as Responses API events ----------------------------------------------
 
-async def scripted_model(round_number: int) -> AsyncIterator[dict[str, Any]]:
-    """Stream one round's chunks, as a network stream would."""
-    for chunk in SCRIPT[round_number]:
+
+def _response(status: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1_764_460_800,
+        "status": status,
+        "model": "scripted-model",
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        **extra,
+    }
+
+
+def _reasoning(index: int, pieces: list[str]) -> list[dict[str, Any]]:
+    item = {"id": f"rs_{index}", "type": "reasoning", "summary": []}
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": item},
+        *(
+            {
+                "type": "response.reasoning_summary_text.delta",
+                "item_id": item["id"],
+                "output_index": index,
+                "summary_index": 0,
+                "delta": piece,
+            }
+            for piece in pieces
+        ),
+    ]
+
+
+def _message(index: int, pieces: list[str]) -> list[dict[str, Any]]:
+    item = {
+        "id": f"msg_{index}",
+        "type": "message",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": item},
+        *(
+            {
+                "type": "response.output_text.delta",
+                "item_id": item["id"],
+                "output_index": index,
+                "content_index": 0,
+                "delta": piece,
+                "logprobs": [],
+            }
+            for piece in pieces
+        ),
+    ]
+
+
+def _function_call(index: int, call_id: str, name: str, arguments: str) -> list[dict[str, Any]]:
+    # Announced with its name, then the arguments in fragments, then whole.
+    item = {
+        "id": f"fc_{index}",
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": "",
+    }
+    half = len(arguments) // 2
+    fields = {"item_id": item["id"], "output_index": index}
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": item},
+        {"type": "response.function_call_arguments.delta", **fields, "delta": arguments[:half]},
+        {"type": "response.function_call_arguments.delta", **fields, "delta": arguments[half:]},
+        {"type": "response.function_call_arguments.done", **fields, "arguments": arguments},
+    ]
+
+
+def _round(
+    *items: list[dict[str, Any]], usage: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    events = [
+        {"type": "response.created", "response": _response("in_progress")},
+        *(event for item in items for event in item),
+        {"type": "response.completed", "response": _response("completed", usage=usage)},
+    ]
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]
+
+
+RESPONSES_SCRIPT: list[list[dict[str, Any]]] = [
+    _round(
+        _reasoning(0, ["Two cities: ", "call the weather tool for both at once."]),
+        _message(1, ["Checking Paris and Oslo."]),
+        _function_call(2, "call_paris", "get_weather", '{"city": "Paris"}'),
+        _function_call(3, "call_oslo", "get_weather", '{"city": "Oslo"}'),
+    ),
+    _round(
+        _reasoning(0, ["Oslo is below zero; give Fahrenheit too."]),
+        _function_call(1, "call_convert", "convert", '{"celsius": -3}'),
+    ),
+    _round(
+        _message(0, ["Paris: sunny, 21 °C. ", "Oslo: snow, -3 °C (26.6 °F)."]),
+        usage={
+            "input_tokens": 50,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": 40,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 90,
+        },
+    ),
+]
+
+APIS = ("chat", "responses")
+
+
+async def scripted_model(round_number: int, api: str = "chat") -> AsyncIterator[dict[str, Any]]:
+    """Stream one round's chunks (or Responses API events), as a network stream would."""
+    script = RESPONSES_SCRIPT if api == "responses" else SCRIPT
+    for chunk in script[round_number]:
         await asyncio.sleep(0)
         yield chunk
 
@@ -108,14 +227,23 @@ async def run_tool(name: str, arguments: Any) -> tuple[object, bool]:
         return {"error": type(exc).__name__}, True
 
 
-async def agent_turn(publisher: essessey.Publisher) -> None:
-    """Run rounds until the model stops asking for tools."""
+async def agent_turn(publisher: essessey.Publisher, api: str = "chat") -> None:
+    """Run rounds until the model stops asking for tools.
+
+    ``api`` is ``"chat"`` (chat-completions chunks) or ``"responses"`` (Responses API
+    events); both adapters' ``stream_round`` return what the loop needs.
+    """
     async with stream_rounds(
         publisher, message_id="msg_1", stream_id="conv_1", model="scripted-model"
     ) as rounds:
         for round_number in range(len(SCRIPT)):
             await rounds.round_start()
-            seen = await openai_adapter.stream_round(rounds, scripted_model(round_number))
+            model = scripted_model(round_number, api)
+            seen: openai_adapter.StreamedRound | openai_responses.StreamedResponse
+            if api == "responses":
+                seen = await openai_responses.stream_round(rounds, model)
+            else:
+                seen = await openai_adapter.stream_round(rounds, model)
             rounds.stop_reason = seen.stop_reason
             rounds.output_tokens += seen.usage.get("output_tokens", 0)
 
@@ -133,14 +261,22 @@ async def agent_turn(publisher: essessey.Publisher) -> None:
                 break
 
 
-async def main() -> list[essessey.Event]:
+async def main(api: str = "chat") -> list[essessey.Event]:
     sink = essessey.InMemorySink()
-    await agent_turn(essessey.Publisher(sink))
+    await agent_turn(essessey.Publisher(sink), api)
     return sink.events
 
 
 if __name__ == "__main__":
-    events = asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--api",
+        choices=APIS,
+        default="chat",
+        help="what the scripted model streams: chat-completions chunks (the default) "
+        "or Responses API events",
+    )
+    events = asyncio.run(main(parser.parse_args().api))
     parsed = essessey.reassemble_events(events)
     for execution in parsed.executions:
         print(f"{execution.call.name}({json.dumps(execution.call.params)}) -> {execution.result}")

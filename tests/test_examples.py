@@ -383,3 +383,39 @@ def test_agent_loop_as_a_script() -> None:
     )
     assert result.stdout.rstrip().endswith("events, 0 protocol violations")
     assert 'convert({"celsius": -3}) -> {"fahrenheit":26.6}' in result.stdout
+
+
+def test_agent_loop_with_the_responses_api_publishes_the_same_turn() -> None:
+    import pydantic
+    from openai.types.responses import ResponseStreamEvent
+
+    example = load_example("agent_loop")
+    # The scripted Responses API events have the shape the API sends.
+    adapter = pydantic.TypeAdapter(ResponseStreamEvent)
+    for round_events in example.RESPONSES_SCRIPT:
+        for event in round_events:
+            adapter.validate_python(event)
+    chat = anyio.run(example.main)
+    responses = anyio.run(example.main, "responses")
+    assert essessey.check(responses) == []
+    # The same rounds through the other adapter: the same message, event for event.
+    assert [(e.event, e.data) for e in responses] == [(e.event, e.data) for e in chat]
+
+
+def test_agent_loop_as_a_script_with_the_responses_api() -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "agent_loop.py"), "--api", "responses"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    chat = subprocess.run(
+        [sys.executable, str(EXAMPLES / "agent_loop.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout == chat.stdout
+    assert result.stdout.rstrip().endswith("events, 0 protocol violations")

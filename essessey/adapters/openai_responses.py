@@ -1,0 +1,1249 @@
+"""Publish an OpenAI Responses API stream as the protocol.
+
+The events are what ``client.responses.create(..., stream=True)`` yields: plain mappings
+(decoded JSON) or the ``openai`` SDK's event objects, read through their
+``model_dump(mode="json", exclude_unset=True)``. The SDK is never imported here.
+
+The mapping:
+
+============================================  =========================================
+Responses API event                           published as
+============================================  =========================================
+``response.reasoning_summary_text.delta``,    a thinking block (``delta``)
+``response.reasoning_text.delta``
+``response.output_text.delta``,               a text block (``delta``; a refusal is the
+``response.refusal.delta``                    model's answer too)
+``response.output_item.added`` of a           a tool_use block: ``call_id`` is its id,
+``function_call``                             ``name`` its name
+``response.function_call_arguments.delta``    an ``input_json_delta`` of that call's block
+``response.completed``                        the epilogue: ``end_turn``, or ``tool_use``
+                                              when the response made function calls
+``response.incomplete``                       the epilogue: ``max_tokens`` for
+                                              ``max_output_tokens``, else ``end_turn``
+                                              (see :func:`map_stop_reason`)
+``response.failed``, ``error``                an ``error`` event with the provider's
+                                              code (``api_error`` without one) and
+                                              message; the message is not complete
+``response.usage`` of the last three          ``input_tokens`` (less the cached ones),
+                                              ``cache_read_input_tokens``,
+                                              ``output_tokens``, ``reasoning_tokens``
+``response.created``                          the model name of ``message_start``
+============================================  =========================================
+
+Reasoning parts follow each other in one thinking block; the stream marks where one
+ends only by its index (``summary_index``, ``content_index``, the item), so each part
+after the first starts after a blank line (``"\\n\\n"``, less the newlines the text before
+already ends with), or summaries that each open with a heading would run together.
+Text parts are published as they came.
+
+The ``*.done`` events (``response.output_text.done``, ``response.content_part.done``,
+``response.output_item.done``, ..., and the output of ``response.completed``) carry each
+part whole: what the deltas left out is published from them (see :func:`stream_round`).
+The lifecycle events with nothing to publish (``response.in_progress``,
+``response.content_part.added``, ...) are read quietly. Every other event
+(``response.web_search_call.*``, ``response.file_search_call.*``,
+``response.image_generation_call.*``, ``response.mcp_*``, code interpreter, audio,
+``response.output_text.annotation.added``, custom tool calls, ...) and every output item
+of another type is skipped, with one log line per type naming only the type.
+
+The blocks follow :class:`~essessey.adapters.RoundStream`'s layout, in output order (text
+after a function call is a block after it); the arguments of calls whose fragments
+interleave are kept whole (see :func:`stream_round`). An event that cannot be read (not
+a mapping, a field of the wrong type, a string with a lone surrogate, a count past 64
+bits) is skipped with a warning naming its position and the reason. Logs carry
+positions, types and lengths, never text or arguments.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+from essessey._failure import send_failure
+from essessey._logsafe import log_label
+from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._values import fits_count, has_lone_surrogate, replace_surrogates
+from essessey.adapters.rounds import RoundStream, ToolCallRequest
+from essessey.errors import ProviderStreamError, RoundOrderError
+from essessey.protocol import StopReason
+from essessey.publisher import Publisher
+
+__all__ = [
+    "FAILED_MESSAGE",
+    "PublishedResponse",
+    "StreamedResponse",
+    "map_stop_reason",
+    "publish",
+    "stream_round",
+]
+
+logger = logging.getLogger("essessey.adapters.openai_responses")
+
+FAILED_MESSAGE: Final = "the response failed"
+"""The message of the error a failure without a message of its own is published with."""
+
+
+def map_stop_reason(
+    status: str | None, incomplete_reason: str | None = None, *, tool_calls: bool = False
+) -> str:
+    """The protocol's stop reason for a response's final ``status``.
+
+    ``status`` is what the terminal event says: ``"completed"`` for
+    ``response.completed``, ``"incomplete"`` for ``response.incomplete`` (with
+    ``incomplete_reason``, its ``response.incomplete_details.reason``), None when the
+    stream had no terminal event. ``tool_calls`` says whether the response made function
+    calls. The table:
+
+    - ``"completed"``, None or ``""`` -> ``"tool_use"`` when ``tool_calls``, else
+      ``"end_turn"``.
+    - ``"incomplete"`` with ``"max_output_tokens"`` -> ``"max_tokens"``, with or without
+      tool calls (their arguments may be cut off, and the caller must know).
+    - ``"incomplete"`` for any other reason (``"content_filter"``, ``"max_messages"``,
+      ``"steered"``, none) -> ``"end_turn"``, even with tool calls: the output was cut,
+      so its calls are not to be run.
+    - anything else (``"cancelled"``, ...) -> passed through unchanged (stop reasons are
+      an open set). A failed response has no stop reason: it ends with an ``error``.
+    """
+    if not status or status == "completed":
+        return StopReason.TOOL_USE if tool_calls else StopReason.END_TURN
+    if status == "incomplete":
+        if incomplete_reason == "max_output_tokens":
+            return StopReason.MAX_TOKENS
+        return StopReason.END_TURN
+    return status
+
+
+@dataclass(slots=True)
+class StreamedResponse:
+    """What :func:`stream_round` published for one response.
+
+    ``text`` and ``thinking`` are what went out. ``tool_calls`` are the calls that went
+    out, in order. ``status`` is the terminal event's
+    (``"completed"`` or ``"incomplete"``, None when the stream had none) and
+    ``incomplete_reason`` its ``incomplete_details.reason``; ``stop_reason`` is them
+    mapped by :func:`map_stop_reason`. ``usage`` holds the token counts the terminal
+    event reported (empty when it had none), ``model`` the first non-empty
+    ``response.model`` and ``response_id`` the first ``response.id``.
+    """
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[PublishedToolCall] = field(default_factory=list)
+    status: str | None = None
+    incomplete_reason: str | None = None
+    stop_reason: str = StopReason.END_TURN
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+    response_id: str | None = None
+
+
+@dataclass(slots=True)
+class PublishedResponse(PublishedMessage):
+    """What :func:`publish` returns: the message's content as it went out.
+
+    Besides :class:`~essessey.adapters.PublishedMessage`'s fields (``error`` is the
+    ``{"type", "message"}`` of the ``error`` event that ended the message when the
+    response failed; ``stop_reason`` is None then): ``response_id`` (the provider's
+    ``response.id``), ``status`` (``"failed"`` then) and ``incomplete_reason`` (as in
+    :class:`StreamedResponse`).
+    """
+
+    response_id: str | None = None
+    status: str | None = None
+    incomplete_reason: str | None = None
+
+
+async def stream_round(
+    rounds: RoundStream,
+    events: Iterable[Any] | AsyncIterable[Any],
+    *,
+    id_prefix: str = "call_",
+) -> StreamedResponse:
+    """Publish one response's events into the open round of ``rounds``.
+
+    The caller owns the round: it calls ``round_start`` before, and sends tool results
+    and calls ``round_end`` after. When the events end, this calls
+    ``rounds.assistant_message`` with the response's function calls, so results may
+    follow.
+
+    Function calls are keyed by their ``output_index`` (or their ``item_id``). A call's
+    tool_use block opens when its ``function_call`` item arrives and its arguments
+    stream as they come. Several calls may be in flight at once: the first streams
+    live; while its arguments are not whole (its
+    ``response.function_call_arguments.done`` or ``response.output_item.done`` has not
+    come, and they are not whole JSON), whatever comes for anything else (the other
+    calls' fragments, text, reasoning) is held, and goes out in output order, each
+    fragment as it came, once they are (or the events end). Text and reasoning keep
+    their place among the calls: text after a call is a block after it. A fragment for
+    a call already closed cannot go out; it is counted in a warning. A call without a
+    ``call_id`` (or with a repeated one) gets ``f"{id_prefix}{n}"``, ``n`` unique
+    within the message; a call that never gets a name is dropped with a warning.
+
+    A done event carries a call's whole arguments. The streamed fragments are taken as
+    the provider sent them; the done value only fills in what they lack: when the
+    fragments are a prefix of it (none at all, say), the rest goes out as one more
+    fragment; when they differ and are whole JSON, they win; when they differ and are
+    not, the done value replaces them if the call's block is not out yet (else what went
+    out stays, with a warning). Text and reasoning parts are completed from their done
+    values the same way (a part whose done value differs keeps what streamed).
+
+    A sync iterable is read in the event loop's thread: give it events already in
+    memory, and a network stream as an async iterable (the SDK's ``AsyncStream``).
+    When the response fails (``response.failed`` or an ``error`` event), nothing after
+    it is read: what came before goes out, the round's calls are declared, and
+    :class:`~essessey.ProviderStreamError` is raised with the provider's code (else
+    ``api_error``) and message, so :func:`~essessey.adapters.stream_rounds` ends the
+    turn with that error. What the iterable raises propagates.
+    """
+    if not rounds.in_round:
+        raise RoundOrderError("stream_round needs a started round: call round_start first")
+    reader = _Reader(rounds, id_prefix)
+    await _read_all(events, reader)
+    result = await reader.finish()
+    if reader.error is not None:
+        raise reader.error
+    return result
+
+
+async def publish(
+    publisher: Publisher,
+    events: Iterable[Any] | AsyncIterable[Any],
+    *,
+    message_id: str,
+    stream_id: str,
+    model: str | None = None,
+) -> PublishedResponse:
+    """Publish one response as one whole message, preamble to epilogue.
+
+    The model name is the first non-empty ``response.model`` (``response.created``
+    carries it), else ``model``, else ``""``: ``message_start`` goes out once it is
+    known, or before the first content. Input tokens are unknown then, so it says 0 and
+    the epilogue carries the usage the terminal event reported. The content goes through
+    one round of a :class:`~essessey.adapters.RoundStream` (see :func:`stream_round`).
+    Function calls end the message without results (stop reason ``tool_use``): their
+    results belong to the next request. Generated tool call ids are
+    ``f"call_{message_id}_{n}"``.
+
+    When the response fails (``response.failed``, an ``error`` event), what came before
+    goes out, the open block is closed and an ``error`` event with the provider's code
+    and message ends the message (no ``message_delta``, no ``message_stop``: it is not
+    complete; when nothing went out before, the ``error`` event is all there is);
+    ``publish`` returns what went out with ``error`` set and ``stop_reason`` None. If the events
+    raise (or publishing fails), an ``error`` event of type ``api_error``, naming only
+    the exception class, ends the stream and the exception propagates.
+    """
+    rounds = RoundStream(publisher)
+    opened: list[str] = []  # the model name message_start went out with
+
+    async def open_message() -> None:
+        name = reader.model or model or ""
+        await publisher.send_stream_preamble(message_id, stream_id, name, input_tokens=0)
+        opened.append(name)
+        await rounds.round_start()
+
+    reader = _Reader(rounds, f"call_{message_id}_", opener=open_message)
+    try:
+        await _read_all(events, reader)
+        error = reader.error
+        if error is not None and not (opened or reader.pending):
+            # Nothing went out, nothing waits: the error alone ends the stream.
+            await send_failure(publisher, error)
+            result = reader.summary()
+        else:
+            result = await reader.finish()
+            await rounds.round_end(answer_missing=False)
+            # Any: mypy cannot tell these keyword arguments from stop_sequence.
+            usage: dict[str, Any] = {k: v for k, v in result.usage.items() if k != "output_tokens"}
+            output_tokens = result.usage.get("output_tokens", 0)
+            # Inside the try: a failed epilogue must still end the stream for its clients.
+            if error is None:
+                await publisher.send_stream_epilogue(result.stop_reason, output_tokens, **usage)
+            else:
+                # The error ends the message: no message_delta, no message_stop.
+                await send_failure(publisher, error)
+    except Exception as exc:
+        await send_failure(publisher, exc)
+        raise
+    return PublishedResponse(
+        message_id=message_id,
+        model=opened[0] if opened else reader.model or model or "",
+        text=result.text,
+        thinking=result.thinking,
+        tool_calls=result.tool_calls,
+        stop_reason=None if error is not None else result.stop_reason,
+        usage=dict(result.usage),
+        error=None if error is None else {"type": error.error_type, "message": error.message},
+        response_id=result.response_id,
+        status="failed" if error is not None else result.status,
+        incomplete_reason=result.incomplete_reason,
+    )
+
+
+async def _read_all(events: Iterable[Any] | AsyncIterable[Any], reader: _Reader) -> None:
+    # A loop per kind instead of an async-generator wrapper: a wrapper left unfinished
+    # by an exception would be closed later by the event loop, not here. A failed
+    # response ends there: nothing after it is read.
+    if isinstance(events, AsyncIterable):
+        async for raw in events:
+            await reader.feed(raw)
+            if reader.error is not None:
+                return
+    else:
+        for raw in events:
+            await reader.feed(raw)
+            if reader.error is not None:
+                return
+
+
+# -- reading events ---------------------------------------------------------------------
+
+
+class _Malformed(Exception):
+    """An event that cannot be read; the message names the field and type, never values."""
+
+
+# A text or reasoning part: (kind, item id, part index). The kinds: "message" (an
+# output_text or refusal part, by content_index), "summary" (a reasoning summary part, by
+# summary_index), "reasoning" (a reasoning_text part, by content_index).
+_PartKey: TypeAlias = tuple[str, str | None, int | None]
+
+
+@dataclass(slots=True)
+class _Part:
+    """A chunk of a text or reasoning part (``done``: the part's whole text)."""
+
+    key: _PartKey
+    text: str
+    output_index: int | None
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _CallItem:
+    """A ``function_call`` output item."""
+
+    output_index: int | None
+    item_id: str | None
+    call_id: str | None
+    name: str | None
+    arguments: str | None
+
+
+@dataclass(slots=True)
+class _ContentItem:
+    """A ``message`` or ``reasoning`` output item: its parts, whole."""
+
+    parts: list[_Part]
+
+
+@dataclass(slots=True)
+class _OtherItem:
+    """An output item of a type not published (a hosted tool's call, ...)."""
+
+    item_type: str
+
+
+_Item: TypeAlias = _CallItem | _ContentItem | _OtherItem
+
+
+@dataclass(slots=True)
+class _ItemEvent:
+    """``response.output_item.added`` (``done`` False) or ``.done``."""
+
+    item: _Item
+    done: bool
+
+
+@dataclass(slots=True)
+class _Arguments:
+    """``response.function_call_arguments.delta`` or (``done``) ``.done``."""
+
+    output_index: int | None
+    item_id: str | None
+    text: str
+    done: bool
+
+
+@dataclass(slots=True)
+class _Lifecycle:
+    """``response.created``, ``response.in_progress``, ``response.queued``."""
+
+    model: str | None
+    response_id: str | None
+
+
+@dataclass(slots=True)
+class _Terminal:
+    """``response.completed``, ``response.incomplete`` or ``response.failed``."""
+
+    status: str
+    model: str | None
+    response_id: str | None
+    usage: dict[str, int] | None
+    incomplete_reason: str | None
+    error: tuple[str, str] | None
+    items: list[tuple[int, _Item]]
+
+
+@dataclass(slots=True)
+class _ErrorEvent:
+    """The ``error`` event."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(slots=True)
+class _Unmodelled:
+    """An event type this adapter does not publish."""
+
+    name: str
+
+
+_Op: TypeAlias = (
+    _Part | _ItemEvent | _Arguments | _Lifecycle | _Terminal | _ErrorEvent | _Unmodelled | None
+)
+
+_LIFECYCLE: Final = frozenset({"response.created", "response.in_progress", "response.queued"})
+_TERMINAL: Final = {
+    "response.completed": "completed",
+    "response.incomplete": "incomplete",
+    "response.failed": "failed",
+}
+# Events read for nothing: what they announce comes with the deltas and done events.
+_QUIET: Final = frozenset({"response.content_part.added", "response.reasoning_summary_part.added"})
+# event type -> (part kind, the field of its part index, the field of its text)
+_DELTAS: Final = {
+    "response.output_text.delta": ("message", "content_index", "delta"),
+    "response.refusal.delta": ("message", "content_index", "delta"),
+    "response.reasoning_summary_text.delta": ("summary", "summary_index", "delta"),
+    "response.reasoning_text.delta": ("reasoning", "content_index", "delta"),
+}
+_DONES: Final = {
+    "response.output_text.done": ("message", "content_index", "text"),
+    "response.refusal.done": ("message", "content_index", "refusal"),
+    "response.reasoning_summary_text.done": ("summary", "summary_index", "text"),
+    "response.reasoning_text.done": ("reasoning", "content_index", "text"),
+}
+# A content part's type -> (part kind, the field of its text)
+_PART_TYPES: Final = {
+    "output_text": ("message", "text"),
+    "refusal": ("message", "refusal"),
+    "reasoning_text": ("reasoning", "text"),
+}
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _label(value: object) -> str:
+    """An event or item type fit for a log line: the Responses API's dotted names
+    (``response.output_text.delta``) as they are when each part is an identifier,
+    anything else as :func:`~essessey._logsafe.log_label` shows it."""
+    if value is None:
+        return "?"
+    if isinstance(value, str) and len(value) <= 128:
+        parts = value.split(".")
+        if all(log_label(part) == part for part in parts):
+            return value
+    return log_label(value)
+
+
+def _opt_str(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        # Python's json module turns a "\ud800" escape into a lone surrogate, which no
+        # UTF-8 text (so no published event) can carry.
+        if has_lone_surrogate(value):
+            raise _Malformed(f"{where} holds a lone surrogate")
+        return value
+    raise _Malformed(f"{where} is a {_kind(value)}, not a string")
+
+
+def _req_str(value: object, where: str) -> str:
+    text = _opt_str(value, where)
+    if text is None:
+        raise _Malformed(f"{where} is missing")
+    return text
+
+
+def _opt_int(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise _Malformed(f"{where} is a {_kind(value)}, not an integer")
+    if not fits_count(value):
+        # Python's json module reads any integer; orjson writes none past 64 bits.
+        raise _Malformed(f"{where} does not fit in 64 bits")
+    return value
+
+
+def _count(value: object, where: str) -> int | None:
+    count = _opt_int(value, where)
+    if count is not None and count < 0:
+        raise _Malformed(f"{where} is negative")
+    return count
+
+
+def _opt_map(value: object, where: str) -> Mapping[str, Any] | None:
+    if value is None or isinstance(value, Mapping):
+        return value
+    raise _Malformed(f"{where} is a {_kind(value)}, not an object")
+
+
+def _req_map(value: object, where: str) -> Mapping[str, Any]:
+    mapping = _opt_map(value, where)
+    if mapping is None:
+        raise _Malformed(f"{where} is missing")
+    return mapping
+
+
+def _opt_list(value: object, where: str) -> list[Any] | tuple[Any, ...] | None:
+    if value is None or isinstance(value, list | tuple):
+        return value
+    raise _Malformed(f"{where} is a {_kind(value)}, not a list")
+
+
+def _error_text(value: object) -> str | None:
+    # An error's words go out whatever they hold: a lone surrogate is replaced, not a
+    # reason to lose the failure.
+    if isinstance(value, str) and value:
+        return replace_surrogates(value)
+    return None
+
+
+def _as_mapping(raw: Any) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        dump = getattr(raw, "model_dump", None)
+        if callable(dump):
+            try:
+                try:
+                    # exclude_unset keeps the keys the provider sent; warnings off, since
+                    # an object the SDK built without validation may hold other types.
+                    raw = dump(mode="json", exclude_unset=True, warnings=False)
+                except TypeError:
+                    raw = dump()  # a model_dump that takes no options
+            except Exception as exc:
+                raise _Malformed(f"model_dump() failed with {_kind(exc)}") from None
+    if not isinstance(raw, Mapping):
+        raise _Malformed(f"the event is a {_kind(raw)}, not a mapping")
+    return raw
+
+
+def _read_usage(value: object) -> dict[str, int] | None:
+    usage = _opt_map(value, "response.usage")
+    if usage is None:
+        return None
+    at = "response.usage"
+    given = _count(usage.get("input_tokens"), f"{at}.input_tokens")
+    output = _count(usage.get("output_tokens"), f"{at}.output_tokens")
+    input_details = _opt_map(usage.get("input_tokens_details"), f"{at}.input_tokens_details")
+    output_details = _opt_map(usage.get("output_tokens_details"), f"{at}.output_tokens_details")
+    cached = reasoning = None
+    if input_details is not None:
+        cached = _count(
+            input_details.get("cached_tokens"), f"{at}.input_tokens_details.cached_tokens"
+        )
+    if output_details is not None:
+        reasoning = _count(
+            output_details.get("reasoning_tokens"), f"{at}.output_tokens_details.reasoning_tokens"
+        )
+    counts: dict[str, int] = {}
+    if given is not None:
+        # OpenAI's input_tokens include the cached ones; Anthropic's do not (cache reads
+        # are counted apart), and clients add the two up. Cache writes
+        # (input_tokens_details.cache_write_tokens) stay in input_tokens, as in the
+        # chat-completions adapter, so the two still add up to what the provider billed.
+        counts["input_tokens"] = max(given - (cached or 0), 0)
+    if cached is not None:
+        counts["cache_read_input_tokens"] = cached
+    if output is not None:
+        counts["output_tokens"] = output
+    if reasoning is not None:
+        counts["reasoning_tokens"] = reasoning
+    return counts
+
+
+def _read_parts(
+    item: Mapping[str, Any],
+    list_field: str,
+    kind: str | None,
+    item_id: str | None,
+    output_index: int | None,
+    where: str,
+) -> list[_Part]:
+    """The parts of ``item[list_field]``; ``kind`` None reads each part's own type."""
+    parts: list[_Part] = []
+    for k, entry in enumerate(_opt_list(item.get(list_field), f"{where}.{list_field}") or ()):
+        at = f"{where}.{list_field}[{k}]"
+        part = _req_map(entry, at)
+        part_kind, text_field = kind, "text"
+        if kind is None:
+            part_type = _opt_str(part.get("type"), f"{at}.type")
+            if part_type not in _PART_TYPES:
+                continue  # no text of its own to publish
+            part_kind, text_field = _PART_TYPES[part_type]
+        text = _opt_str(part.get(text_field), f"{at}.{text_field}")
+        if text is not None and part_kind is not None:
+            parts.append(_Part((part_kind, item_id, k), text, output_index, done=True))
+    return parts
+
+
+def _read_item(value: object, output_index: int | None, where: str) -> _Item:
+    item = _req_map(value, where)
+    item_type = _req_str(item.get("type"), f"{where}.type")
+    item_id = _opt_str(item.get("id"), f"{where}.id")
+    if item_type == "function_call":
+        if output_index is None and item_id is None:
+            raise _Malformed(f"{where} has neither an output_index nor an id")
+        return _CallItem(
+            output_index=output_index,
+            item_id=item_id,
+            call_id=_opt_str(item.get("call_id"), f"{where}.call_id"),
+            name=_opt_str(item.get("name"), f"{where}.name"),
+            arguments=_opt_str(item.get("arguments"), f"{where}.arguments"),
+        )
+    if item_type == "message":
+        return _ContentItem(_read_parts(item, "content", None, item_id, output_index, where))
+    if item_type == "reasoning":
+        summary = _read_parts(item, "summary", "summary", item_id, output_index, where)
+        content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
+        return _ContentItem(summary + content)
+    return _OtherItem(item_type)
+
+
+def _read_response(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:
+    response = _req_map(data.get("response"), "response")
+    model = _opt_str(response.get("model"), "response.model")
+    response_id = _opt_str(response.get("id"), "response.id")
+    return response, model or None, response_id
+
+
+def _read_terminal(data: Mapping[str, Any], status: str) -> tuple[_Terminal, list[str]]:
+    """The terminal event, and why any of its output items could not be read."""
+    response, model, response_id = _read_response(data)
+    usage = _read_usage(response.get("usage"))
+    details = _opt_map(response.get("incomplete_details"), "response.incomplete_details")
+    reason = None
+    if details is not None:
+        reason = _opt_str(details.get("reason"), "response.incomplete_details.reason")
+    error = None
+    if status == "failed":
+        given = response.get("error")
+        given = given if isinstance(given, Mapping) else {}
+        error = (
+            _error_text(given.get("code")) or _error_text(given.get("type")) or "api_error",
+            _error_text(given.get("message")) or FAILED_MESSAGE,
+        )
+    items: list[tuple[int, _Item]] = []
+    refused: list[str] = []
+    if status != "failed":
+        # The output, whole: each item read on its own, so one that cannot be read
+        # does not cost the response its stop reason.
+        output = response.get("output")
+        for k, entry in enumerate(output if isinstance(output, list | tuple) else ()):
+            try:
+                items.append((k, _read_item(entry, k, f"response.output[{k}]")))
+            except _Malformed as exc:
+                refused.append(str(exc))
+    terminal = _Terminal(status, model, response_id, usage, reason, error, items)
+    return terminal, refused
+
+
+def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
+    if name in _DELTAS or name in _DONES:
+        kind, index_field, text_field = _DELTAS.get(name) or _DONES[name]
+        item_id = _opt_str(data.get("item_id"), "item_id")
+        output_index = _opt_int(data.get("output_index"), "output_index")
+        index = _opt_int(data.get(index_field), index_field)
+        text = _req_str(data.get(text_field), text_field)
+        return _Part((kind, item_id, index), text, output_index, done=name in _DONES), []
+    if name in ("response.function_call_arguments.delta", "response.function_call_arguments.done"):
+        done = name.endswith(".done")
+        output_index = _opt_int(data.get("output_index"), "output_index")
+        item_id = _opt_str(data.get("item_id"), "item_id")
+        if output_index is None and item_id is None:
+            raise _Malformed("neither output_index nor item_id")
+        text = _req_str(
+            data.get("arguments" if done else "delta"), "arguments" if done else "delta"
+        )
+        return _Arguments(output_index, item_id, text, done), []
+    if name in ("response.output_item.added", "response.output_item.done"):
+        output_index = _opt_int(data.get("output_index"), "output_index")
+        item = _read_item(data.get("item"), output_index, "item")
+        return _ItemEvent(item, done=name.endswith(".done")), []
+    if name in ("response.content_part.done", "response.reasoning_summary_part.done"):
+        summary = name == "response.reasoning_summary_part.done"
+        item_id = _opt_str(data.get("item_id"), "item_id")
+        output_index = _opt_int(data.get("output_index"), "output_index")
+        index_field = "summary_index" if summary else "content_index"
+        index = _opt_int(data.get(index_field), index_field)
+        part = _req_map(data.get("part"), "part")
+        part_type = _opt_str(part.get("type"), "part.type")
+        if summary:
+            kind, text_field = "summary", "text"
+        elif part_type is not None and part_type in _PART_TYPES:
+            kind, text_field = _PART_TYPES[part_type]
+        else:
+            return None, []  # no text of its own to publish
+        whole = _opt_str(part.get(text_field), f"part.{text_field}")
+        if whole is None:
+            return None, []
+        return _Part((kind, item_id, index), whole, output_index, done=True), []
+    if name in _LIFECYCLE:
+        _, model, response_id = _read_response(data)
+        return _Lifecycle(model, response_id), []
+    if name in _TERMINAL:
+        return _read_terminal(data, _TERMINAL[name])
+    if name == "error":
+        # The Responses API puts code and message at the top; some servers nest them in
+        # an "error" object, as chat completions does.
+        nested = data.get("error")
+        nested = nested if isinstance(nested, Mapping) else {}
+        return _ErrorEvent(
+            _error_text(data.get("code"))
+            or _error_text(nested.get("code"))
+            or _error_text(nested.get("type"))
+            or "api_error",
+            _error_text(data.get("message"))
+            or _error_text(nested.get("message"))
+            or FAILED_MESSAGE,
+        ), []
+    if name in _QUIET:
+        return None, []
+    return _Unmodelled(name), []
+
+
+# -- publishing one response ------------------------------------------------------------
+
+# The place of what has no output_index: after everything that has one.
+_LAST: Final = 2**63
+
+
+class _Call:
+    """One function call of the response, from its first event to its block."""
+
+    __slots__ = (
+        "call_id",
+        "done",
+        "id",
+        "item_id",
+        "name",
+        "ordinal",
+        "output_index",
+        "parts",
+        "slot",
+    )
+
+    def __init__(self, ordinal: int) -> None:
+        self.ordinal = ordinal  # order of first appearance
+        self.output_index: int | None = None
+        self.item_id: str | None = None
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.parts: list[str] = []  # the argument fragments, as they came
+        self.done = False  # a done event gave its arguments whole: nothing more may come
+        self.slot = -1  # its number in RoundStream once started
+        self.id = ""
+
+    def complete(self) -> bool:
+        """Whether the arguments so far are a whole JSON value (so the call may close).
+
+        Parsed only when the last fragment ends like a JSON object or array: a call
+        streamed in many fragments is not parsed again at every one of them.
+        """
+        for part in reversed(self.parts):
+            tail = part.rstrip()
+            if tail:
+                return tail[-1] in "}]" and parse_arguments("".join(self.parts)) is not None
+        return False
+
+
+@dataclass(slots=True)
+class _Piece:
+    """Text or reasoning waiting to go out."""
+
+    key: _PartKey
+    text: str
+
+
+def _paragraph_break(before: str) -> str:
+    """What puts a blank line after ``before``, counting the newlines it ends with."""
+    if before.endswith("\n\n"):
+        return ""
+    return "\n" if before.endswith("\n") else "\n\n"
+
+
+def _complete_json(arguments: str) -> bool:
+    return bool(arguments.strip()) and parse_arguments(arguments) is not None
+
+
+class _Reader:
+    """The state of one response while its events are read and published.
+
+    What the model sends goes out in output order, live, with one exception: while a
+    function call's block is open and its arguments are not yet whole (its done event
+    has not come, and they are not whole JSON), what comes for anything else (another
+    call, text, reasoning) is queued, in output order, because a call's block cannot
+    reopen once closed. The open call closes as soon as its arguments are whole and
+    something waits; then the queue goes out. At the end of the events everything left
+    goes out, so no fragment the provider sent is lost.
+    """
+
+    __slots__ = (
+        "_by_index",
+        "_by_item",
+        "_calls",
+        "_differs",
+        "_first_late",
+        "_id_base",
+        "_id_prefix",
+        "_last_part",
+        "_late_chars",
+        "_logged_types",
+        "_open",
+        "_opener",
+        "_position",
+        "_queue",
+        "_received",
+        "_seq",
+        "_started",
+        "_text",
+        "_thinking",
+        "_used_ids",
+        "ended",
+        "error",
+        "incomplete_reason",
+        "model",
+        "response_id",
+        "rounds",
+        "status",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        rounds: RoundStream,
+        id_prefix: str,
+        *,
+        opener: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.rounds = rounds
+        self._id_prefix = id_prefix
+        # A round's n calls take block indexes from here on and the next round starts
+        # at least 2n further, so base + call number never repeats within a message.
+        self._id_base = rounds.next_index
+        # Called once before the first thing goes out (publish sends the preamble).
+        self._opener = opener
+        self._position = -1
+        self._calls: list[_Call] = []
+        self._by_index: dict[int, _Call] = {}
+        self._by_item: dict[str, _Call] = {}
+        self._started: list[_Call] = []
+        self._open: _Call | None = None  # the started call whose block is open
+        # What waits for the open call to close, sorted by (output index, arrival).
+        self._queue: list[tuple[tuple[int, int], _Piece | _Call]] = []
+        self._seq = 0
+        self._used_ids: set[str] = set()
+        self._received: dict[_PartKey, list[str]] = {}
+        self._differs: set[_PartKey] = set()
+        self._text: list[str] = []
+        self._thinking: list[str] = []
+        # The reasoning part the open thinking block's text came from (None when the
+        # last thing published was not reasoning).
+        self._last_part: _PartKey | None = None
+        self._late_chars = 0
+        self._first_late = -1
+        self._logged_types: set[tuple[str, str]] = set()
+        self.ended = False  # a terminal event (or an error) was read
+        self.error: ProviderStreamError | None = None
+        self.model: str | None = None
+        self.response_id: str | None = None
+        self.status: str | None = None
+        self.incomplete_reason: str | None = None
+        self.usage: dict[str, int] = {}
+
+    # -- the loop --------------------------------------------------------------------
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything read waits to go out."""
+        return bool(self._queue)
+
+    async def feed(self, raw: Any) -> None:
+        """Read the next event and publish what it carries."""
+        self._position += 1
+        name: object = None
+        try:
+            data = _as_mapping(raw)
+            name = data.get("type")
+            if name is None:
+                raise _Malformed("it has no type")
+            if not isinstance(name, str):
+                raise _Malformed(f"type is a {_kind(name)}, not a string")
+            op, refused = _read_event(name, data)
+        except _Malformed as exc:
+            self._skip(name, str(exc))
+            return
+        for reason in refused:
+            self._warn(name, f"{reason}; that output item is ignored")
+        if op is None:
+            return
+        if self.ended:
+            self._skip(name, "it came after the response ended")
+            return
+        await self._apply(name, op)
+
+    async def _apply(self, name: str, op: _Op) -> None:
+        if isinstance(op, _Part):
+            if op.done:
+                await self._settle_part(op)
+            else:
+                self._received.setdefault(op.key, []).append(op.text)
+                await self._content(op.key, op.text, op.output_index)
+        elif isinstance(op, _Arguments):
+            call = self._call_for(op.output_index, op.item_id)
+            if op.done:
+                await self._call_done(call, op.text)
+            else:
+                await self._fragment(call, op.text)
+        elif isinstance(op, _ItemEvent):
+            await self._item(op.item, done=op.done)
+        elif isinstance(op, _Lifecycle):
+            self._lifecycle(op.model, op.response_id)
+            if self.model is not None:
+                await self._ready()  # message_start can name the model now
+        elif isinstance(op, _Terminal):
+            await self._terminal(op)
+        elif isinstance(op, _ErrorEvent):
+            self._fail(name, ProviderStreamError(op.error_type, op.message))
+        elif isinstance(op, _Unmodelled):
+            self._once("event", op.name)
+
+    async def finish(self) -> StreamedResponse:
+        """End of the events: publish what waits, then declare the round's calls."""
+        if not self.ended:
+            logger.warning(
+                "the Responses API stream ended after %d events without a terminal event",
+                self._position + 1,
+            )
+        await self._advance(final=True)
+        if self._late_chars:
+            logger.warning(
+                "%d characters of arguments came for function calls already closed "
+                "(first in event #%d); they cannot go out",
+                self._late_chars,
+                self._first_late,
+            )
+        await self._ready()
+        result = self.summary()
+        await self.rounds.assistant_message(
+            [ToolCallRequest(c.id, c.name, c.arguments) for c in result.tool_calls]
+        )
+        return result
+
+    def summary(self) -> StreamedResponse:
+        """What went out so far."""
+        calls = []
+        for call in self._started:
+            arguments = "".join(call.parts)
+            calls.append(
+                PublishedToolCall(call.id, call.name or "", arguments, parse_arguments(arguments))
+            )
+        return StreamedResponse(
+            text="".join(self._text),
+            thinking="".join(self._thinking),
+            tool_calls=calls,
+            status=self.status,
+            incomplete_reason=self.incomplete_reason,
+            stop_reason=map_stop_reason(
+                self.status, self.incomplete_reason, tool_calls=bool(calls)
+            ),
+            usage=dict(self.usage),
+            model=self.model,
+            response_id=self.response_id,
+        )
+
+    # -- logging ---------------------------------------------------------------------
+
+    def _skip(self, name: object, reason: str) -> None:
+        logger.warning(
+            "skipping Responses API event #%d (%s): %s", self._position, _label(name), reason
+        )
+
+    def _warn(self, name: object, what: str) -> None:
+        logger.warning("Responses API event #%d (%s): %s", self._position, _label(name), what)
+
+    def _once(self, what: str, type_name: str) -> None:
+        # One line per type: a hosted tool's call streams many events of a few types.
+        if (what, type_name) in self._logged_types:
+            return
+        self._logged_types.add((what, type_name))
+        kind = "events" if what == "event" else "output items"
+        logger.info(
+            "skipping Responses API %s of type %s (first at event #%d): not published",
+            kind,
+            _label(type_name),
+            self._position,
+        )
+
+    # -- the response ----------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        opener = self._opener
+        if opener is not None:
+            self._opener = None
+            await opener()
+
+    def _lifecycle(self, model: str | None, response_id: str | None) -> None:
+        if self.model is None and model:
+            self.model = model
+        if self.response_id is None and response_id:
+            self.response_id = response_id
+
+    def _fail(self, name: str, error: ProviderStreamError) -> None:
+        # The response ends here: nothing after it is read (see _read_all).
+        self._warn(name, f"the response failed with {log_label(error.error_type)}")
+        self.ended = True
+        self.error = error
+
+    async def _terminal(self, op: _Terminal) -> None:
+        self._lifecycle(op.model, op.response_id)
+        if op.usage is not None:
+            self.usage = op.usage
+        if op.error is not None:
+            self._fail(f"response.{op.status}", ProviderStreamError(*op.error))
+            return
+        self.ended = True
+        # Whatever the events before left out of the output goes out now.
+        for _, item in op.items:
+            await self._item(item, done=True)
+        self.status = op.status
+        self.incomplete_reason = op.incomplete_reason
+
+    async def _item(self, item: _Item, *, done: bool) -> None:
+        if isinstance(item, _CallItem):
+            call = self._call_for(item.output_index, item.item_id)
+            if item.call_id and call.call_id is None:
+                call.call_id = item.call_id
+            if item.name and not call.name:
+                call.name = item.name
+            if done:
+                await self._call_done(call, item.arguments or "")
+            else:
+                # A call announced with arguments: they are its first fragment.
+                if item.arguments and not call.parts:
+                    await self._fragment(call, item.arguments)
+                else:
+                    await self._advance()
+        elif isinstance(item, _ContentItem):
+            # An item added says nothing yet (its parts stream); an item done is whole.
+            if done:
+                for part in item.parts:
+                    await self._settle_part(part)
+        else:
+            self._once("item", item.item_type)
+
+    # -- the queue ---------------------------------------------------------------------
+
+    def _enqueue(self, output_index: int | None, item: _Piece | _Call) -> None:
+        self._seq += 1
+        order = (_LAST if output_index is None else output_index, self._seq)
+        bisect.insort(self._queue, (order, item), key=_order)
+
+    async def _advance(self, *, final: bool = False) -> None:
+        """Publish what can go out now, in order (everything when ``final``)."""
+        queue = self._queue
+        k = 0
+        while k < len(queue):
+            open_call = self._open
+            if open_call is not None:
+                if not (final or open_call.done or open_call.complete()):
+                    break  # its arguments are not whole: it stays open
+                await self.rounds.close_block()
+                self._open = None
+            item = queue[k][1]
+            if isinstance(item, _Call):
+                if not item.name:
+                    if not final:
+                        break  # an unnamed call holds back what comes after it
+                    logger.warning(
+                        "function call %d never got a name; dropped with %d characters of "
+                        "arguments",
+                        item.ordinal,
+                        sum(map(len, item.parts)),
+                    )
+                else:
+                    await self._start(item)
+            else:
+                await self._publish(item)
+            k += 1
+        del queue[:k]
+
+    # -- text and reasoning ----------------------------------------------------------
+
+    async def _content(self, key: _PartKey, text: str, output_index: int | None) -> None:
+        if not text:
+            return
+        if not self._queue and self._open is None:
+            await self._publish(_Piece(key, text))  # nothing waits: straight out
+            return
+        self._enqueue(output_index, _Piece(key, text))
+        await self._advance()
+
+    async def _publish(self, piece: _Piece) -> None:
+        await self._ready()
+        text = piece.text
+        if piece.key[0] == "message":
+            await self.rounds.delta(text=text)
+            self._text.append(text)
+            self._last_part = None
+            return
+        if self._last_part is not None and piece.key != self._last_part:
+            # A new reasoning part (summary parts each open with their own heading):
+            # the stream marks the boundary by its index only, so it gets a blank line
+            # here, or the parts would read as one paragraph ("**A****B**").
+            text = _paragraph_break("".join(self._thinking[-2:])) + text
+        self._last_part = piece.key
+        await self.rounds.delta(reasoning=text)
+        self._thinking.append(text)
+
+    async def _settle_part(self, part: _Part) -> None:
+        received = self._received.setdefault(part.key, [])
+        got = "".join(received)
+        if part.text == got:
+            return
+        if part.text.startswith(got):
+            # The deltas left the rest out (or there were none): it goes out now.
+            rest = part.text[len(got) :]
+            received.append(rest)
+            await self._content(part.key, rest, part.output_index)
+        elif part.key not in self._differs:
+            self._differs.add(part.key)
+            logger.warning(
+                "event #%d: a %s part's done text (%d characters) differs from its deltas "
+                "(%d characters); the streamed text is kept",
+                self._position,
+                part.key[0],
+                len(part.text),
+                len(got),
+            )
+
+    # -- function calls --------------------------------------------------------------
+
+    def _call_for(self, output_index: int | None, item_id: str | None) -> _Call:
+        call = self._by_index.get(output_index) if output_index is not None else None
+        if call is None and item_id:
+            call = self._by_item.get(item_id)
+        if call is None:
+            call = _Call(len(self._calls))
+            self._calls.append(call)
+            self._enqueue(output_index, call)
+        if output_index is not None and call.output_index is None:
+            call.output_index = output_index
+            self._by_index.setdefault(output_index, call)
+        if item_id and call.item_id is None:
+            call.item_id = item_id
+            self._by_item.setdefault(item_id, call)
+        return call
+
+    def _late(self, text: str) -> None:
+        if self._first_late < 0:
+            self._first_late = self._position
+        self._late_chars += len(text)
+
+    async def _fragment(self, call: _Call, text: str) -> None:
+        if not text:
+            return
+        if call.done or (call.slot >= 0 and call is not self._open):
+            self._late(text)  # its block is closed (or its arguments were given whole)
+            return
+        if call is self._open:
+            await self.rounds.tool_call_delta(call.slot, text)
+            call.parts.append(text)
+        else:
+            call.parts.append(text)  # held: it goes out with the call's start
+        if self._queue:
+            await self._advance()
+
+    async def _call_done(self, call: _Call, full: str) -> None:
+        if not call.done:
+            await self._settle_arguments(call, full)
+            call.done = True
+        await self._advance()
+
+    async def _settle_arguments(self, call: _Call, full: str) -> None:
+        """Reconcile the fragments with the done value (see :func:`stream_round`)."""
+        got = "".join(call.parts)
+        if not full or full == got:
+            return
+        if full.startswith(got):
+            # The fragments left the rest out (or there were none): one more fragment.
+            rest = full[len(got) :]
+            if call is self._open:
+                await self.rounds.tool_call_delta(call.slot, rest)
+            elif call.slot >= 0:
+                self._late(rest)  # closed already, with whole JSON arguments
+                return
+            call.parts.append(rest)
+            return
+        if _complete_json(got):
+            logger.info(
+                "function call %d: its done arguments (%d characters) differ from the "
+                "streamed ones (%d characters), which are whole JSON and kept",
+                call.ordinal,
+                len(full),
+                len(got),
+            )
+        elif call.slot < 0:
+            logger.warning(
+                "function call %d: its streamed arguments (%d characters) are not whole "
+                "JSON; the done value (%d characters) replaces them",
+                call.ordinal,
+                len(got),
+                len(full),
+            )
+            call.parts = [full]
+        else:
+            logger.warning(
+                "function call %d: its streamed arguments (%d characters) went out and "
+                "differ from the done value (%d characters); they are kept",
+                call.ordinal,
+                len(got),
+                len(full),
+            )
+
+    async def _start(self, call: _Call) -> None:
+        await self._ready()
+        call.slot = len(self._started)
+        call_id = call.call_id
+        if not call_id or call_id in self._used_ids:
+            if call_id:
+                logger.warning(
+                    "function call %d repeats an earlier call's id; using a generated id",
+                    call.ordinal,
+                )
+            n = self._id_base + call.slot
+            call_id = f"{self._id_prefix}{n}"
+            suffix = 0
+            while call_id in self._used_ids:
+                suffix += 1
+                call_id = f"{self._id_prefix}{n}_{suffix}"
+        self._used_ids.add(call_id)
+        call.id = call_id
+        await self.rounds.tool_call_start(call.slot, ToolCallRequest(call_id, call.name or ""))
+        self._started.append(call)
+        self._open = call
+        self._last_part = None
+        # The fragments held while the calls before it streamed, each as it came.
+        for part in call.parts:
+            await self.rounds.tool_call_delta(call.slot, part)
+
+
+def _order(entry: tuple[tuple[int, int], _Piece | _Call]) -> tuple[int, int]:
+    return entry[0]

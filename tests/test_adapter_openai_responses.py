@@ -1,0 +1,1346 @@
+"""The OpenAI Responses API adapter: SDK-validated fixtures, odd servers, bad events."""
+
+import itertools
+import json
+import logging
+import subprocess
+import sys
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import anyio
+import anyio.lowlevel
+import openai
+import orjson
+import pydantic
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai.types.responses import ResponseStreamEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from essessey import (
+    Event,
+    InMemorySink,
+    ProviderStreamError,
+    Publisher,
+    RoundOrderError,
+    check,
+    reassemble_events,
+)
+from essessey.adapters import RoundStream, stream_rounds
+from essessey.adapters.openai_responses import (
+    FAILED_MESSAGE,
+    PublishedResponse,
+    map_stop_reason,
+    publish,
+    stream_round,
+)
+from essessey.bindings.sse import EventStreamResponse
+from essessey.protocol import Dialect
+from tests.servers import serve
+
+MARKER = "SECRET-PAYLOAD-7f3e"  # in the fixtures' skipped events, and in test payloads
+DIALECTS: list[Dialect] = ["essessey", "anthropic"]
+FIXTURES = Path(__file__).parent / "fixtures" / "openai_responses"
+ROOT = Path(__file__).parent.parent
+LOGGER = "essessey.adapters.openai_responses"
+EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+@dataclass(frozen=True)
+class Expected:
+    text: str = ""
+    thinking: str = ""
+    calls: tuple[tuple[str, str, str], ...] = ()  # (id, name, arguments as streamed)
+    stop_reason: str | None = "end_turn"
+    usage: tuple[tuple[str, int], ...] = ()
+    model: str = ""
+    error: tuple[str, str] | None = None  # (type, message) of the error that ended it
+
+
+def _usage(given: int, cached: int, output: int, reasoning: int) -> tuple[tuple[str, int], ...]:
+    return (
+        ("input_tokens", given),
+        ("cache_read_input_tokens", cached),
+        ("output_tokens", output),
+        ("reasoning_tokens", reasoning),
+    )
+
+
+EXPECTED: dict[str, Expected] = {
+    "text_only.json": Expected(
+        text="Hello, world! How can I help you today? éè ☃",
+        usage=_usage(15, 10, 12, 0),  # 25 input tokens, 10 of them cached
+        model="gpt-4.1-mini-2025-04-14",
+    ),
+    "reasoning_summary_then_text.json": Expected(
+        text="2 + 2 = **4**.",
+        # Two summary parts, a blank line between them (the stream has none).
+        thinking=(
+            "**Adding numbers**\n\nThe user asks for 2+2, which is 4."
+            "\n\n**Answering**\n\nReply briefly."
+        ),
+        usage=_usage(14, 0, 140, 128),
+        model="o4-mini-2025-04-16",
+    ),
+    "reasoning_text_then_text.json": Expected(
+        text="Hi there!",
+        thinking="We need to greet the user. Keep it short.",
+        usage=_usage(30, 0, 22, 15),
+        model="gpt-oss-120b",
+    ),
+    "parallel_function_calls.json": Expected(
+        text="I'll check both cities.",
+        calls=(
+            ("call_Vq3mP0Wk2rT9", "get_weather", '{"city": "Paris", "unit": "celsius"}'),
+            ("call_Zl8nB4Yx1sQ6", "get_weather", '{"city": "São Paulo", "unit": "celsius"}'),
+        ),
+        stop_reason="tool_use",
+        usage=_usage(82, 0, 51, 0),
+        model="gpt-4.1-2025-04-14",
+    ),
+    "interleaved_function_calls.json": Expected(
+        calls=(
+            ("call_time_a", "get_time", '{"tz": "Europe/Paris"}'),
+            ("call_time_b", "get_time", '{"tz": "America/Sao_Paulo"}'),
+        ),
+        stop_reason="tool_use",
+        usage=_usage(28, 32, 40, 0),
+        model="gpt-4.1-2025-04-14",
+    ),
+    "incomplete_max_output_tokens.json": Expected(
+        text="Once upon a time, in a land far",
+        stop_reason="max_tokens",
+        usage=_usage(9, 0, 16, 0),
+        model="gpt-4.1-mini-2025-04-14",
+    ),
+    "failed.json": Expected(
+        text="Let me think about",
+        stop_reason=None,
+        usage=_usage(40, 0, 3, 0),
+        model="gpt-4.1-2025-04-14",
+        error=("server_error", "The server had an error while processing your request."),
+    ),
+    "error_event.json": Expected(
+        stop_reason=None,
+        model="gpt-4.1-2025-04-14",
+        error=("rate_limit_exceeded", "Rate limit reached for requests. Please try again in 20s."),
+    ),
+    "hosted_tool_skipped.json": Expected(
+        text=f"It is sunny in Paris {MARKER}.",
+        usage=_usage(300, 0, 20, 0),
+        model="gpt-4.1-2025-04-14",
+    ),
+    "refusal.json": Expected(
+        text="I'm sorry, I can't help with that.",
+        usage=_usage(18, 0, 9, 0),
+        model="gpt-4o-2024-08-06",
+    ),
+    "final_answer.json": Expected(
+        text="Paris: sunny, 21 °C. São Paulo: rain, 18 °C.",
+        usage=_usage(76, 64, 18, 0),
+        model="gpt-4.1-2025-04-14",
+    ),
+}
+
+
+def _load(name: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads((FIXTURES / name).read_text())
+    return events
+
+
+def _objects(name: str) -> list[Any]:
+    """The fixture as the SDK's event objects."""
+    return [EVENTS.validate_python(event) for event in _load(name)]
+
+
+async def _publish(
+    events: Any, dialect: Dialect = "essessey", **kwargs: Any
+) -> tuple[PublishedResponse, list[Event]]:
+    sink = InMemorySink()
+    message = await publish(
+        Publisher(sink, dialect=dialect),
+        events,
+        message_id="msg_test",
+        stream_id="conv_1",
+        **kwargs,
+    )
+    return message, sink.events
+
+
+def _blocks(events: list[Event]) -> list[tuple[str, int, str]]:
+    """(event, index, block type) of every content block event, to read the layout."""
+    types: dict[int, str] = {}
+    blocks = []
+    for event in events:
+        if event.event.startswith("content_block_"):
+            payload = orjson.loads(event.data)
+            if event.event == "content_block_start":
+                types[payload["index"]] = payload["content_block"]["type"]
+            blocks.append((event.event, payload["index"], types[payload["index"]]))
+    return blocks
+
+
+def _log_text(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(record.getMessage() for record in caplog.records)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# -- building events by hand (each one a valid SDK event; see the test below) -----------------
+
+_SEQ = itertools.count()
+
+
+def _event(type_: str, **fields: Any) -> dict[str, Any]:
+    return {"type": type_, "sequence_number": next(_SEQ), **fields}
+
+
+def _response(status: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "resp_t",
+        "object": "response",
+        "created_at": 1,
+        "status": status,
+        "model": "test-model",
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        **extra,
+    }
+
+
+def _created(model: str = "test-model") -> dict[str, Any]:
+    return _event("response.created", response=_response("in_progress", model=model))
+
+
+def _completed(
+    usage: dict[str, Any] | None = None, output: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"output": output or []}
+    if usage is not None:
+        extra["usage"] = usage
+    return _event("response.completed", response=_response("completed", **extra))
+
+
+def _incomplete(reason: str) -> dict[str, Any]:
+    return _event(
+        "response.incomplete",
+        response=_response("incomplete", incomplete_details={"reason": reason}),
+    )
+
+
+def _text(delta: str, item: str = "msg_1", out: int = 0, part: int = 0) -> dict[str, Any]:
+    return _event(
+        "response.output_text.delta",
+        item_id=item,
+        output_index=out,
+        content_index=part,
+        delta=delta,
+        logprobs=[],
+    )
+
+
+def _text_done(text: str, item: str = "msg_1", out: int = 0, part: int = 0) -> dict[str, Any]:
+    return _event(
+        "response.output_text.done",
+        item_id=item,
+        output_index=out,
+        content_index=part,
+        text=text,
+        logprobs=[],
+    )
+
+
+def _summary(delta: str, item: str = "rs_1", out: int = 0, part: int = 0) -> dict[str, Any]:
+    return _event(
+        "response.reasoning_summary_text.delta",
+        item_id=item,
+        output_index=out,
+        summary_index=part,
+        delta=delta,
+    )
+
+
+def _summary_done(text: str, item: str = "rs_1", out: int = 0, part: int = 0) -> dict[str, Any]:
+    return _event(
+        "response.reasoning_summary_text.done",
+        item_id=item,
+        output_index=out,
+        summary_index=part,
+        text=text,
+    )
+
+
+def _call_item(out: int, arguments: str = "", *, name: str = "f", **fields: Any) -> dict[str, Any]:
+    item = {
+        "id": f"fc_{out}",
+        "type": "function_call",
+        "call_id": f"call_{out}",
+        "name": name,
+        "arguments": arguments,
+        "status": "in_progress",
+    }
+    item.update(fields)
+    return item
+
+
+def _added(item: dict[str, Any], out: int) -> dict[str, Any]:
+    return _event("response.output_item.added", output_index=out, item=item)
+
+
+def _item_done(item: dict[str, Any], out: int) -> dict[str, Any]:
+    return _event(
+        "response.output_item.done", output_index=out, item={**item, "status": "completed"}
+    )
+
+
+def _args(out: int, delta: str) -> dict[str, Any]:
+    return _event(
+        "response.function_call_arguments.delta", item_id=f"fc_{out}", output_index=out, delta=delta
+    )
+
+
+def _args_done(out: int, arguments: str) -> dict[str, Any]:
+    return _event(
+        "response.function_call_arguments.done",
+        item_id=f"fc_{out}",
+        output_index=out,
+        arguments=arguments,
+    )
+
+
+def _message_item(text: str, item: str = "msg_1") -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {
+        "id": item,
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [part],
+    }
+
+
+def test_the_hand_built_events_are_sdk_events() -> None:
+    item = _call_item(1, '{"a": 1}')
+    usage = {
+        "input_tokens": 1,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 2,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 3,
+    }
+    for event in [
+        _created(),
+        _completed(usage, [_message_item("x"), item]),
+        _incomplete("max_output_tokens"),
+        _text("a"),
+        _text_done("a"),
+        _summary("b"),
+        _summary_done("b"),
+        _added(item, 1),
+        _item_done(item, 1),
+        _args(1, "{"),
+        _args_done(1, "{}"),
+    ]:
+        EVENTS.validate_python(event)
+
+
+# -- the fixtures -----------------------------------------------------------------------------
+
+
+def test_every_fixture_has_expectations() -> None:
+    assert sorted(p.name for p in FIXTURES.glob("*.json")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_events_are_sdk_events(name: str) -> None:
+    events = _load(name)
+    assert events
+    for event in events:
+        parsed = EVENTS.validate_python(event)
+        assert parsed.type == event["type"]
+        # What the adapter reads of an SDK object is what the API sent.
+        assert parsed.model_dump(mode="json", exclude_unset=True) == event
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("form", ["dicts", "objects"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+async def test_fixture_publishes_one_valid_message(name: str, form: str, dialect: Dialect) -> None:
+    expected = EXPECTED[name]
+    events = _load(name) if form == "dicts" else _objects(name)
+    message, published = await _publish(events, dialect)
+
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.message_id == "msg_test"
+    assert parsed.model == expected.model
+    assert parsed.text == expected.text
+    assert parsed.thinking == expected.thinking
+    assert [(c.tool_use_id, c.name, c.arguments) for c in parsed.tool_calls] == list(expected.calls)
+    assert [c.params for c in parsed.tool_calls] == [json.loads(a) for _, _, a in expected.calls]
+    assert parsed.tool_results == ()  # one response: its calls' results come later
+    assert parsed.stop_reason == expected.stop_reason
+    usage = dict(expected.usage)
+    if expected.error is None:
+        assert parsed.complete
+        assert parsed.error is None
+        assert {key: parsed.usage.get(key) for key in usage} == usage
+        assert [e.event for e in published[-2:]] == ["message_delta", "message_stop"]
+    else:
+        # The error ends the message: not complete, no message_delta or message_stop.
+        assert not parsed.complete
+        assert parsed.error is not None
+        assert (parsed.error.type, parsed.error.message) == expected.error
+        assert published[-1].event == "error"
+        assert not {"message_delta", "message_stop"} & {e.event for e in published}
+
+    assert message.message_id == "msg_test"
+    assert message.model == expected.model
+    assert message.text == expected.text
+    assert message.thinking == expected.thinking
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == list(expected.calls)
+    assert message.stop_reason == expected.stop_reason
+    assert message.usage == usage
+    assert message.response_id is not None
+    assert message.response_id.startswith("resp_")
+    if expected.error is None:
+        assert message.error is None
+    else:
+        assert message.error == {"type": expected.error[0], "message": expected.error[1]}
+        assert message.status == "failed"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_function_calls_stream_each_fragment_at_its_index(dialect: Dialect) -> None:
+    _, events = await _publish(_load("parallel_function_calls.json"), dialect)
+    start, delta, stop = "content_block_start", "content_block_delta", "content_block_stop"
+    assert _blocks(events) == [
+        (start, 0, "text"),
+        *[(delta, 0, "text")] * 2,
+        (stop, 0, "text"),
+        (start, 1, "tool_use"),
+        *[(delta, 1, "tool_use")] * 4,  # one input_json_delta per fragment, as they came
+        (stop, 1, "tool_use"),
+        (start, 2, "tool_use"),
+        *[(delta, 2, "tool_use")] * 4,
+        (stop, 2, "tool_use"),
+    ]
+    kinds = {orjson.loads(e.data)["delta"]["type"] for e in events if e.event == delta}
+    assert kinds == {"text_delta", "input_json_delta"}
+    assert [e.event for e in events[:2]] == ["message_start", "ping"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_interleaved_calls_stream_the_first_live_and_hold_the_other(
+    dialect: Dialect,
+) -> None:
+    fixture = _load("interleaved_function_calls.json")
+    seen: list[tuple[str, int]] = []  # (what, how many events were out) as the source is read
+
+    sink = InMemorySink()
+
+    def source() -> Iterator[dict[str, Any]]:
+        for event in fixture:
+            seen.append((event["type"], len(sink.events)))
+            yield event
+
+    await publish(Publisher(sink, dialect=dialect), source(), message_id="m", stream_id="s")
+    events = sink.events
+    assert check(events) == []
+    partial = [
+        (i, orjson.loads(e.data)["delta"]["partial_json"])
+        for e in events
+        if e.event == "content_block_delta"
+        for i in [orjson.loads(e.data)["index"]]
+    ]
+    # Every fragment of each call at its block, in the order it came; none merged.
+    assert partial == [
+        (0, '{"tz"'),
+        (0, ': "Europe/'),
+        (0, 'Paris"}'),
+        (1, '{"tz": '),
+        (1, '"America/'),
+        (1, 'Sao_Paulo"'),
+        (1, "}"),
+    ]
+    # The first call's fragments went out as they came; the second's waited until the
+    # first's arguments were whole (at its last fragment).
+    last_a = max(
+        n
+        for n, event in enumerate(fixture)
+        if event["type"] == "response.function_call_arguments.delta" and event["output_index"] == 0
+    )
+    out = [(e.event, orjson.loads(e.data).get("index")) for e in events[: seen[last_a][1]]]
+    assert ("content_block_start", 1) not in out
+    assert out.count(("content_block_delta", 0)) == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_later_call_done_first_waits_for_the_earlier_one(dialect: Dialect) -> None:
+    a, b = _call_item(1), _call_item(2, name="g")
+    events = [
+        _created(),
+        _added(a, 1),
+        _added(b, 2),
+        _args(2, '{"b":'),
+        _args(1, '{"a":'),
+        _args(2, " 2}"),
+        _args_done(2, '{"b": 2}'),
+        _item_done({**b, "arguments": '{"b": 2}'}, 2),
+        _args(1, " 1}"),
+        _args_done(1, '{"a": 1}'),
+        _item_done({**a, "arguments": '{"a": 1}'}, 1),
+        _completed(),
+    ]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert [(c.tool_use_id, c.name, c.arguments) for c in parsed.tool_calls] == [
+        ("call_1", "f", '{"a": 1}'),
+        ("call_2", "g", '{"b": 2}'),
+    ]
+    assert [c.input for c in message.tool_calls] == [{"a": 1}, {"b": 2}]
+    assert parsed.stop_reason == "tool_use"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_held_calls_go_out_in_output_order(dialect: Dialect) -> None:
+    a, b, c = _call_item(1), _call_item(2, name="g"), _call_item(3, name="h")
+    events = [
+        _added(a, 1),
+        _args(1, '{"a":'),
+        _added(c, 3),  # announced before b, but after it in the output
+        _args(3, '{"c": 3}'),
+        _added(b, 2),
+        _args(2, '{"b": 2}'),
+        _args(1, " 1}"),
+        _completed(),
+    ]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert [(c.tool_use_id, c.arguments) for c in parsed.tool_calls] == [
+        ("call_1", '{"a": 1}'),
+        ("call_2", '{"b": 2}'),
+        ("call_3", '{"c": 3}'),
+    ]
+    assert [c.id for c in message.tool_calls] == ["call_1", "call_2", "call_3"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "name", ["parallel_function_calls.json", "reasoning_summary_then_text.json"]
+)
+async def test_the_anthropic_sdk_reads_the_republished_stream(name: str) -> None:
+    async def produce(publisher: Publisher) -> None:
+        await publish(publisher, _objects(name), message_id="msg_sdk", stream_id="st")
+
+    async def messages(request: Request) -> EventStreamResponse:
+        return EventStreamResponse(produce, dialect="anthropic")
+
+    expected = EXPECTED[name]
+    app = Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+    with serve(app) as base_url:
+        client = anthropic.AsyncAnthropic(base_url=base_url, api_key="test", max_retries=0)
+        async with client:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # not even a warning from the SDK's models
+                async with client.messages.stream(
+                    model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+                ) as stream:
+                    message = await stream.get_final_message()
+    assert message.id == "msg_sdk"
+    assert message.model == expected.model
+    assert message.stop_reason == expected.stop_reason
+    assert message.usage.output_tokens == dict(expected.usage)["output_tokens"]
+    blocks = [(b.type, getattr(b, "input", None)) for b in message.content]
+    assert blocks == [
+        *([("thinking", None)] if expected.thinking else []),
+        ("text", None),
+        *[("tool_use", json.loads(arguments)) for _, _, arguments in expected.calls],
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "name", ["interleaved_function_calls.json", "failed.json", "error_event.json"]
+)
+async def test_the_openai_sdks_own_stream_is_read(name: str) -> None:
+    # The SDK's AsyncStream, reading a server that sends the fixture as the API does.
+    async def responses(request: Request) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            for event in _load(name):
+                yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    expected = EXPECTED[name]
+    app = Starlette(routes=[Route("/v1/responses", responses, methods=["POST"])])
+    with serve(app) as base_url:
+        client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="test", max_retries=0)
+        async with client:
+            stream = await client.responses.create(model="m", input="hi", stream=True)
+            message, published = await _publish(stream)
+    assert check(published) == []
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == list(expected.calls)
+    assert message.text == expected.text
+    assert message.stop_reason == expected.stop_reason
+    assert message.usage == dict(expected.usage)
+    if expected.error is not None:
+        assert message.error == {"type": expected.error[0], "message": expected.error[1]}
+
+
+# -- the model name, the stop reason ----------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_the_model_argument_is_the_fallback(dialect: Dialect) -> None:
+    # The response names its model: that one goes out.
+    message, events = await _publish(_load("text_only.json"), dialect, model="served-as")
+    assert message.model == "gpt-4.1-mini-2025-04-14"
+    assert orjson.loads(events[0].data)["message"]["model"] == message.model
+    assert orjson.loads(events[0].data)["message"]["usage"]["input_tokens"] == 0
+    # No model in the stream: the argument, else "".
+    bare = [_text("hi"), _completed()]
+    message, events = await _publish(bare, dialect, model="served-as")
+    assert message.model == reassemble_events(events).model == "served-as"
+    message, events = await _publish(bare, dialect)
+    assert message.model == reassemble_events(events).model == ""
+    assert check(events) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_an_empty_stream_is_an_empty_message(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        message, events = await _publish([], dialect)
+    assert check(events) == []
+    assert [e.event for e in events] == ["message_start", "ping", "message_delta", "message_stop"]
+    assert message.model == ""
+    assert message.stop_reason == "end_turn"
+    assert message.status is None
+    assert "without a terminal event" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "tool_calls", "stop_reason"),
+    [
+        ("completed", None, False, "end_turn"),
+        ("completed", None, True, "tool_use"),
+        (None, None, False, "end_turn"),
+        (None, None, True, "tool_use"),
+        ("", None, False, "end_turn"),
+        ("incomplete", "max_output_tokens", False, "max_tokens"),
+        ("incomplete", "max_output_tokens", True, "max_tokens"),
+        ("incomplete", "content_filter", False, "end_turn"),
+        ("incomplete", "content_filter", True, "end_turn"),
+        ("incomplete", "max_messages", True, "end_turn"),
+        ("incomplete", None, False, "end_turn"),
+        ("cancelled", None, False, "cancelled"),
+    ],
+)
+def test_map_stop_reason(
+    status: str | None, reason: str | None, tool_calls: bool, stop_reason: str
+) -> None:
+    assert map_stop_reason(status, reason, tool_calls=tool_calls) == stop_reason
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_incomplete_for_a_content_filter_ends_the_turn(dialect: Dialect) -> None:
+    a = _call_item(1, '{"x": 1}')
+    events = [_created(), _text("Here is"), _added(a, 1), _incomplete("content_filter")]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.complete
+    assert parsed.stop_reason == message.stop_reason == "end_turn"  # its calls are not to run
+    assert message.incomplete_reason == "content_filter"
+    assert [c.arguments for c in parsed.tool_calls] == ['{"x": 1}']
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_failure_mid_call_publishes_what_waits_and_ends_with_the_error(
+    dialect: Dialect,
+) -> None:
+    a = _call_item(1)
+    events = [
+        _created(),
+        _text("Calling."),
+        _added(a, 1),
+        _args(1, '{"a"'),
+        _text("held", item="msg_2", out=2),  # waits for the open call: out before the error
+        _event(
+            "response.failed",
+            response=_response("failed", error={"code": "server_error", "message": "boom"}),
+        ),
+        _text("never read"),
+    ]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    names = [e.event for e in published]
+    assert names[-2:] == ["content_block_stop", "error"]
+    parsed = reassemble_events(published)
+    assert not parsed.complete
+    assert parsed.error is not None
+    assert (parsed.error.type, parsed.error.message) == ("server_error", "boom")
+    assert message.stop_reason is None
+    assert message.error == {"type": "server_error", "message": "boom"}
+    assert [(c.id, c.arguments) for c in message.tool_calls] == [("call_1", '{"a"')]
+    assert message.text == parsed.text == "Calling.held"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_an_error_before_anything_sends_only_the_error(dialect: Dialect) -> None:
+    # No model known yet, no content: the message never started.
+    events = [_event("error", code=None, message="Something went wrong.", param=None)]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    assert [e.event for e in published] == ["error"]
+    assert orjson.loads(published[0].data)["error"] == {
+        "type": "api_error",
+        "message": "Something went wrong.",
+    }
+    assert message.error == {"type": "api_error", "message": "Something went wrong."}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_an_error_with_odd_fields_still_ends_the_message(dialect: Dialect) -> None:
+    events = [
+        _created(),
+        {"type": "error", "message": "bad \ud800 text", "code": 42},  # not an SDK event
+    ]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.error is not None
+    assert (parsed.error.type, parsed.error.message) == ("api_error", "bad \ufffd text")
+    failed = [_created(), _event("response.failed", response=_response("failed"))]
+    message, published = await _publish(failed, dialect)
+    assert check(published) == []
+    assert message.error == {"type": "api_error", "message": FAILED_MESSAGE}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_failing_source_ends_the_stream_with_an_error(dialect: Dialect) -> None:
+    def events() -> Iterator[dict[str, Any]]:
+        yield _created()
+        yield _text("partial")
+        raise RuntimeError(MARKER)
+
+    sink = InMemorySink()
+    with pytest.raises(RuntimeError, match=MARKER):
+        await publish(Publisher(sink, dialect=dialect), events(), message_id="m", stream_id="s")
+    published = sink.events
+    assert check(published) == []
+    error = orjson.loads(published[-1].data)["error"]
+    assert error["type"] == "api_error"
+    assert "RuntimeError" in error["message"]
+    assert MARKER not in error["message"]
+    parsed = reassemble_events(published)
+    assert parsed.text == "partial"
+    assert not parsed.complete
+
+
+# -- done values, and servers that send only them ---------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_done_values_fill_in_what_the_deltas_left_out(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b, c, d = _call_item(1), _call_item(2), _call_item(3), _call_item(4)
+    events = [
+        _created(),
+        _summary("Think"),
+        _summary_done("Think hard."),  # a delta went missing: the rest goes out
+        _text_done("Answer."),  # no deltas at all
+        _added(a, 1),
+        _args_done(1, '{"a": 1}'),  # no fragments: the done value is the arguments
+        _added(b, 2),
+        _args(2, '{"b": 2}'),
+        _args_done(2, '{"b": 3}'),  # whole JSON that differs: the fragments win
+        _added(c, 3),
+        _args(3, '{"c": 1'),
+        _added(d, 4),  # held while c streams
+        _args(4, '{"d": [1,'),
+        _args_done(4, '{"d": [3]}'),  # not whole, differs, not out yet: the done value wins
+        _args_done(3, '{"c": 1}'),  # a prefix: the rest is one more fragment
+        _completed(),
+    ]
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.thinking == message.thinking == "Think hard."
+    assert parsed.text == message.text == "Answer."
+    assert [(c.tool_use_id, c.arguments) for c in parsed.tool_calls] == [
+        ("call_1", '{"a": 1}'),
+        ("call_2", '{"b": 2}'),
+        ("call_3", '{"c": 1}'),
+        ("call_4", '{"d": [3]}'),
+    ]
+    assert [c.arguments for c in message.tool_calls] == [c.arguments for c in parsed.tool_calls]
+    assert "the done value (10 characters) replaces them" in caplog.text
+    assert "which are whole JSON and kept" in caplog.text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_live_call_whose_done_value_differs_keeps_what_went_out(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = _call_item(1)
+    events = [_added(a, 1), _args(1, '{"a": '), _args_done(1, '{"b": 1}'), _completed()]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    assert [c.arguments for c in reassemble_events(published).tool_calls] == ['{"a": ']
+    assert [(c.arguments, c.input) for c in message.tool_calls] == [('{"a": ', None)]
+    assert "went out and differ from the done value" in caplog.text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_response_sent_whole_in_its_terminal_event(dialect: Dialect) -> None:
+    # A server that streams nothing but the lifecycle: the output of response.completed
+    # is all there is.
+    output = [
+        {"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "Hm."}]},
+        _message_item("Calling f."),
+        {**_call_item(2, '{"q": 1}'), "status": "completed"},
+    ]
+    usage = {
+        "input_tokens": 5,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 2},
+        "total_tokens": 12,
+    }
+    events = [_created(), _completed(usage, output)]
+    for event in events:
+        EVENTS.validate_python(event)
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert (parsed.thinking, parsed.text) == ("Hm.", "Calling f.")
+    assert [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls] == [
+        ("call_2", "f", {"q": 1})
+    ]
+    assert parsed.stop_reason == "tool_use"
+    assert message.usage == {
+        "input_tokens": 5,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 7,
+        "reasoning_tokens": 2,
+    }
+
+
+# -- what cannot go out, and is said so -------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_text_after_a_call_is_a_block_after_it(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = _call_item(1), _call_item(3, name="g")
+    events = [
+        _text("before "),
+        _added(a, 1),
+        _args(1, '{"a":'),
+        # Text while the call's arguments are not whole: held until they are.
+        _text(MARKER, item="msg_2", out=2),
+        _summary("thinking on", item="rs_2", out=2),
+        _args(1, " 1}"),
+        _args_done(1, '{"a": 1}'),
+        _text_done(MARKER * 2, item="msg_2", out=2),  # the rest, from the done value
+        _added(b, 3),
+        _args(3, "{}"),
+        _completed(),
+    ]
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.text == message.text == "before " + MARKER * 2
+    assert parsed.thinking == message.thinking == "thinking on"
+    assert [(c.tool_use_id, c.arguments) for c in parsed.tool_calls] == [
+        ("call_1", '{"a": 1}'),
+        ("call_3", "{}"),
+    ]
+    starts = [(i, kind) for event, i, kind in _blocks(published) if event.endswith("start")]
+    assert starts == [
+        (0, "text"),
+        (1, "tool_use"),
+        (2, "text"),
+        (3, "thinking"),
+        (4, "text"),
+        (5, "tool_use"),
+    ]
+    assert _warnings(caplog) == []
+    assert MARKER not in _log_text(caplog)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_fragments_for_a_done_call_are_dropped_with_a_warning(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = _call_item(1), _call_item(2)
+    events = [
+        _added(a, 1),
+        _args(1, '{"a": 1}'),
+        _args_done(1, '{"a": 1}'),
+        _added(b, 2),
+        _args(1, MARKER),
+        _args(2, "{}"),
+        _completed(),
+    ]
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    assert [c.arguments for c in message.tool_calls] == ['{"a": 1}', "{}"]
+    assert [c.arguments for c in reassemble_events(published).tool_calls] == ['{"a": 1}', "{}"]
+    assert "19 characters of arguments came for function calls already closed" in caplog.text
+    assert "(first in event #4); they cannot go out" in caplog.text
+    assert MARKER not in _log_text(caplog)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_calls_without_a_name_or_an_id(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = [
+        _args(1, MARKER),  # a call never announced: no name
+        _added(_call_item(2, "{}", call_id=""), 2),  # no call id: one is generated
+        _added(_call_item(3, "{}", call_id="call_2x"), 3),
+        _added(_call_item(4, "{}", call_id="call_2x"), 4),  # repeated: generated
+        _completed(),
+    ]
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    assert [c.id for c in message.tool_calls] == ["call_msg_test_0", "call_2x", "call_msg_test_2"]
+    assert [c.tool_use_id for c in reassemble_events(published).tool_calls] == [
+        "call_msg_test_0",
+        "call_2x",
+        "call_msg_test_2",
+    ]
+    assert f"never got a name; dropped with {len(MARKER)} characters" in caplog.text
+    assert "repeats an earlier call's id" in caplog.text
+    assert MARKER not in _log_text(caplog)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_unknown_events_are_skipped_with_one_log_line_per_type(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = _load("hosted_tool_skipped.json")
+    future = {"type": "response.future_thing.delta", "delta": MARKER, "output_index": 1}
+    events[3:3] = [future, future]
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    assert message.text == reassemble_events(published).text == f"It is sunny in Paris {MARKER}."
+    records = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert records == [
+        "skipping Responses API output items of type web_search_call (first at event #2): "
+        "not published",
+        "skipping Responses API events of type response.future_thing.delta (first at event #3): "
+        "not published",
+        "skipping Responses API events of type response.web_search_call.in_progress "
+        "(first at event #5): not published",
+        "skipping Responses API events of type response.web_search_call.searching "
+        "(first at event #6): not published",
+        "skipping Responses API events of type response.web_search_call.completed "
+        "(first at event #7): not published",
+        "skipping Responses API events of type response.output_text.annotation.added "
+        "(first at event #15): not published",
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.name == LOGGER)
+    assert MARKER not in _log_text(caplog)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_malformed_events_are_skipped_with_a_warning(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad_call = _call_item(1, name=MARKER)
+    bad_call["call_id"] = 7
+    bad: list[tuple[int, Any, str]] = [
+        (0, MARKER, "the event is a str, not a mapping"),
+        (1, {"delta": MARKER}, "(?): it has no type"),
+        (2, {"type": 5, "delta": MARKER}, "type is a int, not a string"),
+        (3, {**_text("x"), "delta": 5}, "delta is a int, not a string"),
+        (5, {**_text("x"), "delta": None}, "delta is missing"),
+        (6, _text(MARKER + "\ud800"), "delta holds a lone surrogate"),
+        (7, {**_summary("x"), "summary_index": "0"}, "summary_index is a str, not an integer"),
+        (8, {**_args(1, "{}"), "output_index": 2**64}, "output_index does not fit in 64 bits"),
+        (9, _added(bad_call, 1), "item.call_id is a int, not a string"),
+        (10, _event("response.output_item.added", output_index=1), "item is missing"),
+        (11, {**_args(1, "{}"), "output_index": None, "item_id": None}, "neither output_index"),
+        (12, _event("response.created", response=MARKER), "response is a str, not an object"),
+        (13, 42, "the event is a int"),
+        (
+            14,
+            _completed({"input_tokens": -1}),
+            "(response.completed): response.usage.input_tokens is negative",
+        ),
+    ]
+    events: list[Any] = [event for _, event, _ in bad]
+    events.insert(4, _text("ok " + MARKER))
+    events += [
+        _completed(
+            {"input_tokens": 2**70, "output_tokens": 1},
+        ),
+        _completed({"input_tokens": 3, "output_tokens": 4}),
+    ]
+    bad.append((15, None, "response.usage.input_tokens does not fit in 64 bits"))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    assert message.text == reassemble_events(published).text == "ok " + MARKER
+    assert message.model == ""  # the only response.created was unreadable
+    assert message.usage == {"input_tokens": 3, "output_tokens": 4}
+    warnings = _warnings(caplog)
+    assert len(warnings) == len(bad)
+    for (position, _, reason), warning in zip(bad, warnings, strict=True):
+        assert f"skipping Responses API event #{position} " in warning
+        assert reason in warning
+    assert MARKER not in _log_text(caplog)
+
+
+@pytest.mark.anyio
+async def test_an_unreadable_sdk_object_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def model_dump(self, **options: Any) -> dict[str, Any]:
+            raise ValueError(MARKER)
+
+    class Plain:
+        def model_dump(self) -> dict[str, Any]:  # takes no options
+            return _text("y")
+
+    with caplog.at_level(logging.WARNING):
+        message, events = await _publish([Broken(), _text("x"), Plain(), _completed()])
+    assert check(events) == []
+    assert message.text == "xy"
+    assert "event #0 (?): model_dump() failed with ValueError" in caplog.text
+    assert MARKER not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_events_after_the_terminal_event_are_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        message, events = await _publish([_text("a"), _completed(), _text(MARKER)])
+    assert check(events) == []
+    assert message.text == "a"
+    assert "event #2 (response.output_text.delta): it came after the response ended" in (
+        caplog.text
+    )
+    assert MARKER not in caplog.text
+
+
+# -- reasoning --------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_reasoning_parts_are_paragraphs_of_one_thinking_block(dialect: Dialect) -> None:
+    events = [
+        _summary("**A**", part=0),
+        _summary("**B**\n", part=1),  # ends with one newline: one more makes the break
+        _summary("**C**\n\n", item="rs_2", out=1),  # another item: a new part too
+        _summary("**D**", item="rs_2", out=1, part=1),
+        _event(
+            "response.reasoning_text.delta",
+            item_id="rs_2",
+            output_index=1,
+            content_index=0,
+            delta="raw",
+        ),
+        _text("answer"),
+        _summary("after text", item="rs_3", out=2),  # a new thinking block: no break
+        _completed(),
+    ]
+    message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert (
+        parsed.thinking == message.thinking == "**A**\n\n**B**\n\n**C**\n\n**D**\n\nrawafter text"
+    )
+    starts = [(i, kind) for event, i, kind in _blocks(published) if event.endswith("start")]
+    assert starts == [(0, "thinking"), (1, "text"), (2, "thinking")]
+
+
+# -- sources ----------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("form", ["dicts", "objects"])
+async def test_an_async_generator_source(form: str, dialect: Dialect) -> None:
+    name = (
+        "interleaved_function_calls.json" if form == "dicts" else "reasoning_summary_then_text.json"
+    )
+    fixture = _load(name) if form == "dicts" else _objects(name)
+
+    async def events() -> AsyncIterator[Any]:
+        for event in fixture:
+            await anyio.lowlevel.checkpoint()
+            yield event
+
+    message, published = await _publish(events(), dialect)
+    expected, expected_events = await _publish(fixture, dialect)
+    assert check(published) == []
+    assert message == expected
+    assert [e.data for e in published] == [e.data for e in expected_events]
+
+
+# -- an agent's rounds ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_stream_round_in_an_agent_loop(dialect: Dialect) -> None:
+    sink = InMemorySink()
+    publisher = Publisher(sink, dialect=dialect)
+    async with stream_rounds(
+        publisher, message_id="msg_1", stream_id="conv_1", model="m"
+    ) as rounds:
+        await rounds.round_start()
+        first = await stream_round(rounds, _load("parallel_function_calls.json"))
+        # Results may come in any order; they go out in call order.
+        for i in reversed(range(len(first.tool_calls))):
+            await rounds.tool_result(i, {"city": first.tool_calls[i].input["city"], "temp": i})
+        await rounds.round_end()
+
+        await rounds.round_start()
+        second = await stream_round(rounds, _objects("final_answer.json"))
+        await rounds.round_end()
+        rounds.stop_reason = second.stop_reason
+        rounds.output_tokens = first.usage["output_tokens"] + second.usage["output_tokens"]
+
+    assert check(sink.events) == []
+    starts = [(i, kind) for event, i, kind in _blocks(sink.events) if event.endswith("start")]
+    assert starts == [
+        (0, "text"),
+        (1, "tool_use"),
+        (2, "tool_use"),
+        (3, "tool_result"),
+        (4, "tool_result"),
+        (5, "text"),
+    ]
+    assert (first.stop_reason, second.stop_reason) == ("tool_use", "end_turn")
+    assert (first.status, second.status) == ("completed", "completed")
+    assert first.model == "gpt-4.1-2025-04-14"
+    assert first.response_id == "resp_tools01"
+    parsed = reassemble_events(sink.events)
+    assert parsed.complete
+    assert [(x.call.tool_use_id, x.result) for x in parsed.executions] == [
+        ("call_Vq3mP0Wk2rT9", '{"city":"Paris","temp":0}'),
+        ("call_Zl8nB4Yx1sQ6", '{"city":"São Paulo","temp":1}'),
+    ]
+    assert parsed.text == first.text + second.text
+    assert parsed.stop_reason == "end_turn"
+    assert parsed.usage["output_tokens"] == 51 + 18
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_failed_response_ends_the_turn_of_stream_rounds(dialect: Dialect) -> None:
+    sink = InMemorySink()
+    publisher = Publisher(sink, dialect=dialect)
+
+    async def turn() -> None:
+        async with stream_rounds(
+            publisher, message_id="msg_1", stream_id="conv_1", model="m"
+        ) as rounds:
+            await rounds.round_start()
+            await stream_round(rounds, _load("text_only.json"))
+            await rounds.round_end()
+            await rounds.round_start()
+            await stream_round(rounds, _load("failed.json"))
+
+    with pytest.raises(ProviderStreamError) as caught:
+        await turn()
+    assert caught.value.error_type == "server_error"
+    assert caught.value.message == EXPECTED["failed.json"].error[1]  # type: ignore[index]
+    assert "server_error" in str(caught.value)
+    assert check(sink.events) == []
+    parsed = reassemble_events(sink.events)
+    assert not parsed.complete
+    assert parsed.error is not None
+    assert parsed.text.startswith(EXPECTED["text_only.json"].text)
+
+
+@pytest.mark.anyio
+async def test_stream_round_needs_an_open_round() -> None:
+    rounds = RoundStream(Publisher(InMemorySink(), strict=False))
+    with pytest.raises(RoundOrderError):
+        await stream_round(rounds, [_text("x")])
+
+
+# -- content survives any split of its deltas -------------------------------------------------
+
+_TEXT = 'Voilà: the "answer" is\n42 ☃ — done.'
+_SUMMARIES = ("**Plan**\n\nThink {about} it;", "**Reply**\n\nthen answer.")
+_ARGS = ('{"q": "naïve \\"quote\\"", "n": [1, 2.5, null]}', '{"deep": {"a": {"b": []}}}')
+_TAIL = " And after the calls: ☃."
+
+
+def _split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({min(c, len(text)) for c in cuts})
+    bounds = [0, *points, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _interleave(a: list[Any], b: list[Any], picks: list[bool]) -> list[Any]:
+    merged, i, j = [], 0, 0
+    for pick in itertools.chain(picks, itertools.repeat(True)):
+        if i == len(a) and j == len(b):
+            return merged
+        if (pick and i < len(a)) or j == len(b):
+            merged.append(a[i])
+            i += 1
+        else:
+            merged.append(b[j])
+            j += 1
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_cuts = st.lists(st.integers(min_value=0, max_value=60), max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    summary_cuts=st.tuples(_cuts, _cuts),
+    text_cuts=_cuts,
+    args_cuts=st.tuples(_cuts, _cuts),
+    picks=st.lists(st.booleans(), max_size=30),
+    tail_cuts=_cuts,
+    tail_picks=st.lists(st.booleans(), max_size=40),
+    whole_output=st.booleans(),
+    dialect=st.sampled_from(DIALECTS),
+)
+def test_any_split_of_the_deltas_gives_the_same_content(
+    summary_cuts: tuple[list[int], list[int]],
+    text_cuts: list[int],
+    args_cuts: tuple[list[int], list[int]],
+    picks: list[bool],
+    tail_cuts: list[int],
+    tail_picks: list[bool],
+    whole_output: bool,
+    dialect: Dialect,
+) -> None:
+    events: list[dict[str, Any]] = [_created()]
+    for part, (summary, cuts) in enumerate(zip(_SUMMARIES, summary_cuts, strict=True)):
+        events += [_summary(piece, part=part) for piece in _split(summary, cuts)]
+        events.append(_summary_done(summary, part=part))
+    events += [_text(piece, out=1) for piece in _split(_TEXT, text_cuts)]
+    events.append(_text_done(_TEXT, out=1))
+    calls = [_call_item(2), _call_item(3, name="g")]
+    events += [_added(calls[0], 2), _added(calls[1], 3)]
+    pieces = [_split(args, cuts) for args, cuts in zip(_ARGS, args_cuts, strict=True)]
+    # Both calls in flight: their fragments interleaved any way, and a message after
+    # them in the output whose text comes while they stream.
+    fragments = _interleave(
+        [_args(2, p) for p in pieces[0]], [_args(3, p) for p in pieces[1]], picks
+    )
+    tail = [_text(piece, item="msg_4", out=4) for piece in _split(_TAIL, tail_cuts)]
+    events += _interleave(fragments, tail, tail_picks)
+    for out, args, call in zip((2, 3), _ARGS, calls, strict=True):
+        events += [_args_done(out, args), _item_done({**call, "arguments": args}, out)]
+    output = [_message_item(_TEXT, item="msg_1")] if whole_output else []
+    events.append(_completed(output=output))
+
+    message, published = anyio.run(lambda: _publish(events, dialect))
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    thinking = f"{_SUMMARIES[0]}\n\n{_SUMMARIES[1]}"
+    assert parsed.thinking == message.thinking == thinking
+    assert parsed.text == message.text == _TEXT + _TAIL
+    assert [item.kind for item in parsed.timeline] == [
+        "thinking",
+        "text",
+        "tool_use",
+        "tool_use",
+        "text",
+    ]
+    assert [c.arguments for c in parsed.tool_calls] == list(_ARGS)
+    assert [c.input for c in message.tool_calls] == [json.loads(a) for a in _ARGS]
+    # Every fragment went out as it came: none merged, none dropped.
+    deltas = [
+        orjson.loads(e.data)["delta"]
+        for e in published
+        if e.event == "content_block_delta"
+        and orjson.loads(e.data)["delta"]["type"] == "input_json_delta"
+    ]
+    assert len(deltas) == len(pieces[0]) + len(pieces[1])
+    assert parsed.stop_reason == "tool_use"
+    assert parsed.complete
+
+
+# -- no SDK needed ----------------------------------------------------------------------------
+
+
+def test_the_module_needs_no_openai_package() -> None:
+    code = """
+import sys
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name == "openai" or name.startswith("openai."):
+            raise ImportError("the openai package is not installed here")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import anyio
+import essessey.adapters.openai_responses as adapter
+from essessey import InMemorySink, Publisher
+
+events = [
+    {"type": "response.output_text.delta", "delta": "hi"},
+    {"type": "response.completed", "response": {"model": "m"}},
+]
+message = anyio.run(
+    lambda: adapter.publish(Publisher(InMemorySink()), events, message_id="a", stream_id="b")
+)
+assert message.text == "hi", message
+assert "openai" not in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
