@@ -38,6 +38,7 @@ from essessey import (
 from essessey.adapters import RoundStream, stream_rounds
 from essessey.adapters.openai_responses import (
     FAILED_MESSAGE,
+    INCOMPLETE_MESSAGE,
     PublishedResponse,
     map_stop_reason,
     publish,
@@ -83,10 +84,10 @@ EXPECTED: dict[str, Expected] = {
     ),
     "reasoning_summary_then_text.json": Expected(
         text="2 + 2 = **4**.",
-        # Two summary parts, a blank line between them (the stream has none).
+        # Two summary parts (two thinking blocks), exactly as the stream has them.
         thinking=(
             "**Adding numbers**\n\nThe user asks for 2+2, which is 4."
-            "\n\n**Answering**\n\nReply briefly."
+            "**Answering**\n\nReply briefly."
         ),
         usage=_usage(14, 0, 140, 128),
         model="o4-mini-2025-04-16",
@@ -572,8 +573,11 @@ async def test_the_anthropic_sdk_reads_the_republished_stream(name: str) -> None
     assert message.stop_reason == expected.stop_reason
     assert message.usage.output_tokens == dict(expected.usage)["output_tokens"]
     blocks = [(b.type, getattr(b, "input", None)) for b in message.content]
-    assert blocks == [
-        *([("thinking", None)] if expected.thinking else []),
+    # One thinking block per reasoning part, first; then the answer and the calls.
+    parts = [b.thinking for b in message.content if b.type == "thinking"]
+    assert "".join(parts) == expected.thinking
+    assert blocks[: len(parts)] == [("thinking", None)] * len(parts)
+    assert blocks[len(parts) :] == [
         ("text", None),
         *[("tool_use", json.loads(arguments)) for _, _, arguments in expected.calls],
     ]
@@ -630,17 +634,23 @@ async def test_the_model_argument_is_the_fallback(dialect: Dialect) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_an_empty_stream_is_an_empty_message(
+async def test_a_stream_without_a_terminal_event_ends_with_an_error(
     dialect: Dialect, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Nothing at all, or content cut off before response.completed: never a success.
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         message, events = await _publish([], dialect)
     assert check(events) == []
-    assert [e.event for e in events] == ["message_start", "ping", "message_delta", "message_stop"]
-    assert message.model == ""
-    assert message.stop_reason == "end_turn"
-    assert message.status is None
+    assert [e.event for e in events] == ["error"]
+    assert message.error == {"type": "api_error", "message": INCOMPLETE_MESSAGE}
     assert "without a terminal event" in caplog.text
+    message, events = await _publish([_text("cut here")], dialect)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.text == message.text == "cut here"
+    assert not parsed.complete
+    assert parsed.error is not None
+    assert parsed.error.message == INCOMPLETE_MESSAGE
 
 
 @pytest.mark.parametrize(
@@ -1080,10 +1090,10 @@ async def test_events_after_the_terminal_event_are_skipped(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_reasoning_parts_are_paragraphs_of_one_thinking_block(dialect: Dialect) -> None:
+async def test_each_reasoning_part_is_a_thinking_block_of_its_own(dialect: Dialect) -> None:
     events = [
         _summary("**A**", part=0),
-        _summary("**B**\n", part=1),  # ends with one newline: one more makes the break
+        _summary("**B**\n", part=1),
         _summary("**C**\n\n", item="rs_2", out=1),  # another item: a new part too
         _summary("**D**", item="rs_2", out=1, part=1),
         _event(
@@ -1100,11 +1110,12 @@ async def test_reasoning_parts_are_paragraphs_of_one_thinking_block(dialect: Dia
     message, published = await _publish(events, dialect)
     assert check(published) == []
     parsed = reassemble_events(published)
-    assert (
-        parsed.thinking == message.thinking == "**A**\n\n**B**\n\n**C**\n\n**D**\n\nrawafter text"
-    )
+    # Nothing added to what the provider sent: each part is its own block.
+    assert parsed.thinking == message.thinking == "**A****B**\n**C**\n\n**D**rawafter text"
+    thinking = [item.text for item in parsed.timeline if item.kind == "thinking"]
+    assert thinking == ["**A**", "**B**\n", "**C**\n\n", "**D**", "raw", "after text"]
     starts = [(i, kind) for event, i, kind in _blocks(published) if event.endswith("start")]
-    assert starts == [(0, "thinking"), (1, "text"), (2, "thinking")]
+    assert starts == [*((i, "thinking") for i in range(5)), (5, "text"), (6, "thinking")]
 
 
 # -- sources ----------------------------------------------------------------------------------
@@ -1291,10 +1302,11 @@ def test_any_split_of_the_deltas_gives_the_same_content(
     message, published = anyio.run(lambda: _publish(events, dialect))
     assert check(published) == []
     parsed = reassemble_events(published)
-    thinking = f"{_SUMMARIES[0]}\n\n{_SUMMARIES[1]}"
+    thinking = _SUMMARIES[0] + _SUMMARIES[1]
     assert parsed.thinking == message.thinking == thinking
     assert parsed.text == message.text == _TEXT + _TAIL
     assert [item.kind for item in parsed.timeline] == [
+        "thinking",
         "thinking",
         "text",
         "tool_use",

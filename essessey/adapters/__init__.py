@@ -1,10 +1,12 @@
 """Turn an LLM's stream into the protocol: one round, or an agent's many rounds.
 
-:class:`RoundStream` owns the block indexes of an agent loop. The provider adapters
-publish a provider's stream through it: :mod:`essessey.adapters.openai` (chat
-completions chunks, as OpenAI, vLLM, Ollama, LiteLLM and OpenRouter send them) and
-:mod:`essessey.adapters.anthropic` (Anthropic Messages stream events). Neither needs the
-provider's SDK; both accept its objects as well as plain dicts.
+:class:`RoundStream` runs the rounds of an agent loop in one message, on the streamers'
+one owner of block indexes. The provider adapters publish a provider's stream through
+it: :mod:`essessey.adapters.openai` (chat completions chunks, as OpenAI, vLLM, Ollama,
+LiteLLM, OpenRouter, Groq and Mistral send them), :mod:`essessey.adapters.openai_responses`
+(the OpenAI Responses API's typed events) and :mod:`essessey.adapters.anthropic`
+(Anthropic Messages stream events). None needs the provider's SDK; each accepts its
+objects as well as plain dicts.
 """
 
 from essessey.adapters._message import PublishedMessage, PublishedToolCall

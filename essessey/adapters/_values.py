@@ -1,4 +1,5 @@
-"""What a value read from a provider must be before it is published.
+"""What a value read from a provider must be before it is published, and the readers of
+its typed fields that the adapters share.
 
 Python's json module (and the SDKs built on it) reads two things no JSON writer takes
 back: a ``"\\ud800"`` escape becomes a lone surrogate, which no UTF-8 text (so no
@@ -8,10 +9,35 @@ published event) can carry, and an integer of any size, where orjson writes none
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Final
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final
 
-__all__ = ["MAX_COUNT", "fits_count", "has_lone_surrogate", "replace_surrogates"]
+from essessey.adapters._message import parse_arguments
+
+__all__ = [
+    "MAX_COUNT",
+    "CallIds",
+    "Malformed",
+    "arguments_complete",
+    "as_mapping",
+    "count",
+    "fits_count",
+    "has_lone_surrogate",
+    "kind",
+    "opt_int",
+    "opt_list",
+    "opt_map",
+    "opt_str",
+    "read_all",
+    "replace_surrogates",
+    "req_map",
+    "req_str",
+    "token_counts",
+]
+
+logger = logging.getLogger("essessey.adapters")
 
 MAX_COUNT: Final = 2**63 - 1
 """The largest integer orjson writes (a signed 64-bit one)."""
@@ -33,3 +59,188 @@ def replace_surrogates(text: str) -> str:
 def fits_count(value: int) -> bool:
     """Whether the integer ``value`` can be written back (within 64 bits, signed)."""
     return -MAX_COUNT - 1 <= value <= MAX_COUNT
+
+
+# -- typed fields of a provider's JSON ---------------------------------------------------
+#
+# The OpenAI adapters read each chunk or event whole, field by field, before anything of
+# it is published; a field of the wrong type makes the whole chunk malformed (skipped with
+# a warning naming the field and the type, never the value).
+
+
+class Malformed(Exception):
+    """A provider chunk or event that cannot be read; the message names the field and
+    its type, never a value."""
+
+
+def kind(value: object) -> str:
+    """A value's type name, for a reason in a log line."""
+    return type(value).__name__
+
+
+def opt_str(value: object, where: str) -> str | None:
+    """A string field (None when absent); a lone surrogate makes it malformed."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if has_lone_surrogate(value):
+            raise Malformed(f"{where} holds a lone surrogate")
+        return value
+    raise Malformed(f"{where} is a {kind(value)}, not a string")
+
+
+def req_str(value: object, where: str) -> str:
+    """A string field that must be there."""
+    text = opt_str(value, where)
+    if text is None:
+        raise Malformed(f"{where} is missing")
+    return text
+
+
+def opt_int(value: object, where: str) -> int | None:
+    """An integer field (None when absent) that fits in 64 bits."""
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise Malformed(f"{where} is a {kind(value)}, not an integer")
+    if not fits_count(value):
+        raise Malformed(f"{where} does not fit in 64 bits")
+    return value
+
+
+def count(value: object, where: str) -> int | None:
+    """A token count: a non-negative integer field, or None when absent."""
+    number = opt_int(value, where)
+    if number is not None and number < 0:
+        raise Malformed(f"{where} is negative")
+    return number
+
+
+def opt_map(value: object, where: str) -> Mapping[str, Any] | None:
+    """An object field (None when absent)."""
+    if value is None or isinstance(value, Mapping):
+        return value
+    raise Malformed(f"{where} is a {kind(value)}, not an object")
+
+
+def req_map(value: object, where: str) -> Mapping[str, Any]:
+    """An object field that must be there."""
+    mapping = opt_map(value, where)
+    if mapping is None:
+        raise Malformed(f"{where} is missing")
+    return mapping
+
+
+def opt_list(value: object, where: str) -> list[Any] | tuple[Any, ...] | None:
+    """A list field (None when absent)."""
+    if value is None or isinstance(value, list | tuple):
+        return value
+    raise Malformed(f"{where} is a {kind(value)}, not a list")
+
+
+def as_mapping(raw: object, what: str) -> Mapping[str, Any]:
+    """A chunk or event as a mapping: as it is, or an SDK object through its
+    ``model_dump``; anything else is malformed (``what`` names it in the reason)."""
+    if not isinstance(raw, Mapping):
+        dump = getattr(raw, "model_dump", None)
+        if callable(dump):
+            try:
+                try:
+                    # exclude_unset keeps the keys the provider sent; warnings off, since
+                    # an object the SDK built without validation may hold other types.
+                    raw = dump(mode="json", exclude_unset=True, warnings=False)
+                except TypeError:
+                    raw = dump()  # a model_dump that takes no options
+            except Exception as exc:
+                raise Malformed(f"model_dump() failed with {kind(exc)}") from None
+    if not isinstance(raw, Mapping):
+        raise Malformed(f"the {what} is a {kind(raw)}, not a mapping")
+    return raw
+
+
+def token_counts(
+    given_input: int | None, cached: int | None, output: int | None, reasoning: int | None
+) -> dict[str, int]:
+    """OpenAI's token counts in the protocol's (Anthropic's) terms, each only when sent.
+
+    OpenAI's input count includes the cached tokens; Anthropic's ``input_tokens`` does
+    not (cache reads are counted apart, as ``cache_read_input_tokens``), and clients add
+    the two up.
+    """
+    counts: dict[str, int] = {}
+    if given_input is not None:
+        counts["input_tokens"] = max(given_input - (cached or 0), 0)
+    if cached is not None:
+        counts["cache_read_input_tokens"] = cached
+    if output is not None:
+        counts["output_tokens"] = output
+    if reasoning is not None:
+        counts["reasoning_tokens"] = reasoning
+    return counts
+
+
+def arguments_complete(parts: list[str]) -> bool:
+    """Whether a tool call's argument fragments so far make a whole JSON object or array.
+
+    Parsed only when the last non-blank fragment ends like one: a call streamed in many
+    fragments is not parsed again at every one of them.
+    """
+    for part in reversed(parts):
+        tail = part.rstrip()
+        if tail:
+            return tail[-1] in "}]" and parse_arguments("".join(parts)) is not None
+    return False
+
+
+class CallIds:
+    """Tool call ids unique within a message: the provider's, or generated.
+
+    A call with no id, or with one an earlier call of the message already used, gets
+    ``f"{prefix}{n}"`` (``n`` is ``base`` plus the call's number in its round, with a
+    suffix when even that is taken), so a result can always be matched to its call.
+    """
+
+    __slots__ = ("_base", "_prefix", "_used")
+
+    def __init__(self, prefix: str, base: int) -> None:
+        self._prefix = prefix
+        self._base = base
+        self._used: set[str] = set()
+
+    def assign(self, given: str | None, slot: int, label: str) -> str:
+        """The id of the round's call number ``slot``; ``label`` names it in a warning."""
+        call_id = given
+        if not call_id or call_id in self._used:
+            if call_id:
+                logger.warning("%s repeats an earlier call's id; using a generated id", label)
+            n = self._base + slot
+            call_id = f"{self._prefix}{n}"
+            suffix = 0
+            while call_id in self._used:
+                suffix += 1
+                call_id = f"{self._prefix}{n}_{suffix}"
+        self._used.add(call_id)
+        return call_id
+
+
+async def read_all(
+    items: Iterable[Any] | AsyncIterable[Any],
+    feed: Callable[[Any], Awaitable[None]],
+    stop: Callable[[], bool],
+) -> None:
+    """Feed each item of a sync or async iterable until ``stop()`` says the stream ended.
+
+    A loop per kind instead of an async-generator wrapper: a wrapper left unfinished by
+    an exception would be closed later by the event loop, not here. Nothing after the
+    end (a provider's error, a terminal event) is read.
+    """
+    if isinstance(items, AsyncIterable):
+        async for raw in items:
+            await feed(raw)
+            if stop():
+                return
+    else:
+        for raw in items:
+            await feed(raw)
+            if stop():
+                return

@@ -35,14 +35,27 @@ positions, counts and lengths, never text or arguments.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
-from essessey.adapters._values import fits_count, has_lone_surrogate
+from essessey.adapters._values import (
+    CallIds,
+    Malformed,
+    arguments_complete,
+    as_mapping,
+    count,
+    has_lone_surrogate,
+    opt_int,
+    opt_list,
+    opt_map,
+    opt_str,
+    read_all,
+    token_counts,
+)
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import ProviderStreamError
 from essessey.protocol import StopReason
@@ -139,7 +152,7 @@ async def stream_round(
     and a network stream as an async iterable (the SDK's ``AsyncStream``).
     """
     reader = _RoundReader(rounds, id_prefix)
-    await _read_all(chunks, reader, reader.feed)
+    await read_all(chunks, reader.feed, lambda: reader.error is not None)
     result = await reader.finish()
     if reader.error is not None:
         raise reader.error
@@ -205,7 +218,7 @@ async def publish(
             await open_message()
 
     try:
-        await _read_all(chunks, reader, on_chunk)
+        await read_all(chunks, on_chunk, lambda: reader.error is not None)
         if not opened:
             await open_message()
         result = await reader.finish()
@@ -235,31 +248,7 @@ async def publish(
     )
 
 
-async def _read_all(
-    chunks: Iterable[Any] | AsyncIterable[Any],
-    reader: _RoundReader,
-    fn: Callable[[Any], Awaitable[None]],
-) -> None:
-    # A loop per kind instead of an async-generator wrapper: a wrapper left unfinished
-    # by an exception would be closed later by the event loop, not here. A provider
-    # error ends the response: nothing after it is read.
-    if isinstance(chunks, AsyncIterable):
-        async for raw in chunks:
-            await fn(raw)
-            if reader.error is not None:
-                return
-    else:
-        for raw in chunks:
-            await fn(raw)
-            if reader.error is not None:
-                return
-
-
 # -- reading chunks ---------------------------------------------------------------------
-
-
-class _Malformed(Exception):
-    """A chunk that cannot be read; the message names the field and type, never values."""
 
 
 @dataclass(slots=True)
@@ -294,121 +283,54 @@ class _Chunk:
     error: ProviderStreamError | None
 
 
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
-def _opt_str(value: object, where: str) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if has_lone_surrogate(value):
-            raise _Malformed(f"{where} holds a lone surrogate")
-        return value
-    raise _Malformed(f"{where} is a {_kind(value)}, not a string")
-
-
-def _opt_int(value: object, where: str) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int:
-        raise _Malformed(f"{where} is a {_kind(value)}, not an integer")
-    return value
-
-
-def _opt_map(value: object, where: str) -> Mapping[str, Any] | None:
-    if value is None or isinstance(value, Mapping):
-        return value
-    raise _Malformed(f"{where} is a {_kind(value)}, not an object")
-
-
-def _opt_list(value: object, where: str) -> list[Any] | tuple[Any, ...] | None:
-    if value is None or isinstance(value, list | tuple):
-        return value
-    raise _Malformed(f"{where} is a {_kind(value)}, not a list")
-
-
-def _count(value: object, where: str) -> int | None:
-    count = _opt_int(value, where)
-    if count is not None and count < 0:
-        raise _Malformed(f"{where} is negative")
-    if count is not None and not fits_count(count):
-        raise _Malformed(f"{where} does not fit in 64 bits")
-    return count
-
-
-def _as_mapping(raw: Any) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        dump = getattr(raw, "model_dump", None)
-        if callable(dump):
-            try:
-                raw = dump()
-            except Exception as exc:
-                raise _Malformed(f"model_dump() failed with {_kind(exc)}") from None
-    if not isinstance(raw, Mapping):
-        raise _Malformed(f"the chunk is a {_kind(raw)}, not a mapping")
-    return raw
-
-
 def _read_usage(value: object) -> dict[str, int] | None:
-    usage = _opt_map(value, "usage")
+    usage = opt_map(value, "usage")
     if usage is None:
         return None
-    prompt = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
-    completion = _count(usage.get("completion_tokens"), "usage.completion_tokens")
-    prompt_details = _opt_map(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details")
-    completion_details = _opt_map(
+    prompt = count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+    completion = count(usage.get("completion_tokens"), "usage.completion_tokens")
+    prompt_details = opt_map(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details")
+    completion_details = opt_map(
         usage.get("completion_tokens_details"), "usage.completion_tokens_details"
     )
     cached = reasoning = None
     if prompt_details is not None:
-        cached = _count(
+        cached = count(
             prompt_details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens"
         )
     if completion_details is not None:
-        reasoning = _count(
+        reasoning = count(
             completion_details.get("reasoning_tokens"),
             "usage.completion_tokens_details.reasoning_tokens",
         )
-    counts: dict[str, int] = {}
-    if prompt is not None:
-        # OpenAI's prompt_tokens include the cached ones; Anthropic's input_tokens do
-        # not (cache reads are counted apart), and clients add the two up.
-        counts["input_tokens"] = max(prompt - (cached or 0), 0)
-    if cached is not None:
-        counts["cache_read_input_tokens"] = cached
-    if completion is not None:
-        counts["output_tokens"] = completion
-    if reasoning is not None:
-        counts["reasoning_tokens"] = reasoning
-    return counts
+    return token_counts(prompt, cached, completion, reasoning)
 
 
 def _read_fragments(delta: Mapping[str, Any], where: str) -> list[_Fragment]:
     fragments: list[_Fragment] = []
-    items = _opt_list(delta.get("tool_calls"), f"{where}.tool_calls") or ()
+    items = opt_list(delta.get("tool_calls"), f"{where}.tool_calls") or ()
     for k, item in enumerate(items):
         at = f"{where}.tool_calls[{k}]"
-        call = _opt_map(item, at)
+        call = opt_map(item, at)
         if call is None:
-            raise _Malformed(f"{at} is null")
-        function = _opt_map(call.get("function"), f"{at}.function") or {}
+            raise Malformed(f"{at} is null")
+        function = opt_map(call.get("function"), f"{at}.function") or {}
         fragments.append(
             _Fragment(
-                index=_opt_int(call.get("index"), f"{at}.index"),
-                id=_opt_str(call.get("id"), f"{at}.id"),
-                name=_opt_str(function.get("name"), f"{at}.function.name"),
-                arguments=_opt_str(function.get("arguments"), f"{at}.function.arguments") or "",
+                index=opt_int(call.get("index"), f"{at}.index"),
+                id=opt_str(call.get("id"), f"{at}.id"),
+                name=opt_str(function.get("name"), f"{at}.function.name"),
+                arguments=opt_str(function.get("arguments"), f"{at}.function.arguments") or "",
             )
         )
-    legacy = _opt_map(delta.get("function_call"), f"{where}.function_call")
+    legacy = opt_map(delta.get("function_call"), f"{where}.function_call")
     if legacy is not None:
         fragments.append(
             _Fragment(
                 index=None,
                 id=None,
-                name=_opt_str(legacy.get("name"), f"{where}.function_call.name"),
-                arguments=_opt_str(legacy.get("arguments"), f"{where}.function_call.arguments")
+                name=opt_str(legacy.get("name"), f"{where}.function_call.name"),
+                arguments=opt_str(legacy.get("arguments"), f"{where}.function_call.arguments")
                 or "",
                 legacy=True,
             )
@@ -420,24 +342,24 @@ def _part_text(value: object, where: str) -> str:
     # A part's text is a string, or (Mistral's thinking parts) a list of text parts.
     if isinstance(value, list | tuple):
         return "".join(
-            _opt_str(part.get("text"), f"{where}[{k}].text") or ""
+            opt_str(part.get("text"), f"{where}[{k}].text") or ""
             for k, part in enumerate(value)
             if isinstance(part, Mapping) and part.get("type") == "text"
         )
-    return _opt_str(value, where) or ""
+    return opt_str(value, where) or ""
 
 
 def _read_content(value: object, where: str) -> list[tuple[bool, str]]:
     """``delta.content``: a string, or (Mistral) a list of typed parts in order."""
     if not isinstance(value, list | tuple):
-        text = _opt_str(value, where)
+        text = opt_str(value, where)
         return [(True, text)] if text else []
     pieces: list[tuple[bool, str]] = []
     for k, part in enumerate(value):
         at = f"{where}[{k}]"
-        entry = _opt_map(part, at)
+        entry = opt_map(part, at)
         if entry is None:
-            raise _Malformed(f"{at} is null")
+            raise Malformed(f"{at} is null")
         kind = entry.get("type")
         if kind == "text":
             text, is_text = _part_text(entry.get("text"), f"{at}.text"), True
@@ -453,21 +375,21 @@ def _read_content(value: object, where: str) -> list[tuple[bool, str]]:
 
 
 def _read_choice(choice: Mapping[str, Any], where: str) -> _Delta:
-    delta = _opt_map(choice.get("delta"), f"{where}.delta") or {}
+    delta = opt_map(choice.get("delta"), f"{where}.delta") or {}
     at = f"{where}.delta"
-    reasoning_content = _opt_str(delta.get("reasoning_content"), f"{at}.reasoning_content")
-    reasoning = _opt_str(delta.get("reasoning"), f"{at}.reasoning")
+    reasoning_content = opt_str(delta.get("reasoning_content"), f"{at}.reasoning_content")
+    reasoning = opt_str(delta.get("reasoning"), f"{at}.reasoning")
     output: list[tuple[bool, str]] = []
     if reasoning_content or reasoning:
         output.append((False, reasoning_content or reasoning or ""))
     output.extend(_read_content(delta.get("content"), f"{at}.content"))
-    refusal = _opt_str(delta.get("refusal"), f"{at}.refusal")
+    refusal = opt_str(delta.get("refusal"), f"{at}.refusal")
     if refusal:
         output.append((True, refusal))
     return _Delta(
         output=output,
         fragments=_read_fragments(delta, at),
-        finish_reason=_opt_str(choice.get("finish_reason"), f"{where}.finish_reason"),
+        finish_reason=opt_str(choice.get("finish_reason"), f"{where}.finish_reason"),
     )
 
 
@@ -489,7 +411,7 @@ def _read_error(value: object) -> ProviderStreamError | None:
         return None
     if isinstance(value, str):
         return ProviderStreamError("api_error", "" if has_lone_surrogate(value) else value)
-    error = _opt_map(value, "error")
+    error = opt_map(value, "error")
     assert error is not None
     error_type = error.get("type")
     message = error.get("message")
@@ -503,24 +425,24 @@ def _read_error(value: object) -> ProviderStreamError | None:
 
 
 def _read_chunk(raw: Any) -> _Chunk:
-    data = _as_mapping(raw)
+    data = as_mapping(raw, "chunk")
     error = _read_error(data.get("error"))
-    model = _opt_str(data.get("model"), "model")
+    model = opt_str(data.get("model"), "model")
     usage = _read_usage(data.get("usage"))
-    choices = _opt_list(data.get("choices"), "choices") or ()
+    choices = opt_list(data.get("choices"), "choices") or ()
     first: _Delta | None = None
     other = False
     for k, choice in enumerate(choices):
         where = f"choices[{k}]"
-        entry = _opt_map(choice, where)
+        entry = opt_map(choice, where)
         if entry is None:
-            raise _Malformed(f"{where} is null")
-        index = _opt_int(entry.get("index"), f"{where}.index")
+            raise Malformed(f"{where} is null")
+        index = opt_int(entry.get("index"), f"{where}.index")
         if (k if index is None else index) != 0:
             other = True
             continue
         if first is not None:
-            raise _Malformed("two choices have index 0")
+            raise Malformed("two choices have index 0")
         first = _read_choice(entry, where)
     return _Chunk(model=model, choice=first, other_choices=other, usage=usage, error=error)
 
@@ -542,16 +464,8 @@ class _Call:
         self.parts: list[str] = []
 
     def complete(self) -> bool:
-        """Whether the arguments so far are a whole JSON value (so the call may close).
-
-        Parsed only when the last fragment ends like a JSON object or array: a call
-        streamed in many fragments is not parsed again at every one of them.
-        """
-        for part in reversed(self.parts):
-            tail = part.rstrip()
-            if tail:
-                return tail[-1] in "}]" and parse_arguments("".join(self.parts)) is not None
-        return False
+        """Whether the arguments so far are whole JSON (so the call may close)."""
+        return arguments_complete(self.parts)
 
 
 class _RoundReader:
@@ -570,8 +484,7 @@ class _RoundReader:
         "_by_key",
         "_calls",
         "_first_late",
-        "_id_base",
-        "_id_prefix",
+        "_ids",
         "_late_chars",
         "_live",
         "_open",
@@ -581,7 +494,6 @@ class _RoundReader:
         "_started",
         "_text",
         "_thinking",
-        "_used_ids",
         "error",
         "finish_reason",
         "model",
@@ -591,10 +503,9 @@ class _RoundReader:
 
     def __init__(self, rounds: RoundStream, id_prefix: str) -> None:
         self.rounds = rounds
-        self._id_prefix = id_prefix
         # A round's n calls take block indexes from here on and the next round starts
         # at least 2n further, so base + call number never repeats within a message.
-        self._id_base = rounds.next_index
+        self._ids = CallIds(id_prefix, rounds.next_index)
         self._position = -1
         self._calls: list[_Call] = []
         self._by_key: dict[object, _Call] = {}
@@ -604,7 +515,6 @@ class _RoundReader:
         # What waits for the open call to close, in the order it came: output pieces
         # (True for text, False for reasoning) and calls not yet started.
         self._queue: list[tuple[bool, str] | _Call] = []
-        self._used_ids: set[str] = set()
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._late_chars = 0
@@ -620,7 +530,7 @@ class _RoundReader:
         self._position += 1
         try:
             return _read_chunk(raw)
-        except _Malformed as exc:
+        except Malformed as exc:
             logger.warning("skipping chat completion chunk %d: %s", self._position, exc)
             return None
 
@@ -785,20 +695,7 @@ class _RoundReader:
 
     async def _start(self, call: _Call) -> None:
         call.slot = len(self._started)
-        call_id = call.server_id
-        if not call_id or call_id in self._used_ids:
-            if call_id:
-                logger.warning(
-                    "tool call %d repeats an earlier call's id; using a generated id",
-                    call.ordinal,
-                )
-            n = self._id_base + call.slot
-            call_id = f"{self._id_prefix}{n}"
-            suffix = 0
-            while call_id in self._used_ids:
-                suffix += 1
-                call_id = f"{self._id_prefix}{n}_{suffix}"
-        self._used_ids.add(call_id)
+        call_id = self._ids.assign(call.server_id, call.slot, f"tool call {call.ordinal}")
         call.id = call_id
         await self.rounds.tool_call_start(
             call.slot, ToolCallRequest(call_id, call.name or "", "".join(call.parts))

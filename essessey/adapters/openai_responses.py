@@ -30,11 +30,11 @@ Responses API event                           published as
 ``response.created``                          the model name of ``message_start``
 ============================================  =========================================
 
-Reasoning parts follow each other in one thinking block; the stream marks where one
-ends only by its index (``summary_index``, ``content_index``, the item), so each part
-after the first starts after a blank line (``"\\n\\n"``, less the newlines the text before
-already ends with), or summaries that each open with a heading would run together.
-Text parts are published as they came.
+Each reasoning part (a summary part, a reasoning item's text) is a thinking block of its
+own: the stream marks where one part ends only by its index (``summary_index``,
+``content_index``, the item), and summaries that each open with a heading would run
+together in one block. Nothing is added to the text the provider sent. Text parts are
+published as they came.
 
 The ``*.done`` events (``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done``, ..., and the output of ``response.completed``) carry each
@@ -65,7 +65,23 @@ from typing import Any, Final, TypeAlias
 from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
-from essessey.adapters._values import fits_count, has_lone_surrogate, replace_surrogates
+from essessey.adapters._values import (
+    CallIds,
+    Malformed,
+    arguments_complete,
+    as_mapping,
+    count,
+    kind,
+    opt_int,
+    opt_list,
+    opt_map,
+    opt_str,
+    read_all,
+    replace_surrogates,
+    req_map,
+    req_str,
+    token_counts,
+)
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import ProviderStreamError, RoundOrderError
 from essessey.protocol import StopReason
@@ -73,6 +89,7 @@ from essessey.publisher import Publisher
 
 __all__ = [
     "FAILED_MESSAGE",
+    "INCOMPLETE_MESSAGE",
     "PublishedResponse",
     "StreamedResponse",
     "map_stop_reason",
@@ -81,6 +98,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("essessey.adapters.openai_responses")
+
+INCOMPLETE_MESSAGE: Final = "the provider stream ended before the response did"
+"""The message of the error a stream cut short (no terminal event) ends with."""
 
 FAILED_MESSAGE: Final = "the response failed"
 """The message of the error a failure without a message of its own is published with."""
@@ -93,8 +113,9 @@ def map_stop_reason(
 
     ``status`` is what the terminal event says: ``"completed"`` for
     ``response.completed``, ``"incomplete"`` for ``response.incomplete`` (with
-    ``incomplete_reason``, its ``response.incomplete_details.reason``), None when the
-    stream had no terminal event. ``tool_calls`` says whether the response made function
+    ``incomplete_reason``, its ``response.incomplete_details.reason``), None when no
+    terminal event was read (a stream without one ends with an error, whatever this
+    says). ``tool_calls`` says whether the response made function
     calls. The table:
 
     - ``"completed"``, None or ``""`` -> ``"tool_use"`` when ``tool_calls``, else
@@ -201,7 +222,8 @@ async def stream_round(
     if not rounds.in_round:
         raise RoundOrderError("stream_round needs a started round: call round_start first")
     reader = _Reader(rounds, id_prefix)
-    await _read_all(events, reader)
+    await read_all(events, reader.feed, lambda: reader.error is not None)
+    reader.end_of_events()
     result = await reader.finish()
     if reader.error is not None:
         raise reader.error
@@ -246,7 +268,8 @@ async def publish(
 
     reader = _Reader(rounds, f"call_{message_id}_", opener=open_message)
     try:
-        await _read_all(events, reader)
+        await read_all(events, reader.feed, lambda: reader.error is not None)
+        reader.end_of_events()
         error = reader.error
         if error is not None and not (opened or reader.pending):
             # Nothing went out, nothing waits: the error alone ends the stream.
@@ -282,27 +305,7 @@ async def publish(
     )
 
 
-async def _read_all(events: Iterable[Any] | AsyncIterable[Any], reader: _Reader) -> None:
-    # A loop per kind instead of an async-generator wrapper: a wrapper left unfinished
-    # by an exception would be closed later by the event loop, not here. A failed
-    # response ends there: nothing after it is read.
-    if isinstance(events, AsyncIterable):
-        async for raw in events:
-            await reader.feed(raw)
-            if reader.error is not None:
-                return
-    else:
-        for raw in events:
-            await reader.feed(raw)
-            if reader.error is not None:
-                return
-
-
 # -- reading events ---------------------------------------------------------------------
-
-
-class _Malformed(Exception):
-    """An event that cannot be read; the message names the field and type, never values."""
 
 
 # A text or reasoning part: (kind, item id, part index). The kinds: "message" (an
@@ -436,10 +439,6 @@ _PART_TYPES: Final = {
 }
 
 
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
 def _label(value: object) -> str:
     """An event or item type fit for a log line: the Responses API's dotted names
     (``response.output_text.delta``) as they are when each part is an identifier,
@@ -453,62 +452,6 @@ def _label(value: object) -> str:
     return log_label(value)
 
 
-def _opt_str(value: object, where: str) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        # Python's json module turns a "\ud800" escape into a lone surrogate, which no
-        # UTF-8 text (so no published event) can carry.
-        if has_lone_surrogate(value):
-            raise _Malformed(f"{where} holds a lone surrogate")
-        return value
-    raise _Malformed(f"{where} is a {_kind(value)}, not a string")
-
-
-def _req_str(value: object, where: str) -> str:
-    text = _opt_str(value, where)
-    if text is None:
-        raise _Malformed(f"{where} is missing")
-    return text
-
-
-def _opt_int(value: object, where: str) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int:
-        raise _Malformed(f"{where} is a {_kind(value)}, not an integer")
-    if not fits_count(value):
-        # Python's json module reads any integer; orjson writes none past 64 bits.
-        raise _Malformed(f"{where} does not fit in 64 bits")
-    return value
-
-
-def _count(value: object, where: str) -> int | None:
-    count = _opt_int(value, where)
-    if count is not None and count < 0:
-        raise _Malformed(f"{where} is negative")
-    return count
-
-
-def _opt_map(value: object, where: str) -> Mapping[str, Any] | None:
-    if value is None or isinstance(value, Mapping):
-        return value
-    raise _Malformed(f"{where} is a {_kind(value)}, not an object")
-
-
-def _req_map(value: object, where: str) -> Mapping[str, Any]:
-    mapping = _opt_map(value, where)
-    if mapping is None:
-        raise _Malformed(f"{where} is missing")
-    return mapping
-
-
-def _opt_list(value: object, where: str) -> list[Any] | tuple[Any, ...] | None:
-    if value is None or isinstance(value, list | tuple):
-        return value
-    raise _Malformed(f"{where} is a {_kind(value)}, not a list")
-
-
 def _error_text(value: object) -> str | None:
     # An error's words go out whatever they hold: a lone surrogate is replaced, not a
     # reason to lose the failure.
@@ -517,56 +460,27 @@ def _error_text(value: object) -> str | None:
     return None
 
 
-def _as_mapping(raw: Any) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        dump = getattr(raw, "model_dump", None)
-        if callable(dump):
-            try:
-                try:
-                    # exclude_unset keeps the keys the provider sent; warnings off, since
-                    # an object the SDK built without validation may hold other types.
-                    raw = dump(mode="json", exclude_unset=True, warnings=False)
-                except TypeError:
-                    raw = dump()  # a model_dump that takes no options
-            except Exception as exc:
-                raise _Malformed(f"model_dump() failed with {_kind(exc)}") from None
-    if not isinstance(raw, Mapping):
-        raise _Malformed(f"the event is a {_kind(raw)}, not a mapping")
-    return raw
-
-
 def _read_usage(value: object) -> dict[str, int] | None:
-    usage = _opt_map(value, "response.usage")
+    usage = opt_map(value, "response.usage")
     if usage is None:
         return None
     at = "response.usage"
-    given = _count(usage.get("input_tokens"), f"{at}.input_tokens")
-    output = _count(usage.get("output_tokens"), f"{at}.output_tokens")
-    input_details = _opt_map(usage.get("input_tokens_details"), f"{at}.input_tokens_details")
-    output_details = _opt_map(usage.get("output_tokens_details"), f"{at}.output_tokens_details")
+    given = count(usage.get("input_tokens"), f"{at}.input_tokens")
+    output = count(usage.get("output_tokens"), f"{at}.output_tokens")
+    input_details = opt_map(usage.get("input_tokens_details"), f"{at}.input_tokens_details")
+    output_details = opt_map(usage.get("output_tokens_details"), f"{at}.output_tokens_details")
     cached = reasoning = None
     if input_details is not None:
-        cached = _count(
+        cached = count(
             input_details.get("cached_tokens"), f"{at}.input_tokens_details.cached_tokens"
         )
     if output_details is not None:
-        reasoning = _count(
+        reasoning = count(
             output_details.get("reasoning_tokens"), f"{at}.output_tokens_details.reasoning_tokens"
         )
-    counts: dict[str, int] = {}
-    if given is not None:
-        # OpenAI's input_tokens include the cached ones; Anthropic's do not (cache reads
-        # are counted apart), and clients add the two up. Cache writes
-        # (input_tokens_details.cache_write_tokens) stay in input_tokens, as in the
-        # chat-completions adapter, so the two still add up to what the provider billed.
-        counts["input_tokens"] = max(given - (cached or 0), 0)
-    if cached is not None:
-        counts["cache_read_input_tokens"] = cached
-    if output is not None:
-        counts["output_tokens"] = output
-    if reasoning is not None:
-        counts["reasoning_tokens"] = reasoning
-    return counts
+    # Cache writes (input_tokens_details.cache_write_tokens) stay in input_tokens, as in
+    # the chat-completions adapter, so the counts still add up to what was billed.
+    return token_counts(given, cached, output, reasoning)
 
 
 def _read_parts(
@@ -579,34 +493,34 @@ def _read_parts(
 ) -> list[_Part]:
     """The parts of ``item[list_field]``; ``kind`` None reads each part's own type."""
     parts: list[_Part] = []
-    for k, entry in enumerate(_opt_list(item.get(list_field), f"{where}.{list_field}") or ()):
+    for k, entry in enumerate(opt_list(item.get(list_field), f"{where}.{list_field}") or ()):
         at = f"{where}.{list_field}[{k}]"
-        part = _req_map(entry, at)
+        part = req_map(entry, at)
         part_kind, text_field = kind, "text"
         if kind is None:
-            part_type = _opt_str(part.get("type"), f"{at}.type")
+            part_type = opt_str(part.get("type"), f"{at}.type")
             if part_type not in _PART_TYPES:
                 continue  # no text of its own to publish
             part_kind, text_field = _PART_TYPES[part_type]
-        text = _opt_str(part.get(text_field), f"{at}.{text_field}")
+        text = opt_str(part.get(text_field), f"{at}.{text_field}")
         if text is not None and part_kind is not None:
             parts.append(_Part((part_kind, item_id, k), text, output_index, done=True))
     return parts
 
 
 def _read_item(value: object, output_index: int | None, where: str) -> _Item:
-    item = _req_map(value, where)
-    item_type = _req_str(item.get("type"), f"{where}.type")
-    item_id = _opt_str(item.get("id"), f"{where}.id")
+    item = req_map(value, where)
+    item_type = req_str(item.get("type"), f"{where}.type")
+    item_id = opt_str(item.get("id"), f"{where}.id")
     if item_type == "function_call":
         if output_index is None and item_id is None:
-            raise _Malformed(f"{where} has neither an output_index nor an id")
+            raise Malformed(f"{where} has neither an output_index nor an id")
         return _CallItem(
             output_index=output_index,
             item_id=item_id,
-            call_id=_opt_str(item.get("call_id"), f"{where}.call_id"),
-            name=_opt_str(item.get("name"), f"{where}.name"),
-            arguments=_opt_str(item.get("arguments"), f"{where}.arguments"),
+            call_id=opt_str(item.get("call_id"), f"{where}.call_id"),
+            name=opt_str(item.get("name"), f"{where}.name"),
+            arguments=opt_str(item.get("arguments"), f"{where}.arguments"),
         )
     if item_type == "message":
         return _ContentItem(_read_parts(item, "content", None, item_id, output_index, where))
@@ -618,9 +532,9 @@ def _read_item(value: object, output_index: int | None, where: str) -> _Item:
 
 
 def _read_response(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:
-    response = _req_map(data.get("response"), "response")
-    model = _opt_str(response.get("model"), "response.model")
-    response_id = _opt_str(response.get("id"), "response.id")
+    response = req_map(data.get("response"), "response")
+    model = opt_str(response.get("model"), "response.model")
+    response_id = opt_str(response.get("id"), "response.id")
     return response, model or None, response_id
 
 
@@ -628,10 +542,10 @@ def _read_terminal(data: Mapping[str, Any], status: str) -> tuple[_Terminal, lis
     """The terminal event, and why any of its output items could not be read."""
     response, model, response_id = _read_response(data)
     usage = _read_usage(response.get("usage"))
-    details = _opt_map(response.get("incomplete_details"), "response.incomplete_details")
+    details = opt_map(response.get("incomplete_details"), "response.incomplete_details")
     reason = None
     if details is not None:
-        reason = _opt_str(details.get("reason"), "response.incomplete_details.reason")
+        reason = opt_str(details.get("reason"), "response.incomplete_details.reason")
     error = None
     if status == "failed":
         given = response.get("error")
@@ -649,7 +563,7 @@ def _read_terminal(data: Mapping[str, Any], status: str) -> tuple[_Terminal, lis
         for k, entry in enumerate(output if isinstance(output, list | tuple) else ()):
             try:
                 items.append((k, _read_item(entry, k, f"response.output[{k}]")))
-            except _Malformed as exc:
+            except Malformed as exc:
                 refused.append(str(exc))
     terminal = _Terminal(status, model, response_id, usage, reason, error, items)
     return terminal, refused
@@ -658,40 +572,38 @@ def _read_terminal(data: Mapping[str, Any], status: str) -> tuple[_Terminal, lis
 def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
     if name in _DELTAS or name in _DONES:
         kind, index_field, text_field = _DELTAS.get(name) or _DONES[name]
-        item_id = _opt_str(data.get("item_id"), "item_id")
-        output_index = _opt_int(data.get("output_index"), "output_index")
-        index = _opt_int(data.get(index_field), index_field)
-        text = _req_str(data.get(text_field), text_field)
+        item_id = opt_str(data.get("item_id"), "item_id")
+        output_index = opt_int(data.get("output_index"), "output_index")
+        index = opt_int(data.get(index_field), index_field)
+        text = req_str(data.get(text_field), text_field)
         return _Part((kind, item_id, index), text, output_index, done=name in _DONES), []
     if name in ("response.function_call_arguments.delta", "response.function_call_arguments.done"):
         done = name.endswith(".done")
-        output_index = _opt_int(data.get("output_index"), "output_index")
-        item_id = _opt_str(data.get("item_id"), "item_id")
+        output_index = opt_int(data.get("output_index"), "output_index")
+        item_id = opt_str(data.get("item_id"), "item_id")
         if output_index is None and item_id is None:
-            raise _Malformed("neither output_index nor item_id")
-        text = _req_str(
-            data.get("arguments" if done else "delta"), "arguments" if done else "delta"
-        )
+            raise Malformed("neither output_index nor item_id")
+        text = req_str(data.get("arguments" if done else "delta"), "arguments" if done else "delta")
         return _Arguments(output_index, item_id, text, done), []
     if name in ("response.output_item.added", "response.output_item.done"):
-        output_index = _opt_int(data.get("output_index"), "output_index")
+        output_index = opt_int(data.get("output_index"), "output_index")
         item = _read_item(data.get("item"), output_index, "item")
         return _ItemEvent(item, done=name.endswith(".done")), []
     if name in ("response.content_part.done", "response.reasoning_summary_part.done"):
         summary = name == "response.reasoning_summary_part.done"
-        item_id = _opt_str(data.get("item_id"), "item_id")
-        output_index = _opt_int(data.get("output_index"), "output_index")
+        item_id = opt_str(data.get("item_id"), "item_id")
+        output_index = opt_int(data.get("output_index"), "output_index")
         index_field = "summary_index" if summary else "content_index"
-        index = _opt_int(data.get(index_field), index_field)
-        part = _req_map(data.get("part"), "part")
-        part_type = _opt_str(part.get("type"), "part.type")
+        index = opt_int(data.get(index_field), index_field)
+        part = req_map(data.get("part"), "part")
+        part_type = opt_str(part.get("type"), "part.type")
         if summary:
             kind, text_field = "summary", "text"
         elif part_type is not None and part_type in _PART_TYPES:
             kind, text_field = _PART_TYPES[part_type]
         else:
             return None, []  # no text of its own to publish
-        whole = _opt_str(part.get(text_field), f"part.{text_field}")
+        whole = opt_str(part.get(text_field), f"part.{text_field}")
         if whole is None:
             return None, []
         return _Part((kind, item_id, index), whole, output_index, done=True), []
@@ -752,16 +664,8 @@ class _Call:
         self.id = ""
 
     def complete(self) -> bool:
-        """Whether the arguments so far are a whole JSON value (so the call may close).
-
-        Parsed only when the last fragment ends like a JSON object or array: a call
-        streamed in many fragments is not parsed again at every one of them.
-        """
-        for part in reversed(self.parts):
-            tail = part.rstrip()
-            if tail:
-                return tail[-1] in "}]" and parse_arguments("".join(self.parts)) is not None
-        return False
+        """Whether the arguments so far are whole JSON (so the call may close)."""
+        return arguments_complete(self.parts)
 
 
 @dataclass(slots=True)
@@ -770,13 +674,6 @@ class _Piece:
 
     key: _PartKey
     text: str
-
-
-def _paragraph_break(before: str) -> str:
-    """What puts a blank line after ``before``, counting the newlines it ends with."""
-    if before.endswith("\n\n"):
-        return ""
-    return "\n" if before.endswith("\n") else "\n\n"
 
 
 def _complete_json(arguments: str) -> bool:
@@ -801,8 +698,7 @@ class _Reader:
         "_calls",
         "_differs",
         "_first_late",
-        "_id_base",
-        "_id_prefix",
+        "_ids",
         "_last_part",
         "_late_chars",
         "_logged_types",
@@ -815,7 +711,6 @@ class _Reader:
         "_started",
         "_text",
         "_thinking",
-        "_used_ids",
         "ended",
         "error",
         "incomplete_reason",
@@ -834,10 +729,9 @@ class _Reader:
         opener: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.rounds = rounds
-        self._id_prefix = id_prefix
         # A round's n calls take block indexes from here on and the next round starts
         # at least 2n further, so base + call number never repeats within a message.
-        self._id_base = rounds.next_index
+        self._ids = CallIds(id_prefix, rounds.next_index)
         # Called once before the first thing goes out (publish sends the preamble).
         self._opener = opener
         self._position = -1
@@ -849,7 +743,6 @@ class _Reader:
         # What waits for the open call to close, sorted by (output index, arrival).
         self._queue: list[tuple[tuple[int, int], _Piece | _Call]] = []
         self._seq = 0
-        self._used_ids: set[str] = set()
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._text: list[str] = []
@@ -880,14 +773,14 @@ class _Reader:
         self._position += 1
         name: object = None
         try:
-            data = _as_mapping(raw)
+            data = as_mapping(raw, "event")
             name = data.get("type")
             if name is None:
-                raise _Malformed("it has no type")
+                raise Malformed("it has no type")
             if not isinstance(name, str):
-                raise _Malformed(f"type is a {_kind(name)}, not a string")
+                raise Malformed(f"type is a {kind(name)}, not a string")
             op, refused = _read_event(name, data)
-        except _Malformed as exc:
+        except Malformed as exc:
             self._skip(name, str(exc))
             return
         for reason in refused:
@@ -927,11 +820,6 @@ class _Reader:
 
     async def finish(self) -> StreamedResponse:
         """End of the events: publish what waits, then declare the round's calls."""
-        if not self.ended:
-            logger.warning(
-                "the Responses API stream ended after %d events without a terminal event",
-                self._position + 1,
-            )
         await self._advance(final=True)
         if self._late_chars:
             logger.warning(
@@ -946,6 +834,17 @@ class _Reader:
             [ToolCallRequest(c.id, c.name, c.arguments) for c in result.tool_calls]
         )
         return result
+
+    def end_of_events(self) -> None:
+        """The events ended: without a terminal event the stream was cut short, which
+        is a failure (an ``api_error``), never a silent success."""
+        if not self.ended:
+            logger.warning(
+                "the Responses API stream ended after %d events without a terminal event",
+                self._position + 1,
+            )
+            self.ended = True
+            self.error = ProviderStreamError("api_error", INCOMPLETE_MESSAGE)
 
     def summary(self) -> StreamedResponse:
         """What went out so far."""
@@ -1007,7 +906,7 @@ class _Reader:
             self.response_id = response_id
 
     def _fail(self, name: str, error: ProviderStreamError) -> None:
-        # The response ends here: nothing after it is read (see _read_all).
+        # The response ends here: nothing after it is read (see read_all).
         self._warn(name, f"the response failed with {log_label(error.error_type)}")
         self.ended = True
         self.error = error
@@ -1105,10 +1004,10 @@ class _Reader:
             self._last_part = None
             return
         if self._last_part is not None and piece.key != self._last_part:
-            # A new reasoning part (summary parts each open with their own heading):
-            # the stream marks the boundary by its index only, so it gets a blank line
-            # here, or the parts would read as one paragraph ("**A****B**").
-            text = _paragraph_break("".join(self._thinking[-2:])) + text
+            # A new reasoning part (summary parts each open with their own heading): a
+            # thinking block of its own, so the parts do not run together ("**A****B**")
+            # and nothing is added to what the provider sent.
+            await self.rounds.close_block()
         self._last_part = piece.key
         await self.rounds.delta(reasoning=text)
         self._thinking.append(text)
@@ -1221,20 +1120,7 @@ class _Reader:
     async def _start(self, call: _Call) -> None:
         await self._ready()
         call.slot = len(self._started)
-        call_id = call.call_id
-        if not call_id or call_id in self._used_ids:
-            if call_id:
-                logger.warning(
-                    "function call %d repeats an earlier call's id; using a generated id",
-                    call.ordinal,
-                )
-            n = self._id_base + call.slot
-            call_id = f"{self._id_prefix}{n}"
-            suffix = 0
-            while call_id in self._used_ids:
-                suffix += 1
-                call_id = f"{self._id_prefix}{n}_{suffix}"
-        self._used_ids.add(call_id)
+        call_id = self._ids.assign(call.call_id, call.slot, f"function call {call.ordinal}")
         call.id = call_id
         await self.rounds.tool_call_start(call.slot, ToolCallRequest(call_id, call.name or ""))
         self._started.append(call)
