@@ -27,6 +27,7 @@ from essessey.adapters.anthropic import (
     stream_round,
 )
 from essessey.protocol import Dialect
+from tests.adapter_views import payloads as _payloads
 
 FIXTURES = Path(__file__).parent / "fixtures" / "anthropic"
 COMPLETE = ["text_only", "thinking_text_tool", "two_parallel_tools", "server_tool"]
@@ -44,15 +45,6 @@ def _load(name: str) -> list[dict[str, Any]]:
 def _make(dialect: Dialect) -> tuple[Publisher, InMemorySink]:
     sink = InMemorySink()
     return Publisher(sink, dialect=dialect), sink
-
-
-def _payloads(events: list[Event]) -> list[dict[str, Any]]:
-    payloads = []
-    for event in events:
-        payload = orjson.loads(event.data)
-        assert payload["type"] == event.event
-        payloads.append(payload)
-    return payloads
 
 
 def _with_stream_id(events: list[dict[str, Any]], stream_id: str) -> list[dict[str, Any]]:

@@ -46,6 +46,8 @@ from essessey.adapters.openai_responses import (
 )
 from essessey.bindings.sse import EventStreamResponse
 from essessey.protocol import Dialect
+from tests.adapter_views import blocks as _blocks
+from tests.adapter_views import log_text as _log_text
 from tests.servers import serve
 
 MARKER = "SECRET-PAYLOAD-7f3e"  # in the fixtures' skipped events, and in test payloads
@@ -175,23 +177,6 @@ async def _publish(
         **kwargs,
     )
     return message, sink.events
-
-
-def _blocks(events: list[Event]) -> list[tuple[str, int, str]]:
-    """(event, index, block type) of every content block event, to read the layout."""
-    types: dict[int, str] = {}
-    blocks = []
-    for event in events:
-        if event.event.startswith("content_block_"):
-            payload = orjson.loads(event.data)
-            if event.event == "content_block_start":
-                types[payload["index"]] = payload["content_block"]["type"]
-            blocks.append((event.event, payload["index"], types[payload["index"]]))
-    return blocks
-
-
-def _log_text(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(record.getMessage() for record in caplog.records)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

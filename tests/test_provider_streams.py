@@ -37,27 +37,12 @@ from essessey.bindings.sse import SSEDecoder
 from essessey.errors import ProviderStreamError
 from essessey.event import Event
 from essessey.protocol import Dialect
+from tests.adapter_views import log_text as _log_text
+from tests.adapter_views import payloads as _payloads
+from tests.adapter_views import starts as _starts
 
 MARKER = "zq-secret-7781"
 DIALECTS: list[Dialect] = ["essessey", "anthropic"]
-
-
-def _payloads(events: list[Event]) -> list[dict[str, Any]]:
-    return [orjson.loads(event.data) for event in events]
-
-
-def _starts(events: list[Event]) -> list[tuple[int, str]]:
-    """(index, block type) of each block start, in order."""
-    return [
-        (p["index"], p["content_block"]["type"])
-        for p in _payloads(events)
-        if p["type"] == "content_block_start"
-    ]
-
-
-def _logged(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(record.getMessage() for record in caplog.records)
-
 
 # -- OpenAI chat completions: a chunk builder ---------------------------------------------
 
@@ -135,8 +120,8 @@ async def test_an_sse_error_event_ends_the_message_with_the_providers_error(
     assert result.error == {"type": "invalid_request_error", "message": MARKER}
     assert result.stop_reason == parsed.stop_reason == "end_turn"
     # The provider's message goes to the client, never to a log.
-    assert MARKER not in _logged(caplog)
-    assert "invalid_request_error" in _logged(caplog)
+    assert MARKER not in _log_text(caplog)
+    assert "invalid_request_error" in _log_text(caplog)
 
 
 @pytest.mark.anyio
@@ -379,8 +364,8 @@ async def test_content_parts_are_read_as_thinking_and_text(
     assert (parsed.thinking, parsed.text) == ("Two plus two is four.", "2 + 2 = 4")
     assert (result.thinking, result.text) == (parsed.thinking, parsed.text)
     assert [kind for _, kind in _starts(events)] == ["thinking", "text"]
-    assert "image_url" in _logged(caplog)
-    assert MARKER not in _logged(caplog)
+    assert "image_url" in _log_text(caplog)
+    assert MARKER not in _log_text(caplog)
 
 
 @pytest.mark.anyio
