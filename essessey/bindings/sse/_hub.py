@@ -29,7 +29,6 @@ with its last id and carries on.
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -37,17 +36,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
+from essessey._ids import MAX_ID_LENGTH, is_token
+from essessey.bindings._asgi import CHECK_FAILED, check_access, resume_point, subscription_end
 from essessey.bindings.sse._response import EventStreamResponse, error_body
-from essessey.errors import (
-    StoreUnavailable,
-    StreamNotFound,
-    StreamRejected,
-    StreamReset,
-    SubscriberLagged,
-    TooManySubscribers,
-    UnknownEventId,
-)
+from essessey.errors import StreamRejected
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
 
@@ -55,36 +47,9 @@ __all__ = ["MAX_ID_LENGTH", "cancel_response", "hub_routes", "subscription_respo
 
 logger = logging.getLogger("essessey.sse")
 
-_CHECK_FAILED = "could not check access to this stream; try again later"
-
 
 def _json_error(status: int, error_type: str, message: str) -> Response:
     return Response(error_body(error_type, message), status, media_type="application/json")
-
-
-async def check_access(
-    hub: StreamHub, request: Any, stream_id: str, access: Access, log: logging.Logger
-) -> bool | None:
-    """The ``authorize`` hook's answer, or None when it raised.
-
-    A hook that raises is the app's failure, not the client's: the caller answers "try
-    again later" (503, close 1013), never a 500 and never a refusal that would read as
-    "your credentials are wrong". The log line names the exception's class and where it
-    was raised, but not its text, which may hold the very token being checked.
-    """
-    try:
-        return await hub.authorized(request, stream_id, access)
-    except Exception as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        log.error(
-            "the authorize hook raised %s%s (%s access to stream %s); answered try again later",
-            type(exc).__name__,
-            where,
-            access,
-            stream_id,
-        )
-        return None
 
 
 async def _follow(
@@ -96,22 +61,15 @@ async def _follow(
     try:
         async for event in events:
             yield event
-    except StreamNotFound as exc:
-        raise StreamRejected(404, "not_found_error", f"no stream {stream_id!r}") from exc
-    except UnknownEventId as exc:
-        raise StreamRejected(
-            410, "resume_unavailable", "the last event id is not retained; start over without it"
-        ) from exc
-    except TooManySubscribers as exc:
-        raise StreamRejected(503, "overloaded_error", "too many subscribers") from exc
-    except StreamReset as exc:
-        raise StreamRejected(410, "resume_unavailable", "the stream was reset") from exc
-    except (SubscriberLagged, StoreUnavailable) as exc:
-        # Ending the response (not an error event) makes the client reconnect with its
-        # last id, which the store still holds; an error event would read as the end of
-        # the turn.
-        logger.warning("ending a subscription of %s: %s", stream_id, type(exc).__name__)
-        return
+    except Exception as exc:
+        end = subscription_end(exc)
+        if end is None:
+            raise
+        if end.status is None:
+            logger.warning("ending a subscription of %s: %s", stream_id, type(exc).__name__)
+            return
+        message = end.message or f"no stream {stream_id!r}"
+        raise StreamRejected(end.status, end.error_type, message) from exc
     finally:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
@@ -126,19 +84,19 @@ async def subscription_response(
 
     ``options`` go to :class:`EventStreamResponse` (``ping_interval``, ``retry``, ...).
     """
-    last_event_id = request.headers.get("last-event-id")
-    if last_event_id is None:
-        last_event_id = request.query_params.get("last_event_id")
-    if last_event_id == "":
-        last_event_id = None  # an empty id means "from the start", as for EventSource
+    given = request.headers.get("last-event-id")
+    if given is None:
+        given = request.query_params.get("last_event_id")
     if not is_token(stream_id):
         return _json_error(400, "invalid_request_error", "invalid stream id")
-    if last_event_id is not None and not is_event_id(last_event_id):
-        return _json_error(400, "invalid_request_error", "invalid last event id")
+    try:
+        last_event_id = resume_point(given)
+    except ValueError as exc:
+        return _json_error(400, "invalid_request_error", str(exc))
     access: Access = "resume" if last_event_id is not None else "read"
     allowed = await check_access(hub, request, stream_id, access, logger)
     if allowed is None:
-        return _json_error(503, "api_error", _CHECK_FAILED)
+        return _json_error(503, "api_error", CHECK_FAILED)
     if not allowed:
         return _json_error(403, "permission_error", f"not allowed to {access} this stream")
     return EventStreamResponse(_follow(hub, stream_id, last_event_id), **options)
@@ -152,7 +110,7 @@ async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> R
         return _json_error(400, "invalid_request_error", "invalid stream id")
     allowed = await check_access(hub, request, stream_id, "cancel", logger)
     if allowed is None:
-        return _json_error(503, "api_error", _CHECK_FAILED)
+        return _json_error(503, "api_error", CHECK_FAILED)
     if not allowed:
         return _json_error(403, "permission_error", "not allowed to cancel this stream")
     if not await hub.cancel(stream_id):

@@ -8,15 +8,19 @@ it as a bare ASGI app. What it takes care of, and why:
   (:class:`~essessey.StreamRejected`) before emitting anything gets a real HTTP error
   with a JSON body, which clients can tell from a stream; after the first event only an
   ``error`` event can say that something failed.
-- Events that queue up while the client reads slower than the producer writes go out in
-  one ASGI send. It never waits to fill a batch: it writes what is queued.
-- The queue is bounded, so a slow client slows its producer instead of growing memory.
+- An event goes out in the producer's own send when nothing else is being written: at a
+  model's pace (a token every few tens of milliseconds) each event costs one ASGI send
+  and no task switch. Events that come while a send is in progress, or in a burst (one
+  right after another, a replay), are held and go out together in one send by whoever
+  writes next. It never waits to fill a batch: it writes what is held.
+- What is held is bounded (``max_queue`` events), so a slow client slows its producer
+  instead of growing memory.
 - A keep-alive comment goes out after ``ping_interval`` seconds without an event, so
   proxies and browsers do not drop an idle stream.
 - The client leaving (``http.disconnect``) cancels the producer at once (a source is
   closed).
 - A send stalled past ``send_timeout`` ends the response, with a log line, and cancels
-  the producer.
+  the producer. One watchdog per response notices it (no timer around each send).
 - When the server shuts down (:func:`essessey.begin_shutdown` called, or uvicorn's
   shutdown detected), the response stops sending events, sends
   ``retry: <shutdown_retry>`` and ends, and the producer is cancelled (a source is
@@ -33,24 +37,21 @@ it as a bare ASGI app. What it takes care of, and why:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
-import socket
-import struct
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 import anyio
 import orjson
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from essessey._shutdown import wait_for_shutdown
+from essessey._shutdown import shutting_down, wait_for_shutdown
+from essessey.bindings._asgi import connection_aborter, task_group
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, Source
@@ -70,6 +71,9 @@ _SSE_HEADERS: Final = (
     # nginx buffers proxied responses unless told not to; a stream must not be buffered.
     (b"x-accel-buffering", b"no"),
 )
+_BURST: Final = 0.0005
+"""Seconds after a send within which the next event is taken for part of a burst: it is
+held for the next send instead of going out in a send of its own."""
 
 
 def error_body(error_type: str, message: str) -> bytes:
@@ -77,40 +81,286 @@ def error_body(error_type: str, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
 
 
-@dataclass(slots=True)
-class _Run:
-    """What one request's tasks tell each other."""
-
-    failure: BaseException | None = None
-    last_was_error: bool = False
-    started: bool = False
-    shutdown: bool = False  # the server is shutting down: end with the retry hint
-    idle: anyio.CancelScope | None = None  # the writer's wait for an event, while it waits
+class _Ended(BaseException):
+    """The response has ended (the client left, a send stalled, the server shuts down):
+    the producer is being cancelled, and nothing more is written. A BaseException, as a
+    cancellation is: a producer's ``except Exception`` must not take it for a failure of
+    its own and try to publish an error into a closed response."""
 
 
-class _QueueSink:
-    """The sink a producer writes into: a bounded queue the response drains."""
+class _Outbox:
+    """One response's writes: in the writer's own send when the line is free, held and
+    joined otherwise. Whoever holds the send (``sending``) writes what was held before
+    it lets go, so the events keep their order.
 
-    __slots__ = ("_run", "_stream")
+    The flusher task writes what is held when nobody else will (a producer that held
+    events and then went quiet), sends the keep-alive comment, and watches a send in
+    progress for ``send_timeout``: no timer is set per send.
+    """
 
-    def __init__(self, stream: MemoryObjectSendStream[Event], run: _Run) -> None:
-        self._stream = stream
-        self._run = run
+    __slots__ = (
+        "_abort",
+        "_burst_until",
+        "_cancel",
+        "_flusher_wake",
+        "_held",
+        "_held_bytes",
+        "_idle",
+        "_response",
+        "_room",
+        "_send",
+        "ended",
+        "last_sent",
+        "last_was_error",
+        "send_began",
+        "sending",
+        "started",
+        "stopping",
+    )
 
-    async def emit(self, event: Event) -> None:
-        await self._stream.send(event)
-        self._note(event)
+    def __init__(
+        self, response: EventStreamResponse, send: Send, cancel: anyio.CancelScope
+    ) -> None:
+        self._response = response
+        self._send = send
+        self._cancel = cancel
+        # Found now, in the request's own task: the watchdog that may need it runs in
+        # another task (see connection_aborter).
+        self._abort = connection_aborter()
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._room: anyio.Event | None = None  # set when held events went out
+        self._idle: anyio.Event | None = None  # set when a send ends and nothing is held
+        self._flusher_wake: anyio.Event | None = None
+        self.sending = False
+        self.started = False
+        self.ended = False
+        self.stopping = False  # the server is shutting down: end with the retry hint
+        self.last_was_error = False
+        self.send_began = 0.0
+        self.last_sent = time.monotonic()  # for the keep-alive: the stream's start counts
+        self._burst_until = 0.0  # the first event goes out at once
 
-    def emit_nowait(self, event: Event) -> bool:
-        try:
-            self._stream.send_nowait(event)
-        except anyio.WouldBlock:
+    # -- the producer's side -----------------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        """Whether events wait for the next send."""
+        return bool(self._held)
+
+    def hold(self, frame: bytes) -> bool:
+        """Keep ``frame`` for the next send when that is the cheaper way; False when
+        the caller should :meth:`write` it (the line is free and this is no burst)."""
+        if self.ended:
+            raise _Ended
+        if not self.sending and not self._held and time.monotonic() > self._burst_until:
             return False
-        self._note(event)
+        response = self._response
+        if len(self._held) >= response.max_queue:
+            return False  # full: write() waits for room
+        self._held.append(frame)
+        self._held_bytes += len(frame)
+        if not self.sending:
+            self._wake_flusher()
         return True
 
-    def _note(self, event: Event) -> None:
-        self._run.last_was_error = event.event == EventType.ERROR
+    async def write(self, frame: bytes) -> None:
+        """Send ``frame`` now, or hold it while another send is in progress (waiting
+        for room when ``max_queue`` events are held already)."""
+        if self.ended:
+            raise _Ended
+        if self.sending or self._held:
+            while len(self._held) >= self._response.max_queue:
+                room = self._room
+                if room is None:
+                    room = self._room = anyio.Event()
+                await room.wait()
+                if self.ended:
+                    raise _Ended
+            self._held.append(frame)
+            self._held_bytes += len(frame)
+            if not self.sending:
+                await self._drain()
+            return
+        await self._send_all(frame)
+
+    async def finish(self, tail: bytes) -> None:
+        """End the body with ``tail`` once everything held went out."""
+        while self.sending:
+            idle = self._idle
+            if idle is None:
+                idle = self._idle = anyio.Event()
+            await idle.wait()
+        if self.ended:
+            return
+        if self._held:
+            await self._drain()
+        if self.ended or self.stopping:
+            return
+        self.sending = True  # the flusher must not write after the body's end
+        try:
+            await self._send_body(tail, more=False)
+        finally:
+            self.sending = False
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        held = self._held
+        body = b"".join(held)
+        held.clear()
+        self._held_bytes = 0
+        await self._send_all(body)
+
+    async def _send_all(self, body: bytes) -> None:
+        """Send ``body``, then whatever was held meanwhile, holding the line throughout."""
+        self.sending = True
+        try:
+            while True:
+                if self.stopping:
+                    return  # the flusher ends the body with the retry hint
+                await self._send_body(body, more=True)
+                held = self._held
+                room = self._room
+                if room is not None:
+                    self._room = None
+                    room.set()
+                if not held or self.ended:
+                    return
+                limit = self._response.max_batch_bytes
+                if self._held_bytes <= limit:
+                    body = b"".join(held)
+                    held.clear()
+                    self._held_bytes = 0
+                else:
+                    # A batch at a time, so one write stays bounded.
+                    size = count = 0
+                    while size < limit:
+                        size += len(held[count])
+                        count += 1
+                    body = b"".join(held[:count])
+                    del held[:count]
+                    self._held_bytes -= size
+        finally:
+            self.sending = False
+            self.last_sent = now = time.monotonic()
+            self._burst_until = now + _BURST
+            idle = self._idle
+            if idle is not None:
+                self._idle = None
+                idle.set()
+            if self.stopping:
+                self._wake_flusher()
+
+    async def _send_body(self, body: bytes, *, more: bool) -> None:
+        response = self._response
+        self.send_began = time.monotonic()
+        try:
+            if not self.started:
+                self.started = True
+                await self._send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": response.raw_headers,
+                    }
+                )
+                body = response._retry + body
+            await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        except OSError:
+            logger.debug("the client went away during a send")
+            self._end()
+            raise _Ended from None
+        if not more:
+            self.ended = True
+
+    def _end(self) -> None:
+        self.ended = True
+        self._cancel.cancel()
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
+
+    def _wake_flusher(self) -> None:
+        wake = self._flusher_wake
+        if wake is not None:
+            self._flusher_wake = None
+            wake.set()
+
+    # -- the flusher ---------------------------------------------------------------------
+
+    async def flusher(self) -> None:
+        """Write what is held when nobody else will; keep the stream alive; watch for a
+        stalled send; end the body when the server shuts down."""
+        response = self._response
+        ping = response.ping_interval or math.inf
+        timeout = response.send_timeout if response.send_timeout is not None else math.inf
+        while not self.ended:
+            if self.stopping and not self.sending:
+                # Held events are dropped: the client resumes from the last one it got
+                # whole, and a slow client must not hold the shutdown up.
+                self._held.clear()
+                with contextlib.suppress(_Ended):
+                    await self._send_body(response._shutdown_tail, more=False)
+                self._end()
+                return
+            if self._held and not self.sending:
+                try:
+                    await self._drain()
+                except _Ended:
+                    return
+                continue
+            now = time.monotonic()
+            if self.sending:
+                if now - self.send_began > timeout:
+                    logger.warning(
+                        "a send stalled for more than %.1f s; ending the response",
+                        response.send_timeout,
+                    )
+                    self._abort()
+                    self._end()
+                    return
+                wait = self.send_began + timeout - now
+            elif now - self.last_sent >= ping:
+                # Quiet for ping_interval: a comment keeps proxies from closing it.
+                try:
+                    await self._send_all(_PING)
+                except _Ended:
+                    return
+                continue
+            else:
+                wait = self.last_sent + ping - now
+            wake = self._flusher_wake = anyio.Event()
+            with anyio.move_on_after(min(wait, timeout)):
+                await wake.wait()
+
+    def stop(self) -> None:
+        """The server is shutting down: end with the retry hint after the send in
+        progress (an event is sent whole or not at all)."""
+        self.stopping = True
+        self._wake_flusher()
+
+
+class _OutboxSink:
+    """The sink a producer writes into: each event framed and handed to the outbox."""
+
+    __slots__ = ("_outbox",)
+
+    def __init__(self, outbox: _Outbox) -> None:
+        self._outbox = outbox
+
+    def emit_nowait(self, event: Event) -> bool:
+        outbox = self._outbox
+        if not outbox.hold(encode(event)):
+            return False
+        outbox.last_was_error = event.event == EventType.ERROR
+        return True
+
+    async def emit(self, event: Event) -> None:
+        outbox = self._outbox
+        await outbox.write(encode(event))
+        outbox.last_was_error = event.event == EventType.ERROR
 
 
 class EventStreamResponse(Response):
@@ -119,7 +369,7 @@ class EventStreamResponse(Response):
     ``content`` is a producer (``async def produce(publisher: Publisher) -> None``) or a
     source (an async iterable of :class:`~essessey.Event`). ``dialect`` and ``strict`` shape
     the Publisher given to a producer. ``retry`` (milliseconds) is sent first as the
-    client's reconnection delay. ``max_queue`` bounds the events waiting for the client;
+    client's reconnection delay. ``max_queue`` bounds the events held for the client;
     ``max_batch_bytes`` bounds one write. ``shutdown_retry`` (milliseconds, 1000 by
     default) is the reconnection delay sent when the server shuts down, as the response
     ends; None lets the response run to its end through a shutdown.
@@ -179,22 +429,37 @@ class EventStreamResponse(Response):
             )
             await send({"type": "http.response.body", "body": b""})
             return
-        run = _Run()
-        send_stream, receive_stream = anyio.create_memory_object_stream[Event](self.max_queue)
-        with receive_stream:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
-                tasks.start_soon(self._produce, send_stream, run)
-                if self.shutdown_retry is not None:
-                    tasks.start_soon(self._watch_shutdown, run)
-                try:
-                    await self._write(send, receive_stream, run)
-                finally:
-                    # Cancelled while the queue is still open: a producer blocked on a
-                    # full queue (the send stalled) must see a cancellation, not a
-                    # BrokenResourceError it would take for a failure of its own.
-                    tasks.cancel_scope.cancel()
-        if self.background is not None and run.started:
+        if self.shutdown_retry is not None and shutting_down():
+            # Opened while the server shuts down: nothing but the hint to come back.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            await send({"type": "http.response.body", "body": self._shutdown_tail})
+            return
+        outbox: _Outbox | None = None
+        async with task_group() as tasks:
+            outbox = _Outbox(self, send, tasks.cancel_scope)
+            tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
+            tasks.start_soon(outbox.flusher)
+            if self.shutdown_retry is not None:
+                tasks.start_soon(self._watch_shutdown, outbox)
+            # The producer runs in the request's own task: an event it publishes goes
+            # to the socket without a task switch.
+            failure: Exception | None = None
+            try:
+                await self._produce(outbox)
+            except _Ended:
+                pass
+            except Exception as exc:
+                failure = exc
+            with contextlib.suppress(_Ended):
+                await self._finish(send, outbox, failure)
+            tasks.cancel_scope.cancel()
+        if self.background is not None and outbox is not None and outbox.started:
             await self.background()
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
@@ -206,104 +471,41 @@ class EventStreamResponse(Response):
                 return
 
     @staticmethod
-    async def _watch_shutdown(run: _Run) -> None:
+    async def _watch_shutdown(outbox: _Outbox) -> None:
         await wait_for_shutdown()
-        run.shutdown = True
-        # Only the writer's wait for an event is cancelled, never a send: an event is
-        # sent whole or not at all. A writer in a send sees the flag when it returns.
-        idle = run.idle
-        if idle is not None:
-            idle.cancel()
+        outbox.stop()
 
-    async def _produce(self, stream: MemoryObjectSendStream[Event], run: _Run) -> None:
-        async with stream:
-            sink = _QueueSink(stream, run)
-            try:
-                content = self.content
-                if isinstance(content, AsyncIterable):
-                    await self._drain(content, sink)
-                else:
-                    await content(Publisher(sink, dialect=self.dialect, strict=self.strict))
-            except Exception as exc:
-                run.failure = exc
+    async def _produce(self, outbox: _Outbox) -> None:
+        sink = _OutboxSink(outbox)
+        content = self.content
+        if isinstance(content, AsyncIterable):
+            await self._drain(content, sink)
+        else:
+            await content(Publisher(sink, dialect=self.dialect, strict=self.strict))
 
     @staticmethod
-    async def _drain(source: Source, sink: _QueueSink) -> None:
+    async def _drain(source: Source, sink: _OutboxSink) -> None:
         iterator = aiter(source)
         try:
             async for event in iterator:
-                # Into the queue without a checkpoint while it has room: awaiting each
-                # event handed the writer one event per send (no coalescing) when a
-                # source had a backlog, such as a hub subscription replaying.
+                # Held without a checkpoint while a burst lasts (a hub subscription
+                # replaying): the backlog goes out in few sends.
                 if not sink.emit_nowait(event):
                     await sink.emit(event)
         finally:
-            # A source parked at a yield (its event waiting for room in the queue) would
-            # otherwise be finalised only when the garbage collector gets to it, and
-            # the response itself may hold it: close it now, on any early end.
+            # A source parked at a yield would otherwise be finalised only when the
+            # garbage collector gets to it, and the response itself may hold it: close
+            # it now, on any early end.
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
-                await aclose()
+                with anyio.CancelScope(shield=True):
+                    await aclose()
 
-    async def _write(self, send: Send, stream: MemoryObjectReceiveStream[Event], run: _Run) -> None:
-        wait = self.ping_interval or math.inf
-        while True:
-            if run.shutdown:
-                # The event the writer may hold is dropped: the client resumes from the
-                # last one it got whole.
-                await self._send_body(send, run, self._shutdown_tail, more=False)
-                return
-            event: Event | None = None
-            with anyio.move_on_after(wait) as idle:
-                run.idle = idle
-                try:
-                    event = await stream.receive()
-                except anyio.EndOfStream:
-                    break
-                finally:
-                    run.idle = None
-            if run.shutdown:
-                continue
-            if event is None:
-                # Quiet for ping_interval: a comment keeps proxies from closing it.
-                if not await self._send_body(send, run, _PING):
-                    return
-                continue
-            frames: list[bytes] = []
-            size = 0
-            unframable = False
-            while True:
-                try:
-                    frame = encode(event)
-                except ValueError as exc:
-                    # An event from a source with CR, LF or NUL in its id or name: it
-                    # cannot be written as it is. It ends the stream like a failure.
-                    if run.failure is None:
-                        run.failure = exc
-                    unframable = True
-                    break
-                frames.append(frame)
-                size += len(frame)
-                if size >= self.max_batch_bytes:
-                    break
-                try:
-                    event = stream.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            if frames:
-                body = b"".join(frames)
-                # A stalled send waits (up to send_timeout) holding the joined body: not
-                # its parts as well, which would double what a slow client costs.
-                frames.clear()
-                if not await self._send_body(send, run, body):
-                    return
-            if unframable:
-                break
-        await self._finish(send, run)
-
-    async def _finish(self, send: Send, run: _Run) -> None:
-        failure = run.failure
-        if failure is not None and not run.started:
+    async def _finish(self, send: Send, outbox: _Outbox, failure: Exception | None) -> None:
+        if outbox.ended or outbox.stopping:
+            return
+        if failure is not None and not (outbox.started or outbox.sending or outbox.held):
+            outbox.ended = True
             if isinstance(failure, StreamRejected):
                 await self._send_error(send, failure.status, failure.error_type, failure.message)
             else:
@@ -311,43 +513,14 @@ class EventStreamResponse(Response):
                 await self._send_error(send, 500, "api_error", "Internal server error")
             return
         tail = b""
-        if failure is not None and not run.last_was_error:
+        if failure is not None and not outbox.last_was_error:
             if isinstance(failure, StreamRejected):
                 error_type, message = failure.error_type, failure.message
             else:
                 logger.error("the stream failed after it started", exc_info=failure)
                 error_type, message = "api_error", "Internal server error"
             tail = encode(Event(EventType.ERROR, error_body(error_type, message)))
-        if not await self._send_body(send, run, tail, more=False):
-            return
-
-    async def _start(self, send: Send, run: _Run) -> None:
-        run.started = True
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-
-    async def _send_body(self, send: Send, run: _Run, body: bytes, *, more: bool = True) -> bool:
-        """Send ``body`` (after the status line, the first time); False when the response
-        must end: the client is gone or the send stalled past send_timeout."""
-        timeout = self.send_timeout if self.send_timeout is not None else math.inf
-        try:
-            with anyio.fail_after(timeout):
-                if not run.started:
-                    await self._start(send, run)
-                    if self._retry:
-                        body = self._retry + body
-                await send({"type": "http.response.body", "body": body, "more_body": more})
-        except TimeoutError:
-            logger.warning(
-                "a send stalled for more than %.1f s; ending the response", self.send_timeout
-            )
-            abort_stalled_connection()
-            return False
-        except OSError:
-            logger.debug("the client went away during a send")
-            return False
-        return True
+        await outbox.finish(tail)
 
     async def _send_error(self, send: Send, status: int, error_type: str, message: str) -> None:
         body = error_body(error_type, message)
@@ -362,42 +535,3 @@ class EventStreamResponse(Response):
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-def abort_stalled_connection() -> bool:
-    """After a send stalled: abort the server's connection for the current request when it
-    still holds bytes the client has not taken, so its socket and buffers are freed now.
-    True when it did. Best effort; used by the SSE response and the WebSocket endpoint.
-
-    ASGI has no way to say "abort". uvicorn closes the transport when the app returns, and
-    an asyncio transport closes gracefully: it first waits for its buffer to drain, which
-    a client that stopped reading never lets happen, so the socket, its kernel buffers and
-    the unsent bytes would stay until that client leaves. The transport is found the way
-    uvicorn runs an app: the current task is its ``run_asgi``, whose ``self`` holds the
-    connection's ``transport`` (duck typed; uvicorn is never imported). Elsewhere (another
-    server, the app run in a task of its own, a loop other than asyncio) nothing happens.
-    Nothing is aborted while its buffer is empty: such a connection closes by itself (and
-    with HTTP/2 it may carry other streams).
-    """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no asyncio loop running (trio)
-        return False
-    frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
-    owner = frame.f_locals.get("self") if frame is not None else None
-    transport = getattr(owner, "transport", None)
-    abort = getattr(transport, "abort", None)
-    buffered = getattr(transport, "get_write_buffer_size", None)
-    if not callable(abort) or not callable(buffered) or not buffered():
-        return False
-    logger.debug("aborting the stalled connection (%d bytes unsent)", buffered())
-    extra = getattr(transport, "get_extra_info", None)
-    sock = extra("socket") if callable(extra) else None
-    if sock is not None:
-        # A reset, not a FIN (SO_LINGER on, 0 s): closed with bytes unsent, the socket
-        # would otherwise stay in the kernel, buffers and all, for minutes, probing a
-        # receive window that never opens.
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    abort()
-    return True

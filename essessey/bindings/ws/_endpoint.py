@@ -31,12 +31,14 @@ Why it is shaped this way:
   (when the query parameter is absent), and a client that sends nothing gets its first
   event that much later. ``{"last_event_id": null}`` (or ``{}``) means "from the start"
   without the wait. An empty id means "from the start" too.
-- The hub subscription feeds a bounded queue (``max_queue``) that a writer drains into
-  the socket, so a slow client holds the queue and then falls behind in the store,
-  where the hub's ``max_lag`` ends it (1013); a send stalled past ``send_timeout``
-  ends it with a log line: 1013, or under uvicorn a reset when bytes are still waiting
-  for the client (a close frame would queue behind them forever). The producer is never
-  slowed: it runs in the hub.
+- The hub subscription is read in the request's own task and each event is sent as it
+  comes (no queue, no task switch per frame), so a slow client falls behind in the
+  store, where the hub's ``max_lag`` ends it (1013); a send stalled past
+  ``send_timeout`` ends it with a log line: 1013, or under uvicorn a reset when bytes
+  are still waiting for the client (a close frame would queue behind them forever). One
+  watchdog per connection notices the stall; no timer is set per frame. The producer
+  is never slowed: it runs in the hub. (``max_queue`` is still accepted and checked, so
+  existing calls work, but nothing is queued any more.)
 - When no frame went out for ``ping_interval`` seconds, a ``ping`` event frame
   (``{"event":"ping","data":{"type":"ping"}}``, no id) is sent: protocol-level pings are
   invisible to a page's script and to some proxies' idle timers.
@@ -62,24 +64,20 @@ from typing import Any, Final
 
 import anyio
 import orjson
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
-from essessey._shutdown import wait_for_shutdown
-from essessey.bindings.sse._hub import check_access
-from essessey.bindings.sse._response import abort_stalled_connection
+from essessey._ids import MAX_ID_LENGTH, is_token
+from essessey._shutdown import shutting_down, wait_for_shutdown
+from essessey.bindings._asgi import (
+    check_access,
+    connection_aborter,
+    resume_point,
+    subscription_end,
+    task_group,
+)
 from essessey.bindings.ws._frame import encode_frame
 from essessey.bindings.ws._source import CloseCode
-from essessey.errors import (
-    StoreUnavailable,
-    StreamNotFound,
-    StreamReset,
-    SubscriberLagged,
-    TooManySubscribers,
-    UnknownEventId,
-)
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
 from essessey.protocol import EventType
@@ -118,7 +116,6 @@ class _Ending:
     reason: str = "the turn ended"
     disconnected: bool = False
     shutdown: bool = False  # the server is shutting down: close with 1012
-    idle: anyio.CancelScope | None = None  # the writer's wait for an event, while it waits
 
     def set(self, code: int, reason: str) -> None:
         self.code = code
@@ -159,10 +156,10 @@ async def websocket_subscription(
         except ValueError as exc:
             await _close(websocket, CloseCode.BAD_REQUEST, str(exc))
             return
-    if last_event_id == "":
-        last_event_id = None
-    if last_event_id is not None and not is_event_id(last_event_id):
-        await _close(websocket, CloseCode.BAD_REQUEST, "invalid last event id")
+    try:
+        last_event_id = resume_point(last_event_id)
+    except ValueError as exc:
+        await _close(websocket, CloseCode.BAD_REQUEST, str(exc))
         return
     access: Access = "resume" if last_event_id is not None else "read"
     allowed = await check_access(hub, websocket, stream_id, access, logger)
@@ -172,23 +169,22 @@ async def websocket_subscription(
     if not allowed:
         await _close(websocket, CloseCode.FORBIDDEN, f"not allowed to {access} this stream")
         return
+    if shutting_down():
+        # Opened while the server shuts down: the client reconnects, elsewhere.
+        await _close(websocket, CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
+        return
     ending = _Ending()
-    send_stream, receive_stream = anyio.create_memory_object_stream[Event](max_queue)
-    with receive_stream:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
-            tasks.start_soon(_follow, hub, stream_id, last_event_id, send_stream, ending)
-            tasks.start_soon(_watch_shutdown, ending)
-            clock = _SendClock()
-            if send_timeout is not None:
-                tasks.start_soon(_watch_sends, clock, send_timeout, tasks.cancel_scope, ending)
-            try:
-                await _write(websocket, receive_stream, ending, ping_interval, clock)
-            finally:
-                # Cancelled while the queue is still open: the subscription, maybe
-                # blocked on a full queue, sees a cancellation and is closed.
-                tasks.cancel_scope.cancel()
-    if clock.started is not None and abort_stalled_connection():
+    line = _Line(websocket, ending, ping_interval, send_timeout)
+    async with task_group() as tasks:
+        line.cancel = tasks.cancel_scope
+        tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
+        tasks.start_soon(line.watch)
+        tasks.start_soon(_watch_shutdown, line)
+        # The subscription is read in the request's own task and each event sent from
+        # here: at a model's pace an event costs one send and no task switch.
+        await _follow(hub, stream_id, last_event_id, line, ending)
+        tasks.cancel_scope.cancel()
+    if line.stalled and line.abort():
         # A send stalled (the watchdog cut it): a close frame would wait behind frames the
         # client is not reading, and the server would hold the socket until it reads.
         ending.disconnected = True
@@ -238,126 +234,143 @@ async def _watch_disconnect(
             return
 
 
-async def _watch_shutdown(ending: _Ending) -> None:
+async def _watch_shutdown(line: _Line) -> None:
     await wait_for_shutdown()
-    ending.shutdown = True
-    # Only the writer's wait is cancelled, never a send; a writer in a send sees the flag
-    # when it returns.
-    idle = ending.idle
-    if idle is not None:
-        idle.cancel()
+    line.ending.shutdown = True
+    line.ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
+    # Never a send cut: a frame goes out whole or not at all. A send in progress sees
+    # the flag when it returns.
+    if not line.sending and line.cancel is not None:
+        line.cancel.cancel()
 
 
 async def _follow(
     hub: StreamHub,
     stream_id: str,
     last_event_id: str | None,
-    stream: MemoryObjectSendStream[Event],
+    line: _Line,
     ending: _Ending,
 ) -> None:
-    async with stream:
-        events = hub.subscribe(stream_id, last_event_id)
-        try:
-            async for event in events:
-                # The queue usually has room: skip the checkpoint a send() always makes.
-                try:
-                    stream.send_nowait(event)
-                except anyio.WouldBlock:
-                    await stream.send(event)
-        except StreamNotFound:
-            ending.set(CloseCode.NOT_FOUND, "no such stream")
-        except UnknownEventId:
-            ending.set(CloseCode.RESUME_UNAVAILABLE, "last event id not retained; start over")
-        except StreamReset:
-            ending.set(CloseCode.RESUME_UNAVAILABLE, "the stream was reset; start over")
-        except TooManySubscribers:
-            ending.set(CloseCode.TRY_AGAIN_LATER, "too many subscribers")
-        except (SubscriberLagged, StoreUnavailable) as exc:
-            # The store still holds the client's last id: it reconnects with it.
-            logger.warning(
-                "ending a WebSocket subscription of %s: %s", stream_id, type(exc).__name__
-            )
-            ending.set(CloseCode.TRY_AGAIN_LATER, "reconnect with the last event id")
-        except Exception:
-            logger.exception("a WebSocket subscription of %s failed", stream_id)
-            ending.set(CloseCode.INTERNAL_ERROR, "internal error")
-        finally:
-            await events.aclose()
-
-
-async def _write(
-    websocket: WebSocket,
-    stream: MemoryObjectReceiveStream[Event],
-    ending: _Ending,
-    ping_interval: float,
-    clock: _SendClock,
-) -> None:
-    wait = ping_interval or math.inf
-    while True:
-        if ending.shutdown:
-            ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
-            return
-        event: Event | None = None
-        try:
-            # Drain what is queued without a timer; wait under the ping timer only when
-            # the queue is empty (a scope per event cost about 40% of this loop).
-            event = stream.receive_nowait()
-        except anyio.WouldBlock:
-            with anyio.move_on_after(wait) as idle:
-                ending.idle = idle
-                try:
-                    event = await stream.receive()
-                except anyio.EndOfStream:
-                    return  # the subscription ended; ``ending`` says how
-                finally:
-                    ending.idle = None
-            if ending.shutdown:
-                continue
-        except anyio.EndOfStream:
-            return
-        if event is None:
-            frame = PING_FRAME  # quiet for ping_interval
-        else:
+    events = hub.subscribe(stream_id, last_event_id)
+    try:
+        async for event in events:
             try:
                 frame = encode_frame(event)
             except ValueError:
                 logger.exception("an event of a WebSocket subscription cannot be framed")
                 ending.set(CloseCode.INTERNAL_ERROR, "internal error")
                 return
-        clock.started = time.monotonic()
+            if not await line.send(frame):
+                return
+    except Exception as exc:
+        end = subscription_end(exc)
+        if end is None:
+            logger.exception("a WebSocket subscription of %s failed", stream_id)
+            ending.set(CloseCode.INTERNAL_ERROR, "internal error")
+            return
+        if end.status is None:
+            logger.warning(
+                "ending a WebSocket subscription of %s: %s", stream_id, type(exc).__name__
+            )
+        ending.set(end.close_code, end.reason)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await events.aclose()
+
+
+class _Line:
+    """One subscription's socket: sends in the caller's task, one at a time, and a
+    watchdog for what needs a timer (the keep-alive frame, a stalled send), so no timer
+    is set per frame."""
+
+    __slots__ = (
+        "_idle",
+        "_ping",
+        "_timeout",
+        "_wake",
+        "abort",
+        "cancel",
+        "ending",
+        "last_sent",
+        "send_began",
+        "sending",
+        "stalled",
+        "websocket",
+    )
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        ending: _Ending,
+        ping_interval: float,
+        send_timeout: float | None,
+    ) -> None:
+        self.websocket = websocket
+        self.ending = ending
+        self._ping = ping_interval or math.inf
+        self._timeout = send_timeout if send_timeout is not None else math.inf
+        # Found now, in the request's own task (see connection_aborter).
+        self.abort = connection_aborter()
+        self.cancel: anyio.CancelScope | None = None
+        self.sending = False
+        self.stalled = False
+        self.send_began = 0.0
+        self.last_sent = time.monotonic()
+        self._idle: anyio.Event | None = None  # set when a send ends
+        self._wake: anyio.Event | None = None  # wakes the watchdog early
+
+    async def send(self, frame: str) -> bool:
+        """Send one frame; False when the subscription must end (the client is gone,
+        the server shuts down)."""
+        while self.sending:  # the watchdog's keep-alive frame is going out
+            idle = self._idle
+            if idle is None:
+                idle = self._idle = anyio.Event()
+            await idle.wait()
+        ending = self.ending
+        if ending.shutdown:
+            return False
+        self.sending = True
+        self.send_began = time.monotonic()
         try:
-            await websocket.send_text(frame)
+            await self.websocket.send_text(frame)
         except (WebSocketDisconnect, OSError):
             logger.debug("the WebSocket client went away during a send")
             ending.disconnected = True
-            return
-        clock.started = None
+            return False
+        finally:
+            self.sending = False
+            self.last_sent = time.monotonic()
+            idle = self._idle
+            if idle is not None:
+                self._idle = None
+                idle.set()
+        return not ending.shutdown
 
-
-class _SendClock:
-    """When the send in progress started (None between sends), for the watchdog."""
-
-    __slots__ = ("started",)
-
-    def __init__(self) -> None:
-        self.started: float | None = None
-
-
-async def _watch_sends(
-    clock: _SendClock, limit: float, scope: anyio.CancelScope, ending: _Ending
-) -> None:
-    # One watchdog per connection instead of a timeout scope around every send: a scope
-    # per frame (a timer on the loop each time) was the largest cost of the writer.
-    while True:
-        await anyio.sleep(min(limit / 4, 1.0))
-        started = clock.started
-        if started is not None and time.monotonic() - started > limit:
-            logger.warning(
-                "a WebSocket send stalled for more than %.1f s; ending the subscription", limit
-            )
-            ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
-            scope.cancel()
-            return
+    async def watch(self) -> None:
+        """Send the keep-alive frame when the socket was quiet for ping_interval; end
+        the subscription when a send stalled past send_timeout."""
+        while True:
+            now = time.monotonic()
+            if self.sending:
+                if now - self.send_began > self._timeout:
+                    logger.warning(
+                        "a WebSocket send stalled for more than %.1f s; ending the subscription",
+                        self._timeout,
+                    )
+                    self.ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
+                    self.stalled = True
+                    if self.cancel is not None:
+                        self.cancel.cancel()
+                    return
+                wait = self.send_began + self._timeout - now
+            elif now - self.last_sent >= self._ping:
+                if not await self.send(PING_FRAME):
+                    return
+                continue
+            else:
+                wait = self.last_sent + self._ping - now
+            await anyio.sleep(min(wait, self._timeout))
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:

@@ -1,0 +1,225 @@
+"""What the ASGI bindings share: the SSE response and routes, and the WebSocket endpoint.
+
+One definition each of what both need: the ``authorize`` check (:func:`check_access`),
+the resume point a client asks for (:func:`resume_point`), what a subscription's end
+means to a client (:func:`subscription_end`: an HTTP status for SSE, a close code for
+WebSocket), a task group whose failure reaches the caller as the exception itself
+(:func:`task_group`), and the one place that reaches into the server to abort a stalled
+connection (:func:`connection_aborter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import traceback
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+from anyio.abc import TaskGroup
+
+from essessey._ids import is_event_id
+from essessey.errors import (
+    StoreUnavailable,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    TooManySubscribers,
+    UnknownEventId,
+)
+from essessey.hub import Access, StreamHub
+
+__all__ = [
+    "CHECK_FAILED",
+    "SubscriptionEnd",
+    "check_access",
+    "connection_aborter",
+    "resume_point",
+    "subscription_end",
+    "task_group",
+]
+
+logger = logging.getLogger("essessey.bindings")
+
+CHECK_FAILED: Final = "could not check access to this stream; try again later"
+"""What a client is told when the ``authorize`` hook raised."""
+
+
+async def check_access(
+    hub: StreamHub, request: Any, stream_id: str, access: Access, log: logging.Logger
+) -> bool | None:
+    """The ``authorize`` hook's answer, or None when it raised.
+
+    A hook that raises is the app's failure, not the client's: the caller answers "try
+    again later" (503, close 1013), never a 500 and never a refusal that would read as
+    "your credentials are wrong". The log line names the exception's class and where it
+    was raised, but not its text, which may hold the very token being checked.
+    """
+    try:
+        return await hub.authorized(request, stream_id, access)
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        log.error(
+            "the authorize hook raised %s%s (%s access to stream %s); answered try again later",
+            type(exc).__name__,
+            where,
+            access,
+            stream_id,
+        )
+        return None
+
+
+def resume_point(last_event_id: str | None) -> str | None:
+    """The last event id a client gave, as the hub takes it: None for none or ``""``
+    ("from the start", as for EventSource). ValueError for one no store could have
+    issued (see ``essessey._ids``)."""
+    if not last_event_id:
+        return None
+    if not is_event_id(last_event_id):
+        raise ValueError("invalid last event id")
+    return last_event_id
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionEnd:
+    """What a subscription that ended with an exception tells its client.
+
+    Over HTTP, before the first event: ``status``, ``error_type`` and ``message`` (a
+    None status: the response just ends, and the client reconnects with its last id).
+    Over a WebSocket: ``close_code`` and ``reason`` (short: a close reason has at most
+    123 bytes).
+    """
+
+    status: int | None
+    error_type: str
+    message: str
+    close_code: int
+    reason: str
+
+
+_RECONNECT: Final = SubscriptionEnd(None, "", "", 1013, "reconnect with the last event id")
+# The close codes are those of essessey.bindings.ws (CloseCode); written out here so the
+# SSE binding need not import the WebSocket one.
+_ENDS: Final[dict[type[Exception], SubscriptionEnd]] = {
+    StreamNotFound: SubscriptionEnd(404, "not_found_error", "", 4404, "no such stream"),
+    UnknownEventId: SubscriptionEnd(
+        410,
+        "resume_unavailable",
+        "the last event id is not retained; start over without it",
+        4410,
+        "last event id not retained; start over",
+    ),
+    StreamReset: SubscriptionEnd(
+        410,
+        "resume_unavailable",
+        "the stream was reset",
+        4410,
+        "the stream was reset; start over",
+    ),
+    TooManySubscribers: SubscriptionEnd(
+        503, "overloaded_error", "too many subscribers", 1013, "too many subscribers"
+    ),
+    # The store still holds the client's last id: ending the stream (not an error
+    # event, which would read as the end of the turn) makes the client reconnect.
+    SubscriberLagged: _RECONNECT,
+    StoreUnavailable: _RECONNECT,
+}
+
+
+def subscription_end(exc: Exception) -> SubscriptionEnd | None:
+    """What ``exc`` ending a hub subscription means to its client; None when it is not
+    one of the hub's documented ends (a failure of the server)."""
+    for kind, end in _ENDS.items():
+        if isinstance(exc, kind):
+            return end
+    return None
+
+
+@asynccontextmanager
+async def task_group() -> AsyncIterator[TaskGroup]:
+    """An anyio task group whose failure reaches the caller as the exception itself.
+
+    A task group wraps what its tasks raise in an ExceptionGroup; an app (and Starlette's
+    error handling, and a test's ``pytest.raises``) wants the one exception it would
+    have seen from a plain call. A group of several is raised as it is.
+    """
+    try:
+        async with anyio.create_task_group() as tasks:
+            yield tasks
+    except BaseExceptionGroup as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        if error is group:
+            raise
+        raise error from error.__cause__
+
+
+def connection_aborter() -> Callable[[], bool]:
+    """A function that aborts the server's connection of the current request, when it
+    still holds bytes the client has not taken; it returns whether it did.
+
+    Call it from the request's own task (where the ASGI app was called), before the
+    connection could stall; call what it returns when a send stalled past its timeout.
+
+    ASGI has no way to say "abort". uvicorn closes the transport when the app returns,
+    and an asyncio transport closes gracefully: it waits for its buffer to drain, which a
+    client that stopped reading never lets happen, so the socket, its kernel buffers and
+    the unsent bytes would stay until that client leaves. uvicorn has no public API for
+    the transport: it is found the way uvicorn runs an app, the current task being its
+    ``run_asgi``, whose ``self`` holds the connection's ``transport`` (duck typed; uvicorn
+    is never imported). This is the one place that reads uvicorn's internals;
+    tests/test_asgi_layer.py fails loudly if it stops finding the transport. Elsewhere
+    (another server, a loop other than asyncio) the function does nothing. Nothing is
+    aborted while the buffer is empty: such a connection closes by itself (and with
+    HTTP/2 it may carry other streams).
+    """
+    transport = _current_transport()
+    if transport is None:
+        return _no_abort
+    abort = transport.abort
+    buffered = transport.get_write_buffer_size
+
+    def abort_if_stalled() -> bool:
+        if not buffered():
+            return False
+        logger.debug("aborting the stalled connection (%d bytes unsent)", buffered())
+        extra = getattr(transport, "get_extra_info", None)
+        sock = extra("socket") if callable(extra) else None
+        if sock is not None:
+            # A reset, not a FIN (SO_LINGER on, 0 s): closed with bytes unsent, the
+            # socket would otherwise stay in the kernel, buffers and all, for minutes,
+            # probing a receive window that never opens.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        abort()
+        return True
+
+    return abort_if_stalled
+
+
+def _no_abort() -> bool:
+    return False
+
+
+def _current_transport() -> Any:
+    """uvicorn's transport for the current request, or None (see connection_aborter)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop running (trio)
+        return None
+    frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
+    owner = frame.f_locals.get("self") if frame is not None else None
+    transport = getattr(owner, "transport", None)
+    if callable(getattr(transport, "abort", None)) and callable(
+        getattr(transport, "get_write_buffer_size", None)
+    ):
+        return transport
+    return None
