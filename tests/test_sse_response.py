@@ -292,6 +292,14 @@ class Recorder:
         return [m.get("body", b"") for m in self.messages if m["type"] == "http.response.body"]
 
     @property
+    def body_times(self) -> list[float]:
+        return [
+            t
+            for m, t in zip(self.messages, self.times, strict=True)
+            if m["type"] == "http.response.body"
+        ]
+
+    @property
     def body(self) -> bytes:
         return b"".join(self.bodies)
 
@@ -355,6 +363,45 @@ async def test_a_batch_is_never_waited_for() -> None:
 
     await call(EventStreamResponse(produce, ping_interval=0), recorder)
     assert [m.event for m in decode(recorder.body)] == ["message_start", "message_stop"]
+
+
+async def test_at_a_models_pace_each_event_is_sent_at_once_by_its_producer() -> None:
+    # A token every few milliseconds: nothing is held, each event goes out in a send of
+    # its own, from the producer's own task (no writer task in between), at once.
+    count = 20
+    recorder = Recorder()
+    senders: list[object] = []
+    recorder.on_body = lambda body: senders.append(
+        anyio.get_current_task().id if b"content_block_delta" in body else None
+    )
+    producer_task: list[object] = []
+    emitted: list[float] = []
+
+    async def produce(publisher: Publisher) -> None:
+        producer_task.append(anyio.get_current_task().id)
+        await publisher.send_stream_preamble("msg_p", "st_p", "m")
+        await anyio.sleep(0.003)
+        await publisher.send_content_block_start_text(0)
+        for i in range(count):
+            await anyio.sleep(0.003)
+            emitted.append(time.monotonic())
+            await publisher.send_content_block_delta_text(0, f"t{i}")
+        await anyio.sleep(0.003)
+        await publisher.send_content_block_stop(0)
+        await anyio.sleep(0.003)
+        await publisher.send_stream_epilogue("end_turn", count)
+
+    await call(EventStreamResponse(produce, ping_interval=0), recorder)
+    deltas = [
+        (body, when)
+        for body, when in zip(recorder.bodies, recorder.body_times, strict=True)
+        if b"content_block_delta" in body
+    ]
+    assert len(deltas) == count
+    assert all(body.count(b"\n\n") == 1 for body, _ in deltas)
+    assert {sender for sender in senders if sender is not None} == set(producer_task)
+    # Sent within the producer's own call, not at a later turn of the loop.
+    assert max(when - at for (_, when), at in zip(deltas, emitted, strict=True)) < 0.002
 
 
 async def test_queued_events_coalesce_into_few_sends_with_a_bounded_queue() -> None:
