@@ -18,17 +18,26 @@ def make_chunks(deltas: int) -> list[str]:
 
 
 async def publish_turn(
-    publisher: essessey.Publisher, chunks: list[str], gate: asyncio.Event | None = None
+    publisher: essessey.Publisher,
+    chunks: list[str],
+    gate: asyncio.Event | None = None,
+    *,
+    batched: bool = False,
 ) -> None:
     """``message_start``, ``ping``, a text block of the chunks, ``message_delta`` and
-    ``message_stop``; when ``gate`` is given, the rest waits for it after the ping."""
+    ``message_stop``; when ``gate`` is given, the rest waits for it after the ping. With
+    ``batched`` the chunks go out in one ``send_content_block_deltas_text`` call (the
+    path for many events ready at once): the same events."""
     await publisher.send_stream_preamble("msg_bench", "stream_bench", "bench-model")
     if gate is not None:
         await gate.wait()
     await publisher.send_content_block_start_text(0)
-    send_delta = publisher.send_content_block_delta_text
-    for chunk in chunks:
-        await send_delta(0, chunk)
+    if batched:
+        await publisher.send_content_block_deltas_text(0, chunks)
+    else:
+        send_delta = publisher.send_content_block_delta_text
+        for chunk in chunks:
+            await send_delta(0, chunk)
     await publisher.send_content_block_stop(0)
     await publisher.send_stream_epilogue(essessey.StopReason.END_TURN, len(chunks))
 

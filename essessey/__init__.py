@@ -29,7 +29,7 @@ from essessey.errors import (
     UnknownEventId,
     WebSocketClosed,
 )
-from essessey.event import Event, Sink, Source
+from essessey.event import Event, EventBatch, Sink, Source
 from essessey.hub import Access, Authorize, StreamHub, TurnProducer
 from essessey.memory import InMemorySink, MultiSink, SliceSource
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
@@ -76,6 +76,7 @@ __all__ = [
     "Dialect",
     "EssesseyError",
     "Event",
+    "EventBatch",
     "EventStore",
     "EventType",
     "Fragment",

@@ -160,6 +160,18 @@ class ProtocolChecker:
                 return True
         return False
 
+    def accept_deltas(self, index: int, delta_type: str, count: int, has_content: bool) -> bool:
+        """:meth:`accept_delta` for ``count`` deltas of one type at once: all recorded
+        and True, or none and False."""
+        if count and self._in_message and index == self._open_index and index >= 0:
+            allowed = DELTA_FOR_BLOCK.get(self._open_type)
+            if allowed is None or delta_type in allowed:
+                if has_content:
+                    self._open_has_content = True
+                self._position += count
+                return True
+        return False
+
     def feed_event(self, event: Event) -> list[Violation]:
         """Record an :class:`Event`, parsing its payload; bad JSON is a violation."""
         try:

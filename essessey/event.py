@@ -8,12 +8,12 @@ them as the message body.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
-from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
+from collections.abc import AsyncIterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_checkable
 
 import orjson
 
-__all__ = ["Event", "Sink", "Source"]
+__all__ = ["Event", "EventBatch", "Sink", "Source"]
 
 
 class Event(NamedTuple):
@@ -38,6 +38,47 @@ class Event(NamedTuple):
         return orjson.loads(self.data)
 
 
+_new_event = tuple.__new__
+
+
+class EventBatch(Sequence[Event]):
+    """Several events of one name and without ids, in order: what a Publisher's batched
+    methods hand to a sink's ``emit_many``.
+
+    A sequence of :class:`Event` like any list, built on demand; a sink that frames
+    events (an SSE response) may read ``name`` and ``datas`` instead and skip building
+    an Event per item.
+    """
+
+    __slots__ = ("datas", "name")
+
+    def __init__(self, name: str, datas: list[bytes]) -> None:
+        self.name = name
+        self.datas = datas
+
+    def __len__(self) -> int:
+        return len(self.datas)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        if isinstance(index, slice):
+            return [_new_event(Event, (self.name, data, None)) for data in self.datas[index]]
+        return _new_event(Event, (self.name, self.datas[index], None))
+
+    def __iter__(self) -> Iterator[Event]:
+        name = self.name
+        for data in self.datas:
+            yield _new_event(Event, (name, data, None))
+
+    def __repr__(self) -> str:
+        return f"EventBatch({self.name!r}, {len(self.datas)} events)"
+
+
 @runtime_checkable
 class Sink(Protocol):
     """Where a Publisher writes events. Implementations must be safe to call from
@@ -46,7 +87,10 @@ class Sink(Protocol):
     A sink may also offer ``emit_nowait(event) -> bool``: deliver the event at once and
     return True, or return False (having done nothing) when it would have to wait. A
     Publisher uses it when present, because most events of a turn then skip a
-    coroutine; ``emit`` stays the method every sink must have.
+    coroutine; ``emit`` stays the method every sink must have. And it may offer
+    ``async emit_many(events)``: deliver a sequence of events in order, as ``emit`` would
+    one by one (a Publisher's batched methods hand it an :class:`EventBatch`, so an SSE
+    response can write them in one send).
     """
 
     async def emit(self, event: Event) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 from essessey.event import Event, Sink
 
@@ -26,6 +26,10 @@ class InMemorySink:
         """Record ``event`` at once; it never has to wait."""
         self._events.append(event)
         return True
+
+    async def emit_many(self, events: Sequence[Event]) -> None:
+        """Record ``events``, in order."""
+        self._events.extend(events)
 
     @property
     def events(self) -> list[Event]:

@@ -9,7 +9,7 @@ default) it runs the protocol checker before every event and raises
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -18,7 +18,7 @@ from essessey import protocol
 from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
-from essessey.event import Event, Sink
+from essessey.event import Event, EventBatch, Sink
 from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
 
 __all__ = ["Publisher"]
@@ -73,6 +73,7 @@ class Publisher:
         "_block_types",
         "_checker",
         "_dialect",
+        "_emit_many",
         "_emit_nowait",
         "_input_tokens",
         "_sink",
@@ -90,6 +91,9 @@ class Publisher:
         self._input_tokens = 0
         self._thinking_field = protocol.thinking_delta_field(dialect)
         self._emit_nowait: Callable[[Event], bool] | None = getattr(sink, "emit_nowait", None)
+        self._emit_many: Callable[[EventBatch], Awaitable[None]] | None = getattr(
+            sink, "emit_many", None
+        )
         self._thinking_template = _delta_template(DeltaType.THINKING, self._thinking_field)
 
     @property
@@ -246,6 +250,54 @@ class Publisher:
     def send_content_block_delta_text(self, index: int, text: str) -> Coroutine[Any, Any, None]:
         """Append answer text to the text block at ``index``."""
         return self._send_delta(_TEXT_DELTA, index, DeltaType.TEXT, "text", text)
+
+    async def send_content_block_deltas_text(self, index: int, texts: Iterable[str]) -> None:
+        """Append several chunks of answer text to the text block at ``index`` at once.
+
+        The same events as one :meth:`send_content_block_delta_text` per chunk, in
+        order, for when many are ready together (a buffered upstream, a replayed
+        model): the chunks are checked together and handed to the sink in one call when
+        it takes many (``emit_many``). Raises as the single call would, before any of
+        them is emitted (a refused or unserialisable chunk: nothing goes out).
+        """
+        chunks = texts if isinstance(texts, list) else list(texts)
+        if not chunks:
+            return
+        dumps = orjson.dumps
+        # The template's two halves around the text, for this index: a concatenation per
+        # chunk instead of a %-format.
+        head, tail = (_TEXT_DELTA % (index, b"\0")).split(b"\0")
+        try:
+            datas = [head + dumps(text) + tail for text in chunks]
+        except TypeError as exc:
+            raise SerializationError(f"delta is not JSON-serialisable: {exc}") from exc
+        checker = self._checker
+        if checker is not None and not checker.accept_deltas(
+            index, DeltaType.TEXT, len(chunks), any(chunks)
+        ):
+            # Not plainly fine: the first chunk through the single path says why.
+            await self._send_delta(_TEXT_DELTA, index, DeltaType.TEXT, "text", chunks[0])
+            for text in chunks[1:]:
+                await self._send_delta(_TEXT_DELTA, index, DeltaType.TEXT, "text", text)
+            return
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "emit %d content_block_delta index=%s block=%s delta_len=%s",
+                len(chunks),
+                index,
+                self._block_types.get(index),
+                sum(map(len, chunks)),
+            )
+        events = EventBatch(EventType.CONTENT_BLOCK_DELTA, datas)
+        emit_many = self._emit_many
+        if emit_many is not None:
+            await emit_many(events)
+            return
+        nowait = self._emit_nowait
+        emit = self._sink.emit
+        for event in events:
+            if nowait is None or not nowait(event):
+                await emit(event)
 
     async def send_content_block_start_thinking(self, index: int) -> None:
         """Open a thinking (reasoning) block at ``index``."""

@@ -89,11 +89,22 @@ class _Stream:
         self.next_seq = 1
         self.closed = False
         self.updated = time.monotonic()
-        self.changed = anyio.Event()
+        # Made by the first follower that waits, set (and dropped) by the next change:
+        # an append with nobody waiting (a burst, a replay) makes no event at all.
+        self.changed: anyio.Event | None = None
 
     def wake(self) -> None:
-        changed, self.changed = self.changed, anyio.Event()
-        changed.set()
+        changed = self.changed
+        if changed is not None:
+            self.changed = None
+            changed.set()
+
+    async def wait(self) -> None:
+        """Until the next change (an append, a close, a drop)."""
+        changed = self.changed
+        if changed is None:
+            changed = self.changed = anyio.Event()
+        await changed.wait()
 
 
 class InMemoryEventStore:
@@ -259,7 +270,7 @@ class InMemoryEventStore:
                 continue
             if stream.closed:
                 return
-            await stream.changed.wait()
+            await stream.wait()
 
     async def open_stream(self, stream_id: str) -> None:
         """Create the stream if needed and mark it open for followers to wait on."""

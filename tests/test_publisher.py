@@ -969,3 +969,59 @@ async def test_a_pass_through_block_type_is_logged_only_as_a_word(
     assert not any(MARKER in line for line in logged)
     assert any(f"block=<{len(MARKER)} chars>" in line for line in logged)
     assert any("block=server_tool_use" in line for line in logged)
+
+
+# -- many deltas at once ---------------------------------------------------------------------
+
+
+class _OneByOne:
+    """A sink without emit_many (nor emit_nowait): the batched call emits one by one."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", ["essessey", "anthropic"])
+@pytest.mark.parametrize("strict", [True, False])
+async def test_many_text_deltas_at_once_are_the_single_calls_events(
+    dialect: Any, strict: bool
+) -> None:
+    chunks = ["Hel", "lo, ", "", 'a "quote" \u2603', "\n"]
+    single, single_sink = _make(dialect, strict=strict)
+    batched, batched_sink = _make(dialect, strict=strict)
+    other = _OneByOne()
+    plain = Publisher(other, dialect=dialect, strict=strict)
+    for publisher in (single, batched, plain):
+        await publisher.send_message_start("m", "s", "x")
+        await publisher.send_content_block_start_text(0)
+    for chunk in chunks:
+        await single.send_content_block_delta_text(0, chunk)
+    await batched.send_content_block_deltas_text(0, chunks)
+    await plain.send_content_block_deltas_text(0, iter(chunks))
+    for publisher in (single, batched, plain):
+        await publisher.send_content_block_stop(0)
+        await publisher.send_message_delta("end_turn", 1)
+        await publisher.send_message_stop()
+    assert batched_sink.events == single_sink.events == other.events
+    assert check(batched_sink.events) == []
+
+
+@pytest.mark.anyio
+async def test_many_deltas_refused_or_unserialisable_emit_nothing() -> None:
+    publisher, sink = _make()
+    await publisher.send_message_start("m", "s", "x")
+    before = sink.events
+    with pytest.raises(ProtocolError):
+        await publisher.send_content_block_deltas_text(0, ["no", "block"])  # none is open
+    assert sink.events == before
+    await publisher.send_content_block_start_text(0)
+    before = sink.events
+    with pytest.raises(SerializationError):
+        await publisher.send_content_block_deltas_text(0, ["ok", "\ud800"])
+    assert sink.events == before
+    await publisher.send_content_block_deltas_text(0, [])
+    assert sink.events == before

@@ -41,7 +41,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from typing import Final, TypeAlias
 
 import anyio
@@ -54,7 +54,7 @@ from essessey._shutdown import shutting_down, wait_for_shutdown
 from essessey.bindings._asgi import connection_aborter, task_group
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
-from essessey.event import Event, Source
+from essessey.event import Event, EventBatch, Source
 from essessey.protocol import Dialect, EventType
 from essessey.publisher import Publisher
 
@@ -71,6 +71,9 @@ _SSE_HEADERS: Final = (
     # nginx buffers proxied responses unless told not to; a stream must not be buffered.
     (b"x-accel-buffering", b"no"),
 )
+# The frame head of each event a Publisher batches (its data is JSON from orjson: no
+# line break in it, so one data line).
+_BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: b"event: content_block_delta\ndata: "}
 _BURST: Final = 0.0005
 """Seconds after a send within which the next event is taken for part of a burst: it is
 held for the next send instead of going out in a send of its own."""
@@ -361,6 +364,19 @@ class _OutboxSink:
         outbox = self._outbox
         await outbox.write(encode(event))
         outbox.last_was_error = event.event == EventType.ERROR
+
+    async def emit_many(self, events: Sequence[Event]) -> None:
+        # Many events ready at once (a Publisher's batched deltas): one write.
+        if not events:
+            return
+        outbox = self._outbox
+        if isinstance(events, EventBatch) and events.name in _BATCH_PREFIXES:
+            # One name, no ids, JSON data without line breaks: framed by concatenation.
+            prefix = _BATCH_PREFIXES[events.name]
+            await outbox.write(b"".join([prefix + data + b"\n\n" for data in events.datas]))
+        else:
+            await outbox.write(b"".join([encode(event) for event in events]))
+        outbox.last_was_error = events[-1].event == EventType.ERROR
 
 
 class EventStreamResponse(Response):
