@@ -56,3 +56,17 @@ def test_json_raises_on_a_payload_that_is_not_json() -> None:
 def test_in_memory_sink_satisfies_the_sink_protocol() -> None:
     assert isinstance(InMemorySink(), Sink)
     assert not isinstance(object(), Sink)
+
+
+def test_an_event_batch_is_a_sequence_of_events_built_on_demand() -> None:
+    from essessey import EventBatch
+
+    batch = EventBatch("content_block_delta", [b'{"a":1}', b'{"a":2}', b'{"a":3}'])
+    expected = [Event("content_block_delta", data) for data in batch.datas]
+    assert len(batch) == 3
+    assert list(batch) == expected
+    assert batch[1] == expected[1]
+    assert batch[-1] == expected[-1]
+    assert batch[1:] == expected[1:]
+    assert all(event.id is None for event in batch)
+    assert "3 events" in repr(batch)

@@ -729,3 +729,20 @@ async def test_a_source_event_that_cannot_be_framed_fails_like_a_producer() -> N
             messages = decode(recorder.body)
             assert [m.event for m in messages] == ["message_start", "error"]
             assert b"2\n3" not in recorder.body
+
+
+async def test_a_batch_of_deltas_is_framed_as_its_events_in_one_send() -> None:
+    chunks = [f"part {i} " for i in range(50)]
+
+    async def produce(publisher: Publisher) -> None:
+        await publisher.send_stream_preamble("msg_b", "st_b", "m")
+        await publisher.send_content_block_start_text(0)
+        await publisher.send_content_block_deltas_text(0, chunks)
+        await publisher.send_content_block_stop(0)
+        await publisher.send_stream_epilogue("end_turn", 50)
+
+    recorder = Recorder()
+    await call(EventStreamResponse(produce, ping_interval=0), recorder)
+    assert recorder.body == encode_many(await published(produce))
+    counts = [body.count(b"event: content_block_delta") for body in recorder.bodies]
+    assert max(counts) == 50  # the 50 deltas went out in one send
