@@ -43,6 +43,7 @@ import logging
 import signal
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Final
 
 import anyio
@@ -71,7 +72,7 @@ class _LoopState:
 
     def __init__(self) -> None:
         self.fired = False
-        self.waiters: set[anyio.Event] = set()
+        self.waiters: set[anyio.Event | Callable[[], None]] = set()
         self.watcher: asyncio.Task[None] | None = None
 
 
@@ -105,7 +106,13 @@ def _fire(state: _LoopState) -> None:
         if state.waiters:
             logger.info("the server is shutting down; ending %d open stream(s)", len(state.waiters))
     for waiter in list(state.waiters):
-        waiter.set()
+        if isinstance(waiter, anyio.Event):
+            waiter.set()
+        else:
+            try:
+                waiter()
+            except Exception:
+                logger.exception("a shutdown callback failed")
 
 
 def _server_is_exiting() -> bool:
@@ -185,6 +192,25 @@ async def wait_for_shutdown() -> None:
         await waiter.wait()
     finally:
         state.waiters.discard(waiter)
+
+
+def on_shutdown(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` (at once when already) once the server of the running event
+    loop shuts down; returns the function that cancels it. The callback runs in the
+    loop's thread and must not block: what the SSE response and the WebSocket endpoint
+    use instead of a task per connection waiting on :func:`wait_for_shutdown`."""
+    loop = _current_loop()
+    state = _state_of(loop)
+    if state.fired:
+        callback()
+        return _nothing
+    state.waiters.add(callback)
+    _ensure_watcher(state, loop)
+    return lambda: state.waiters.discard(callback)
+
+
+def _nothing() -> None:
+    pass
 
 
 def detect_uvicorn_shutdown(enabled: bool = True, *, interval: float = DEFAULT_INTERVAL) -> None:

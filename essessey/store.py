@@ -11,6 +11,8 @@ without a gap: the caller must not guess.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -80,7 +82,7 @@ class EventStore(Protocol):
 
 
 class _Stream:
-    __slots__ = ("changed", "closed", "epoch", "events", "first_seq", "next_seq", "updated")
+    __slots__ = ("closed", "epoch", "events", "first_seq", "next_seq", "updated", "waiters")
 
     def __init__(self, epoch: str, capacity: int) -> None:
         self.epoch = epoch
@@ -89,22 +91,48 @@ class _Stream:
         self.next_seq = 1
         self.closed = False
         self.updated = time.monotonic()
-        # Made by the first follower that waits, set (and dropped) by the next change:
-        # an append with nobody waiting (a burst, a replay) makes no event at all.
-        self.changed: anyio.Event | None = None
+        # One per follower waiting for the next change: an asyncio future on asyncio
+        # (the cheapest wake-up there is, and every append of a paced turn wakes its
+        # followers), an anyio Event on any other backend. Each follower has its own,
+        # so a follower cancelled while it waits cancels nobody else's wait.
+        self.waiters: list[asyncio.Future[None] | anyio.Event] = []
 
     def wake(self) -> None:
-        changed = self.changed
-        if changed is not None:
-            self.changed = None
-            changed.set()
+        waiters = self.waiters
+        if waiters:
+            self.waiters = []
+            for waiter in waiters:
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    waiter.set()
 
     async def wait(self) -> None:
         """Until the next change (an append, a close, a drop)."""
-        changed = self.changed
-        if changed is None:
-            changed = self.changed = anyio.Event()
-        await changed.wait()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): anyio's portable event
+            event = anyio.Event()
+            self.waiters.append(event)
+            try:
+                await event.wait()
+            finally:
+                self._forget(event)
+            return
+        future: asyncio.Future[None] = loop.create_future()
+        self.waiters.append(future)
+        try:
+            await future
+        except BaseException:
+            # Cancelled while waiting (the client left): take the future off the list,
+            # or a quiet stream would collect one per departed follower.
+            self._forget(future)
+            raise
+
+    def _forget(self, waiter: asyncio.Future[None] | anyio.Event) -> None:
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(waiter)
 
 
 class InMemoryEventStore:

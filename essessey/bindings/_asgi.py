@@ -4,8 +4,9 @@ One definition each of what both need: the ``authorize`` check (:func:`check_acc
 the resume point a client asks for (:func:`resume_point`), what a subscription's end
 means to a client (:func:`subscription_end`: an HTTP status for SSE, a close code for
 WebSocket), a task group whose failure reaches the caller as the exception itself
-(:func:`task_group`), and the one place that reaches into the server to abort a stalled
-connection (:func:`connection_aborter`).
+(:func:`task_group`), one timer task per event loop for every connection's keep-alive
+and stalled-send deadlines (:func:`watch_line`), and the one place that reaches into
+the server to abort a stalled connection (:func:`connection_aborter`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import logging
 import socket
 import struct
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -38,11 +40,14 @@ from essessey.hub import Access, StreamHub
 __all__ = [
     "CHECK_FAILED",
     "SubscriptionEnd",
+    "WatchedLine",
     "check_access",
     "connection_aborter",
     "resume_point",
+    "rewatch",
     "subscription_end",
     "task_group",
+    "watch_line",
 ]
 
 logger = logging.getLogger("essessey.bindings")
@@ -223,3 +228,97 @@ def _current_transport() -> Any:
     ):
         return transport
     return None
+
+
+class WatchedLine(Protocol):
+    """A connection the line watch looks after: :meth:`check` is called now and then and
+    says when it wants to be called next (a loop time, or None for "no need")."""
+
+    def check(self, now: float) -> float | None:
+        """Do what is due at ``now`` (a keep-alive to send, a stalled send to end) and
+        return the time of the next thing that will be due."""
+        ...
+
+
+_MAX_TICK: Final = 1.0
+"""The longest the line watch sleeps: a line's deadlines move with every send, and it
+looks again at least this often."""
+
+
+class _LineWatch:
+    """One task per event loop that keeps every open connection's timers.
+
+    A connection needs a timer for two rare things: a keep-alive after ``ping_interval``
+    of quiet, and noticing a send stalled past ``send_timeout``. A timer (or a sleeping
+    task) per connection puts hundreds of entries in the loop's timer heap, which every
+    sleep of every producer then pays for; one watch that looks at all of them at the
+    earliest deadline (and at least every second) costs one entry.
+    """
+
+    __slots__ = ("lines", "task", "wake")
+
+    def __init__(self) -> None:
+        self.lines: set[WatchedLine] = set()
+        self.task: asyncio.Task[None] | None = None
+        self.wake: asyncio.Event | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.lines:
+                now = loop.time()
+                due = now + _MAX_TICK
+                for line in list(self.lines):
+                    try:
+                        at = line.check(now)
+                    except Exception:  # a bug in one line must not stop the others
+                        logger.exception("a connection's timer check failed")
+                        self.lines.discard(line)
+                        continue
+                    if at is not None and at < due:
+                        due = at
+                wake = self.wake = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), max(due - loop.time(), 0.001))
+        finally:
+            self.task = None
+
+
+_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LineWatch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def watch_line(line: WatchedLine) -> Callable[[], None] | None:
+    """Have ``line`` checked by its loop's line watch; returns the function that stops
+    it, or None when the loop is not asyncio's (the caller then keeps its own timer)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    watch = _watches.get(loop)
+    if watch is None:
+        watch = _watches[loop] = _LineWatch()
+    watch.lines.add(line)
+    if watch.task is None:
+        # A task of the loop, not of one connection: it outlives the connection that
+        # started it, and ends by itself when no connection is left.
+        watch.task = loop.create_task(watch.run(), name="essessey-line-watch")
+    elif watch.wake is not None:
+        watch.wake.set()  # this line's first deadline may be sooner than the next tick
+
+    def unwatch() -> None:
+        watch.lines.discard(line)
+
+    return unwatch
+
+
+def rewatch(line: WatchedLine) -> None:
+    """Tell the line watch that ``line`` has a sooner deadline than it knew of."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    watch = _watches.get(loop)
+    if watch is not None and watch.wake is not None:
+        watch.wake.set()

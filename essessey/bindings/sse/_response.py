@@ -41,8 +41,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
-from typing import Final, TypeAlias
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Final, TypeAlias
 
 import anyio
 import orjson
@@ -50,8 +50,8 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from essessey._shutdown import shutting_down, wait_for_shutdown
-from essessey.bindings._asgi import connection_aborter, task_group
+from essessey._shutdown import on_shutdown, shutting_down
+from essessey.bindings._asgi import connection_aborter, task_group, watch_line
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
@@ -109,6 +109,7 @@ class _Outbox:
         "_held",
         "_held_bytes",
         "_idle",
+        "_ping_due",
         "_response",
         "_room",
         "_send",
@@ -119,6 +120,7 @@ class _Outbox:
         "sending",
         "started",
         "stopping",
+        "watched",
     )
 
     def __init__(
@@ -135,6 +137,8 @@ class _Outbox:
         self._room: anyio.Event | None = None  # set when held events went out
         self._idle: anyio.Event | None = None  # set when a send ends and nothing is held
         self._flusher_wake: anyio.Event | None = None
+        self._ping_due = False
+        self.watched = False  # the loop's line watch keeps this response's deadlines
         self.sending = False
         self.started = False
         self.ended = False
@@ -151,25 +155,41 @@ class _Outbox:
         """Whether events wait for the next send."""
         return bool(self._held)
 
-    def hold(self, frame: bytes) -> bool:
-        """Keep ``frame`` for the next send when that is the cheaper way; False when
-        the caller should :meth:`write` it (the line is free and this is no burst)."""
+    def holds(self) -> bool:
+        """Whether the next frame would be held (a send is in progress, frames are held
+        already, or this is a burst) rather than written at once; False too when the
+        held frames are at ``max_queue`` (then :meth:`write` waits for room)."""
         if self.ended:
             raise _Ended
         if not self.sending and not self._held and time.monotonic() > self._burst_until:
             return False
-        response = self._response
-        if len(self._held) >= response.max_queue:
-            return False  # full: write() waits for room
+        return len(self._held) < self._response.max_queue
+
+    def hold(self, frame: bytes) -> None:
+        """Keep ``frame`` for the next send; only after :meth:`holds` said so."""
         self._held.append(frame)
         self._held_bytes += len(frame)
         if not self.sending:
             self._wake_flusher()
-        return True
 
     async def write(self, frame: bytes) -> None:
         """Send ``frame`` now, or hold it while another send is in progress (waiting
         for room when ``max_queue`` events are held already)."""
+        if not (self.sending or self._held or self.ended or self.stopping) and self.started:
+            # The paced path, one event and a free line: the send itself, nothing more.
+            self.sending = True
+            self.send_began = time.monotonic()
+            try:
+                await self._send({"type": "http.response.body", "body": frame, "more_body": True})
+            except OSError:
+                logger.debug("the client went away during a send")
+                self._end()
+                raise _Ended from None
+            finally:
+                self._sent()
+            if self._held and not self.ended:
+                await self._drain()  # what another task held meanwhile
+            return
         if self.ended:
             raise _Ended
         if self.sending or self._held:
@@ -245,15 +265,23 @@ class _Outbox:
                     del held[:count]
                     self._held_bytes -= size
         finally:
-            self.sending = False
-            self.last_sent = now = time.monotonic()
-            self._burst_until = now + _BURST
-            idle = self._idle
-            if idle is not None:
-                self._idle = None
-                idle.set()
-            if self.stopping:
-                self._wake_flusher()
+            self._sent()
+
+    def _sent(self) -> None:
+        """A send ended: the line is free."""
+        self.sending = False
+        self.last_sent = now = time.monotonic()
+        self._burst_until = now + _BURST
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
+        idle = self._idle
+        if idle is not None:
+            self._idle = None
+            idle.set()
+        if self.stopping:
+            self._wake_flusher()
 
     async def _send_body(self, body: bytes, *, more: bool) -> None:
         response = self._response
@@ -314,29 +342,59 @@ class _Outbox:
                 except _Ended:
                     return
                 continue
+            if self.watched:
+                # The loop's line watch keeps the deadlines (see check): wait for work.
+                if self._ping_due and not self.sending:
+                    self._ping_due = False
+                    try:
+                        await self._send_all(_PING)
+                    except _Ended:
+                        return
+                    continue
+                wake = self._flusher_wake = anyio.Event()
+                await wake.wait()
+                continue
+            # No line watch on this loop (not asyncio): the flusher keeps the deadlines.
             now = time.monotonic()
-            if self.sending:
-                if now - self.send_began > timeout:
-                    logger.warning(
-                        "a send stalled for more than %.1f s; ending the response",
-                        response.send_timeout,
-                    )
-                    self._abort()
-                    self._end()
-                    return
-                wait = self.send_began + timeout - now
-            elif now - self.last_sent >= ping:
-                # Quiet for ping_interval: a comment keeps proxies from closing it.
+            if self.check(now) is None:
+                return
+            if self._ping_due and not self.sending:
+                self._ping_due = False
                 try:
                     await self._send_all(_PING)
                 except _Ended:
                     return
                 continue
-            else:
-                wait = self.last_sent + ping - now
+            wait = (self.send_began + timeout if self.sending else self.last_sent + ping) - now
             wake = self._flusher_wake = anyio.Event()
-            with anyio.move_on_after(min(wait, timeout)):
+            with anyio.move_on_after(max(min(wait, timeout), 0)):
                 await wake.wait()
+
+    def check(self, now: float) -> float | None:
+        """The line watch's look at this response (see ``essessey.bindings._asgi``): end
+        a send stalled past send_timeout, ask for the keep-alive after ping_interval of
+        quiet; the time of the next deadline, or None once the response has ended."""
+        if self.ended:
+            return None
+        response = self._response
+        timeout = response.send_timeout if response.send_timeout is not None else math.inf
+        if self.sending:
+            if now - self.send_began > timeout:
+                logger.warning(
+                    "a send stalled for more than %.1f s; ending the response",
+                    response.send_timeout,
+                )
+                self._abort()
+                self._end()
+                return None
+            return self.send_began + timeout
+        ping = response.ping_interval or math.inf
+        if now - self.last_sent >= ping:
+            # Quiet for ping_interval: a comment keeps proxies from closing it.
+            self._ping_due = True
+            self._wake_flusher()
+            return now + ping
+        return self.last_sent + ping
 
     def stop(self) -> None:
         """The server is shutting down: end with the retry hint after the send in
@@ -355,15 +413,18 @@ class _OutboxSink:
 
     def emit_nowait(self, event: Event) -> bool:
         outbox = self._outbox
-        if not outbox.hold(encode(event)):
-            return False
+        if not outbox.holds():
+            return False  # the Publisher calls emit(), which writes it now
+        outbox.hold(encode(event))
         outbox.last_was_error = event.event == EventType.ERROR
         return True
 
-    async def emit(self, event: Event) -> None:
+    def emit(self, event: Event) -> Coroutine[Any, Any, None]:
+        # A plain function returning the write's coroutine: one coroutine frame fewer on
+        # the path of every event at a model's pace.
         outbox = self._outbox
-        await outbox.write(encode(event))
         outbox.last_was_error = event.event == EventType.ERROR
+        return outbox.write(encode(event))
 
     async def emit_many(self, events: Sequence[Event]) -> None:
         # Many events ready at once (a Publisher's batched deltas): one write.
@@ -460,20 +521,28 @@ class EventStreamResponse(Response):
         async with task_group() as tasks:
             outbox = _Outbox(self, send, tasks.cancel_scope)
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
+            unwatch = watch_line(outbox)
+            outbox.watched = unwatch is not None
             tasks.start_soon(outbox.flusher)
-            if self.shutdown_retry is not None:
-                tasks.start_soon(self._watch_shutdown, outbox)
-            # The producer runs in the request's own task: an event it publishes goes
-            # to the socket without a task switch.
-            failure: Exception | None = None
+            # A callback, not a task per response waiting for the shutdown.
+            forget = on_shutdown(outbox.stop) if self.shutdown_retry is not None else None
             try:
-                await self._produce(outbox)
-            except _Ended:
-                pass
-            except Exception as exc:
-                failure = exc
-            with contextlib.suppress(_Ended):
-                await self._finish(send, outbox, failure)
+                # The producer runs in the request's own task: an event it publishes
+                # goes to the socket without a task switch.
+                failure: Exception | None = None
+                try:
+                    await self._produce(outbox)
+                except _Ended:
+                    pass
+                except Exception as exc:
+                    failure = exc
+                with contextlib.suppress(_Ended):
+                    await self._finish(send, outbox, failure)
+            finally:
+                if unwatch is not None:
+                    unwatch()
+                if forget is not None:
+                    forget()
             tasks.cancel_scope.cancel()
         if self.background is not None and outbox is not None and outbox.started:
             await self.background()
@@ -485,11 +554,6 @@ class EventStreamResponse(Response):
                 logger.debug("client disconnected; cancelling the stream")
                 scope.cancel()
                 return
-
-    @staticmethod
-    async def _watch_shutdown(outbox: _Outbox) -> None:
-        await wait_for_shutdown()
-        outbox.stop()
 
     async def _produce(self, outbox: _Outbox) -> None:
         sink = _OutboxSink(outbox)

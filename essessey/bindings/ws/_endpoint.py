@@ -64,17 +64,19 @@ from typing import Any, Final
 
 import anyio
 import orjson
+from anyio.abc import TaskGroup
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey._ids import MAX_ID_LENGTH, is_token
-from essessey._shutdown import shutting_down, wait_for_shutdown
+from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
     check_access,
     connection_aborter,
     resume_point,
     subscription_end,
     task_group,
+    watch_line,
 )
 from essessey.bindings.ws._frame import encode_frame
 from essessey.bindings.ws._source import CloseCode
@@ -177,12 +179,21 @@ async def websocket_subscription(
     line = _Line(websocket, ending, ping_interval, send_timeout)
     async with task_group() as tasks:
         line.cancel = tasks.cancel_scope
+        line.tasks = tasks
         tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
-        tasks.start_soon(line.watch)
-        tasks.start_soon(_watch_shutdown, line)
-        # The subscription is read in the request's own task and each event sent from
-        # here: at a model's pace an event costs one send and no task switch.
-        await _follow(hub, stream_id, last_event_id, line, ending)
+        unwatch = watch_line(line)
+        if unwatch is None:
+            tasks.start_soon(line.watch)  # no line watch on this loop: a timer of its own
+        # A callback, not a task per connection waiting for the shutdown.
+        forget = on_shutdown(line.stop)
+        try:
+            # The subscription is read in the request's own task and each event sent
+            # from here: at a model's pace an event costs one send and no task switch.
+            await _follow(hub, stream_id, last_event_id, line, ending)
+        finally:
+            if unwatch is not None:
+                unwatch()
+            forget()
         tasks.cancel_scope.cancel()
     if line.stalled and line.abort():
         # A send stalled (the watchdog cut it): a close frame would wait behind frames the
@@ -234,16 +245,6 @@ async def _watch_disconnect(
             return
 
 
-async def _watch_shutdown(line: _Line) -> None:
-    await wait_for_shutdown()
-    line.ending.shutdown = True
-    line.ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
-    # Never a send cut: a frame goes out whole or not at all. A send in progress sees
-    # the flag when it returns.
-    if not line.sending and line.cancel is not None:
-        line.cancel.cancel()
-
-
 async def _follow(
     hub: StreamHub,
     stream_id: str,
@@ -286,6 +287,7 @@ class _Line:
     __slots__ = (
         "_idle",
         "_ping",
+        "_pinging",
         "_timeout",
         "_wake",
         "abort",
@@ -295,6 +297,7 @@ class _Line:
         "send_began",
         "sending",
         "stalled",
+        "tasks",
         "websocket",
     )
 
@@ -312,6 +315,8 @@ class _Line:
         # Found now, in the request's own task (see connection_aborter).
         self.abort = connection_aborter()
         self.cancel: anyio.CancelScope | None = None
+        self.tasks: TaskGroup | None = None
+        self._pinging = False
         self.sending = False
         self.stalled = False
         self.send_began = 0.0
@@ -347,30 +352,53 @@ class _Line:
                 idle.set()
         return not ending.shutdown
 
+    def check(self, now: float) -> float | None:
+        """The line watch's look at this socket (see ``essessey.bindings._asgi``): end a
+        send stalled past send_timeout, send the keep-alive frame after ping_interval of
+        quiet; the time of the next deadline, or None once it is done."""
+        if self.stalled or self.ending.disconnected:
+            return None
+        if self.sending:
+            if now - self.send_began > self._timeout:
+                logger.warning(
+                    "a WebSocket send stalled for more than %.1f s; ending the subscription",
+                    self._timeout,
+                )
+                self.ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
+                self.stalled = True
+                if self.cancel is not None:
+                    self.cancel.cancel()
+                return None
+            return self.send_began + self._timeout
+        if now - self.last_sent >= self._ping:
+            if self.tasks is not None and not self._pinging:
+                self._pinging = True
+                self.tasks.start_soon(self._send_ping)
+            return now + self._ping
+        return self.last_sent + self._ping
+
+    async def _send_ping(self) -> None:
+        try:
+            await self.send(PING_FRAME)
+        finally:
+            self._pinging = False
+
     async def watch(self) -> None:
-        """Send the keep-alive frame when the socket was quiet for ping_interval; end
-        the subscription when a send stalled past send_timeout."""
+        """The timer of a loop without a line watch (not asyncio): :meth:`check` at
+        each deadline."""
         while True:
-            now = time.monotonic()
-            if self.sending:
-                if now - self.send_began > self._timeout:
-                    logger.warning(
-                        "a WebSocket send stalled for more than %.1f s; ending the subscription",
-                        self._timeout,
-                    )
-                    self.ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
-                    self.stalled = True
-                    if self.cancel is not None:
-                        self.cancel.cancel()
-                    return
-                wait = self.send_began + self._timeout - now
-            elif now - self.last_sent >= self._ping:
-                if not await self.send(PING_FRAME):
-                    return
-                continue
-            else:
-                wait = self.last_sent + self._ping - now
-            await anyio.sleep(min(wait, self._timeout))
+            at = self.check(time.monotonic())
+            if at is None:
+                return
+            await anyio.sleep(max(min(at - time.monotonic(), self._timeout), 0))
+
+    def stop(self) -> None:
+        """The server is shutting down: close with 1012, never cutting a send (a frame
+        goes out whole or not at all; a send in progress sees the flag when it ends)."""
+        self.ending.shutdown = True
+        self.ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
+        if not self.sending and self.cancel is not None:
+            self.cancel.cancel()
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
