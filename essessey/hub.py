@@ -309,8 +309,11 @@ class StreamHub:
                     await publisher.send_content_block_stop(block[0])
                 await publisher.send_stream_epilogue(StopReason.CANCELLED, 0)
                 return
-        except EssesseyError:
-            logger.warning("could not end the cancelled turn cleanly; sending an error")
+        except EssesseyError as exc:
+            logger.warning(
+                "could not end the cancelled turn cleanly (%s); sending an error",
+                type(exc).__name__,
+            )
         if failed or cancelled:
             await publisher.send_error("api_error", "the turn failed")
         else:

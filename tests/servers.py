@@ -25,6 +25,11 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     its base URL; the server is stopped, and its thread joined, on exit."""
     config.setdefault("log_level", "warning")
     config.setdefault("lifespan", "off")
+    # uvicorn's defaults pick httptools and uvloop when installed (the server extra has
+    # them); the in-process servers stay on h11 and asyncio unless a test asks, so a test
+    # meets the same server whatever is installed. Subprocess servers use the defaults.
+    config.setdefault("http", "h11")
+    config.setdefault("loop", "asyncio")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **config))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
