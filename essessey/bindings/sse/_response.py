@@ -97,8 +97,10 @@ class _Outbox:
     it lets go, so the events keep their order.
 
     The flusher task writes what is held when nobody else will (a producer that held
-    events and then went quiet), sends the keep-alive comment, and watches a send in
-    progress for ``send_timeout``: no timer is set per send.
+    events and then went quiet), sends the keep-alive comment when it is due and ends the
+    body when the server shuts down. The deadlines (the keep-alive, a send stalled past
+    ``send_timeout``) are kept by the event loop's line watch, which calls :meth:`check`
+    (on a loop without one, the flusher keeps them itself): no timer is set per send.
     """
 
     __slots__ = (
