@@ -344,21 +344,10 @@ class _Outbox:
                 except _Ended:
                     return
                 continue
-            if self.watched:
-                # The loop's line watch keeps the deadlines (see check): wait for work.
-                if self._ping_due and not self.sending:
-                    self._ping_due = False
-                    try:
-                        await self._send_all(_PING)
-                    except _Ended:
-                        return
-                    continue
-                wake = self._flusher_wake = anyio.Event()
-                await wake.wait()
-                continue
-            # No line watch on this loop (not asyncio): the flusher keeps the deadlines.
+            # Without a line watch on this loop (not asyncio), the flusher keeps the
+            # deadlines itself; with one, the watch calls check() and wakes it.
             now = time.monotonic()
-            if self.check(now) is None:
+            if not self.watched and self.check(now) is None:
                 return
             if self._ping_due and not self.sending:
                 self._ping_due = False
@@ -367,8 +356,11 @@ class _Outbox:
                 except _Ended:
                     return
                 continue
-            wait = (self.send_began + timeout if self.sending else self.last_sent + ping) - now
             wake = self._flusher_wake = anyio.Event()
+            if self.watched:
+                await wake.wait()
+                continue
+            wait = (self.send_began + timeout if self.sending else self.last_sent + ping) - now
             with anyio.move_on_after(max(min(wait, timeout), 0)):
                 await wake.wait()
 
