@@ -72,7 +72,7 @@ class _LoopState:
 
     def __init__(self) -> None:
         self.fired = False
-        self.waiters: set[anyio.Event | Callable[[], None]] = set()
+        self.waiters: set[Callable[[], None]] = set()
         self.watcher: asyncio.Task[None] | None = None
 
 
@@ -106,13 +106,10 @@ def _fire(state: _LoopState) -> None:
         if state.waiters:
             logger.info("the server is shutting down; ending %d open stream(s)", len(state.waiters))
     for waiter in list(state.waiters):
-        if isinstance(waiter, anyio.Event):
-            waiter.set()
-        else:
-            try:
-                waiter()
-            except Exception:
-                logger.exception("a shutdown callback failed")
+        try:
+            waiter()
+        except Exception:
+            logger.exception("a shutdown callback failed")
 
 
 def _server_is_exiting() -> bool:
@@ -179,26 +176,22 @@ def shutting_down() -> bool:
 
 async def wait_for_shutdown() -> None:
     """Return once the server of the running event loop is shutting down (at once when it
-    already is). What the SSE response and the WebSocket endpoint wait on; a long-lived
-    response of an app's own can wait on it too."""
-    loop = _current_loop()
-    state = _state_of(loop)
-    if state.fired:
-        return
-    waiter = anyio.Event()
-    state.waiters.add(waiter)
+    already is). A long-lived response of an app's own can wait on it; the SSE response
+    and the WebSocket endpoint use :func:`on_shutdown` instead."""
+    shutdown = anyio.Event()
+    forget = on_shutdown(shutdown.set)
     try:
-        _ensure_watcher(state, loop)
-        await waiter.wait()
+        await shutdown.wait()
     finally:
-        state.waiters.discard(waiter)
+        forget()
 
 
 def on_shutdown(callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback`` (at once when already) once the server of the running event
     loop shuts down; returns the function that cancels it. The callback runs in the
     loop's thread and must not block: what the SSE response and the WebSocket endpoint
-    use instead of a task per connection waiting on :func:`wait_for_shutdown`."""
+    use instead of a task per connection waiting on :func:`wait_for_shutdown`, which is
+    built on it."""
     loop = _current_loop()
     state = _state_of(loop)
     if state.fired:

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import socket
 import struct
+import time
 import traceback
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -44,7 +45,6 @@ __all__ = [
     "check_access",
     "connection_aborter",
     "resume_point",
-    "rewatch",
     "subscription_end",
     "task_group",
     "watch_line",
@@ -263,10 +263,11 @@ class _LineWatch:
         self.wake: asyncio.Event | None = None
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        # time.monotonic, not loop.time(): the lines stamp their sends with it (uvloop's
+        # loop.time() is libuv's cached clock).
         try:
             while self.lines:
-                now = loop.time()
+                now = time.monotonic()
                 due = now + _MAX_TICK
                 for line in list(self.lines):
                     try:
@@ -279,7 +280,7 @@ class _LineWatch:
                         due = at
                 wake = self.wake = asyncio.Event()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), max(due - loop.time(), 0.001))
+                    await asyncio.wait_for(wake.wait(), max(due - time.monotonic(), 0.001))
         finally:
             self.task = None
 
@@ -311,14 +312,3 @@ def watch_line(line: WatchedLine) -> Callable[[], None] | None:
         watch.lines.discard(line)
 
     return unwatch
-
-
-def rewatch(line: WatchedLine) -> None:
-    """Tell the line watch that ``line`` has a sooner deadline than it knew of."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    watch = _watches.get(loop)
-    if watch is not None and watch.wake is not None:
-        watch.wake.set()

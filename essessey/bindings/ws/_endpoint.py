@@ -35,10 +35,10 @@ Why it is shaped this way:
   comes (no queue, no task switch per frame), so a slow client falls behind in the
   store, where the hub's ``max_lag`` ends it (1013); a send stalled past
   ``send_timeout`` ends it with a log line: 1013, or under uvicorn a reset when bytes
-  are still waiting for the client (a close frame would queue behind them forever). One
-  watchdog per connection notices the stall; no timer is set per frame. The producer
-  is never slowed: it runs in the hub. (``max_queue`` is still accepted and checked, so
-  existing calls work, but nothing is queued any more.)
+  are still waiting for the client (a close frame would queue behind them forever). The
+  event loop's line watch notices the stall; no timer is set per frame or per
+  connection. The producer is never slowed: it runs in the hub. (``max_queue`` is
+  still accepted and checked, so existing calls work, but nothing is queued any more.)
 - When no frame went out for ``ping_interval`` seconds, a ``ping`` event frame
   (``{"event":"ping","data":{"type":"ping"}}``, no id) is sent: protocol-level pings are
   invisible to a page's script and to some proxies' idle timers.
