@@ -4,9 +4,9 @@ One definition each of what both need: the ``authorize`` check (:func:`check_acc
 the resume point a client asks for (:func:`resume_point`), what a subscription's end
 means to a client (:func:`subscription_end`: an HTTP status for SSE, a close code for
 WebSocket), a task group whose failure reaches the caller as the exception itself
-(:func:`task_group`), one timer task per event loop for every connection's keep-alive
-and stalled-send deadlines (:func:`watch_line`), and the one place that reaches into
-the server to abort a stalled connection (:func:`connection_aborter`).
+(:func:`task_group`), and one timer task per event loop for every connection's keep-alive
+and stalled-send deadlines (:func:`watch_line`). What reaches into the server itself (an
+abort, a write straight to the transport) is in ``essessey.bindings._server``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-import struct
 import time
 import traceback
 import weakref
@@ -43,7 +41,6 @@ __all__ = [
     "SubscriptionEnd",
     "WatchedLine",
     "check_access",
-    "connection_aborter",
     "resume_point",
     "subscription_end",
     "task_group",
@@ -165,69 +162,6 @@ async def task_group() -> AsyncIterator[TaskGroup]:
         if error is group:
             raise
         raise error from error.__cause__
-
-
-def connection_aborter() -> Callable[[], bool]:
-    """A function that aborts the server's connection of the current request, when it
-    still holds bytes the client has not taken; it returns whether it did.
-
-    Call it from the request's own task (where the ASGI app was called), before the
-    connection could stall; call what it returns when a send stalled past its timeout.
-
-    ASGI has no way to say "abort". uvicorn closes the transport when the app returns,
-    and an asyncio transport closes gracefully: it waits for its buffer to drain, which a
-    client that stopped reading never lets happen, so the socket, its kernel buffers and
-    the unsent bytes would stay until that client leaves. uvicorn has no public API for
-    the transport: it is found the way uvicorn runs an app, the current task being its
-    ``run_asgi``, whose ``self`` holds the connection's ``transport`` (duck typed; uvicorn
-    is never imported). This is the one place that reads uvicorn's internals;
-    tests/test_asgi_layer.py fails loudly if it stops finding the transport. Elsewhere
-    (another server, a loop other than asyncio) the function does nothing. Nothing is
-    aborted while the buffer is empty: such a connection closes by itself (and with
-    HTTP/2 it may carry other streams).
-    """
-    transport = _current_transport()
-    if transport is None:
-        return _no_abort
-    abort = transport.abort
-    buffered = transport.get_write_buffer_size
-
-    def abort_if_stalled() -> bool:
-        if not buffered():
-            return False
-        logger.debug("aborting the stalled connection (%d bytes unsent)", buffered())
-        extra = getattr(transport, "get_extra_info", None)
-        sock = extra("socket") if callable(extra) else None
-        if sock is not None:
-            # A reset, not a FIN (SO_LINGER on, 0 s): closed with bytes unsent, the
-            # socket would otherwise stay in the kernel, buffers and all, for minutes,
-            # probing a receive window that never opens.
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        abort()
-        return True
-
-    return abort_if_stalled
-
-
-def _no_abort() -> bool:
-    return False
-
-
-def _current_transport() -> Any:
-    """uvicorn's transport for the current request, or None (see connection_aborter)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no asyncio loop running (trio)
-        return None
-    frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
-    owner = frame.f_locals.get("self") if frame is not None else None
-    transport = getattr(owner, "transport", None)
-    if callable(getattr(transport, "abort", None)) and callable(
-        getattr(transport, "get_write_buffer_size", None)
-    ):
-        return transport
-    return None
 
 
 class WatchedLine(Protocol):

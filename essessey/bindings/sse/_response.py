@@ -51,7 +51,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from essessey._shutdown import on_shutdown, shutting_down
-from essessey.bindings._asgi import connection_aborter, task_group, watch_line
+from essessey.bindings._asgi import task_group, watch_line
+from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
@@ -107,6 +108,7 @@ class _Outbox:
         "_abort",
         "_burst_until",
         "_cancel",
+        "_direct",
         "_flusher_wake",
         "_held",
         "_held_bytes",
@@ -126,7 +128,7 @@ class _Outbox:
     )
 
     def __init__(
-        self, response: EventStreamResponse, send: Send, cancel: anyio.CancelScope
+        self, response: EventStreamResponse, send: Send, cancel: anyio.CancelScope, method: str
     ) -> None:
         self._response = response
         self._send = send
@@ -134,6 +136,11 @@ class _Outbox:
         # Found now, in the request's own task: the watchdog that may need it runs in
         # another task (see connection_aborter).
         self._abort = connection_aborter()
+        # A body chunk written straight to the server's transport costs a fraction of an
+        # ASGI send (see body_writer); None where that is not safe.
+        self._direct: BodyWriter | None = body_writer(
+            send, method, response.status_code, response.raw_headers
+        )
         self._held: list[bytes] = []
         self._held_bytes = 0
         self._room: anyio.Event | None = None  # set when held events went out
@@ -157,28 +164,39 @@ class _Outbox:
         """Whether events wait for the next send."""
         return bool(self._held)
 
-    def holds(self) -> bool:
-        """Whether the next frame would be held (a send is in progress, frames are held
-        already, or this is a burst) rather than written at once; False too when the
-        held frames are at ``max_queue`` (then :meth:`write` waits for room)."""
+    def offer(self, frame: bytes) -> bool:
+        """Take ``frame`` without waiting: written now, straight to the server's
+        transport, when the line is free and this is no burst; held for the next send
+        when a send is in progress, frames are held already or this is a burst. False,
+        having done nothing, when it must go through :meth:`write` (an ASGI send, or
+        ``max_queue`` frames held already)."""
         if self.ended:
             raise _Ended
-        if not self.sending and not self._held and time.monotonic() > self._burst_until:
+        if not self.sending and not self._held:
+            now = time.monotonic()
+            if now > self._burst_until:
+                # The paced path: one event and a free line.
+                direct = self._direct
+                if direct is None or not self.started or self.stopping:
+                    return False
+                if not direct.write(frame):
+                    return False
+                self.last_sent = now
+                self._burst_until = now + _BURST
+                return True
+        if len(self._held) >= self._response.max_queue:
             return False
-        return len(self._held) < self._response.max_queue
-
-    def hold(self, frame: bytes) -> None:
-        """Keep ``frame`` for the next send; only after :meth:`holds` said so."""
         self._held.append(frame)
         self._held_bytes += len(frame)
         if not self.sending:
             self._wake_flusher()
+        return True
 
     async def write(self, frame: bytes) -> None:
         """Send ``frame`` now, or hold it while another send is in progress (waiting
         for room when ``max_queue`` events are held already)."""
         if not (self.sending or self._held or self.ended or self.stopping) and self.started:
-            # The paced path, one event and a free line: the send itself, nothing more.
+            # One event and a free line: the send itself, nothing more.
             self.sending = True
             self.send_began = time.monotonic()
             try:
@@ -299,6 +317,8 @@ class _Outbox:
                     }
                 )
                 body = response._retry + body
+            elif more and self._direct is not None and self._direct.write(body):
+                return
             await self._send({"type": "http.response.body", "body": body, "more_body": more})
         except OSError:
             logger.debug("the client went away during a send")
@@ -400,25 +420,32 @@ class _Outbox:
 class _OutboxSink:
     """The sink a producer writes into: each event framed and handed to the outbox."""
 
-    __slots__ = ("_outbox",)
+    __slots__ = ("_framed", "_outbox")
 
     def __init__(self, outbox: _Outbox) -> None:
         self._outbox = outbox
+        # The last event offered and not taken, framed: emit() then sends these bytes
+        # instead of framing the event again.
+        self._framed: tuple[Event, bytes] | None = None
 
     def emit_nowait(self, event: Event) -> bool:
         outbox = self._outbox
-        if not outbox.holds():
-            return False  # the Publisher calls emit(), which writes it now
-        outbox.hold(encode(event))
-        outbox.last_was_error = event.event == EventType.ERROR
-        return True
+        frame = encode(event)
+        if outbox.offer(frame):
+            outbox.last_was_error = event.event == EventType.ERROR
+            return True
+        self._framed = (event, frame)
+        return False  # the Publisher calls emit(), which sends it
 
     def emit(self, event: Event) -> Coroutine[Any, Any, None]:
         # A plain function returning the write's coroutine: one coroutine frame fewer on
-        # the path of every event at a model's pace.
+        # the path of every event that must wait.
         outbox = self._outbox
         outbox.last_was_error = event.event == EventType.ERROR
-        return outbox.write(encode(event))
+        framed = self._framed
+        self._framed = None
+        frame = framed[1] if framed is not None and framed[0] is event else encode(event)
+        return outbox.write(frame)
 
     async def emit_many(self, events: Sequence[Event]) -> None:
         # Many events ready at once (a Publisher's batched deltas): one write.
@@ -513,7 +540,7 @@ class EventStreamResponse(Response):
             return
         outbox: _Outbox | None = None
         async with task_group() as tasks:
-            outbox = _Outbox(self, send, tasks.cancel_scope)
+            outbox = _Outbox(self, send, tasks.cancel_scope, scope.get("method", "GET"))
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
             unwatch = watch_line(outbox)
             outbox.watched = unwatch is not None

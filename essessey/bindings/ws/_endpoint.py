@@ -72,12 +72,12 @@ from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
     check_access,
-    connection_aborter,
     resume_point,
     subscription_end,
     task_group,
     watch_line,
 )
+from essessey.bindings._server import connection_aborter
 from essessey.bindings.ws._frame import encode_frame
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event

@@ -1,0 +1,218 @@
+"""The one place that reaches past ASGI into the server (uvicorn) and Starlette.
+
+ASGI gives an app two things it cannot do through ``send``: abort a connection whose
+client stopped reading (:func:`connection_aborter`), and write a response body's chunk
+without the server's per-message work (:func:`body_writer`). uvicorn has no public API
+for either, so both find the connection the way uvicorn runs an app: the current task is
+its ``run_asgi``, whose ``self`` (the request's cycle) holds the connection's
+``transport``. Everything here is duck typed (uvicorn is never imported) and checked
+before it is used; anything unexpected (another server, a loop other than asyncio, a
+middleware that wraps ``send``) means "not found", and the bindings go through ASGI as
+any app does. tests/test_server_reach.py fails loudly, under every HTTP and WebSocket
+implementation uvicorn is run with in the tests, when one of these stops being found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final
+
+__all__ = ["BodyWriter", "body_writer", "connection_aborter"]
+
+logger = logging.getLogger("essessey.bindings")
+
+
+def _current_cycle() -> Any:
+    """uvicorn's cycle (its per-request object) for the current task, or None."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop running (trio)
+        return None
+    frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
+    return frame.f_locals.get("self") if frame is not None else None
+
+
+def _transport_of(cycle: Any) -> Any:
+    transport = getattr(cycle, "transport", None)
+    if all(
+        callable(getattr(transport, name, None))
+        for name in ("abort", "write", "is_closing", "get_write_buffer_size")
+    ):
+        return transport
+    return None
+
+
+def connection_aborter() -> Callable[[], bool]:
+    """A function that aborts the server's connection of the current request, when it
+    still holds bytes the client has not taken; it returns whether it did.
+
+    Call it from the request's own task (where the ASGI app was called), before the
+    connection could stall; call what it returns when a send stalled past its timeout.
+
+    ASGI has no way to say "abort". uvicorn closes the transport when the app returns,
+    and an asyncio transport closes gracefully: it waits for its buffer to drain, which a
+    client that stopped reading never lets happen, so the socket, its kernel buffers and
+    the unsent bytes would stay until that client leaves. Elsewhere (another server, a
+    loop other than asyncio) the function does nothing. Nothing is aborted while the
+    buffer is empty: such a connection closes by itself (and with HTTP/2 it may carry
+    other streams).
+    """
+    transport = _transport_of(_current_cycle())
+    if transport is None:
+        return _no_abort
+    abort = transport.abort
+    buffered = transport.get_write_buffer_size
+
+    def abort_if_stalled() -> bool:
+        if not buffered():
+            return False
+        logger.debug("aborting the stalled connection (%d bytes unsent)", buffered())
+        extra = getattr(transport, "get_extra_info", None)
+        sock = extra("socket") if callable(extra) else None
+        if sock is not None:
+            # A reset, not a FIN (SO_LINGER on, 0 s): closed with bytes unsent, the
+            # socket would otherwise stay in the kernel, buffers and all, for minutes,
+            # probing a receive window that never opens.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        abort()
+        return True
+
+    return abort_if_stalled
+
+
+def _no_abort() -> bool:
+    return False
+
+
+# -- writing a body's chunks straight to the transport -------------------------------
+
+
+def _inner_codes(code: types.CodeType, name: str) -> Iterator[types.CodeType]:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name:
+                yield const
+            yield from _inner_codes(const, name)
+
+
+def _observing_wrappers() -> frozenset[types.CodeType]:
+    """The code of Starlette's own ``send`` wrappers that only note that the response
+    started (its exception handling and its error middleware, on every route of a
+    Starlette or FastAPI app), so that a body chunk that skips them changes nothing."""
+    try:
+        from starlette import _exception_handler
+        from starlette.middleware.errors import ServerErrorMiddleware
+    except ImportError:
+        return frozenset()
+    wrappers: Iterable[types.CodeType] = (
+        *_inner_codes(_exception_handler.wrap_app_handling_exceptions.__code__, "sender"),
+        *_inner_codes(ServerErrorMiddleware.__call__.__code__, "_send"),
+    )
+    return frozenset(code for code in wrappers if "send" in code.co_freevars)
+
+
+_OBSERVING_WRAPPERS: Final = _observing_wrappers()
+_MAX_WRAPPERS: Final = 16
+
+
+def _sends_to(send: Any, cycle: Any) -> bool:
+    """Whether ``send`` is ``cycle``'s own send, under nothing but observing wrappers."""
+    for _ in range(_MAX_WRAPPERS):
+        if getattr(send, "__self__", None) is cycle:
+            return getattr(send, "__name__", None) == "send"
+        code = getattr(send, "__code__", None)
+        if code not in _OBSERVING_WRAPPERS:
+            return False  # a middleware that may change the body: leave it to ASGI
+        closure = send.__closure__
+        send = closure[code.co_freevars.index("send")].cell_contents
+    return False
+
+
+_FLOW_LIMIT: Final = 64 * 1024
+"""Bytes the transport may already hold for a direct write to go ahead (asyncio's own
+high-water mark): above it, the write goes through ASGI, whose send waits for the client."""
+
+
+class BodyWriter:
+    """Writes an HTTP/1.1 chunked response body's chunks straight to uvicorn's
+    transport: what the server's ``send`` would write, byte for byte, without its
+    per-message work (for h11, most of what a send costs).
+
+    :meth:`write` does it only while it is safe: the response started, chunked, not
+    ended, the transport open and not holding more than asyncio's high-water mark. When
+    it returns False nothing was written, and the caller sends the chunk through ASGI
+    (whose send waits for a slow client, so the flow control and the stalled-send watch
+    stay ASGI's).
+    """
+
+    __slots__ = ("_chunked", "_cycle", "_transport")
+
+    def __init__(self, cycle: Any, transport: Any) -> None:
+        self._cycle = cycle
+        self._transport = transport
+        self._chunked: bool | None = None  # known once the response has started
+
+    def _is_chunked(self) -> bool:
+        cycle = self._cycle
+        if not getattr(cycle, "response_started", False):
+            return False  # not yet: asked again on the next write
+        # httptools: uvicorn frames the body itself and says how.
+        chunked = getattr(cycle, "chunked_encoding", None)
+        if chunked is None:
+            # h11: a response without a length to an HTTP/1.1 peer is chunked (the
+            # caller has checked that the response has neither length nor encoding).
+            version = getattr(getattr(cycle, "conn", None), "their_http_version", None)
+            chunked = version == b"1.1"
+        self._chunked = chunked is True
+        return self._chunked
+
+    def write(self, chunk: bytes) -> bool:
+        """Write ``chunk`` as one chunk of the body now; False, having written nothing,
+        when it must go through ASGI instead."""
+        if not chunk:
+            return True  # an empty chunk would end a chunked body; ASGI writes nothing
+        if not (self._chunked or (self._chunked is None and self._is_chunked())):
+            return False
+        transport = self._transport
+        # A client gone closes the transport (uvicorn's connection_lost), so is_closing()
+        # covers it; the body's end is the cycle's.
+        if (
+            transport.get_write_buffer_size() > _FLOW_LIMIT
+            or transport.is_closing()
+            or self._cycle.response_complete
+        ):
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+
+def body_writer(
+    send: Any, method: str, status: int, headers: Iterable[tuple[bytes, bytes]]
+) -> BodyWriter | None:
+    """A :class:`BodyWriter` for the current request's response, or None when the
+    chunks must go through ASGI: another server, a ``send`` wrapped by a middleware that
+    may change the body (anything but Starlette's own observing wrappers), a HEAD
+    request, a status without a body, or a response that sets its own length or
+    encoding. Call it from the request's own task, before the response starts."""
+    if method == "HEAD" or status < 200 or status in (204, 304):
+        return None
+    for name, _ in headers:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            return None
+    cycle = _current_cycle()
+    transport = _transport_of(cycle)
+    if (
+        transport is None
+        or not isinstance(getattr(cycle, "response_started", None), bool)
+        or not isinstance(getattr(cycle, "response_complete", None), bool)
+        or not _sends_to(send, cycle)
+    ):
+        return None
+    return BodyWriter(cycle, transport)

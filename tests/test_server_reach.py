@@ -1,0 +1,178 @@
+"""What reaches past ASGI into uvicorn (essessey/bindings/_server.py), on a real uvicorn.
+
+uvicorn has no public API for a request's transport, which the stalled-connection abort
+and the direct body writes need: these tests fail loudly, under every HTTP and WebSocket
+implementation uvicorn is run with here, when that stops working (a direct write not
+found is no error, only a slower stream, so only these tests would notice).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import websockets
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from essessey.bindings._server import body_writer, connection_aborter
+from tests.servers import serve
+
+# h11 always; httptools where it is installed (uvicorn[standard]).
+HTTP_IMPLEMENTATIONS = ["h11"] + (["httptools"] if importlib.util.find_spec("httptools") else [])
+
+
+def _probe_app() -> Starlette:
+    async def http(request: Request) -> JSONResponse:
+        abort = connection_aborter()
+        # Found: a real aborter (not the do-nothing one), which with nothing buffered
+        # does not abort a healthy connection.
+        return JSONResponse({"found": abort.__name__ != "_no_abort", "aborted": abort()})
+
+    async def ws(websocket: WebSocket) -> None:
+        await websocket.accept()
+        abort = connection_aborter()
+        await websocket.send_json({"found": abort.__name__ != "_no_abort", "aborted": abort()})
+        await websocket.close()
+
+    return Starlette(routes=[Route("/http", http), WebSocketRoute("/ws", ws)])
+
+
+@pytest.mark.parametrize("http", HTTP_IMPLEMENTATIONS)
+def test_the_aborter_finds_uvicorns_transport_for_http(http: str) -> None:
+    with serve(_probe_app(), http=http) as base:
+        answer = httpx.get(f"{base}/http", timeout=10).json()
+    assert answer == {"found": True, "aborted": False}, (
+        "connection_aborter no longer finds uvicorn's transport: stalled connections would "
+        "hold their sockets until the client reads (see essessey/bindings/_asgi.py)"
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("ws", ["websockets", "websockets-sansio"])
+async def test_the_aborter_finds_uvicorns_transport_for_websockets(ws: str) -> None:
+    with serve(_probe_app(), ws=ws) as base:
+        async with websockets.connect(base.replace("http", "ws") + "/ws") as socket:
+            answer = json.loads(await socket.recv())
+    assert answer == {"found": True, "aborted": False}
+
+
+def test_outside_uvicorn_the_aborter_does_nothing() -> None:
+    async def main() -> Any:
+        return connection_aborter()()
+
+    assert anyio.run(main) is False
+
+
+class _DirectProbe(Response):
+    """Writes its body as direct chunks around an ASGI one: what reaches the client says
+    which went out (the ASGI chunk always does)."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__()
+        self.probe_headers = headers or [(b"content-type", b"text/plain")]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = body_writer(send, scope["method"], 200, self.probe_headers)
+        # Refused before the start and after the end: bytes there would break the
+        # status line or follow the body's end, which both checks below would see.
+        if writer is not None:
+            writer.write(b"too early ")
+        await send({"type": "http.response.start", "status": 200, "headers": self.probe_headers})
+        if writer is not None:
+            writer.write(b"direct ")
+        await send({"type": "http.response.body", "body": b"asgi", "more_body": True})
+        if writer is not None:
+            writer.write(b" direct")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if writer is not None:
+            writer.write(b" too late")
+
+
+async def _probe(request: Request) -> Response:
+    return _DirectProbe()
+
+
+async def _bare(scope: Scope, receive: Receive, send: Send) -> None:
+    await _DirectProbe()(scope, receive, send)
+
+
+def _fastapi() -> FastAPI:
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_api_route("/", _probe)
+    return app
+
+
+APPS = {
+    "bare-asgi": lambda: _bare,
+    "starlette-route": lambda: Starlette(routes=[Route("/", _probe)]),
+    "fastapi-route": _fastapi,
+}
+
+
+def _raw_get(base: str, version: str = "1.1") -> bytes:
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET / HTTP/{version}\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+@pytest.mark.parametrize("http", HTTP_IMPLEMENTATIONS)
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_direct_body_writes_reach_the_client_framed_as_uvicorn_frames_them(
+    http: str, app: str
+) -> None:
+    with serve(APPS[app](), http=http) as base:
+        response = httpx.get(base + "/", timeout=10)
+        raw = _raw_get(base)
+    assert response.text == "direct asgi direct", (
+        f"body_writer is not found under uvicorn's {http} in a {app} app: SSE events go "
+        "through ASGI sends, at several times the cost (see essessey/bindings/_server.py)"
+    )
+    # The chunks as the server itself frames them, the end included.
+    assert raw.split(b"\r\n\r\n", 1)[1] == b"7\r\ndirect \r\n4\r\nasgi\r\n7\r\n direct\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("http", HTTP_IMPLEMENTATIONS)
+def test_a_middleware_that_wraps_send_keeps_every_chunk_on_asgi(http: str) -> None:
+    app = Starlette(
+        routes=[Route("/", _probe)], middleware=[Middleware(GZipMiddleware, minimum_size=1)]
+    )
+    with serve(app, http=http) as base:
+        response = httpx.get(base + "/", headers={"accept-encoding": "gzip"}, timeout=10)
+    assert response.headers["content-encoding"] == "gzip"
+    assert response.text == "asgi"  # compressed by the middleware, no direct chunk
+
+
+def test_an_http_10_client_is_not_sent_chunks_under_h11() -> None:
+    # h11 frames a lengthless body to an HTTP/1.0 peer by closing the connection.
+    with serve(_bare, http="h11") as base:
+        raw = _raw_get(base, version="1.0")
+    assert raw.split(b"\r\n\r\n", 1)[1] == b"asgi"
+
+
+@pytest.mark.anyio
+async def test_a_response_with_its_own_framing_or_without_a_body_is_left_to_asgi() -> None:
+    async def none(_: Any) -> None:
+        raise AssertionError("not called")
+
+    assert body_writer(none, "HEAD", 200, []) is None
+    assert body_writer(none, "GET", 204, []) is None
+    assert body_writer(none, "GET", 200, [(b"Content-Length", b"3")]) is None
+    assert body_writer(none, "GET", 200, [(b"transfer-encoding", b"chunked")]) is None
+    assert body_writer(none, "GET", 200, []) is None  # not in a uvicorn request's task
