@@ -169,7 +169,10 @@ def shutting_down() -> bool:
     """Whether the server of the running event loop is shutting down: :func:`begin_shutdown`
     was called, or uvicorn's shutdown is detected (when detection is on)."""
     state = _state_of(_current_loop())
-    if not state.fired and _Settings.detect and _server_is_exiting():
+    # While streams are open their watcher looks every interval (detection lags by up to
+    # that anyway); reading the handlers costs some 15 us (signal.getsignal tries, and
+    # fails, to make an enum of a bound method), too much for every stream that opens.
+    if not state.fired and _Settings.detect and state.watcher is None and _server_is_exiting():
         _fire(state)
     return state.fired
 

@@ -17,7 +17,7 @@ import logging
 import time
 import traceback
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -38,9 +38,11 @@ from essessey.hub import Access, StreamHub
 
 __all__ = [
     "CHECK_FAILED",
+    "ConnectionTasks",
     "SubscriptionEnd",
     "WatchedLine",
     "check_access",
+    "connection_tasks",
     "resume_point",
     "subscription_end",
     "task_group",
@@ -162,6 +164,99 @@ async def task_group() -> AsyncIterator[TaskGroup]:
         if error is group:
             raise
         raise error from error.__cause__
+
+
+class ConnectionTasks(Protocol):
+    """The helper tasks of one connection (its flusher, its watch for the client
+    leaving, a ping) beside its body, which runs in the request's own task."""
+
+    @property
+    def cancel_scope(self) -> anyio.CancelScope:
+        """The scope of the body and its helpers: cancel it to end them all."""
+        ...
+
+    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start a helper task."""
+        ...
+
+
+class _LoopTasks:
+    """Helpers as plain tasks of the asyncio loop: an anyio task group, its tasks and its
+    cancellation cost about five times as much per connection (0.19 ms against 0.035 ms
+    for two helpers here), which every stream pays at its start and end. A helper that
+    fails cancels the body, and :func:`connection_tasks` raises its exception."""
+
+    __slots__ = ("_loop", "_tasks", "cancel_scope", "failure")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.cancel_scope = anyio.CancelScope()
+        self.failure: BaseException | None = None
+
+    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        task = self._loop.create_task(_run(func, args))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()  # retrieved, so asyncio never logs it as lost
+        if error is not None and self.failure is None:
+            self.failure = error
+            self.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+async def _run(func: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...]) -> None:
+    await func(*args)
+
+
+class _GroupTasks:
+    """Helpers in an anyio task group (any loop but asyncio's: trio)."""
+
+    __slots__ = ("_group",)
+
+    def __init__(self, group: TaskGroup) -> None:
+        self._group = group
+
+    @property
+    def cancel_scope(self) -> anyio.CancelScope:
+        return self._group.cancel_scope
+
+    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        self._group.start_soon(func, *args)
+
+
+@asynccontextmanager
+async def connection_tasks() -> AsyncIterator[ConnectionTasks]:
+    """A connection's helper tasks and the cancel scope of its body: on leaving, the
+    helpers still running are cancelled (the body's own end is not waited on by them);
+    a helper's failure cancels the body and is raised here as the exception itself."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None:
+        async with task_group() as group:
+            try:
+                yield _GroupTasks(group)
+            finally:
+                group.cancel_scope.cancel()
+        return
+    tasks = _LoopTasks(loop)
+    try:
+        with tasks.cancel_scope:
+            yield tasks
+    finally:
+        tasks.stop()
+    if tasks.failure is not None:
+        raise tasks.failure
 
 
 class WatchedLine(Protocol):

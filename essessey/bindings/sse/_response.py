@@ -51,7 +51,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from essessey._shutdown import on_shutdown, shutting_down
-from essessey.bindings._asgi import task_group, watch_line
+from essessey.bindings._asgi import connection_tasks, watch_line
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
@@ -539,7 +539,7 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.body", "body": self._shutdown_tail})
             return
         outbox: _Outbox | None = None
-        async with task_group() as tasks:
+        async with connection_tasks() as tasks:
             outbox = _Outbox(self, send, tasks.cancel_scope, scope.get("method", "GET"))
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
             unwatch = watch_line(outbox)
@@ -564,7 +564,6 @@ class EventStreamResponse(Response):
                     unwatch()
                 if forget is not None:
                     forget()
-            tasks.cancel_scope.cancel()
         if self.background is not None and outbox is not None and outbox.started:
             await self.background()
 

@@ -64,17 +64,17 @@ from typing import Any, Final
 
 import anyio
 import orjson
-from anyio.abc import TaskGroup
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
+    ConnectionTasks,
     check_access,
+    connection_tasks,
     resume_point,
     subscription_end,
-    task_group,
     watch_line,
 )
 from essessey.bindings._server import connection_aborter
@@ -177,7 +177,7 @@ async def websocket_subscription(
         return
     ending = _Ending()
     line = _Line(websocket, ending, ping_interval, send_timeout)
-    async with task_group() as tasks:
+    async with connection_tasks() as tasks:
         line.cancel = tasks.cancel_scope
         line.tasks = tasks
         tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
@@ -194,7 +194,6 @@ async def websocket_subscription(
             if unwatch is not None:
                 unwatch()
             forget()
-        tasks.cancel_scope.cancel()
     if line.stalled and line.abort():
         # A send stalled (the watchdog cut it): a close frame would wait behind frames the
         # client is not reading, and the server would hold the socket until it reads.
@@ -315,7 +314,7 @@ class _Line:
         # Found now, in the request's own task (see connection_aborter).
         self.abort = connection_aborter()
         self.cancel: anyio.CancelScope | None = None
-        self.tasks: TaskGroup | None = None
+        self.tasks: ConnectionTasks | None = None
         self._pinging = False
         self.sending = False
         self.stalled = False
