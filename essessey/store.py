@@ -17,9 +17,9 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from itertools import islice
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 import anyio
 
@@ -81,6 +81,36 @@ class EventStore(Protocol):
         ...
 
 
+Deliver: TypeAlias = Callable[[Event], bool]
+"""A reader's way to take an event in the writer's own append: True when it took the
+event (written to its connection, or held for its next write), False when it cannot now
+(then its follower wakes and reads the event as usual). It must not raise or wait."""
+
+
+class _Follower:
+    """One follower of a stream: its position and, while it waits, how it is woken.
+
+    While it waits caught up (its next event is the next to be appended), an append hands
+    a follower with ``deliver`` the new event in the writer's own call, and it stays
+    parked, its position moved on: at a model's pace an event then reaches a connection
+    without a task switch or the generators between the store and the connection."""
+
+    __slots__ = ("cursor", "deliver", "signal")
+
+    def __init__(self, cursor: int, deliver: Deliver | None) -> None:
+        self.cursor = cursor  # the sequence of the next event this follower reads
+        self.deliver = deliver
+        self.signal: asyncio.Future[None] | anyio.Event | None = None
+
+    def wake(self) -> None:
+        signal = self.signal
+        if isinstance(signal, asyncio.Future):
+            if not signal.done():
+                signal.set_result(None)
+        elif signal is not None:
+            signal.set()
+
+
 class _Stream:
     __slots__ = ("closed", "epoch", "events", "first_seq", "next_seq", "updated", "waiters")
 
@@ -91,48 +121,62 @@ class _Stream:
         self.next_seq = 1
         self.closed = False
         self.updated = time.monotonic()
-        # One per follower waiting for the next change: an asyncio future on asyncio
-        # (the cheapest wake-up there is, and every append of a paced turn wakes its
-        # followers), an anyio Event on any other backend. Each follower has its own,
-        # so a follower cancelled while it waits cancels nobody else's wait.
-        self.waiters: list[asyncio.Future[None] | anyio.Event] = []
+        # The followers waiting for the next change, each with its own wake-up (an
+        # asyncio future on asyncio, the cheapest there is; an anyio Event on any other
+        # backend), so a follower cancelled while it waits cancels nobody else's wait.
+        self.waiters: list[_Follower] = []
 
-    def wake(self) -> None:
+    def wake(self, appended: Event | None = None) -> None:
+        """A change: ``appended`` (the event at ``next_seq - 1``), or a close or drop
+        (None), which wakes every follower."""
         waiters = self.waiters
-        if waiters:
-            self.waiters = []
-            for waiter in waiters:
-                if isinstance(waiter, asyncio.Future):
-                    if not waiter.done():
-                        waiter.set_result(None)
-                else:
-                    waiter.set()
+        if not waiters:
+            return
+        self.waiters = []
+        seq = self.next_seq - 1
+        for follower in waiters:
+            deliver = follower.deliver
+            if appended is not None and deliver is not None and follower.cursor == seq:
+                try:
+                    taken = deliver(appended)
+                except Exception:  # a reader's bug must not fail the writer's append
+                    logger.exception("a follower's delivery failed; waking it instead")
+                    follower.deliver = None
+                    taken = False
+                if taken:
+                    follower.cursor = seq + 1
+                    self.waiters.append(follower)
+                    continue
+            follower.wake()
 
-    async def wait(self) -> None:
-        """Until the next change (an append, a close, a drop)."""
+    async def wait(self, follower: _Follower) -> None:
+        """Until the next change the follower must read itself (an append it did not
+        take, a close, a drop)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not asyncio (trio): anyio's portable event
             event = anyio.Event()
-            self.waiters.append(event)
+            follower.signal = event
+            self.waiters.append(follower)
             try:
                 await event.wait()
             finally:
-                self._forget(event)
+                self._forget(follower)
             return
         future: asyncio.Future[None] = loop.create_future()
-        self.waiters.append(future)
+        follower.signal = future
+        self.waiters.append(follower)
         try:
             await future
         except BaseException:
-            # Cancelled while waiting (the client left): take the future off the list,
+            # Cancelled while waiting (the client left): take the follower off the list,
             # or a quiet stream would collect one per departed follower.
-            self._forget(future)
+            self._forget(follower)
             raise
 
-    def _forget(self, waiter: asyncio.Future[None] | anyio.Event) -> None:
+    def _forget(self, follower: _Follower) -> None:
         with contextlib.suppress(ValueError):
-            self.waiters.remove(waiter)
+            self.waiters.remove(follower)
 
 
 class InMemoryEventStore:
@@ -211,7 +255,7 @@ class InMemoryEventStore:
         stream.next_seq = seq + 1
         stream.closed = False
         stream.updated = now
-        stream.wake()
+        stream.wake(stored)
         if len(self._streams) > self.max_streams:
             self._expire(now)
         return stored
@@ -263,22 +307,40 @@ class InMemoryEventStore:
         # islice walks the deque once; indexing it is O(n) away from its ends.
         return list(islice(stream.events, start - stream.first_seq, None)), True
 
-    async def follow(
+    def follow(
         self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
     ) -> AsyncIterator[Event]:
         """Replay, then live events, until the stream is closed and drained."""
+        return self.follow_delivering(stream_id, last_event_id, max_lag=max_lag)
+
+    async def follow_delivering(
+        self,
+        stream_id: str,
+        last_event_id: str | None = None,
+        *,
+        max_lag: int | None = None,
+        deliver: Deliver | None = None,
+    ) -> AsyncIterator[Event]:
+        """:meth:`follow`; and while the follower waits caught up, each new event is
+        offered to ``deliver`` in the append itself, and what it takes is not yielded.
+
+        For a reader whose connection can take an event without waiting (essessey's SSE
+        subscription response): the events reach it in the same order, none twice and
+        none skipped, whichever way each one goes.
+        """
         stream = self._get(stream_id)
         if stream is None:
             raise StreamNotFound(f"no stream {stream_id!r}")
         start = self._start(stream, last_event_id)
         if start is None:
             raise UnknownEventId(f"event id is not retained for stream {stream_id!r}")
-        cursor = start  # the sequence of the next event to yield
+        me = _Follower(start, deliver)
         # Lag counts only what was appended after the follower started: the backlog it
         # replays first is not a sign of a slow reader, and counting it would end a
         # resuming follower before its first event, again at every attempt.
         live_from = stream.next_seq
         while True:
+            cursor = me.cursor
             if self._streams.get(stream_id) is not stream:
                 if stream.closed and cursor >= stream.next_seq:
                     return  # expired after we had everything
@@ -293,12 +355,12 @@ class InMemoryEventStore:
                 )
             if cursor < stream.next_seq:
                 event = stream.events[cursor - stream.first_seq]
-                cursor += 1
+                me.cursor = cursor + 1
                 yield event
                 continue
             if stream.closed:
                 return
-            await stream.wait()
+            await stream.wait(me)
 
     async def open_stream(self, stream_id: str) -> None:
         """Create the stream if needed and mark it open for followers to wait on."""

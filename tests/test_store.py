@@ -520,3 +520,112 @@ async def test_open_stream_lets_a_follower_wait_for_the_first_event() -> None:
             await wait_until(lambda: len(got) == 1, "the first event")
             await store.close_stream("s")
     assert got == [first]
+
+
+# -- delivery in the append (follow_delivering) -----------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    plan=st.lists(
+        st.tuples(
+            st.integers(min_value=1, max_value=4),  # events appended at once
+            st.booleans(),  # does the reader take the next one offered?
+            st.integers(min_value=0, max_value=2),  # checkpoints before the next append
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    replayed=st.integers(min_value=0, max_value=3),
+)
+def test_a_follower_that_takes_some_events_in_the_append_gets_each_once_in_order(
+    plan: list[tuple[int, bool, int]], replayed: int
+) -> None:
+    async def main() -> tuple[list[bytes], list[bytes], int]:
+        store = InMemoryEventStore()
+        await store.open_stream("s")
+        for i in range(replayed):
+            await store.append("s", Event("e", b"r%d" % i))
+        takes = [take for _, take, _ in plan]
+        got: list[bytes] = []
+        delivered = [0]
+
+        def deliver(event: Event) -> bool:
+            take = takes.pop(0) if takes else False
+            if take:
+                got.append(event.data)
+                delivered[0] += 1
+            return take
+
+        async def read() -> None:
+            async for event in store.follow_delivering("s", deliver=deliver):
+                got.append(event.data)
+
+        sent = [b"r%d" % i for i in range(replayed)]
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(read)
+            for step, (count, _, pauses) in enumerate(plan):
+                for j in range(count):
+                    data = b"%d.%d" % (step, j)
+                    sent.append(data)
+                    await store.append("s", Event("e", data))
+                for _ in range(pauses):
+                    await anyio.sleep(0)
+            await store.close_stream("s")
+        return got, sent, delivered[0]
+
+    got, sent, delivered = anyio.run(main)
+    assert got == sent  # none lost, none twice, in order, whichever way each went
+    assert delivered <= len(sent) - replayed  # the replay is never offered
+
+
+@pytest.mark.anyio
+async def test_a_follower_taking_every_live_event_is_never_woken_for_one() -> None:
+    store = InMemoryEventStore()
+    await store.open_stream("s")
+    await store.append("s", Event("e", b"old"))
+    taken: list[bytes] = []
+    yielded: list[bytes] = []
+
+    def deliver(event: Event) -> bool:
+        taken.append(event.data)
+        return True
+
+    async def read() -> None:
+        async for event in store.follow_delivering("s", deliver=deliver):
+            yielded.append(event.data)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read)
+        await anyio.sleep(0.01)  # parked, caught up
+        for i in range(5):
+            await store.append("s", Event("e", b"%d" % i))
+        await store.close_stream("s")
+    assert yielded == [b"old"]
+    assert taken == [b"0", b"1", b"2", b"3", b"4"]
+
+
+@pytest.mark.anyio
+async def test_a_delivery_that_raises_falls_back_to_waking_the_follower(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = InMemoryEventStore()
+    await store.open_stream("s")
+    yielded: list[bytes] = []
+
+    def deliver(event: Event) -> bool:
+        raise RuntimeError("a bug in the reader")
+
+    async def read() -> None:
+        async for event in store.follow_delivering("s", deliver=deliver):
+            yielded.append(event.data)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read)
+        await anyio.sleep(0.01)
+        await store.append("s", Event("e", b"a"))  # the writer's append does not fail
+        await anyio.sleep(0.01)
+        await store.append("s", Event("e", b"b"))
+        await store.close_stream("s")
+    assert yielded == [b"a", b"b"]
+    assert "a follower's delivery failed" in caplog.text

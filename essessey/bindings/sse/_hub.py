@@ -42,6 +42,7 @@ from essessey.bindings.sse._response import EventStreamResponse, error_body
 from essessey.errors import StreamRejected
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
+from essessey.store import Deliver
 
 __all__ = ["MAX_ID_LENGTH", "cancel_response", "hub_routes", "subscription_response"]
 
@@ -52,12 +53,33 @@ def _json_error(status: int, error_type: str, message: str) -> Response:
     return Response(error_body(error_type, message), status, media_type="application/json")
 
 
+class _Subscription:
+    """A subscription response's source: the hub's events for one stream. The response
+    hands it its own delivery (:meth:`deliver_to`) before reading, so a live event can
+    reach the connection in the turn's append, without waking the response's task."""
+
+    __slots__ = ("_deliver", "_hub", "_last_event_id", "_stream_id")
+
+    def __init__(self, hub: StreamHub, stream_id: str, last_event_id: str | None) -> None:
+        self._hub = hub
+        self._stream_id = stream_id
+        self._last_event_id = last_event_id
+        self._deliver: Deliver | None = None
+
+    def deliver_to(self, deliver: Deliver) -> None:
+        """Offer live events to ``deliver`` (see ``StreamHub.subscribe_delivering``)."""
+        self._deliver = deliver
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return _follow(self._hub, self._stream_id, self._last_event_id, self._deliver)
+
+
 async def _follow(
-    hub: StreamHub, stream_id: str, last_event_id: str | None
+    hub: StreamHub, stream_id: str, last_event_id: str | None, deliver: Deliver | None
 ) -> AsyncIterator[Event]:
     # Closed as soon as this response ends (the client left), so the hub's subscriber
     # count drops at once rather than when the garbage collector gets to it.
-    events = hub.subscribe(stream_id, last_event_id)
+    events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
     try:
         async for event in events:
             yield event
@@ -99,7 +121,7 @@ async def subscription_response(
         return _json_error(503, "api_error", CHECK_FAILED)
     if not allowed:
         return _json_error(403, "permission_error", f"not allowed to {access} this stream")
-    return EventStreamResponse(_follow(hub, stream_id, last_event_id), **options)
+    return EventStreamResponse(_Subscription(hub, stream_id, last_event_id), **options)
 
 
 async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> Response:

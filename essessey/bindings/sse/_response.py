@@ -437,6 +437,16 @@ class _OutboxSink:
         self._framed = (event, frame)
         return False  # the Publisher calls emit(), which sends it
 
+    def deliver(self, event: Event) -> bool:
+        """:meth:`emit_nowait` for a store's append (see ``essessey.store.Deliver``):
+        False, never an exception, when the event must come through the source."""
+        if self._outbox.ended:
+            return False
+        try:
+            return self.emit_nowait(event)
+        except Exception:
+            return False  # read again through the source, which then raises it
+
     def emit(self, event: Event) -> Coroutine[Any, Any, None]:
         # A plain function returning the write's coroutine: one coroutine frame fewer on
         # the path of every event that must wait.
@@ -585,6 +595,11 @@ class EventStreamResponse(Response):
 
     @staticmethod
     async def _drain(source: Source, sink: _OutboxSink) -> None:
+        deliver_to = getattr(source, "deliver_to", None)
+        if callable(deliver_to):
+            # A hub subscription: its live events may come straight from the turn's
+            # append, in order with those the loop below reads.
+            deliver_to(sink.deliver)
         iterator = aiter(source)
         try:
             async for event in iterator:
