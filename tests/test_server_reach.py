@@ -8,6 +8,7 @@ found is no error, only a slower stream, so only these tests would notice).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import socket
@@ -27,7 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from essessey.bindings._server import body_writer, connection_aborter
+from essessey.bindings._server import body_writer, connection_aborter, frame_writer
 from tests.servers import serve
 
 # h11 always; httptools where it is installed (uvicorn[standard]).
@@ -176,3 +177,53 @@ async def test_a_response_with_its_own_framing_or_without_a_body_is_left_to_asgi
     assert body_writer(none, "GET", 200, [(b"Content-Length", b"3")]) is None
     assert body_writer(none, "GET", 200, [(b"transfer-encoding", b"chunked")]) is None
     assert body_writer(none, "GET", 200, []) is None  # not in a uvicorn request's task
+
+
+async def _frame_probe(websocket: WebSocket) -> None:
+    await websocket.accept()
+    writer = frame_writer()
+    if writer is not None:
+        writer.write(b'"direct"')
+    await websocket.send_text('"asgi"')
+    if writer is not None:
+        writer.write(('"direct, with a multi-byte character: \u00e9 ' + "x" * 200 + '"').encode())
+    await websocket.close()
+
+
+async def _frames(base: str, compression: str | None) -> list[str]:
+    url = base.replace("http", "ws") + "/ws"
+    frames: list[str] = []
+    async with websockets.connect(url, compression=compression) as socket:
+        with contextlib.suppress(websockets.ConnectionClosedOK):
+            while True:
+                frames.append(str(await socket.recv()))
+    return frames
+
+
+@pytest.mark.anyio
+async def test_direct_frames_reach_the_client_under_websockets_sansio() -> None:
+    app = Starlette(routes=[WebSocketRoute("/ws", _frame_probe)])
+    with serve(app, ws="websockets-sansio") as base:
+        frames = await _frames(base, compression=None)
+    assert frames[:2] == ['"direct"', '"asgi"'], (
+        "frame_writer is not found under uvicorn's websockets-sansio: hub frames go "
+        "through ASGI sends (see essessey/bindings/_server.py)"
+    )
+    assert len(frames) == 3
+    assert frames[2].startswith('"direct, with a multi-byte character: \u00e9')
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("ws", "compression"),
+    [("websockets-sansio", "deflate"), ("websockets", None), ("websockets", "deflate")],
+)
+async def test_frames_stay_on_asgi_with_an_extension_or_another_implementation(
+    ws: str, compression: str | None
+) -> None:
+    # permessage-deflate (browsers ask for it) would have to compress each frame; the
+    # legacy implementation is not read at all.
+    app = Starlette(routes=[WebSocketRoute("/ws", _frame_probe)])
+    with serve(app, ws=ws) as base:
+        frames = await _frames(base, compression=compression)
+    assert frames == ['"asgi"']

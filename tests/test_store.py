@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -570,7 +571,7 @@ def test_a_follower_that_takes_some_events_in_the_append_gets_each_once_in_order
                     sent.append(data)
                     await store.append("s", Event("e", data))
                 for _ in range(pauses):
-                    await anyio.sleep(0)
+                    await anyio.lowlevel.checkpoint()
             await store.close_stream("s")
         return got, sent, delivered[0]
 

@@ -1,8 +1,9 @@
 """The one place that reaches past ASGI into the server (uvicorn) and Starlette.
 
 ASGI gives an app two things it cannot do through ``send``: abort a connection whose
-client stopped reading (:func:`connection_aborter`), and write a response body's chunk
-without the server's per-message work (:func:`body_writer`). uvicorn has no public API
+client stopped reading (:func:`connection_aborter`), and write a response body's chunk or
+a WebSocket frame without the server's per-message work (:func:`body_writer`,
+:func:`frame_writer`). uvicorn has no public API
 for either, so both find the connection the way uvicorn runs an app: the current task is
 its ``run_asgi``, whose ``self`` (the request's cycle) holds the connection's
 ``transport``. Everything here is duck typed (uvicorn is never imported) and checked
@@ -23,7 +24,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-__all__ = ["BodyWriter", "body_writer", "connection_aborter"]
+__all__ = ["BodyWriter", "FrameWriter", "body_writer", "connection_aborter", "frame_writer"]
 
 logger = logging.getLogger("essessey.bindings")
 
@@ -216,3 +217,72 @@ def body_writer(
     ):
         return None
     return BodyWriter(cycle, transport)
+
+
+# -- writing a WebSocket's text frames straight to the transport ----------------------
+
+
+class FrameWriter:
+    """Writes WebSocket text frames straight to uvicorn's transport: the frame its
+    ``send`` would write (a server's frames are not masked), without the per-message work
+    of its protocol object.
+
+    Only on uvicorn's websockets-sansio implementation (its default) and only when no
+    extension was negotiated (permessage-deflate would have to compress the frame). As
+    :class:`BodyWriter`, :meth:`write` returns False, having written nothing, whenever
+    the frame must go through ASGI: the connection no longer open (either side closing),
+    the transport closing or holding more than asyncio's high-water mark.
+    """
+
+    __slots__ = ("_conn", "_cycle", "_open", "_transport")
+
+    def __init__(self, cycle: Any, conn: Any, transport: Any) -> None:
+        self._cycle = cycle
+        self._conn = conn
+        self._transport = transport
+        self._open = conn.state  # the state's OPEN, read while it is open (no import)
+
+    def write(self, payload: bytes) -> bool:
+        """Write ``payload`` (UTF-8 text) as one text frame now; False when it must go
+        through ASGI instead."""
+        transport = self._transport
+        if (
+            transport.get_write_buffer_size() > _FLOW_LIMIT
+            or transport.is_closing()
+            or self._conn.state is not self._open
+            or self._cycle.close_sent
+        ):
+            return False
+        size = len(payload)
+        if size < 126:
+            head = _TEXT_HEADS[size]
+        elif size < 65536:
+            head = b"\x81\x7e" + size.to_bytes(2, "big")
+        else:
+            head = b"\x81\x7f" + size.to_bytes(8, "big")
+        transport.write(head + payload)
+        return True
+
+
+_TEXT_HEADS: Final = tuple(bytes((0x81, size)) for size in range(126))
+
+
+def frame_writer() -> FrameWriter | None:
+    """A :class:`FrameWriter` for the current WebSocket connection, or None when frames
+    must go through ASGI (another server or implementation, an extension negotiated, the
+    handshake not done). Call it from the connection's own task, after the accept."""
+    cycle = _current_cycle()
+    transport = _transport_of(cycle)
+    conn = getattr(cycle, "conn", None)
+    state = getattr(conn, "state", None)
+    if (
+        transport is None
+        # websockets' own protocol object (uvicorn's websockets-sansio), nothing else
+        or not type(conn).__module__.startswith("websockets.")
+        or getattr(state, "name", None) != "OPEN"
+        or getattr(conn, "extensions", None) != []
+        or getattr(cycle, "handshake_complete", None) is not True
+        or getattr(cycle, "close_sent", None) is not False
+    ):
+        return None
+    return FrameWriter(cycle, conn, transport)

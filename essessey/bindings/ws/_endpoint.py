@@ -77,8 +77,8 @@ from essessey.bindings._asgi import (
     subscription_end,
     watch_line,
 )
-from essessey.bindings._server import connection_aborter
-from essessey.bindings.ws._frame import encode_frame
+from essessey.bindings._server import FrameWriter, connection_aborter, frame_writer
+from essessey.bindings.ws._frame import encode_frame, frame_bytes
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
@@ -89,6 +89,7 @@ __all__ = ["websocket_subscription", "ws_route"]
 logger = logging.getLogger("essessey.ws")
 
 PING_FRAME: Final = encode_frame(Event(EventType.PING, b'{"type":"ping"}'))
+_PING_BYTES: Final = PING_FRAME.encode()
 """The keep-alive frame: a protocol ``ping`` event without an id."""
 
 _CLOSE_TIMEOUT: Final = 5.0
@@ -251,11 +252,14 @@ async def _follow(
     line: _Line,
     ending: _Ending,
 ) -> None:
-    events = hub.subscribe(stream_id, last_event_id)
+    # With frames written straight to the transport, a live event goes out in the turn's
+    # own append while the line is free (no task switch): see StreamHub.subscribe_delivering.
+    deliver = line.deliver if line.direct is not None else None
+    events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
     try:
         async for event in events:
             try:
-                frame = encode_frame(event)
+                frame = frame_bytes(event)
             except ValueError:
                 logger.exception("an event of a WebSocket subscription cannot be framed")
                 ending.set(CloseCode.INTERNAL_ERROR, "internal error")
@@ -291,6 +295,7 @@ class _Line:
         "_wake",
         "abort",
         "cancel",
+        "direct",
         "ending",
         "last_sent",
         "send_began",
@@ -311,8 +316,9 @@ class _Line:
         self.ending = ending
         self._ping = ping_interval or math.inf
         self._timeout = send_timeout if send_timeout is not None else math.inf
-        # Found now, in the request's own task (see connection_aborter).
+        # Found now, in the request's own task (see connection_aborter and frame_writer).
         self.abort = connection_aborter()
+        self.direct: FrameWriter | None = frame_writer()
         self.cancel: anyio.CancelScope | None = None
         self.tasks: ConnectionTasks | None = None
         self._pinging = False
@@ -323,9 +329,34 @@ class _Line:
         self._idle: anyio.Event | None = None  # set when a send ends
         self._wake: anyio.Event | None = None  # wakes the watchdog early
 
-    async def send(self, frame: str) -> bool:
+    def deliver(self, event: Event) -> bool:
+        """Write ``event``'s frame now, straight to the transport, when the line is free;
+        False, having sent nothing, otherwise (see ``essessey.store.Deliver``)."""
+        ending = self.ending
+        direct = self.direct
+        if self.sending or ending.shutdown or ending.disconnected or direct is None:
+            return False
+        try:
+            frame = frame_bytes(event)
+        except ValueError:
+            return False  # the subscription's own loop reads it, and ends on it
+        if not direct.write(frame):
+            return False
+        self.last_sent = time.monotonic()
+        return True
+
+    async def send(self, frame: bytes) -> bool:
         """Send one frame; False when the subscription must end (the client is gone,
         the server shuts down)."""
+        direct = self.direct
+        if (
+            direct is not None
+            and not self.sending
+            and not self.ending.shutdown
+            and direct.write(frame)
+        ):
+            self.last_sent = time.monotonic()
+            return True
         while self.sending:  # the watchdog's keep-alive frame is going out
             idle = self._idle
             if idle is None:
@@ -337,7 +368,7 @@ class _Line:
         self.sending = True
         self.send_began = time.monotonic()
         try:
-            await self.websocket.send_text(frame)
+            await self.websocket.send_text(frame.decode())
         except (WebSocketDisconnect, OSError):
             logger.debug("the WebSocket client went away during a send")
             ending.disconnected = True
@@ -378,7 +409,7 @@ class _Line:
 
     async def _send_ping(self) -> None:
         try:
-            await self.send(PING_FRAME)
+            await self.send(_PING_BYTES)
         finally:
             self._pinging = False
 

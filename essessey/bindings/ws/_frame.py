@@ -39,14 +39,17 @@ def encode_frame(event: Event) -> str:
     """The text of the frame carrying ``event``. Its data must be JSON text (what a
     Publisher writes); an empty payload raises ValueError, as it would make the frame
     invalid JSON."""
+    return frame_bytes(event).decode()
+
+
+def frame_bytes(event: Event) -> bytes:
+    """:func:`encode_frame` as UTF-8 bytes, what goes on the wire."""
     data = event.data
     if not data:
         raise ValueError("an event's data must be JSON text to travel in a WebSocket frame")
     if event.id:
-        frame = b'{"id":' + orjson.dumps(event.id) + b"," + _name_part(event.event) + data + b"}"
-    else:
-        frame = b"{" + _name_part(event.event) + data + b"}"
-    return frame.decode()
+        return b'{"id":' + orjson.dumps(event.id) + b"," + _name_part(event.event) + data + b"}"
+    return b"{" + _name_part(event.event) + data + b"}"
 
 
 def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
