@@ -497,14 +497,22 @@ def build_app(max_streams: int) -> Callable[[Scope, Receive, Send], Awaitable[No
     return app
 
 
-def serve(port: int, flavour: str, max_streams: int, profile_path: str | None) -> int:
+def serve(
+    port: int, flavour: str, max_streams: int, profile_path: str | None, freeze: bool = False
+) -> int:
     """The server process: uvicorn (the flavour's HTTP parser and loop) on 127.0.0.1:port
     until its stdin closes. The same stop as _server.run_until_stdin_closes, with the
-    flavour, the backlog and the file descriptor limit that one does not set."""
+    flavour, the backlog and the file descriptor limit that one does not set. With
+    ``freeze``, what exists once the app is built is moved out of the collector's sight
+    (``gc.freeze()``), as a server deployment may do."""
     raise_fd_limit()
+    app = build_app(max_streams)
+    if freeze:
+        gc.collect()
+        gc.freeze()
     http, loop = FLAVOURS[flavour]
     config = uvicorn.Config(
-        build_app(max_streams),
+        app,
         host=HOST,
         port=port,
         log_level="warning",
@@ -1608,6 +1616,7 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
         f"{args.streams} streams x {args.deltas} deltas, a delta every {args.interval * 1e3:g} ms "
         f"(sleep between), {args.rounds} round(s) interleaved; CPU per delta over the "
         f"streaming phase (go to the last stream's end)"
+        + ("; gc.freeze() in the HTTP server after startup" if args.gc_freeze else "")
     )
     for name, idle in report["idle"].items():
         print(
@@ -1757,6 +1766,8 @@ def run_flavour(
             extra = ["--server", flavour, "--max-streams", str(args.max_streams)]
             if profile_path:
                 extra += ["--profile", profile_path]
+            if args.gc_freeze:
+                extra += ["--gc-freeze"]
             server = ServerProcess(__file__, extra, startup_timeout=STARTUP_TIMEOUT)
             processes.append(server)
         if nats_variants and broker is not None:
@@ -1832,6 +1843,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", metavar="PATH", help="run the HTTP server under cProfile, stats to PATH"
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() in the HTTP server once the app is built (every variant alike): "
+        "full collections then skip the startup heap",
+    )
     # The server processes are this script again, started with --serve.
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -1841,7 +1858,7 @@ def main(argv: list[str] | None = None) -> int:
         flavour = args.server if args.server != "both" else "h11"
         if args.nats_publisher:
             return serve_nats(args.nats_publisher, flavour)
-        return serve(args.port, flavour, args.max_streams, args.profile)
+        return serve(args.port, flavour, args.max_streams, args.profile, args.gc_freeze)
 
     if args.quick:
         args.streams, args.deltas, args.rounds = 50, 20, 1
