@@ -8,7 +8,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from essessey.bindings._asgi import resume_point, task_group
+from essessey.bindings._asgi import connection_tasks, resume_point, task_group
 
 
 @pytest.mark.anyio
@@ -48,3 +48,58 @@ def test_the_resume_point() -> None:
     for bad in ("x" * 300, "a\x00b", "a\nb"):
         with pytest.raises(ValueError, match="invalid last event id"):
             resume_point(bad)
+
+
+@pytest.mark.anyio
+async def test_a_failing_helper_cancels_the_body_and_is_raised_as_itself() -> None:
+    reached_end = False
+
+    async def fail() -> None:
+        await anyio.sleep(0.01)
+        raise LookupError("the helper")
+
+    async def run() -> None:
+        nonlocal reached_end
+        async with connection_tasks() as tasks:
+            tasks.start_soon(fail)
+            await anyio.sleep(5)  # cancelled by the helper's failure
+            reached_end = True
+
+    with anyio.fail_after(2), pytest.raises(LookupError, match="the helper"):
+        await run()
+    assert not reached_end
+
+
+@pytest.mark.anyio
+async def test_helpers_still_running_are_cancelled_when_the_body_ends() -> None:
+    cancelled = anyio.Event()
+
+    async def park() -> None:
+        try:
+            await anyio.sleep(10)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+
+    async with connection_tasks() as tasks:
+        tasks.start_soon(park)
+        await anyio.sleep(0.01)
+    with anyio.fail_after(2):
+        await cancelled.wait()
+
+
+@pytest.mark.anyio
+async def test_a_helper_failing_after_the_body_ended_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def fail_when_cancelled() -> None:
+        try:
+            await anyio.sleep(10)
+        finally:
+            raise LookupError("late")
+
+    async with connection_tasks() as tasks:
+        tasks.start_soon(fail_when_cancelled)
+        await anyio.sleep(0.01)
+    await anyio.sleep(0.05)  # on asyncio the helpers are not waited for: it fails now
+    assert "helper task failed after it ended" in caplog.text

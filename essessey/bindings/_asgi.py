@@ -186,13 +186,14 @@ class _LoopTasks:
     for two helpers here), which every stream pays at its start and end. A helper that
     fails cancels the body, and :func:`connection_tasks` raises its exception."""
 
-    __slots__ = ("_loop", "_tasks", "cancel_scope", "failure")
+    __slots__ = ("_loop", "_tasks", "cancel_scope", "closed", "failure")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._tasks: set[asyncio.Task[Any]] = set()
         self.cancel_scope = anyio.CancelScope()
         self.failure: BaseException | None = None
+        self.closed = False  # the body has ended: a failure now has nobody to reach
 
     def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         task = self._loop.create_task(_run(func, args))
@@ -204,11 +205,16 @@ class _LoopTasks:
         if task.cancelled():
             return
         error = task.exception()  # retrieved, so asyncio never logs it as lost
-        if error is not None and self.failure is None:
+        if error is None:
+            return
+        if self.closed:
+            logger.error("a connection's helper task failed after it ended", exc_info=error)
+        elif self.failure is None:
             self.failure = error
             self.cancel_scope.cancel()
 
     def stop(self) -> None:
+        self.closed = True
         for task in list(self._tasks):
             task.cancel()
 
