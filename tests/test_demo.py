@@ -663,3 +663,37 @@ async def test_serve_prints_its_url_and_ends_running_turns_on_a_signal(
         assert b"Traceback" not in process.stderr.read()
     finally:
         stop_process(process, kill=True)
+
+
+def _nested(depth: int) -> bytes:
+    # Built as text: orjson itself would refuse to write it (255 levels).
+    return b"[" * depth + b"1" + b"]" * depth
+
+
+@pytest.mark.parametrize("field", ["messages", "system", "tools"])
+@pytest.mark.parametrize("depth", [256, 300, 1000])
+async def test_a_request_nested_deeper_than_json_can_be_written_back_is_a_400(
+    http: httpx.AsyncClient, base: str, field: str, depth: int
+) -> None:
+    # orjson reads 1,024 levels and writes 255: a body between the two used to reach
+    # the token estimate and answer 500 with a traceback.
+    value = _nested(depth)
+    if field == "messages":
+        body = b'{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[' + value
+        body += b"]}]}"
+    else:
+        body = b'{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}],'
+        body += b'"' + field.encode() + b'":' + value + b"}"
+    response = await http.post(f"{base}/v1/messages", content=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "nested too deeply" in response.json()["error"]["message"]
+
+
+async def test_a_stream_start_nested_too_deeply_is_a_400(
+    http: httpx.AsyncClient, base: str
+) -> None:
+    body = b'{"deltas": 5, "x": ' + _nested(300) + b"}"
+    response = await http.post(f"{base}/streams", content=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"

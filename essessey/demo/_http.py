@@ -46,7 +46,8 @@ async def read_json(
 
     Reads at most ``limit`` bytes: a larger body raises ``too_large`` (a 400 by
     default) without being read whole, so a client cannot make the server buffer more.
-    Malformed JSON raises a 400, and so does a client that leaves before its body ends
+    Malformed JSON raises a 400, as does JSON nested deeper than it could be written back
+    (over 255 levels), and so does a client that leaves before its body ends
     (nobody reads that answer, but it is not a server error to log).
     """
     refusal = too_large or BadRequest(f"the request body is larger than {limit} bytes")
@@ -64,6 +65,14 @@ async def read_json(
     if not body.strip():
         return empty
     try:
-        return orjson.loads(body)
+        value = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise BadRequest("the request body is not valid JSON") from None
+    try:
+        # orjson reads 1,024 levels of nesting but writes only 255, and the routes write
+        # parts of a body back (the token estimate, a tool's input): a body between the
+        # two is the client's error, refused here before any work, not a 500 later.
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise BadRequest("the request body is nested too deeply") from None
+    return value
