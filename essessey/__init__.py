@@ -13,6 +13,7 @@ from essessey._shutdown import (
 from essessey.check import ProtocolChecker, Rule, Violation, check
 from essessey.errors import (
     EssesseyError,
+    MessagesNotRetained,
     ProtocolError,
     ProviderStreamError,
     RoundOrderError,
@@ -84,6 +85,7 @@ __all__ = [
     "InMemorySink",
     "ItemKind",
     "LineStreamer",
+    "MessagesNotRetained",
     "MultiSink",
     "OtherItem",
     "ParsedError",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EssesseyError",
+    "MessagesNotRetained",
     "ProtocolError",
     "ProviderStreamError",
     "RoundOrderError",
@@ -134,6 +135,13 @@ class StreamNotFound(EssesseyError, LookupError):
 class UnknownEventId(EssesseyError):
     """A last event id the store cannot resume from without a gap: evicted, never seen,
     or from before the stream was reset (another epoch). Resume from the start instead."""
+
+
+class MessagesNotRetained(EssesseyError):
+    """A reader without a last event id asked for a stream none of whose messages is
+    retained whole (the oldest were evicted, the rest is a message's tail) and on which
+    no new message will start: its turn ended. Half a message is never given instead;
+    the client has nothing to show from this stream and starts a new turn."""
 
 
 class SubscriberLagged(EssesseyError):

@@ -23,7 +23,13 @@ from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 import anyio
 
-from essessey.errors import StreamNotFound, StreamReset, SubscriberLagged, UnknownEventId
+from essessey.errors import (
+    MessagesNotRetained,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    UnknownEventId,
+)
 from essessey.event import Event
 from essessey.protocol import EventType
 
@@ -275,6 +281,7 @@ class InMemoryEventStore:
             for offset, event in enumerate(stream.events):
                 if event.event == EventType.MESSAGE_START:
                     return stream.first_seq + offset
+            # No whole message retained: the follower skips to the next message_start.
             return stream.next_seq
         epoch, _, seq_text = last_event_id.rpartition("-")
         # Only the exact spelling this store issues: ASCII digits (str.isdigit also
@@ -334,7 +341,10 @@ class InMemoryEventStore:
         start = self._start(stream, last_event_id)
         if start is None:
             raise UnknownEventId(f"event id is not retained for stream {stream_id!r}")
-        me = _Follower(start, deliver)
+        # Without an id, with no whole message retained, what comes before the next
+        # message_start is the tail of a message: skipped, and never offered in the append.
+        seeking = last_event_id is None and start == stream.next_seq and stream.first_seq > 1
+        me = _Follower(start, None if seeking else deliver)
         # Lag counts only what was appended after the follower started: the backlog it
         # replays first is not a sign of a slow reader, and counting it would end a
         # resuming follower before its first event, again at every attempt.
@@ -356,9 +366,18 @@ class InMemoryEventStore:
             if cursor < stream.next_seq:
                 event = stream.events[cursor - stream.first_seq]
                 me.cursor = cursor + 1
+                if seeking:
+                    if event.event != EventType.MESSAGE_START:
+                        continue
+                    seeking = False
+                    me.deliver = deliver
                 yield event
                 continue
             if stream.closed:
+                if seeking:
+                    raise MessagesNotRetained(
+                        f"no whole message of {stream_id!r} is retained, and its turn ended"
+                    )
                 return
             await stream.wait(me)
 

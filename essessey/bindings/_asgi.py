@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup
 
 from essessey._ids import is_event_id
 from essessey.errors import (
+    MessagesNotRetained,
     StoreUnavailable,
     StreamNotFound,
     StreamReset,
@@ -126,6 +127,15 @@ _ENDS: Final[dict[type[Exception], SubscriptionEnd]] = {
         "the stream was reset",
         4410,
         "the stream was reset; start over",
+    ),
+    # Nothing whole to show and nothing more to come: as final as a stream that is gone
+    # (a 410 would tell the client to come again without an id, which would loop).
+    MessagesNotRetained: SubscriptionEnd(
+        404,
+        "not_found_error",
+        "no whole message of this stream is retained, and its turn has ended",
+        4404,
+        "no whole message retained; the turn ended",
     ),
     TooManySubscribers: SubscriptionEnd(
         503, "overloaded_error", "too many subscribers", 1013, "too many subscribers"

@@ -81,6 +81,7 @@ from essessey._ids import is_token
 from essessey.bindings.nats._core import check_token
 from essessey.errors import (
     EssesseyError,
+    MessagesNotRetained,
     StoreUnavailable,
     StreamNotFound,
     StreamReset,
@@ -600,9 +601,11 @@ class JetStreamEventStore:
 
         Without an id it starts at the stream's first event when its ``open`` marker is
         still retained, else at the oldest ``message_start`` (or ``open``) retained, else
-        live. Raises :class:`StreamNotFound` or :class:`UnknownEventId` before any event,
-        :class:`SubscriberLagged` when more than ``max_lag`` of the messages appended
-        since it started are waiting for it (or some were evicted before it read them),
+        at the next ``message_start`` to come; :class:`MessagesNotRetained` when the
+        stream closes first. Raises :class:`StreamNotFound` or :class:`UnknownEventId`
+        before any event, :class:`SubscriberLagged` when more than ``max_lag`` of the
+        messages appended since it started are waiting for it (or some were evicted
+        before it read them),
         and :class:`StreamReset` when the stream id is cleared (or, best effort, the
         JetStream stream is deleted or recreated, or the stream id expires) meanwhile.
         """
@@ -670,17 +673,20 @@ class JetStreamEventStore:
                         if control == _OPEN:
                             live = True  # the events after an open marker are whole
                         elif control == _CLOSE and reader.pending == 0:
-                            return  # closed, and no whole message retained
+                            # Closed, and no whole message retained: nothing to give.
+                            raise MessagesNotRetained(
+                                f"no whole message of {stream_id!r} is retained, and its turn ended"
+                            )
                 else:
                     alive = True
                     if name == EventType.MESSAGE_START:
                         live = True
                         yield Event(name, msg.data, f"{epoch}-{reader.seq}")
                         continue
-                if not live and reader.pending == 0:
-                    if not alive:
-                        raise StreamNotFound(f"no stream {stream_id!r}")
-                    live = True  # no whole message retained: start with the next one
+                # No whole message retained: what comes before the next message_start
+                # is a message's tail, skipped until it starts (or the stream closes).
+                if not live and reader.pending == 0 and not alive:
+                    raise StreamNotFound(f"no stream {stream_id!r}")
         finally:
             await reader.close()
 
