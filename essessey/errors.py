@@ -24,6 +24,7 @@ __all__ = [
     "RoundOrderError",
     "SSEDecodeError",
     "SerializationError",
+    "StoreFull",
     "StoreUnavailable",
     "StreamBusy",
     "StreamHTTPError",
@@ -159,6 +160,11 @@ class StreamBusy(EssesseyError):
 
 class TooManySubscribers(EssesseyError):
     """The stream already has its maximum number of subscribers."""
+
+
+class StoreFull(EssesseyError):
+    """The event store holds as many streams as it may, and every one of them has a turn
+    running: no other turn can start until one ends (the demo answers 503)."""
 
 
 class StoreUnavailable(EssesseyError):

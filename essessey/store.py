@@ -25,6 +25,7 @@ import anyio
 
 from essessey.errors import (
     MessagesNotRetained,
+    StoreFull,
     StreamNotFound,
     StreamReset,
     SubscriberLagged,
@@ -118,7 +119,16 @@ class _Follower:
 
 
 class _Stream:
-    __slots__ = ("closed", "epoch", "events", "first_seq", "next_seq", "updated", "waiters")
+    __slots__ = (
+        "closed",
+        "epoch",
+        "events",
+        "first_seq",
+        "next_seq",
+        "running",
+        "updated",
+        "waiters",
+    )
 
     def __init__(self, epoch: str, capacity: int) -> None:
         self.epoch = epoch
@@ -126,6 +136,10 @@ class _Stream:
         self.first_seq = 1  # the sequence of events[0]
         self.next_seq = 1
         self.closed = False
+        # Opened (open_stream) and not yet closed: a turn is writing it. Such a stream
+        # is never dropped to make room or for its age: its reader would lose it, and the
+        # turn would go on writing into a new epoch, mid-message.
+        self.running = False
         self.updated = time.monotonic()
         # The followers waiting for the next change, each with its own wake-up (an
         # asyncio future on asyncio, the cheapest there is; an anyio Event on any other
@@ -188,9 +202,16 @@ class _Stream:
 class InMemoryEventStore:
     """An :class:`EventStore` in this process's memory, bounded three ways.
 
-    ``max_events_per_stream`` (oldest evicted first), ``max_streams`` (the stream updated
-    longest ago is dropped) and ``max_age`` seconds since a stream's last event (a finished
-    stream stays resumable until then). Every bound must be positive.
+    ``max_events_per_stream`` (oldest evicted first), ``max_streams`` (the finished
+    stream updated longest ago is dropped) and ``max_age`` seconds since a stream's last
+    event (a finished stream stays resumable until then). Every bound must be positive.
+
+    A stream whose turn is running (opened with :meth:`open_stream`, not yet closed) is
+    never dropped, by count or by age. When ``max_streams`` streams are running, opening
+    (or first appending to) another raises :class:`~essessey.StoreFull`. A running stream
+    that is cleared stays cleared: appending to it anything but a ``message_start`` (a new
+    message) raises :class:`~essessey.StreamReset` instead of starting a new epoch with
+    the tail of a message.
     """
 
     def __init__(
@@ -211,18 +232,32 @@ class InMemoryEventStore:
         self.max_age = max_age
         # Ordered by last update, oldest first, so expiry pops from the front.
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
+        # Running streams that were cleared: their turn's next event must not recreate
+        # them mid-message. Bounded; the oldest is forgotten first.
+        self._cleared_running: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._streams)
 
-    def _expire(self, now: float | None = None) -> None:
+    def _expire(self, now: float | None = None, room: int = 0) -> None:
+        """Drop the finished streams past ``max_age``, and the finished streams updated
+        longest ago while more than ``max_streams - room`` are held."""
         streams = self._streams
         horizon = (time.monotonic() if now is None else now) - self.max_age
-        while streams:
-            stream_id, stream = next(iter(streams.items()))
-            if stream.updated >= horizon and len(streams) <= self.max_streams:
-                break
-            del streams[stream_id]
+        over = len(streams) + room - self.max_streams
+        if not streams or (over <= 0 and next(iter(streams.values())).updated >= horizon):
+            return  # the common case: nothing to drop
+        dropped: list[str] = []
+        for stream_id, stream in streams.items():
+            expired = stream.updated < horizon
+            if not expired and over <= 0:
+                break  # ordered by update: the rest are fresher still
+            if stream.running:
+                continue  # a running turn's stream is never dropped
+            dropped.append(stream_id)
+            over -= 1
+        for stream_id in dropped:
+            stream = streams.pop(stream_id)
             # Followers of a dropped stream must not wait forever. It is not marked
             # closed: a follower that has not seen the stream closed by its producer
             # gets StreamReset, never an end that looks like the turn's.
@@ -241,6 +276,13 @@ class InMemoryEventStore:
             self._expire(now)
             stream = self._streams.get(stream_id)
         if stream is None:
+            if len(self._streams) >= self.max_streams:
+                self._expire(now, room=1)
+                if len(self._streams) >= self.max_streams:
+                    raise StoreFull(
+                        f"the store holds {len(self._streams)} streams whose turns are "
+                        "running; no other can start until one ends"
+                    )
             # A fresh epoch per creation: ids from an earlier life of this stream id
             # (before a clear or expiry) must not match positions in this one.
             stream = _Stream(secrets.token_hex(4), self.max_events_per_stream)
@@ -252,6 +294,13 @@ class InMemoryEventStore:
     def append_nowait(self, stream_id: str, event: Event) -> Event:
         """:meth:`append` without a coroutine: the in-memory store never waits."""
         now = time.monotonic()
+        if stream_id in self._cleared_running and stream_id not in self._streams:
+            if event.event != EventType.MESSAGE_START:
+                raise StreamReset(
+                    f"stream {stream_id!r} was cleared while its turn ran; only a new "
+                    "message may start it again"
+                )
+            del self._cleared_running[stream_id]
         stream = self._create_or_touch(stream_id, now)
         seq = stream.next_seq
         stored = _new_event(Event, (event.event, event.data, f"{stream.epoch}-{seq}"))
@@ -262,8 +311,6 @@ class InMemoryEventStore:
         stream.closed = False
         stream.updated = now
         stream.wake(stored)
-        if len(self._streams) > self.max_streams:
-            self._expire(now)
         return stored
 
     async def append(self, stream_id: str, event: Event) -> Event:
@@ -382,25 +429,33 @@ class InMemoryEventStore:
             await stream.wait(me)
 
     async def open_stream(self, stream_id: str) -> None:
-        """Create the stream if needed and mark it open for followers to wait on."""
+        """Create the stream if needed and mark it open for followers to wait on, and
+        running: it is not dropped until :meth:`close_stream`. Raises
+        :class:`~essessey.StoreFull` when ``max_streams`` streams are running."""
         now = time.monotonic()
+        self._cleared_running.pop(stream_id, None)  # a new turn may start afresh
         stream = self._create_or_touch(stream_id, now)
         stream.closed = False
+        stream.running = True
         stream.updated = now
-        if len(self._streams) > self.max_streams:
-            self._expire(now)
 
     async def close_stream(self, stream_id: str) -> None:
         """No more events for now: followers end once they have everything."""
         stream = self._streams.get(stream_id)
         if stream is not None:
             stream.closed = True
+            stream.running = False
             stream.wake()
 
     async def clear(self, stream_id: str) -> None:
         """Forget the stream; its ids become unknown and its followers end."""
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
+            if stream.running:
+                cleared = self._cleared_running
+                cleared[stream_id] = None
+                if len(cleared) > self.max_streams:
+                    cleared.popitem(last=False)
             stream.wake()
 
     async def exists(self, stream_id: str) -> bool:

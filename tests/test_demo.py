@@ -38,6 +38,7 @@ from essessey.demo import (
     create_app,
     scenario_script,
 )
+from essessey.demo import _app as demo_app
 from essessey.demo._messages_api import sample_input
 from tests.nats_server import NatsServer, stop_process
 from tests.servers import serve
@@ -697,3 +698,46 @@ async def test_a_stream_start_nested_too_deeply_is_a_400(
     response = await http.post(f"{base}/streams", content=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.fixture
+def small_demo(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The demo with room for 5 streams (1,000 by default)."""
+    monkeypatch.setattr(demo_app, "MAX_STREAMS", 5)
+    with serve(create_app(ping_interval=1.0), lifespan="on") as url:
+        yield url
+
+
+async def test_many_short_turns_do_not_evict_a_running_one(
+    http: httpx.AsyncClient, small_demo: str
+) -> None:
+    # A turn that pauses (10 deltas, 150 ms apart) while anonymous clients start many
+    # short ones: its stream used to be dropped as the one updated longest ago.
+    running = await start(http, small_demo, deltas=10, delay_ms=150)
+    started = 0
+    for _ in range(400):  # bounded: 20 short turns, each retried while 5 are running
+        response = await http.post(f"{small_demo}/streams", json={"deltas": 1})
+        if response.status_code == 201:
+            started += 1
+            if started == 20:
+                break
+        else:
+            assert response.status_code == 503, response.text
+        await anyio.sleep(0.01)
+    assert started == 20
+    events = await read_sse(http, f"{small_demo}/streams/{running}")
+    assert events[0].event == EventType.MESSAGE_START
+    assert check(events) == []
+    assert reassemble_events(events).complete
+
+
+async def test_a_store_full_of_running_turns_answers_503(
+    http: httpx.AsyncClient, small_demo: str
+) -> None:
+    running = [await start(http, small_demo, deltas=100, delay_ms=50) for _ in range(5)]
+    response = await http.post(f"{small_demo}/streams", json={"deltas": 1})
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["type"] == "overloaded_error"
+    assert "too many turns are running" in response.json()["error"]["message"]
+    for stream_id in running:  # the running turns were not touched
+        assert (await http.post(f"{small_demo}/streams/{stream_id}/cancel")).status_code == 200

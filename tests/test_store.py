@@ -15,6 +15,7 @@ from essessey import (
     EventStore,
     EventType,
     InMemoryEventStore,
+    StoreFull,
     StreamNotFound,
     StreamReset,
     SubscriberLagged,
@@ -630,3 +631,60 @@ async def test_a_delivery_that_raises_falls_back_to_waking_the_follower(
         await store.close_stream("s")
     assert yielded == [b"a", b"b"]
     assert "a follower's delivery failed" in caplog.text
+
+
+# -- a running turn's stream ------------------------------------------------------------
+
+
+async def test_a_running_stream_is_never_dropped_to_make_room() -> None:
+    store = InMemoryEventStore(max_streams=3)
+    await store.open_stream("running")
+    await store.append("running", start())
+    for n in range(10):  # finished streams made after it, many more than fit
+        await store.append(f"done{n}", start())
+        await store.close_stream(f"done{n}")
+    assert await store.exists("running")
+    assert [await store.exists(f"done{n}") for n in (7, 8, 9)] == [False, True, True]
+    await store.append("running", delta(1))  # its turn goes on in the same epoch
+    events, known = await store.since("running", None)
+    assert known
+    assert [seq(event.id) for event in events] == [1, 2]
+
+
+async def test_a_running_stream_is_never_dropped_for_its_age(clock: Clock) -> None:
+    store = InMemoryEventStore(max_age=10)
+    await store.open_stream("paused")
+    await store.append("paused", start())
+    clock.now += 60  # a tool call that takes a minute
+    assert await store.exists("paused")
+    await store.close_stream("paused")
+    clock.now += 11
+    assert not await store.exists("paused")  # finished: max_age applies
+
+
+async def test_a_store_full_of_running_turns_refuses_another() -> None:
+    store = InMemoryEventStore(max_streams=2)
+    await store.open_stream("a")
+    await store.open_stream("b")
+    with pytest.raises(StoreFull, match="running"):
+        await store.open_stream("c")
+    with pytest.raises(StoreFull):
+        await store.append("c", start())
+    assert await store.exists("a")
+    assert await store.exists("b")
+    await store.close_stream("a")
+    await store.open_stream("c")  # a finished stream makes room
+    assert not await store.exists("a")
+
+
+async def test_a_running_stream_cleared_is_not_recreated_mid_message() -> None:
+    store = InMemoryEventStore()
+    await store.open_stream("s")
+    await store.append("s", start())
+    await store.clear("s")
+    with pytest.raises(StreamReset):
+        await store.append("s", delta(1))
+    assert not await store.exists("s")
+    await store.append("s", start(2))  # a new message may start it again
+    events, _ = await store.since("s", None)
+    assert [event.event for event in events] == [EventType.MESSAGE_START]

@@ -50,7 +50,7 @@ from essessey.demo._scenario import (
     SCENARIOS,
     agent_turn,
 )
-from essessey.errors import StoreUnavailable
+from essessey.errors import StoreFull, StoreUnavailable
 from essessey.hub import StreamHub, TurnProducer
 from essessey.publisher import Publisher
 from essessey.store import EventStore, InMemoryEventStore
@@ -230,6 +230,12 @@ def create_app(
             turns.running.discard(stream_id)
             logger.warning("could not start stream %s: the store is unavailable", stream_id)
             return json_error(503, "overloaded_error", "the event store is unavailable")
+        except StoreFull:
+            turns.running.discard(stream_id)
+            logger.warning("could not start stream %s: every stream's turn is running", stream_id)
+            return json_error(
+                503, "overloaded_error", "too many turns are running; try again later"
+            )
         logger.debug(
             "started stream %s: scenario %s, %d deltas, %d ms apart",
             stream_id,
