@@ -135,6 +135,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("it must be at least 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``essessey`` argument parser, with its ``demo``, ``tail`` and ``check``
     subcommands; each subcommand's namespace carries its ``handler``."""
@@ -169,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="let pages of ORIGIN (e.g. https://app.example, or '*' for any) call the demo "
         "from a browser; repeatable (default: no CORS headers)",
+    )
+    demo.add_argument(
+        "--store-mib",
+        metavar="MIB",
+        type=_positive_int,
+        default=256,
+        help="MiB of events the in-memory store keeps for all turns (default %(default)s)",
     )
     demo.add_argument(
         "--log-level",
@@ -296,6 +313,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             nats_url=args.nats_url,
             log_level=args.log_level,
             cors_origins=args.cors_origins,
+            store_mib=args.store_mib,
         )
     except KeyboardInterrupt:
         # Ctrl-C is how a demo server is meant to stop, not a failure.

@@ -653,13 +653,27 @@ def test_demo_calls_serve(
     code, _, _ = run(capsys, "demo", "--port", "0")
     assert code == EXIT_OK
     assert calls == [
-        {"host": "127.0.0.1", "port": 0, "nats_url": None, "log_level": "info", "cors_origins": []}
+        {
+            "host": "127.0.0.1",
+            "port": 0,
+            "nats_url": None,
+            "log_level": "info",
+            "cors_origins": [],
+            "store_mib": 256,
+        }
     ]
     calls.clear()
     argv = ["demo", "--cors-origin", "https://a.example", "--cors-origin", "http://localhost:3000"]
     code, _, _ = run(capsys, *argv)
     assert code == EXIT_OK
     assert calls[0]["cors_origins"] == ["https://a.example", "http://localhost:3000"]
+    calls.clear()
+    code, _, _ = run(capsys, "demo", "--store-mib", "16")
+    assert code == EXIT_OK
+    assert calls[0]["store_mib"] == 16
+    code, _, err = run(capsys, "demo", "--store-mib", "0")
+    assert code != EXIT_OK
+    assert "at least 1" in err
 
 
 def test_demo_hints_at_the_missing_extra(

@@ -606,11 +606,12 @@ async def test_two_demo_apps_on_one_nats_server_share_turns(
 # -- serve(): the blocking entry point the CLI calls ------------------------------------
 
 
-def _spawn_demo() -> subprocess.Popen[bytes]:
+def _spawn_demo(store_mib: int = 256) -> subprocess.Popen[bytes]:
     """``essessey.demo.serve`` in a subprocess, on a port the OS picks."""
     code = (
         "from essessey.demo import serve; "
-        "serve(host='127.0.0.1', port=0, nats_url=None, log_level='warning')"
+        "serve(host='127.0.0.1', port=0, nats_url=None, log_level='warning', "
+        f"store_mib={store_mib})"
     )
     return subprocess.Popen(
         [sys.executable, "-c", code],
@@ -741,3 +742,39 @@ async def test_a_store_full_of_running_turns_answers_503(
     assert "too many turns are running" in response.json()["error"]["message"]
     for stream_id in running:  # the running turns were not touched
         assert (await http.post(f"{small_demo}/streams/{stream_id}/cancel")).status_code == 200
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+STORE_MIB = 16
+
+
+async def test_what_clients_make_the_demo_hold_stays_within_its_byte_budget(
+    http: httpx.AsyncClient,
+) -> None:
+    # Five turns of 40,000 deltas offer some 55 MiB of events (counted as the store
+    # counts them) to a store allowed 16: the RSS grows by no more than the budget and
+    # what the allocator keeps beside it (docs/demo.md states the figure).
+    process = _spawn_demo(store_mib=STORE_MIB)
+    try:
+        url = _first_line(process, WAIT).removeprefix("essessey demo on ")
+        warm = await start(http, url, deltas=1000)
+        await read_sse(http, f"{url}/streams/{warm}")
+        baseline = _rss_mib(process.pid)
+        last: list[Event] = []
+        for _ in range(5):
+            stream_id = await start(http, url, deltas=40_000)
+            with anyio.fail_after(60):
+                async with connect(http, "GET", f"{url}/streams/{stream_id}") as stream:
+                    last = [event async for event in stream]
+        grown = _rss_mib(process.pid) - baseline
+    finally:
+        stop_process(process, kill=True)
+    assert reassemble_events(last).complete  # the newest turn is read whole
+    assert grown < 2 * STORE_MIB + 8, f"RSS grew {grown:.1f} MiB over {baseline:.1f}"

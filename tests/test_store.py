@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -688,3 +689,95 @@ async def test_a_running_stream_cleared_is_not_recreated_mid_message() -> None:
     await store.append("s", start(2))  # a new message may start it again
     events, _ = await store.since("s", None)
     assert [event.event for event in events] == [EventType.MESSAGE_START]
+
+
+# -- byte budgets -------------------------------------------------------------------------
+
+EVENT_COST = 180  # what the store counts per event beyond its data (store._EVENT_OVERHEAD)
+
+
+def sized(n: int, size: int = 100) -> Event:
+    return Event(EventType.CONTENT_BLOCK_DELTA, b"x" * (size - 6) + b"%06d" % n)
+
+
+async def test_a_stream_over_its_byte_budget_loses_its_oldest_events() -> None:
+    store = InMemoryEventStore(max_bytes_per_stream=10 * (100 + EVENT_COST))
+    ids = [(await store.append("s", sized(n))).id for n in range(30)]
+    events, _ = await store.since("s", None)
+    assert [event.id for event in events] == ids[-10:]
+    assert store.held_bytes == 10 * (100 + EVENT_COST)
+    _, known = await store.since("s", ids[5])
+    assert not known  # evicted: unknown, never a gap
+
+
+async def test_over_the_total_budget_finished_streams_go_first() -> None:
+    cost = 100 + EVENT_COST
+    store = InMemoryEventStore(max_bytes=25 * cost)
+    await store.open_stream("running")
+    for n in range(10):
+        await store.append("running", sized(n))
+    for name in ("old", "new"):
+        for n in range(10):
+            await store.append(name, sized(n))
+        await store.close_stream(name)
+    assert not await store.exists("old")  # finished, updated longest ago: dropped
+    assert await store.exists("new")
+    events, _ = await store.since("running", None)
+    assert len(events) == 10  # the running turn kept all of its events
+    assert store.held_bytes <= 25 * cost
+
+
+async def test_when_running_streams_alone_are_over_budget_the_writer_pays() -> None:
+    cost = 100 + EVENT_COST
+    store = InMemoryEventStore(max_bytes=15 * cost)
+    await store.open_stream("a")
+    await store.open_stream("b")
+    for n in range(10):
+        await store.append("a", sized(n))
+    for n in range(10):
+        await store.append("b", sized(n))
+    a, _ = await store.since("a", None)
+    b, _ = await store.since("b", None)
+    assert len(a) == 10  # untouched
+    assert len(b) == 5  # the stream being appended to lost its oldest
+    assert store.held_bytes == 15 * cost
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["append", "open", "close", "clear"]),
+            st.sampled_from(["a", "b", "c", "d"]),
+            st.integers(min_value=1, max_value=400),
+        ),
+        max_size=80,
+    )
+)
+def test_the_held_bytes_are_what_the_retained_events_hold(
+    steps: list[tuple[str, str, int]],
+) -> None:
+    async def main() -> None:
+        store = InMemoryEventStore(
+            max_streams=3, max_events_per_stream=6, max_bytes_per_stream=1500, max_bytes=3000
+        )
+        for action, name, size in steps:
+            if action == "append":
+                with contextlib.suppress(StoreFull, StreamReset):
+                    await store.append(name, sized(size, size + 6))
+            elif action == "open":
+                with contextlib.suppress(StoreFull):
+                    await store.open_stream(name)
+            elif action == "close":
+                await store.close_stream(name)
+            else:
+                await store.clear(name)
+            held = 0
+            for stream_name in "abcd":
+                events, _ = await store.since(stream_name, None)
+                held += sum(len(event.data) + EVENT_COST for event in events)
+                assert len(events) <= 6
+            assert store.held_bytes == held
+            assert len(store) <= 3
+
+    anyio.run(main)

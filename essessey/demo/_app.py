@@ -69,7 +69,15 @@ MAX_STREAMS_BODY: Final = 64 * 1024
 """The largest ``POST /streams`` body read, in bytes (a larger one gets 413)."""
 
 MAX_STREAMS: Final = 1_000
-"""Streams an in-memory demo keeps (oldest dropped first)."""
+"""Streams an in-memory demo keeps (finished ones dropped oldest first)."""
+
+STORE_MIB: Final = 256
+"""MiB of events an in-memory demo keeps for all turns together, as the store counts them
+(what anonymous clients can make it hold; see docs/demo.md)."""
+
+STREAM_MIB: Final = 32
+"""MiB of events it keeps per turn: the longest turn it plays (100,000 deltas, 28 MiB)
+fits whole."""
 
 _SHUTDOWN_GRACE: Final = 5
 """Seconds uvicorn waits for connections to end on shutdown before cancelling them."""
@@ -133,13 +141,17 @@ class _Turns:
 
 
 def _store(
-    nats_url: str | None, nats_stream: str, max_age: float
+    nats_url: str | None, nats_stream: str, max_age: float, store_mib: int
 ) -> tuple[EventStore, Any, Callable[[], Awaitable[None]] | None]:
     """The event store, and for NATS the client to connect and the store's setup."""
     if nats_url is None:
         # Room for the longest turn the demo plays, so any event of it can be resumed.
         store = InMemoryEventStore(
-            max_events_per_stream=MAX_DELTAS + 1_000, max_streams=MAX_STREAMS, max_age=max_age
+            max_events_per_stream=MAX_DELTAS + 1_000,
+            max_streams=MAX_STREAMS,
+            max_age=max_age,
+            max_bytes_per_stream=min(STREAM_MIB, store_mib) * 1024 * 1024,
+            max_bytes=store_mib * 1024 * 1024,
         )
         return store, None, None
     from nats.aio.client import Client
@@ -192,6 +204,7 @@ def create_app(
     max_age: float = 3600.0,
     ping_interval: float = 15.0,
     cors_origins: Sequence[str] = (),
+    store_mib: int = STORE_MIB,
 ) -> Starlette:
     """The demo as a Starlette app; its lifespan runs the hub (and connects to NATS).
 
@@ -201,10 +214,13 @@ def create_app(
     last event, in seconds; ``ping_interval`` the keep-alive interval of SSE and
     WebSocket subscriptions. ``cors_origins`` lists the origins (``"https://app.example"``,
     or ``"*"`` for any) whose pages may call the routes from a browser; by default none.
+    ``store_mib`` bounds what the in-memory store keeps for all turns (MiB, as counted).
     """
+    if store_mib < 1:
+        raise ValueError("store_mib must be >= 1")
     if isinstance(cors_origins, str):
         raise TypeError("cors_origins is a list of origins, not one string")
-    store, nc, setup = _store(nats_url, nats_stream, max_age)
+    store, nc, setup = _store(nats_url, nats_stream, max_age, store_mib)
     hub = StreamHub(store)
     turns = _Turns(hub)
 
@@ -354,6 +370,7 @@ def serve(
     nats_url: str | None,
     log_level: str,
     cors_origins: Sequence[str] = (),
+    store_mib: int = STORE_MIB,
 ) -> None:
     """Serve the demo with uvicorn until Ctrl-C or SIGTERM (blocking).
 
@@ -364,12 +381,12 @@ def serve(
     running turns finish within its grace. Then the hub and the NATS connection close.
     Ctrl-C then returns; SIGTERM ends the process by that signal once the shutdown is
     done (uvicorn raises it again). Exits with status 3 when the app cannot start (e.g.
-    NATS unreachable). ``cors_origins`` goes to :func:`create_app`.
+    NATS unreachable). ``cors_origins`` and ``store_mib`` go to :func:`create_app`.
     """
     import uvicorn
 
     _configure_logging(log_level)
-    app = create_app(nats_url=nats_url, cors_origins=cors_origins)
+    app = create_app(nats_url=nats_url, cors_origins=cors_origins, store_mib=store_mib)
     config = uvicorn.Config(
         app,
         host=host,
