@@ -25,6 +25,7 @@ import anyio
 import httpx
 import orjson
 import pytest
+import websockets
 from websockets.asyncio.client import connect as ws_connect
 
 from essessey import Event, EventType, ParsedStream, check, reassemble_events
@@ -778,3 +779,23 @@ async def test_what_clients_make_the_demo_hold_stays_within_its_byte_budget(
         stop_process(process, kill=True)
     assert reassemble_events(last).complete  # the newest turn is read whole
     assert grown < 2 * STORE_MIB + 8, f"RSS grew {grown:.1f} MiB over {baseline:.1f}"
+
+
+@pytest.mark.parametrize("size", [20_000, 70_000])
+async def test_headers_over_16_kib_are_refused_with_431(
+    http: httpx.AsyncClient, base: str, size: int
+) -> None:
+    # uvicorn's h11 bounds only an incomplete request: headers sent in one segment were
+    # read whole and served.
+    response = await http.post(f"{base}/streams", json={}, headers={"x-big": "a" * size})
+    assert response.status_code == 431, response.text
+    assert response.json()["error"]["type"] == "request_too_large"
+    # websockets' parser reads header lines of up to 8 KiB: many lines that add up.
+    lines = {f"x-big-{n}": "a" * 6000 for n in range(size // 6000 + 1)}
+    ws_url = base.replace("http://", "ws://") + "/streams/nope/ws"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with ws_connect(ws_url, additional_headers=lines):
+            pass
+    assert refused.value.response.status_code == 403
+    ok = await http.post(f"{base}/streams", json={}, headers={"x-small": "a" * 1000})
+    assert ok.status_code == 201

@@ -37,7 +37,13 @@ from starlette.routing import Route
 from essessey._shutdown import begin_shutdown, detect_uvicorn_shutdown
 from essessey.bindings.sse._hub import hub_routes
 from essessey.bindings.ws._endpoint import ws_route
-from essessey.demo._http import BadRequest, bad_request_response, json_error, read_json
+from essessey.demo._http import (
+    BadRequest,
+    HeaderLimit,
+    bad_request_response,
+    json_error,
+    read_json,
+)
 from essessey.demo._messages_api import messages_endpoint
 from essessey.demo._page import PAGE
 from essessey.demo._scenario import (
@@ -280,7 +286,7 @@ def create_app(
             if nc is not None and not nc.is_closed:
                 await nc.drain()
 
-    middleware = []
+    middleware = [Middleware(HeaderLimit)]
     if cors_origins:
         # No credentials: the demo has no cookies or tokens to protect, and a wildcard
         # origin is allowed only without them.

@@ -1,4 +1,5 @@
-"""Reading a bounded JSON body and answering errors in the Anthropic shape."""
+"""Reading a bounded JSON body, bounding request headers, and answering errors in the
+Anthropic shape."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from essessey.bindings.sse._response import error_body
 
@@ -76,3 +78,37 @@ async def read_json(
     except orjson.JSONEncodeError:
         raise BadRequest("the request body is nested too deeply") from None
     return value
+
+
+MAX_HEADER_BYTES = 16 * 1024
+"""The most a request's headers may hold (names, values and their separators)."""
+
+
+class HeaderLimit:
+    """Refuses a request whose headers hold more than ``max_bytes``: 431 with a
+    ``request_too_large`` error, or, for a WebSocket, a close before the accept (uvicorn
+    answers 403).
+
+    uvicorn's h11 parser bounds only a request that is still incomplete: headers that
+    arrive in one segment are read whole, however large (70 KB were), and httptools has
+    no bound. The app can only refuse them once read; a header-read timeout (against
+    slowloris) is not the app's to set: see docs/reliability.md. ``send`` is passed on
+    unwrapped, so the bindings' direct writes stay open.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_HEADER_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+            if size > self.max_bytes:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                message = f"the request headers are larger than {self.max_bytes} bytes"
+                response = json_error(431, "request_too_large", message)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
