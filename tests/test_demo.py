@@ -9,9 +9,11 @@ their results); a reader that drops and resumes loses and repeats nothing.
 
 from __future__ import annotations
 
+import base64
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -799,3 +801,33 @@ async def test_headers_over_16_kib_are_refused_with_431(
     assert refused.value.response.status_code == 403
     ok = await http.post(f"{base}/streams", json={}, headers={"x-small": "a" * 1000})
     assert ok.status_code == 201
+
+
+def test_a_frame_of_invalid_utf8_is_one_warning_line_not_a_traceback() -> None:
+    process = _spawn_demo()
+    try:
+        url = _first_line(process, WAIT).removeprefix("essessey demo on ")
+        stream_id = httpx.post(f"{url}/streams", json={"deltas": 50, "delay_ms": 20}).json()
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+            key = base64.b64encode(os.urandom(16)).decode()
+            sock.sendall(
+                f"GET /streams/{stream_id['stream_id']}/ws HTTP/1.1\r\nHost: x\r\n"
+                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+            )
+            assert sock.recv(65536).startswith(b"HTTP/1.1 101")
+            payload, mask = b"\xff\xfe\xfd", os.urandom(4)
+            masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+            for _ in range(3):
+                sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+            time.sleep(0.5)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=WAIT)
+        stop_process(process, kill=True)
+    assert process.stderr is not None
+    logged = process.stderr.read().decode()
+    assert "Traceback" not in logged
+    assert "UnicodeDecodeError" not in logged
+    assert "invalid UTF-8" in logged

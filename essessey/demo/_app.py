@@ -321,15 +321,29 @@ _TRACE: Final = 5
 
 
 class _WireTraceFilter(logging.Filter):
-    """Drops the DEBUG records of the ``websockets`` library, which uvicorn's WebSocket
-    layer logs on ``uvicorn.error``: every handshake's headers (cookies and tokens
-    included) and the start of every frame (the turn's content). Wire traces are
-    uvicorn's and websockets' own; they have no place beside a turn's content."""
+    """What the demo changes in the records uvicorn logs on ``uvicorn.error``.
+
+    Drops the DEBUG records of the ``websockets`` library, which uvicorn's WebSocket layer
+    logs there: every handshake's headers (cookies and tokens included) and the start of
+    every frame (the turn's content). Wire traces are uvicorn's and websockets' own; they
+    have no place beside a turn's content. And a client's frame of invalid UTF-8, which
+    uvicorn logs as an ERROR with a traceback (one per frame), becomes one WARNING line:
+    it is the client's garbage, not the server's failure."""
 
     _PACKAGE = f"{os.sep}websockets{os.sep}"
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.DEBUG or self._PACKAGE not in record.pathname
+        if record.levelno <= logging.DEBUG:
+            return self._PACKAGE not in record.pathname
+        if (
+            record.levelno == logging.ERROR
+            and record.exc_info is not None
+            and isinstance(record.exc_info[1], UnicodeDecodeError)
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "a WebSocket client sent a frame of invalid UTF-8", None
+            record.exc_info = record.exc_text = None
+        return True
 
 
 def _hide_wire_traces() -> None:
