@@ -691,6 +691,16 @@ class JetStreamEventStore:
             await reader.close()
 
 
+_RECONNECT_LOOK: Final = 0.25
+"""Seconds a waiting follower may go without looking whether its connection reconnected."""
+
+
+def _reconnects(nc: Any) -> int:
+    """How often ``nc`` has reconnected (nats-py's public ``stats``)."""
+    stats = getattr(nc, "stats", None)
+    return int(stats.get("reconnects", 0)) if isinstance(stats, dict) else 0
+
+
 class _Reader:
     """One ordered push consumer on a stream id's subjects, with the accounting that
     ``since`` and ``follow`` need: the stream sequence of the last message, how many are
@@ -705,6 +715,7 @@ class _Reader:
         "prefix",
         "queued",
         "ready",
+        "reconnects",
         "removed",
         "seq",
         "store",
@@ -730,6 +741,7 @@ class _Reader:
         self.queued = 0  # messages received after it, not yet taken
         self.total = 0  # count + pending: drops only when messages ahead are removed
         self.removed = False
+        self.reconnects = 0  # the connection's reconnect count when the consumer was made
 
     async def open(self, start: int | None) -> int:
         """Create the consumer from ``start`` (its first message is the one at ``start``
@@ -757,9 +769,11 @@ class _Reader:
             num_replicas=1,
             mem_storage=True,
         )
+        self.reconnects = _reconnects(store.nc)
         info = await js.add_consumer(store.stream, config)
         self.consumer = info.name
-        self.backlog = self.total = info.num_pending or 0
+        # After a reopen the count goes on: what is pending now is the backlog from here.
+        self.backlog = self.total = self.count + (info.num_pending or 0)
         # nats-py may recreate an ordered consumer from the stream's first sequence
         # (missed heartbeats before any message): anything before the start is skipped.
         self.seq = 0 if start is None else start - 1
@@ -783,15 +797,22 @@ class _Reader:
     async def next(self, idle: float) -> Msg | None:
         """The next message (never one already delivered), or None after ``idle``
         seconds without one."""
-        sub = self.sub
-        assert sub is not None
+        deadline = time.monotonic() + idle
         while True:
+            sub = self.sub
+            assert sub is not None
             msg = self._take_ready()
             if msg is None:
-                try:
-                    msg = await sub.next_msg(idle)
-                except nats.errors.TimeoutError:
+                if _reconnects(self.store.nc) != self.reconnects:
+                    await self._reopen()
+                    continue
+                wait = min(deadline - time.monotonic(), _RECONNECT_LOOK)
+                if wait <= 0:
                     return None
+                try:
+                    msg = await sub.next_msg(wait)
+                except nats.errors.TimeoutError:
+                    continue
             elif self.ready._jsi._fcr:
                 await self._reply_flow_control()
             consumer, seq, pending = _position(msg)
@@ -853,6 +874,21 @@ class _Reader:
             if jsi._fcr is None:
                 jsi._fcr = reply
             logger.debug("flow-control reply failed: %r", exc)
+
+    async def _reopen(self) -> None:
+        """The connection came back: a new consumer from the next message. A server that
+        restarted has lost this ephemeral consumer, and nats-py's ordered consumer would
+        notice only after missing its heartbeats (two to four of them: 10-20 s with the
+        default heartbeat), a pause every live reader would sit through."""
+        logger.debug("the NATS connection came back; recreating the follower's consumer")
+        old, self.sub = self.sub, None
+        if old is not None:
+            try:
+                await old.unsubscribe()
+            except nats.errors.Error as exc:
+                logger.debug("unsubscribe failed: %r", exc)
+        await self.open(self.seq + 1)
+        await self._check_epoch()
 
     async def _check_epoch(self) -> None:
         store = self.store
