@@ -39,6 +39,7 @@ from essessey.hub import Access, StreamHub
 
 __all__ = [
     "CHECK_FAILED",
+    "EVENTS_PER_TURN",
     "ConnectionTasks",
     "SubscriptionEnd",
     "WatchedLine",
@@ -53,6 +54,11 @@ __all__ = [
 logger = logging.getLogger("essessey.bindings")
 
 CHECK_FAILED: Final = "could not check access to this stream; try again later"
+
+EVENTS_PER_TURN: Final = 64
+"""Events one connection handles before it lets the others run: a replay (a store's
+backlog read and written without waiting) would otherwise hold the event loop for its
+whole length, and a live turn's events beside forty replaying clients waited seconds."""
 """What a client is told when the ``authorize`` hook raised."""
 
 

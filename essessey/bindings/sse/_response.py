@@ -45,13 +45,14 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Mappi
 from typing import Any, Final, TypeAlias
 
 import anyio
+import anyio.lowlevel
 import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from essessey._shutdown import on_shutdown, shutting_down
-from essessey.bindings._asgi import connection_tasks, watch_line
+from essessey.bindings._asgi import EVENTS_PER_TURN, connection_tasks, watch_line
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
@@ -601,12 +602,17 @@ class EventStreamResponse(Response):
             # append, in order with those the loop below reads.
             deliver_to(sink.deliver)
         iterator = aiter(source)
+        handled = 0
         try:
             async for event in iterator:
                 # Held without a checkpoint while a burst lasts (a hub subscription
                 # replaying): the backlog goes out in few sends.
                 if not sink.emit_nowait(event):
                     await sink.emit(event)
+                handled += 1
+                if handled == EVENTS_PER_TURN:
+                    handled = 0
+                    await anyio.lowlevel.checkpoint()  # other connections' turn
         finally:
             # A source parked at a yield would otherwise be finalised only when the
             # garbage collector gets to it, and the response itself may hold it: close

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import orjson
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -70,6 +71,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
+    EVENTS_PER_TURN,
     ConnectionTasks,
     check_access,
     connection_tasks,
@@ -256,8 +258,13 @@ async def _follow(
     # own append while the line is free (no task switch): see StreamHub.subscribe_delivering.
     deliver = line.deliver if line.direct is not None else None
     events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
+    handled = 0
     try:
         async for event in events:
+            handled += 1
+            if handled == EVENTS_PER_TURN:
+                handled = 0
+                await anyio.lowlevel.checkpoint()  # a replay must not hold the loop
             try:
                 frame = frame_bytes(event)
             except ValueError:
