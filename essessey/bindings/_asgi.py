@@ -12,6 +12,7 @@ abort, a write straight to the transport) is in ``essessey.bindings._server``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from essessey._ids import is_event_id
@@ -43,6 +45,7 @@ __all__ = [
     "ConnectionTasks",
     "SubscriptionEnd",
     "WatchedLine",
+    "backlog_turn",
     "check_access",
     "connection_tasks",
     "resume_point",
@@ -56,9 +59,9 @@ logger = logging.getLogger("essessey.bindings")
 CHECK_FAILED: Final = "could not check access to this stream; try again later"
 
 EVENTS_PER_TURN: Final = 64
-"""Events one connection handles before it lets the others run: a replay (a store's
-backlog read and written without waiting) would otherwise hold the event loop for its
-whole length, and a live turn's events beside forty replaying clients waited seconds."""
+"""Events one connection handles without waiting before it waits for its turn
+(:func:`backlog_turn`): a replay (a store's backlog read and written without waiting)
+would otherwise hold the event loop for its whole length."""
 """What a client is told when the ``authorize`` hook raised."""
 
 
@@ -279,6 +282,60 @@ async def connection_tasks() -> AsyncIterator[ConnectionTasks]:
         tasks.stop()
     if tasks.failure is not None:
         raise tasks.failure
+
+
+class _BacklogGate:
+    """One per event loop: of the connections working through a backlog, one goes on per
+    turn of the loop. Live events (a producer's timer, a socket that became readable)
+    are handled every turn, so beside any number of replaying clients a live event waits
+    for one backlog slice at most, not for one slice of every replaying client."""
+
+    __slots__ = ("_loop", "_scheduled", "_waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._scheduled = False
+
+    async def wait(self) -> None:
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append(future)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._release)
+        await future  # cancelled: _release skips it
+
+    def _release(self) -> None:
+        waiting = self._waiting
+        while waiting:
+            future = waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+                break
+        if waiting:
+            self._loop.call_soon(self._release)  # the next one, on the loop's next turn
+        else:
+            self._scheduled = False
+
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _BacklogGate] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def backlog_turn() -> None:
+    """Wait for this connection's next turn at backlog work (see :data:`EVENTS_PER_TURN`):
+    on asyncio one backlogged connection goes on per turn of the loop; elsewhere a plain
+    checkpoint."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        await anyio.lowlevel.checkpoint()
+        return
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = _BacklogGate(loop)
+    await gate.wait()
 
 
 class WatchedLine(Protocol):

@@ -52,7 +52,12 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from essessey._shutdown import on_shutdown, shutting_down
-from essessey.bindings._asgi import EVENTS_PER_TURN, connection_tasks, watch_line
+from essessey.bindings._asgi import (
+    EVENTS_PER_TURN,
+    backlog_turn,
+    connection_tasks,
+    watch_line,
+)
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
@@ -612,7 +617,7 @@ class EventStreamResponse(Response):
                 handled += 1
                 if handled == EVENTS_PER_TURN:
                     handled = 0
-                    await anyio.lowlevel.checkpoint()  # other connections' turn
+                    await backlog_turn()  # a replay must not hold up live turns
         finally:
             # A source parked at a yield would otherwise be finalised only when the
             # garbage collector gets to it, and the response itself may hold it: close

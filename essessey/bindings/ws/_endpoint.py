@@ -73,6 +73,7 @@ from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     ConnectionTasks,
+    backlog_turn,
     check_access,
     connection_tasks,
     resume_point,
@@ -264,7 +265,7 @@ async def _follow(
             handled += 1
             if handled == EVENTS_PER_TURN:
                 handled = 0
-                await anyio.lowlevel.checkpoint()  # a replay must not hold the loop
+                await backlog_turn()  # a replay must not hold up live turns
             try:
                 frame = frame_bytes(event)
             except ValueError:
