@@ -715,9 +715,10 @@ def small_demo(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 async def test_many_short_turns_do_not_evict_a_running_one(
     http: httpx.AsyncClient, small_demo: str
 ) -> None:
-    # A turn that pauses (10 deltas, 150 ms apart) while anonymous clients start many
-    # short ones: its stream used to be dropped as the one updated longest ago.
-    running = await start(http, small_demo, deltas=10, delay_ms=150)
+    # A turn that pauses (20 deltas, 200 ms apart: it runs 4 s, well past the short
+    # turns) while anonymous clients start many short ones: its stream used to be dropped
+    # as the one updated longest ago.
+    running = await start(http, small_demo, deltas=20, delay_ms=200)
     started = 0
     for _ in range(400):  # bounded: 20 short turns, each retried while 5 are running
         response = await http.post(f"{small_demo}/streams", json={"deltas": 1})
