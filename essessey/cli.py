@@ -188,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="MiB of events the in-memory store keeps for all turns (default %(default)s)",
     )
     demo.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve essessey's metrics at /metrics in Prometheus' text format (needs the "
+        "metrics extra)",
+    )
+    demo.add_argument(
         "--log-level",
         choices=_LOG_LEVELS,
         default="info",
@@ -314,6 +320,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             cors_origins=args.cors_origins,
             store_mib=args.store_mib,
+            metrics=args.metrics,
         )
     except KeyboardInterrupt:
         # Ctrl-C is how a demo server is meant to stop, not a failure.

@@ -39,6 +39,7 @@ Policies, and why:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -47,6 +48,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
 
 import anyio
+import orjson
 from anyio.abc import TaskGroup, TaskStatus
 
 from essessey._ids import MAX_ID_LENGTH, is_token
@@ -57,6 +59,7 @@ from essessey.errors import (
     TooManySubscribers,
 )
 from essessey.event import Event
+from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, StopReason
 from essessey.publisher import Publisher
 from essessey.store import Deliver, EventStore, InMemoryEventStore
@@ -84,7 +87,7 @@ DEFAULT_SHUTDOWN_GRACE: Final = 20.0
 class _HubSink:
     """The sink of a running turn: appends to the store, remembers the last event."""
 
-    __slots__ = ("_append_nowait", "_store", "_stream_id", "last_was_error")
+    __slots__ = ("_append_nowait", "_store", "_stream_id", "last_was_error", "stop_reason")
 
     def __init__(self, store: EventStore, stream_id: str) -> None:
         self._store = store
@@ -93,17 +96,26 @@ class _HubSink:
             store, "append_nowait", None
         )
         self.last_was_error = False
+        self.stop_reason: str | None = None  # of the last message_delta, for the metrics
+
+    def _note(self, event: Event) -> None:
+        name = event.event
+        self.last_was_error = name == EventType.ERROR
+        if name == EventType.MESSAGE_DELTA:
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+                reason = orjson.loads(event.data)["delta"].get("stop_reason")
+                self.stop_reason = reason if isinstance(reason, str) else None
 
     async def emit(self, event: Event) -> None:
         await self._store.append(self._stream_id, event)
-        self.last_was_error = event.event == EventType.ERROR
+        self._note(event)
 
     def emit_nowait(self, event: Event) -> bool:
         append = self._append_nowait
         if append is None:
             return False
         append(self._stream_id, event)
-        self.last_was_error = event.event == EventType.ERROR
+        self._note(event)
         return True
 
 
@@ -251,6 +263,7 @@ class StreamHub:
         sink = _HubSink(self.store, stream_id)
         publisher = Publisher(sink, dialect=self.dialect, strict=True)
         turn.started = True
+        totals.turns_running += 1
         task_status.started()
         failed = False
         cut = False  # cancelled from outside the turn: the hub left with an exception
@@ -277,6 +290,9 @@ class StreamHub:
                         stream_id, publisher, sink, turn.scope.cancel_called or cut, failed
                     )
             finally:
+                totals.turns_running -= 1
+                outcome = "error" if sink.last_was_error else sink.stop_reason or "error"
+                totals.turns_finished[outcome] += 1
                 self._forget(stream_id, turn)
 
     async def _finish(
@@ -374,6 +390,7 @@ class StreamHub:
             async for event in events:
                 yield event
         except SubscriberLagged:
+            totals.lagged += 1
             logger.warning("a subscriber of %s fell behind and was ended", stream_id)
             raise
         finally:

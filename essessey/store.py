@@ -23,6 +23,7 @@ from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 import anyio
 
+from essessey import metrics
 from essessey.errors import (
     MessagesNotRetained,
     StoreFull,
@@ -254,9 +255,15 @@ class InMemoryEventStore:
         # Running streams that were cleared: their turn's next event must not recreate
         # them mid-message. Bounded; the oldest is forgotten first.
         self._cleared_running: OrderedDict[str, None] = OrderedDict()
+        metrics.watch_store(self)
 
     def __len__(self) -> int:
         return len(self._streams)
+
+    @property
+    def held_events(self) -> int:
+        """How many events the store holds, every stream together."""
+        return sum(len(stream.events) for stream in self._streams.values())
 
     @property
     def held_bytes(self) -> int:

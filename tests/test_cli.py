@@ -660,6 +660,7 @@ def test_demo_calls_serve(
             "log_level": "info",
             "cors_origins": [],
             "store_mib": 256,
+            "metrics": False,
         }
     ]
     calls.clear()
@@ -668,9 +669,10 @@ def test_demo_calls_serve(
     assert code == EXIT_OK
     assert calls[0]["cors_origins"] == ["https://a.example", "http://localhost:3000"]
     calls.clear()
-    code, _, _ = run(capsys, "demo", "--store-mib", "16")
+    code, _, _ = run(capsys, "demo", "--store-mib", "16", "--metrics")
     assert code == EXIT_OK
     assert calls[0]["store_mib"] == 16
+    assert calls[0]["metrics"] is True
     code, _, err = run(capsys, "demo", "--store-mib", "0")
     assert code != EXIT_OK
     assert "at least 1" in err

@@ -609,12 +609,12 @@ async def test_two_demo_apps_on_one_nats_server_share_turns(
 # -- serve(): the blocking entry point the CLI calls ------------------------------------
 
 
-def _spawn_demo(store_mib: int = 256) -> subprocess.Popen[bytes]:
+def _spawn_demo(store_mib: int = 256, *, metrics: bool = False) -> subprocess.Popen[bytes]:
     """``essessey.demo.serve`` in a subprocess, on a port the OS picks."""
     code = (
         "from essessey.demo import serve; "
         "serve(host='127.0.0.1', port=0, nats_url=None, log_level='warning', "
-        f"store_mib={store_mib})"
+        f"store_mib={store_mib}, metrics={metrics})"
     )
     return subprocess.Popen(
         [sys.executable, "-c", code],

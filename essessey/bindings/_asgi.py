@@ -38,6 +38,7 @@ from essessey.errors import (
     UnknownEventId,
 )
 from essessey.hub import Access, StreamHub
+from essessey.metrics import totals
 
 __all__ = [
     "CHECK_FAILED",
@@ -163,6 +164,46 @@ def subscription_end(exc: Exception) -> SubscriptionEnd | None:
         if isinstance(exc, kind):
             return end
     return None
+
+
+_RESUME_OUTCOMES: Final[dict[type[Exception], str]] = {
+    UnknownEventId: "unknown_id",
+    StreamReset: "unknown_id",
+    MessagesNotRetained: "nothing_to_resume",
+    StreamNotFound: "nothing_to_resume",
+}
+
+
+class SubscriptionCount:
+    """One subscription in ``essessey.metrics``: a subscriber of its transport while it
+    runs, and for a resume (a last event id given), its outcome, counted once."""
+
+    __slots__ = ("_resuming", "_transport")
+
+    def __init__(self, transport: str, resuming: bool) -> None:
+        self._transport = transport
+        self._resuming = resuming
+        totals.subscribers[transport] += 1
+
+    def started(self) -> None:
+        """The subscription delivers: a resume replayed (possibly nothing, when the id
+        was the last event)."""
+        if self._resuming:
+            self._resuming = False
+            totals.resumes["replayed"] += 1
+
+    def ended(self, error: Exception | None) -> None:
+        """The subscription ended, by ``error`` or not."""
+        if self._resuming:
+            self._resuming = False
+            if error is None:
+                totals.resumes["replayed"] += 1
+            else:
+                for kind, outcome in _RESUME_OUTCOMES.items():
+                    if isinstance(error, kind):
+                        totals.resumes[outcome] += 1
+                        break
+        totals.subscribers[self._transport] -= 1
 
 
 @asynccontextmanager

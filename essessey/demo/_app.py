@@ -211,6 +211,7 @@ def create_app(
     ping_interval: float = 15.0,
     cors_origins: Sequence[str] = (),
     store_mib: int = STORE_MIB,
+    metrics: bool = False,
 ) -> Starlette:
     """The demo as a Starlette app; its lifespan runs the hub (and connects to NATS).
 
@@ -221,6 +222,8 @@ def create_app(
     WebSocket subscriptions. ``cors_origins`` lists the origins (``"https://app.example"``,
     or ``"*"`` for any) whose pages may call the routes from a browser; by default none.
     ``store_mib`` bounds what the in-memory store keeps for all turns (MiB, as counted).
+    ``metrics`` serves essessey's metrics (``essessey.metrics``) at ``/metrics`` in
+    Prometheus' text format (needs the ``metrics`` extra).
     """
     if store_mib < 1:
         raise ValueError("store_mib must be >= 1")
@@ -299,9 +302,11 @@ def create_app(
                 expose_headers=["Location", "Request-Id"],
             )
         )
+    extra_routes = [Route("/metrics", _metrics_endpoint(), methods=["GET"])] if metrics else []
     app = Starlette(
         middleware=middleware,
         routes=[
+            *extra_routes,
             Route("/", page, methods=["GET"]),
             Route("/streams", start_stream, methods=["POST"]),
             # retry=1000: an EventSource whose stream was cut reconnects a second later.
@@ -344,6 +349,29 @@ class _WireTraceFilter(logging.Filter):
             record.msg, record.args = "a WebSocket client sent a frame of invalid UTF-8", None
             record.exc_info = record.exc_text = None
         return True
+
+
+def _metrics_endpoint() -> Callable[[Request], Awaitable[Response]]:
+    """``GET /metrics``: what OpenTelemetry's Prometheus reader collects, as text. The
+    process's meter provider is set once (OpenTelemetry allows no second)."""
+    from opentelemetry import metrics
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    global _METER_PROVIDER
+    if _METER_PROVIDER is None:
+        _METER_PROVIDER = MeterProvider(metric_readers=[PrometheusMetricReader()])
+        metrics.set_meter_provider(_METER_PROVIDER)
+
+    async def endpoint(request: Request) -> Response:
+        # In the loop's thread: the counts it reads are the loop's.
+        return Response(generate_latest(), headers={"content-type": CONTENT_TYPE_LATEST})
+
+    return endpoint
+
+
+_METER_PROVIDER: Any = None
 
 
 def _hide_wire_traces() -> None:
@@ -391,6 +419,7 @@ def serve(
     log_level: str,
     cors_origins: Sequence[str] = (),
     store_mib: int = STORE_MIB,
+    metrics: bool = False,
 ) -> None:
     """Serve the demo with uvicorn until Ctrl-C or SIGTERM (blocking).
 
@@ -401,12 +430,15 @@ def serve(
     running turns finish within its grace. Then the hub and the NATS connection close.
     Ctrl-C then returns; SIGTERM ends the process by that signal once the shutdown is
     done (uvicorn raises it again). Exits with status 3 when the app cannot start (e.g.
-    NATS unreachable). ``cors_origins`` and ``store_mib`` go to :func:`create_app`.
+    NATS unreachable). ``cors_origins``, ``store_mib`` and ``metrics`` go to
+    :func:`create_app`.
     """
     import uvicorn
 
     _configure_logging(log_level)
-    app = create_app(nats_url=nats_url, cors_origins=cors_origins, store_mib=store_mib)
+    app = create_app(
+        nats_url=nats_url, cors_origins=cors_origins, store_mib=store_mib, metrics=metrics
+    )
     config = uvicorn.Config(
         app,
         host=host,

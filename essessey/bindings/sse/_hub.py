@@ -37,7 +37,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey._ids import MAX_ID_LENGTH, is_token
-from essessey.bindings._asgi import CHECK_FAILED, check_access, resume_point, subscription_end
+from essessey.bindings._asgi import (
+    CHECK_FAILED,
+    SubscriptionCount,
+    check_access,
+    resume_point,
+    subscription_end,
+)
 from essessey.bindings.sse._response import EventStreamResponse, error_body
 from essessey.errors import StreamRejected
 from essessey.event import Event
@@ -80,10 +86,14 @@ async def _follow(
     # Closed as soon as this response ends (the client left), so the hub's subscriber
     # count drops at once rather than when the garbage collector gets to it.
     events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
+    count = SubscriptionCount("sse", last_event_id is not None)
+    error: Exception | None = None
     try:
         async for event in events:
+            count.started()
             yield event
     except Exception as exc:
+        error = exc
         end = subscription_end(exc)
         if end is None:
             raise
@@ -93,6 +103,7 @@ async def _follow(
         message = end.message or f"no stream {stream_id!r}"
         raise StreamRejected(end.status, end.error_type, message) from exc
     finally:
+        count.ended(error)
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             await aclose()

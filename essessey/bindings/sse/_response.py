@@ -51,6 +51,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from essessey import metrics
 from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
@@ -62,6 +63,7 @@ from essessey.bindings._server import BodyWriter, body_writer, connection_aborte
 from essessey.bindings.sse._writer import encode, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
+from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType
 from essessey.publisher import Publisher
 
@@ -126,6 +128,7 @@ class _Outbox:
         "ended",
         "last_sent",
         "last_was_error",
+        "opened",
         "send_began",
         "sending",
         "started",
@@ -160,7 +163,7 @@ class _Outbox:
         self.stopping = False  # the server is shutting down: end with the retry hint
         self.last_was_error = False
         self.send_began = 0.0
-        self.last_sent = time.monotonic()  # for the keep-alive: the stream's start counts
+        self.last_sent = self.opened = time.monotonic()  # the keep-alive counts from here
         self._burst_until = 0.0  # the first event goes out at once
 
     # -- the producer's side -----------------------------------------------------------
@@ -315,6 +318,7 @@ class _Outbox:
         try:
             if not self.started:
                 self.started = True
+                metrics.first_event("sse", time.monotonic() - self.opened)
                 await self._send(
                     {
                         "type": "http.response.start",
@@ -400,6 +404,7 @@ class _Outbox:
         timeout = response.send_timeout if response.send_timeout is not None else math.inf
         if self.sending:
             if now - self.send_began > timeout:
+                totals.stalled += 1
                 logger.warning(
                     "a send stalled for more than %.1f s; ending the response",
                     response.send_timeout,
@@ -439,6 +444,8 @@ class _OutboxSink:
         frame = encode(event)
         if outbox.offer(frame):
             outbox.last_was_error = event.event == EventType.ERROR
+            totals.sse_events += 1
+            totals.sse_bytes += len(frame)
             return True
         self._framed = (event, frame)
         return False  # the Publisher calls emit(), which sends it
@@ -461,6 +468,8 @@ class _OutboxSink:
         framed = self._framed
         self._framed = None
         frame = framed[1] if framed is not None and framed[0] is event else encode(event)
+        totals.sse_events += 1
+        totals.sse_bytes += len(frame)
         return outbox.write(frame)
 
     async def emit_many(self, events: Sequence[Event]) -> None:
@@ -471,9 +480,12 @@ class _OutboxSink:
         if isinstance(events, EventBatch) and events.name in _BATCH_PREFIXES:
             # One name, no ids, JSON data without line breaks: framed by concatenation.
             prefix = _BATCH_PREFIXES[events.name]
-            await outbox.write(b"".join([prefix + data + b"\n\n" for data in events.datas]))
+            body = b"".join([prefix + data + b"\n\n" for data in events.datas])
         else:
-            await outbox.write(b"".join([encode(event) for event in events]))
+            body = b"".join([encode(event) for event in events])
+        totals.sse_events += len(events)
+        totals.sse_bytes += len(body)
+        await outbox.write(body)
         outbox.last_was_error = events[-1].event == EventType.ERROR
 
 

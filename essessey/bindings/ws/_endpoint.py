@@ -68,11 +68,13 @@ import orjson
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from essessey import metrics
 from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     ConnectionTasks,
+    SubscriptionCount,
     backlog_turn,
     check_access,
     connection_tasks,
@@ -85,6 +87,7 @@ from essessey.bindings.ws._frame import encode_frame, frame_bytes
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
+from essessey.metrics import totals
 from essessey.protocol import EventType
 
 __all__ = ["websocket_subscription", "ws_route"]
@@ -259,9 +262,12 @@ async def _follow(
     # own append while the line is free (no task switch): see StreamHub.subscribe_delivering.
     deliver = line.deliver if line.direct is not None else None
     events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
+    count = SubscriptionCount("websocket", last_event_id is not None)
+    error: Exception | None = None
     handled = 0
     try:
         async for event in events:
+            count.started()
             handled += 1
             if handled == EVENTS_PER_TURN:
                 handled = 0
@@ -275,6 +281,7 @@ async def _follow(
             if not await line.send(frame):
                 return
     except Exception as exc:
+        error = exc
         end = subscription_end(exc)
         if end is None:
             logger.exception("a WebSocket subscription of %s failed", stream_id)
@@ -286,6 +293,7 @@ async def _follow(
             )
         ending.set(end.close_code, end.reason)
     finally:
+        count.ended(error)
         with anyio.CancelScope(shield=True):
             await events.aclose()
 
@@ -306,8 +314,10 @@ class _Line:
         "direct",
         "ending",
         "last_sent",
+        "opened",
         "send_began",
         "sending",
+        "sent_any",
         "stalled",
         "tasks",
         "websocket",
@@ -333,7 +343,8 @@ class _Line:
         self.sending = False
         self.stalled = False
         self.send_began = 0.0
-        self.last_sent = time.monotonic()
+        self.last_sent = self.opened = time.monotonic()
+        self.sent_any = False
         self._idle: anyio.Event | None = None  # set when a send ends
         self._wake: anyio.Event | None = None  # wakes the watchdog early
 
@@ -350,8 +361,17 @@ class _Line:
             return False  # the subscription's own loop reads it, and ends on it
         if not direct.write(frame):
             return False
-        self.last_sent = time.monotonic()
+        self._count(frame)
         return True
+
+    def _count(self, frame: bytes) -> None:
+        """A frame went out: the keep-alive's clock and the metrics."""
+        self.last_sent = now = time.monotonic()
+        totals.websocket_events += 1
+        totals.websocket_bytes += len(frame)
+        if not self.sent_any:
+            self.sent_any = True
+            metrics.first_event("websocket", now - self.opened)
 
     async def send(self, frame: bytes) -> bool:
         """Send one frame; False when the subscription must end (the client is gone,
@@ -363,7 +383,7 @@ class _Line:
             and not self.ending.shutdown
             and direct.write(frame)
         ):
-            self.last_sent = time.monotonic()
+            self._count(frame)
             return True
         while self.sending:  # the watchdog's keep-alive frame is going out
             idle = self._idle
@@ -388,6 +408,7 @@ class _Line:
             if idle is not None:
                 self._idle = None
                 idle.set()
+        self._count(frame)
         return not ending.shutdown
 
     def check(self, now: float) -> float | None:
@@ -398,6 +419,7 @@ class _Line:
             return None
         if self.sending:
             if now - self.send_began > self._timeout:
+                totals.stalled += 1
                 logger.warning(
                     "a WebSocket send stalled for more than %.1f s; ending the subscription",
                     self._timeout,
