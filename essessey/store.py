@@ -208,6 +208,11 @@ it: the stored tuple, its id string, the data's bytes object header and the dequ
 (143 + 33 bytes measured on CPython 3.11 for a text delta)."""
 
 
+def _cost(event: Event) -> int:
+    """What ``event`` counts against the byte budgets."""
+    return len(event.data) + _EVENT_OVERHEAD
+
+
 class InMemoryEventStore:
     """An :class:`EventStore` in this process's memory, bounded in count and in bytes.
 
@@ -288,13 +293,17 @@ class InMemoryEventStore:
             dropped.append(stream_id)
             over -= 1
         for stream_id in dropped:
-            stream = streams.pop(stream_id)
-            self._bytes -= stream.bytes
-            # Followers of a dropped stream must not wait forever. It is not marked
-            # closed: a follower that has not seen the stream closed by its producer
-            # gets StreamReset, never an end that looks like the turn's.
-            stream.wake()
-            logger.debug("dropped stream %s (expired or over max_streams)", stream_id)
+            self._drop(stream_id, "expired or over max_streams")
+
+    def _drop(self, stream_id: str, why: str) -> None:
+        """Drop a finished stream to keep a bound."""
+        stream = self._streams.pop(stream_id)
+        self._bytes -= stream.bytes
+        # Followers of a dropped stream must not wait forever. It is not marked closed: a
+        # follower that has not seen the stream closed by its producer gets StreamReset,
+        # never an end that looks like the turn's.
+        stream.wake()
+        logger.debug("dropped stream %s (%s)", stream_id, why)
 
     def _get(self, stream_id: str) -> _Stream | None:
         self._expire()
@@ -339,17 +348,17 @@ class InMemoryEventStore:
         events = stream.events
         if len(events) == self.max_events_per_stream:
             stream.first_seq += 1  # the deque drops its oldest on append
-            dropped = len(events[0].data) + _EVENT_OVERHEAD
+            dropped = _cost(events[0])
             stream.bytes -= dropped
             self._bytes -= dropped
         events.append(stored)
-        size = len(event.data) + _EVENT_OVERHEAD
+        size = _cost(event)
         stream.bytes += size
         self._bytes += size
         if stream.bytes > self.max_bytes_per_stream:
             self._trim(stream, self.max_bytes_per_stream)
         if self._bytes > self.max_bytes:
-            self._over_budget(stream_id, stream, now)
+            self._over_budget(stream)
         stream.next_seq = seq + 1
         stream.closed = False
         stream.updated = now
@@ -361,12 +370,12 @@ class InMemoryEventStore:
         newest event always stays)."""
         events = stream.events
         while stream.bytes > budget and len(events) > 1:
-            dropped = len(events.popleft().data) + _EVENT_OVERHEAD
+            dropped = _cost(events.popleft())
             stream.first_seq += 1
             stream.bytes -= dropped
             self._bytes -= dropped
 
-    def _over_budget(self, stream_id: str, stream: _Stream, now: float) -> None:
+    def _over_budget(self, stream: _Stream) -> None:
         """The store holds more than ``max_bytes``: drop finished streams, updated longest
         ago first; if running streams alone hold too much, the one appended to pays."""
         streams = self._streams
@@ -380,10 +389,7 @@ class InMemoryEventStore:
             dropped.append(other_id)
             excess -= other.bytes
         for other_id in dropped:
-            other = streams.pop(other_id)
-            self._bytes -= other.bytes
-            other.wake()
-            logger.debug("dropped stream %s (over max_bytes)", other_id)
+            self._drop(other_id, "over max_bytes")
         if self._bytes > self.max_bytes:
             self._trim(stream, max(stream.bytes - (self._bytes - self.max_bytes), 0))
 

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -57,13 +57,15 @@ __all__ = [
 
 logger = logging.getLogger("essessey.bindings")
 
+_T = TypeVar("_T")
+
 CHECK_FAILED: Final = "could not check access to this stream; try again later"
+"""What a client is told when the ``authorize`` hook raised."""
 
 EVENTS_PER_TURN: Final = 64
 """Events one connection handles without waiting before it waits for its turn
 (:func:`backlog_turn`): a replay (a store's backlog read and written without waiting)
 would otherwise hold the event loop for its whole length."""
-"""What a client is told when the ``authorize`` hook raised."""
 
 
 async def check_access(
@@ -157,13 +159,18 @@ _ENDS: Final[dict[type[Exception], SubscriptionEnd]] = {
 }
 
 
+def _first_of(table: dict[type[Exception], _T], exc: Exception) -> _T | None:
+    """The value of the first exception class in ``table`` that ``exc`` is one of."""
+    for kind, value in table.items():
+        if isinstance(exc, kind):
+            return value
+    return None
+
+
 def subscription_end(exc: Exception) -> SubscriptionEnd | None:
     """What ``exc`` ending a hub subscription means to its client; None when it is not
     one of the hub's documented ends (a failure of the server)."""
-    for kind, end in _ENDS.items():
-        if isinstance(exc, kind):
-            return end
-    return None
+    return _first_of(_ENDS, exc)
 
 
 _RESUME_OUTCOMES: Final[dict[type[Exception], str]] = {
@@ -196,13 +203,9 @@ class SubscriptionCount:
         """The subscription ended, by ``error`` or not."""
         if self._resuming:
             self._resuming = False
-            if error is None:
-                totals.resumes["replayed"] += 1
-            else:
-                for kind, outcome in _RESUME_OUTCOMES.items():
-                    if isinstance(error, kind):
-                        totals.resumes[outcome] += 1
-                        break
+            outcome = "replayed" if error is None else _first_of(_RESUME_OUTCOMES, error)
+            if outcome is not None:
+                totals.resumes[outcome] += 1
         totals.subscribers[self._transport] -= 1
 
 

@@ -45,7 +45,6 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Mappi
 from typing import Any, Final, TypeAlias
 
 import anyio
-import anyio.lowlevel
 import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response

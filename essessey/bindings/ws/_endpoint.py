@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
-import anyio.lowlevel
 import orjson
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
