@@ -497,16 +497,27 @@ def build_app(max_streams: int) -> Callable[[Scope, Receive, Send], Awaitable[No
     return app
 
 
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
 def serve(
-    port: int, flavour: str, max_streams: int, profile_path: str | None, freeze: bool = False
+    port: int,
+    flavour: str,
+    max_streams: int,
+    profile_path: str | None,
+    freeze: bool = False,
+    wrap: Callable[[App], App] | None = None,
 ) -> int:
     """The server process: uvicorn (the flavour's HTTP parser and loop) on 127.0.0.1:port
     until its stdin closes. The same stop as _server.run_until_stdin_closes, with the
     flavour, the backlog and the file descriptor limit that one does not set. With
     ``freeze``, what exists once the app is built is moved out of the collector's sight
-    (``gc.freeze()``), as a server deployment may do."""
+    (``gc.freeze()``), as a server deployment may do; ``wrap`` puts an app of its own in
+    front of the variants (bench_metrics.py's ``/metrics``)."""
     raise_fd_limit()
     app = build_app(max_streams)
+    if wrap is not None:
+        app = wrap(app)
     if freeze:
         gc.collect()
         gc.freeze()
