@@ -1,0 +1,226 @@
+"""The Lua scripts of :class:`~essessey.bindings.redis.RedisEventStore`: every change to a
+stream id's keys is one script, so a reader never sees half of one and two replicas never
+interleave inside one.
+
+Keys of a stream id ``sid`` under ``prefix`` (see docs/redis.md): ``<prefix>:<sid>:m``, a
+hash (``epoch``, ``seq`` the last event's sequence, ``first`` the oldest retained one,
+``bytes`` as the budgets count them, ``closed``, ``run`` the time in ms until which the
+stream counts as running, ``tok``/``tokseq`` the last append's retry token and sequence);
+``<prefix>:<sid>:e``, a Redis stream whose entry ``0-<seq>`` holds the fields ``e`` (the
+event name) and ``d`` (its data); ``<prefix>:<sid>:x``, set while a running stream that
+was cleared must not be re-created mid-message; ``<prefix>:streams``, a sorted set of the
+stream ids by last update (``<prefix>:streams:clock`` counts the updates). Notifications
+go to the channel ``<prefix>:<sid>:n`` as ``<epoch> <seq> <kind>[ <name>]`` and, for an
+event, a newline and its data; the kinds are
+``e`` (an event), ``o`` (opened), ``c`` (closed), ``r`` (cleared) and ``d`` (dropped to keep
+a bound).
+
+Times come from the server's ``TIME``, so the replicas' clocks never need to agree.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+_COMMON: Final = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Make room for one more stream id: drop finished streams, updated longest ago first,
+-- while max_streams or more are held. False when every one of them is running.
+local function make_room(index, key_prefix, max_streams, now)
+  local count = redis.call('ZCARD', index)
+  if count < max_streams then return true end
+  local members = redis.call('ZRANGE', index, 0, -1)
+  for _, other in ipairs(members) do
+    if count < max_streams then break end
+    local meta = key_prefix .. other .. ':m'
+    local run = redis.call('HGET', meta, 'run')
+    if not run then
+      redis.call('ZREM', index, other)  -- expired already
+      count = count - 1
+    elseif tonumber(run) < now then
+      local epoch = redis.call('HGET', meta, 'epoch')
+      local seq = redis.call('HGET', meta, 'seq')
+      redis.call('DEL', meta, key_prefix .. other .. ':e')
+      redis.call('ZREM', index, other)
+      redis.call('PUBLISH', key_prefix .. other .. ':n', epoch .. ' ' .. seq .. ' d')
+      count = count - 1
+    end
+  end
+  return count < max_streams
+end
+
+-- The stream id's meta hash, created (with a fresh epoch) when missing.
+-- Returns the epoch, or nil and an error reply.
+local function create_or_touch(meta, events, index, sid, key_prefix, epoch_if_new,
+                               max_streams, now)
+  local epoch = redis.call('HGET', meta, 'epoch')
+  if epoch then return epoch end
+  if not make_room(index, key_prefix, max_streams, now) then
+    return nil, redis.error_reply('ESSFULL the store holds ' .. max_streams ..
+      ' streams whose turns are running')
+  end
+  redis.call('DEL', events)
+  redis.call('HSET', meta, 'epoch', epoch_if_new, 'seq', 0, 'first', 1, 'bytes', 0,
+             'closed', 0, 'run', 0)
+  return epoch_if_new
+end
+
+-- The index orders stream ids by a counter, not the time: two updates in one
+-- millisecond keep their order.
+local function keep(meta, events, index, sid, ttl)
+  redis.call('PEXPIRE', meta, ttl)
+  redis.call('PEXPIRE', events, ttl)
+  redis.call('ZADD', index, redis.call('INCR', index .. ':clock'), sid)
+end
+"""
+
+APPEND: Final = (
+    _COMMON
+    + """
+-- KEYS: meta, events, index, tombstone
+-- ARGV: sid, key_prefix, name, data, epoch_if_new, max_events, max_bytes, ttl_ms,
+--       max_streams, overhead, token, run_ms
+local meta, events, index, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sid, key_prefix, name, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local max_events, max_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local ttl, max_streams, overhead = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local token, run_ms = ARGV[11], tonumber(ARGV[12])
+local now = now_ms()
+
+-- A retry of an append that was stored (its reply lost): the same id, stored once.
+if redis.call('HGET', meta, 'tok') == token then
+  return {redis.call('HGET', meta, 'epoch'), tonumber(redis.call('HGET', meta, 'tokseq'))}
+end
+if redis.call('EXISTS', meta) == 0 and redis.call('EXISTS', tomb) == 1 then
+  if name ~= 'message_start' then
+    return redis.error_reply('ESSRESET the stream was cleared while its turn ran; ' ..
+      'only a new message may start it again')
+  end
+  redis.call('DEL', tomb)
+end
+local epoch, err = create_or_touch(meta, events, index, sid, key_prefix, ARGV[5],
+                                   max_streams, now)
+if not epoch then return err end
+
+local seq = redis.call('HINCRBY', meta, 'seq', 1)
+redis.call('XADD', events, '0-' .. seq, 'e', name, 'd', data)
+local bytes = redis.call('HINCRBY', meta, 'bytes', #data + overhead)
+local first = tonumber(redis.call('HGET', meta, 'first'))
+-- The oldest events go first, past either bound; the newest always stays.
+while first < seq and (seq - first + 1 > max_events or bytes > max_bytes) do
+  local oldest = redis.call('XRANGE', events, '0-' .. first, '0-' .. first)
+  if oldest[1] then
+    bytes = bytes - (#oldest[1][2][4] + overhead)
+    redis.call('XDEL', events, '0-' .. first)
+  end
+  first = first + 1
+end
+redis.call('HSET', meta, 'first', first, 'bytes', bytes, 'closed', 0, 'tok', token,
+           'tokseq', seq)
+local run = tonumber(redis.call('HGET', meta, 'run'))
+if run >= now then redis.call('HSET', meta, 'run', now + run_ms) end
+keep(meta, events, index, sid, ttl)
+redis.call('PUBLISH', key_prefix .. sid .. ':n', epoch .. ' ' .. seq .. ' e ' .. name ..
+           '\\n' .. data)
+return {epoch, seq}
+"""
+)
+
+OPEN: Final = (
+    _COMMON
+    + """
+-- KEYS: meta, events, index, tombstone
+-- ARGV: sid, key_prefix, epoch_if_new, ttl_ms, max_streams, run_ms
+local meta, events, index, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sid, key_prefix = ARGV[1], ARGV[2]
+local ttl, max_streams, run_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local now = now_ms()
+redis.call('DEL', tomb)  -- a new turn may start afresh
+local epoch, err = create_or_touch(meta, events, index, sid, key_prefix, ARGV[3],
+                                   max_streams, now)
+if not epoch then return err end
+redis.call('HSET', meta, 'closed', 0, 'run', now + run_ms)
+keep(meta, events, index, sid, ttl)
+redis.call('PUBLISH', key_prefix .. sid .. ':n',
+           epoch .. ' ' .. redis.call('HGET', meta, 'seq') .. ' o')
+return epoch
+"""
+)
+
+CLOSE: Final = (
+    _COMMON
+    + """
+-- KEYS: meta, events, index
+-- ARGV: sid, key_prefix, ttl_ms
+local meta, events, index = KEYS[1], KEYS[2], KEYS[3]
+local sid, key_prefix, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local epoch = redis.call('HGET', meta, 'epoch')
+if not epoch then return 0 end
+redis.call('HSET', meta, 'closed', 1, 'run', 0)
+keep(meta, events, index, sid, ttl)
+redis.call('PUBLISH', key_prefix .. sid .. ':n',
+           epoch .. ' ' .. redis.call('HGET', meta, 'seq') .. ' c')
+return 1
+"""
+)
+
+CLEAR: Final = (
+    _COMMON
+    + """
+-- KEYS: meta, events, index, tombstone
+-- ARGV: sid, key_prefix, ttl_ms
+local meta, events, index, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sid, key_prefix, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local epoch = redis.call('HGET', meta, 'epoch')
+if not epoch then return 0 end
+if tonumber(redis.call('HGET', meta, 'run')) >= now_ms() then
+  redis.call('SET', tomb, 1, 'PX', ttl)
+end
+local seq = redis.call('HGET', meta, 'seq')
+redis.call('DEL', meta, events)
+redis.call('ZREM', index, sid)
+redis.call('PUBLISH', key_prefix .. sid .. ':n', epoch .. ' ' .. seq .. ' r')
+return 1
+"""
+)
+
+KEEP_RUNNING: Final = (
+    _COMMON
+    + """
+-- KEYS: meta, events, index
+-- ARGV: sid, ttl_ms, run_ms
+local meta, events, index = KEYS[1], KEYS[2], KEYS[3]
+local sid, ttl, run_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local run = redis.call('HGET', meta, 'run')
+if not run then return 0 end
+local now = now_ms()
+if tonumber(run) < now then return 0 end
+redis.call('HSET', meta, 'run', now + run_ms)
+keep(meta, events, index, sid, ttl)
+return 1
+"""
+)
+
+READ: Final = """
+-- KEYS: meta, events
+-- ARGV: after (the sequence read last; 0 for the start), count
+-- Returns false when the stream id is not held, else
+-- {epoch, seq, first, closed, running, entries}.
+local meta, events = KEYS[1], KEYS[2]
+local state = redis.call('HMGET', meta, 'epoch', 'seq', 'first', 'closed', 'run')
+if not state[1] then return false end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local entries = {}
+if tonumber(ARGV[2]) > 0 then
+  entries = redis.call('XRANGE', events, '(0-' .. ARGV[1], '+', 'COUNT', ARGV[2])
+end
+local running = 0
+if tonumber(state[5]) >= now then running = 1 end
+return {state[1], tonumber(state[2]), tonumber(state[3]), tonumber(state[4]), running,
+        entries}
+"""

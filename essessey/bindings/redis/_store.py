@@ -1,0 +1,733 @@
+"""An :class:`~essessey.EventStore` on Redis Streams, shared by replicas.
+
+The keys, the scripts that change them and the notifications are described in
+``essessey.bindings.redis._scripts`` and docs/redis.md. In short: a stream id's events are
+the entries ``0-1``, ``0-2``, ... of a Redis stream, beside a hash with its epoch and
+bounds; every change is one Lua script, which also publishes a notification on the stream
+id's channel (the event itself, for an append).
+
+Ids are ``<epoch>-<seq>`` as the in-memory store issues them: the epoch is drawn when the
+stream id's keys are created, so an id from before a clear, an expiry or an eviction names
+another epoch and is unknown. Since the sequences of an epoch have no holes, an id is known
+exactly when every event after it is retained, as in :class:`~essessey.InMemoryEventStore`.
+
+Following. One pub/sub connection per store carries the notifications of the stream ids
+its followers read. A follower subscribes before it reads, replays with ``XRANGE`` (through
+the read script), then takes each new event from its notification when it is the next one
+(no round trip) and reads from Redis whenever it sees a hole (a notification lost with a
+dropped pub/sub connection), when it fell behind, and every ``heartbeat`` seconds while it
+waits, so a lost notification costs at most that long.
+
+Retries. A command that fails on the connection (Redis restarting, a timeout) is sent again
+until ``retry_timeout`` seconds have passed, then :class:`RedisUnavailable` is raised. An
+append carries a token that its retry repeats, and the script stores it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Final, TypeAlias, TypeVar
+
+import anyio
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from essessey._ids import is_token
+from essessey.bindings.redis import _scripts
+from essessey.errors import (
+    MessagesNotRetained,
+    StoreFull,
+    StoreUnavailable,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    UnknownEventId,
+)
+from essessey.event import Event
+from essessey.protocol import EventType
+
+__all__ = ["RedisEventStore", "RedisUnavailable"]
+
+logger = logging.getLogger("essessey.bindings.redis")
+
+_T = TypeVar("_T")
+
+_EVENT_OVERHEAD: Final = 180
+"""What an event counts against the byte budgets beyond its data, as in the in-memory
+store (docs/resume.md), so the same budgets hold the same turns on either."""
+
+_READ_BATCH: Final = 512
+_INBOX_LIMIT: Final = 4096
+"""Notifications a follower holds before it stops taking them and reads from Redis."""
+
+_MAX_BACKOFF: Final = 1.0
+
+_RETRYABLE: Final = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+_Arg: TypeAlias = "bytes | str | int"
+
+
+class RedisUnavailable(StoreUnavailable):
+    """Redis did not answer within ``retry_timeout`` seconds. The cause is chained."""
+
+
+def _parse_id(event_id: str, epoch: str) -> int | None:
+    """The sequence in ``event_id`` when it is spelled exactly as this store issues ids of
+    ``epoch`` (ASCII digits, no sign, no leading zero, at most 18 digits), else None."""
+    id_epoch, _, seq_text = event_id.rpartition("-")
+    if (
+        id_epoch != epoch
+        or not seq_text.isascii()
+        or not seq_text.isdigit()
+        or len(seq_text) > 18
+        or seq_text[0] == "0"
+    ):
+        return None
+    return int(seq_text)
+
+
+class _Snapshot:
+    """What the read script saw of a stream id, in one step."""
+
+    __slots__ = ("closed", "entries", "epoch", "first", "running", "seq")
+
+    def __init__(self, reply: list[Any]) -> None:
+        self.epoch: str = reply[0].decode()
+        self.seq: int = int(reply[1])  # the last event's sequence (0: none yet)
+        self.first: int = int(reply[2])  # the oldest retained event's sequence
+        self.closed = bool(int(reply[3]))
+        self.running = bool(int(reply[4]))
+        # (seq, name, data) of the entries after the sequence asked for.
+        self.entries: list[tuple[int, str, bytes]] = [
+            (int(entry_id[2:]), fields[1].decode(), fields[3]) for entry_id, fields in reply[5]
+        ]
+
+
+class _Note:
+    """One notification: ``kind`` is ``e`` (an event, with ``name`` and ``data``), ``o``,
+    ``c``, ``r`` or ``d`` (see _scripts); ``seq`` the stream's last sequence then."""
+
+    __slots__ = ("data", "epoch", "kind", "name", "seq")
+
+    def __init__(self, epoch: str, seq: int, kind: str, name: str, data: bytes) -> None:
+        self.epoch = epoch
+        self.seq = seq
+        self.kind = kind
+        self.name = name
+        self.data = data
+
+
+_RESYNC: Final = _Note("", 0, "s", "", b"")
+"""Not from Redis: the pub/sub connection was lost, so notifications may be missing."""
+
+
+def _parse_note(payload: bytes) -> _Note | None:
+    head, _, data = payload.partition(b"\n")
+    parts = head.decode("ascii", "replace").split(" ")
+    if len(parts) < 3 or not parts[1].isdigit():
+        return None
+    name = parts[3] if len(parts) > 3 else ""
+    return _Note(parts[0], int(parts[1]), parts[2], name, data)
+
+
+class _Inbox:
+    """A follower's notifications, and the future it waits on for the next one."""
+
+    __slots__ = ("newest", "notes", "overflow", "waiter")
+
+    def __init__(self) -> None:
+        self.notes: deque[_Note] = deque()
+        self.newest = 0  # the highest sequence any notification named
+        self.overflow = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, note: _Note) -> None:
+        if note.seq > self.newest:
+            self.newest = note.seq
+        if len(self.notes) >= _INBOX_LIMIT:
+            self.overflow = True  # it reads from Redis instead
+        else:
+            self.notes.append(note)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, at_most: float) -> None:
+        """Until a notification arrives, or ``at_most`` seconds."""
+        if self.notes or self.overflow:
+            return
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            with anyio.move_on_after(at_most):
+                await waiter
+        finally:
+            self.waiter = None
+
+
+class _Listener:
+    """The store's pub/sub connection: the channels its followers read, and their inboxes."""
+
+    def __init__(self, store: RedisEventStore) -> None:
+        self._store = store
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._inboxes: dict[bytes, set[_Inbox]] = {}
+        self._confirmed: dict[bytes, asyncio.Future[None]] = {}
+
+    async def join(self, stream_id: str) -> _Inbox:
+        """An inbox for ``stream_id``'s notifications, once Redis confirmed the
+        subscription (so nothing published after this returns is missed)."""
+        channel = self._store._key(stream_id, "n").encode()
+        inbox = _Inbox()
+        members = self._inboxes.get(channel)
+        if members is not None:
+            members.add(inbox)
+            confirmed = self._confirmed.get(channel)
+            if confirmed is not None:
+                await asyncio.shield(confirmed)
+            return inbox
+        self._inboxes[channel] = {inbox}
+        self._start()
+        confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+        try:
+            await self._store._retrying(lambda: self._pubsub.subscribe(channel))
+            with anyio.fail_after(self._store.retry_timeout):
+                await asyncio.shield(confirmed)
+        except BaseException:
+            self.leave(stream_id, inbox)
+            raise
+        return inbox
+
+    def leave(self, stream_id: str, inbox: _Inbox) -> None:
+        channel = self._store._key(stream_id, "n").encode()
+        members = self._inboxes.get(channel)
+        if members is None:
+            return
+        members.discard(inbox)
+        if not members:
+            del self._inboxes[channel]
+            self._confirmed.pop(channel, None)
+            pubsub = self._pubsub
+            if pubsub is not None and pubsub.connection is not None:
+                task = asyncio.get_running_loop().create_task(self._unsubscribe(channel))
+                task.add_done_callback(_log_failure)
+
+    async def _unsubscribe(self, channel: bytes) -> None:
+        if channel not in self._inboxes:
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except _RETRYABLE as exc:  # the subscription dies with the connection
+                logger.debug("unsubscribe failed: %r", exc)
+
+    def _start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        if self._pubsub is None:
+            self._pubsub = self._store.redis.pubsub()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="essessey-redis")
+
+    async def _run(self) -> None:
+        pubsub = self._pubsub
+        while self._inboxes:
+            try:
+                if pubsub.connection is None:
+                    # Not connected yet (the first subscribe is on its way).
+                    await asyncio.sleep(0.01)
+                    continue
+                message = await pubsub.get_message(timeout=1.0)
+            except _RETRYABLE as exc:
+                logger.warning(
+                    "the Redis pub/sub connection failed (%s); reconnecting", type(exc).__name__
+                )
+                self._resync()
+                await asyncio.sleep(0.2)
+                continue
+            if message is None:
+                continue
+            kind = message["type"]
+            channel = message["channel"]
+            if kind == "subscribe":
+                confirmed = self._confirmed.get(channel)
+                if confirmed is not None and not confirmed.done():
+                    confirmed.set_result(None)
+                elif confirmed is not None:
+                    # Subscribed again after a reconnect: notes may be missing meanwhile.
+                    for inbox in self._inboxes.get(channel, ()):
+                        inbox.put(_RESYNC)
+                continue
+            if kind != "message":
+                continue
+            note = _parse_note(message["data"])
+            if note is None:
+                logger.warning("skipped a notification that is not laid out as expected")
+                continue
+            for inbox in self._inboxes.get(channel, ()):
+                inbox.put(note)
+
+    def _resync(self) -> None:
+        for members in self._inboxes.values():
+            for inbox in members:
+                inbox.put(_RESYNC)
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # Cancelled: whatever it was doing is moot.
+            with anyio.CancelScope(shield=True), contextlib.suppress(BaseException):
+                await task
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            await pubsub.aclose()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("a pub/sub request failed: %r", task.exception())
+
+
+class RedisEventStore:
+    """An :class:`~essessey.EventStore` in Redis (see the module docstring and
+    docs/redis.md for its keys, ids, bounds and retries).
+
+    ``redis`` is a ``redis.asyncio.Redis`` client made with ``decode_responses=False``
+    (the default); the store does not own it, but :meth:`aclose` ends the store's own
+    pub/sub connection. Bounds as :class:`~essessey.InMemoryEventStore`:
+    ``max_events_per_stream`` and ``max_bytes_per_stream`` (a stream's oldest events go
+    first), ``max_streams`` (the finished stream updated longest ago is dropped first; a
+    running one never, and when every one is running, opening another raises
+    :class:`~essessey.StoreFull`) and ``max_age`` seconds since a stream's last write
+    (the keys' expiry). A stream counts as running from :meth:`open_stream` to
+    :meth:`close_stream`, for ``running_ttl`` seconds after its last write or
+    :meth:`keep_running`, so a replica that dies mid-turn does not pin its stream
+    forever. ``prefix`` begins every key (for Redis Cluster, put it in braces, such as
+    ``"{essessey}"``, so all of them share one slot).
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        prefix: str = "essessey",
+        max_events_per_stream: int = 10_000,
+        max_bytes_per_stream: int = 32 * 1024 * 1024,
+        max_streams: int = 10_000,
+        max_age: float = 3600.0,
+        running_ttl: float = 60.0,
+        heartbeat: float = 1.0,
+        retry_timeout: float = 30.0,
+    ) -> None:
+        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("the Redis client must be made with decode_responses=False")
+        if not prefix or any(c.isspace() for c in prefix):
+            raise ValueError(f"prefix {prefix!r} must be non-empty, without whitespace")
+        if min(max_events_per_stream, max_bytes_per_stream, max_streams) <= 0:
+            raise ValueError(
+                "max_events_per_stream, max_bytes_per_stream and max_streams must be > 0"
+            )
+        if min(max_age, running_ttl, heartbeat, retry_timeout) <= 0:
+            raise ValueError("max_age, running_ttl, heartbeat and retry_timeout must be > 0")
+        self.redis = redis
+        self.prefix = prefix
+        self.max_events_per_stream = max_events_per_stream
+        self.max_bytes_per_stream = max_bytes_per_stream
+        self.max_streams = max_streams
+        self.max_age = max_age
+        self.running_ttl = running_ttl
+        self.heartbeat = heartbeat
+        self.retry_timeout = retry_timeout
+        self._index = f"{prefix}:streams"
+        self._key_prefix = f"{prefix}:"
+        self._append = redis.register_script(_scripts.APPEND)
+        self._open = redis.register_script(_scripts.OPEN)
+        self._close = redis.register_script(_scripts.CLOSE)
+        self._clear = redis.register_script(_scripts.CLEAR)
+        self._keep = redis.register_script(_scripts.KEEP_RUNNING)
+        self._read = redis.register_script(_scripts.READ)
+        self._listener = _Listener(self)
+        self._token = secrets.token_hex(8)
+        self._counter = 0
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisEventStore:
+        """A store on a new client for ``url`` (``redis://host:port/db``); the store
+        owns that client: :meth:`aclose` closes it."""
+        store = cls(aioredis.Redis.from_url(url), **options)
+        store._owns_client = True
+        return store
+
+    _owns_client = False
+
+    async def aclose(self) -> None:
+        """End the store's pub/sub connection (and its client, from :meth:`from_url`)."""
+        await self._listener.aclose()
+        if self._owns_client:
+            await self.redis.aclose()
+
+    async def __aenter__(self) -> RedisEventStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- keys and retries -------------------------------------------------------------------
+
+    def _key(self, stream_id: str, kind: str) -> str:
+        return f"{self._key_prefix}{stream_id}:{kind}"
+
+    def _keys(self, stream_id: str) -> list[str]:
+        return [
+            self._key(stream_id, "m"),
+            self._key(stream_id, "e"),
+            self._index,
+            self._key(stream_id, "x"),
+        ]
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.max_age * 1000))
+
+    @property
+    def _run_ms(self) -> int:
+        return max(1, int(self.running_ttl * 1000))
+
+    async def _retrying(self, request: Callable[[], Awaitable[_T]]) -> _T:
+        """``await request()``, again after a connection failure, until
+        ``retry_timeout`` seconds have passed; then :class:`RedisUnavailable`."""
+        deadline = time.monotonic() + self.retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await request()
+            except _RETRYABLE as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RedisUnavailable(
+                        f"Redis did not answer within {self.retry_timeout} s"
+                    ) from exc
+                logger.debug("a Redis request failed (%s); retrying", type(exc).__name__)
+                await anyio.sleep(min(delay, remaining))
+                delay = min(delay * 2, _MAX_BACKOFF)
+
+    @staticmethod
+    def _refused(exc: redis.exceptions.ResponseError, stream_id: str) -> Exception:
+        text = str(exc)
+        if text.startswith("ESSFULL"):
+            return StoreFull(text.removeprefix("ESSFULL ") + "; no other can start until one ends")
+        if text.startswith("ESSRESET"):
+            return StreamReset(f"stream {stream_id!r}: " + text.removeprefix("ESSRESET "))
+        return exc
+
+    # -- writing ------------------------------------------------------------------------------
+
+    async def append(self, stream_id: str, event: Event) -> Event:
+        """Store ``event`` and return it with its id; notifies the stream's followers.
+
+        Raises ValueError for a stream id that is not a valid id, :class:`StoreFull`,
+        :class:`StreamReset` (a running stream that was cleared, for anything but a
+        ``message_start``) and :class:`RedisUnavailable`."""
+        self._check(stream_id)
+        self._counter += 1
+        token = f"{self._token}-{self._counter}"
+        args: list[_Arg] = [
+            stream_id,
+            self._key_prefix,
+            event.event,
+            event.data,
+            secrets.token_hex(4),
+            self.max_events_per_stream,
+            self.max_bytes_per_stream,
+            self._ttl_ms,
+            self.max_streams,
+            _EVENT_OVERHEAD,
+            token,
+            self._run_ms,
+        ]
+        keys = self._keys(stream_id)
+        try:
+            reply = await self._retrying(lambda: self._append(keys=keys, args=args))
+        except redis.exceptions.ResponseError as exc:
+            raise self._refused(exc, stream_id) from None
+        return Event(event.event, event.data, f"{reply[0].decode()}-{int(reply[1])}")
+
+    async def open_stream(self, stream_id: str) -> None:
+        """Create the stream if needed and mark it open and running; raises
+        :class:`StoreFull` when ``max_streams`` streams are running."""
+        self._check(stream_id)
+        args: list[_Arg] = [
+            stream_id,
+            self._key_prefix,
+            secrets.token_hex(4),
+            self._ttl_ms,
+            self.max_streams,
+            self._run_ms,
+        ]
+        keys = self._keys(stream_id)
+        try:
+            await self._retrying(lambda: self._open(keys=keys, args=args))
+        except redis.exceptions.ResponseError as exc:
+            raise self._refused(exc, stream_id) from None
+
+    async def close_stream(self, stream_id: str) -> None:
+        """No more events for now: followers end once they have everything."""
+        self._check(stream_id)
+        keys = self._keys(stream_id)[:3]
+        args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms]
+        await self._retrying(lambda: self._close(keys=keys, args=args))
+
+    async def clear(self, stream_id: str) -> None:
+        """Forget the stream; its ids become unknown and its followers get StreamReset."""
+        self._check(stream_id)
+        keys = self._keys(stream_id)
+        args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms]
+        await self._retrying(lambda: self._clear(keys=keys, args=args))
+
+    async def keep_running(self, stream_id: str) -> bool:
+        """Count a running stream as running for another ``running_ttl`` seconds (and
+        keep its keys from expiring); False when it is not running."""
+        self._check(stream_id)
+        keys = self._keys(stream_id)[:3]
+        args: list[_Arg] = [stream_id, self._ttl_ms, self._run_ms]
+        return bool(await self._retrying(lambda: self._keep(keys=keys, args=args)))
+
+    @staticmethod
+    def _check(stream_id: str) -> None:
+        if not is_token(stream_id):
+            raise ValueError(f"{stream_id!r} is not a valid stream id")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _snapshot(self, stream_id: str, after: int, count: int) -> _Snapshot | None:
+        keys = self._keys(stream_id)[:2]
+        reply = await self._retrying(lambda: self._read(keys=keys, args=[after, count]))
+        return None if not reply else _Snapshot(reply)
+
+    async def exists(self, stream_id: str) -> bool:
+        """Whether the stream is retained (not expired, cleared or dropped)."""
+        if not is_token(stream_id):
+            return False
+        key = self._key(stream_id, "m")
+        return bool(await self._retrying(lambda: self.redis.exists(key)))
+
+    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
+        """The events after ``last_event_id`` (all retained ones when None) and whether
+        that id is known: it is when every event after it is retained."""
+        if not is_token(stream_id):
+            return [], False
+        snap = await self._snapshot(stream_id, 0, 0)
+        if snap is None:
+            return [], False
+        after = snap.first - 1
+        if last_event_id is not None:
+            seq = _parse_id(last_event_id, snap.epoch)
+            if seq is None or not snap.first - 1 <= seq <= snap.seq:
+                return [], False
+            after = seq
+        epoch = snap.epoch
+        events: list[Event] = []
+        while True:
+            page = await self._snapshot(stream_id, after, _READ_BATCH * 4)
+            if page is None or page.epoch != epoch or page.first - 1 > after:
+                return [], False  # cleared, recreated or trimmed past it under the read
+            events.extend(Event(name, data, f"{epoch}-{seq}") for seq, name, data in page.entries)
+            if not page.entries or page.entries[-1][0] >= page.seq:
+                return events, True
+            after = page.entries[-1][0]
+
+    async def follow(
+        self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
+    ) -> AsyncGenerator[Event, None]:
+        """Replay after ``last_event_id``, then live events, until the stream is closed
+        and drained.
+
+        Without an id it starts at the stream's first event when it is retained, else at
+        the oldest ``message_start`` retained, else at the next one to come
+        (:class:`MessagesNotRetained` when the stream closes first). Raises
+        :class:`StreamNotFound` or :class:`UnknownEventId` before any event,
+        :class:`SubscriberLagged` (more than ``max_lag`` of the events appended since it
+        started wait for it, or its position was trimmed) and :class:`StreamReset`
+        (cleared, expired or dropped meanwhile)."""
+        if not is_token(stream_id):
+            raise StreamNotFound(f"no stream {stream_id!r}")
+        inbox = await self._listener.join(stream_id)
+        try:
+            follower = _Follower(self, stream_id, inbox, max_lag)
+            await follower.start(last_event_id)
+            while True:
+                event = await follower.next()
+                if event is None:
+                    return
+                yield event
+        finally:
+            self._listener.leave(stream_id, inbox)
+
+
+class _Follower:
+    """The position of one ``follow`` and how it moves: from what it read of Redis, and
+    from the notifications in its inbox."""
+
+    def __init__(
+        self, store: RedisEventStore, stream_id: str, inbox: _Inbox, max_lag: int | None
+    ) -> None:
+        self.store = store
+        self.stream_id = stream_id
+        self.inbox = inbox
+        self.max_lag = max_lag
+        self.epoch = ""
+        self.cursor = 0  # the sequence of the last event handed out (or skipped)
+        self.latest = 0  # the newest sequence known to exist
+        self.live_from = 0  # lag counts what was appended after this one
+        self.closed = False
+        self.seeking = False  # skipping a message's tail until the next message_start
+        self.ready: deque[tuple[int, str, bytes]] = deque()  # read or notified, in order
+        self.behind = True  # Redis holds events after the cursor not yet read
+
+    async def start(self, last_event_id: str | None) -> None:
+        store, stream_id = self.store, self.stream_id
+        snap = await store._snapshot(stream_id, 0, 0)
+        if snap is None:
+            raise StreamNotFound(f"no stream {stream_id!r}")
+        self.epoch = snap.epoch
+        self.latest = self.live_from = snap.seq
+        self.closed = snap.closed
+        if last_event_id is not None:
+            seq = _parse_id(last_event_id, snap.epoch)
+            if seq is None or not snap.first - 1 <= seq <= snap.seq:
+                raise UnknownEventId(f"event id is not retained for stream {stream_id!r}")
+            self.cursor = seq
+            return
+        if snap.first == 1:
+            return  # the whole stream is retained: from its start
+        # Part of it was trimmed: start at a message boundary, so a client never renders
+        # half a message.
+        after = snap.first - 1
+        while True:
+            page = await store._snapshot(stream_id, after, _READ_BATCH)
+            if page is None or page.epoch != self.epoch:
+                raise StreamNotFound(f"no stream {stream_id!r}")
+            for seq, name, _ in page.entries:
+                if name == EventType.MESSAGE_START:
+                    self.cursor = seq - 1
+                    return
+            if not page.entries or page.entries[-1][0] >= page.seq:
+                break
+            after = page.entries[-1][0]
+        # No whole message retained: skip to the next message_start.
+        self.cursor = snap.seq
+        self.seeking = True
+        if snap.closed:
+            raise MessagesNotRetained(
+                f"no whole message of {stream_id!r} is retained, and its turn ended"
+            )
+
+    async def next(self) -> Event | None:
+        """The next event, or None once the stream is closed and drained."""
+        inbox = self.inbox
+        while True:
+            if self.ready:
+                seq, name, data = self.ready.popleft()
+                if seq <= self.cursor:
+                    continue
+                event = self._hand_out(seq, name, data)
+                if event is not None:
+                    return event
+                continue
+            if inbox.overflow or self.behind:
+                if inbox.overflow:
+                    inbox.overflow = False
+                    inbox.notes.clear()
+                if await self._fetch():
+                    return None
+                continue
+            if inbox.notes:
+                note = inbox.notes.popleft()
+                if await self._take(note):
+                    return None
+                continue
+            if self.closed and self.cursor >= self.latest:
+                return None
+            await inbox.wait(self.store.heartbeat)
+            # Quiet for a heartbeat: a notification may have been lost.
+            if not inbox.notes and not inbox.overflow and await self._fetch():
+                return None
+
+    def _hand_out(self, seq: int, name: str, data: bytes) -> Event | None:
+        self.cursor = seq
+        if self.max_lag is not None:
+            # What is known to exist, notifications not yet looked at included.
+            lag = max(self.latest, self.inbox.newest) - max(seq, self.live_from)
+            if lag > self.max_lag:
+                raise SubscriberLagged(f"subscriber is {lag} events behind {self.stream_id!r}")
+        if self.seeking:
+            if name != EventType.MESSAGE_START:
+                return None
+            self.seeking = False
+        return Event(name, data, f"{self.epoch}-{seq}")
+
+    async def _take(self, note: _Note) -> bool:
+        """Act on a notification; True when the follow ends."""
+        kind = note.kind
+        if kind == "s":
+            self.behind = True
+            return False
+        if note.epoch != self.epoch:
+            if self.closed and self.cursor >= self.latest:
+                return True  # a new life began after we had everything of ours
+            raise StreamReset(f"stream {self.stream_id!r} was cleared or dropped")
+        if kind == "e":
+            if note.seq > self.latest:
+                self.latest = note.seq
+            self.closed = False
+            have = self.ready[-1][0] if self.ready else self.cursor
+            if note.seq == have + 1:
+                self.ready.append((note.seq, note.name, note.data))  # no round trip
+            elif note.seq > have + 1:
+                self.behind = True  # a hole: read what is missing
+            return False
+        if kind == "o":
+            self.closed = False
+            return False
+        if kind == "c":
+            self.latest = max(self.latest, note.seq)
+            self.closed = True
+            if self.cursor >= self.latest and not self.inbox.notes:
+                return self._ended()
+            return False
+        # r (cleared) or d (dropped)
+        if kind == "d" and self.closed and self.cursor >= self.latest:
+            return True
+        raise StreamReset(f"stream {self.stream_id!r} was cleared or dropped")
+
+    def _ended(self) -> bool:
+        if self.seeking:
+            raise MessagesNotRetained(
+                f"no whole message of {self.stream_id!r} is retained, and its turn ended"
+            )
+        return True
+
+    async def _fetch(self) -> bool:
+        """Read from Redis what follows the cursor; True when the follow ends."""
+        snap = await self.store._snapshot(self.stream_id, self.cursor, _READ_BATCH)
+        if snap is None or snap.epoch != self.epoch:
+            if self.closed and self.cursor >= self.latest:
+                return True  # expired or dropped after we had everything
+            raise StreamReset(f"stream {self.stream_id!r} was cleared or dropped")
+        if snap.first - 1 > self.cursor:
+            raise SubscriberLagged(
+                f"events after the subscriber's position in {self.stream_id!r} were trimmed"
+            )
+        self.latest = max(self.latest, snap.seq)
+        self.closed = snap.closed
+        self.ready.clear()
+        self.ready.extend(snap.entries)
+        last = snap.entries[-1][0] if snap.entries else self.cursor
+        self.behind = last < snap.seq
+        if not snap.entries and snap.closed and self.cursor >= snap.seq:
+            return self._ended()
+        return False

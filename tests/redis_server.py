@@ -1,0 +1,77 @@
+"""A real redis-server for tests: a free loopback port, a temporary directory.
+
+The ``redis-server`` command comes from Debian's ``redis-server`` package (``.ci/run``
+installs it when missing). Every server a test starts is stopped by the fixture or context
+manager.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.nats_server import free_port, stop_process, wait_for_port
+
+
+class RedisServer:
+    """One redis-server process with its files in ``data_dir``; persistence off unless
+    ``appendonly``. ``stop`` and ``start`` keep the port and the directory, so a restart
+    looks to clients like the same server coming back."""
+
+    def __init__(self, data_dir: Path, *, appendonly: bool = False) -> None:
+        self.data_dir = data_dir
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The client URL, ``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: apt-get install redis-server")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", str(self.data_dir),
+                "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no",
+                "--appendfsync", "always",
+                "--protected-mode", "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for_port(self.port, self.process, "redis-server")
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server (SIGTERM, or SIGKILL with ``kill=True``) and wait for it."""
+        process, self.process = self.process, None
+        stop_process(process, kill=kill)
+
+    def restart(self) -> None:
+        """Stop, then start again on the same port and directory."""
+        self.stop()
+        self.start()
+
+
+@contextmanager
+def redis_server(*, appendonly: bool = False) -> Iterator[RedisServer]:
+    """A started :class:`RedisServer` in a temporary directory, stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="essessey-redis-") as data:
+        server = RedisServer(Path(data), appendonly=appendonly)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
