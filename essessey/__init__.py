@@ -13,6 +13,7 @@ from essessey._shutdown import (
 from essessey.check import ProtocolChecker, Rule, Violation, check
 from essessey.errors import (
     EssesseyError,
+    LeaseLost,
     MessagesNotRetained,
     ProtocolError,
     ProviderStreamError,
@@ -85,6 +86,7 @@ __all__ = [
     "InMemoryEventStore",
     "InMemorySink",
     "ItemKind",
+    "LeaseLost",
     "LineStreamer",
     "MessagesNotRetained",
     "MultiSink",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EssesseyError",
+    "LeaseLost",
     "MessagesNotRetained",
     "ProtocolError",
     "ProviderStreamError",
@@ -155,7 +156,14 @@ class StreamReset(EssesseyError):
 
 
 class StreamBusy(EssesseyError):
-    """A turn is already running on this stream id."""
+    """A turn is already running on this stream id (in this hub, or on another replica
+    that holds the stream's lease in a shared store)."""
+
+
+class LeaseLost(EssesseyError):
+    """This replica's turn no longer holds its stream's lease (it was not renewed in
+    time, and the turn was ended or started again elsewhere): nothing more of it is
+    written."""
 
 
 class TooManySubscribers(EssesseyError):

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -85,15 +86,28 @@ DEFAULT_SHUTDOWN_GRACE: Final = 20.0
 
 
 class _HubSink:
-    """The sink of a running turn: appends to the store, remembers the last event."""
+    """The sink of a running turn: appends to the store (as the turn's lease holder, on a
+    store with leases), remembers the last event."""
 
-    __slots__ = ("_append_nowait", "_store", "_stream_id", "last_was_error", "stop_reason")
+    __slots__ = (
+        "_append_as",
+        "_append_nowait",
+        "_holder",
+        "_store",
+        "_stream_id",
+        "last_was_error",
+        "stop_reason",
+    )
 
-    def __init__(self, store: EventStore, stream_id: str) -> None:
+    def __init__(self, store: EventStore, stream_id: str, holder: str) -> None:
         self._store = store
         self._stream_id = stream_id
+        self._holder = holder
         self._append_nowait: Callable[[str, Event], Event] | None = getattr(
             store, "append_nowait", None
+        )
+        self._append_as: Callable[[str, Event, str], Awaitable[Event]] | None = getattr(
+            store, "append_as", None
         )
         self.last_was_error = False
         self.stop_reason: str | None = None  # of the last message_delta, for the metrics
@@ -107,7 +121,11 @@ class _HubSink:
                 self.stop_reason = reason if isinstance(reason, str) else None
 
     async def emit(self, event: Event) -> None:
-        await self._store.append(self._stream_id, event)
+        append_as = self._append_as
+        if append_as is not None:
+            await append_as(self._stream_id, event, self._holder)
+        else:
+            await self._store.append(self._stream_id, event)
         self._note(event)
 
     def emit_nowait(self, event: Event) -> bool:
@@ -124,6 +142,9 @@ class _Turn:
     scope: anyio.CancelScope
     done: anyio.Event = field(default_factory=anyio.Event)
     started: bool = False
+    # Its lease on a store with leases (a Redis store shared by replicas): who holds the
+    # stream while the turn runs, so no other replica starts one on it.
+    holder: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
 class StreamHub:
@@ -240,7 +261,11 @@ class StreamHub:
         turn = _Turn(anyio.CancelScope())
         self._turns[stream_id] = turn
         try:
-            await self.store.open_stream(stream_id)
+            claim = getattr(self.store, "claim_turn", None)
+            if claim is not None:
+                await claim(stream_id, turn.holder)  # StreamBusy while another replica runs it
+            else:
+                await self.store.open_stream(stream_id)
             await tasks.start(self._run, stream_id, producer, turn)
         except BaseException:
             if not turn.started:
@@ -260,11 +285,18 @@ class StreamHub:
         *,
         task_status: TaskStatus[None],
     ) -> None:
-        sink = _HubSink(self.store, stream_id)
+        sink = _HubSink(self.store, stream_id, turn.holder)
         publisher = Publisher(sink, dialect=self.dialect, strict=True)
+        unwatch: Callable[[], None] | None = None
+        watch_cancel = getattr(self.store, "watch_cancel", None)
+        if watch_cancel is not None:
+            # A cancel asked on another replica reaches this turn.
+            unwatch = await watch_cancel(stream_id, turn.scope.cancel)
         turn.started = True
         totals.turns_running += 1
         task_status.started()
+        if hasattr(self.store, "keep_running") and self._tasks is not None:
+            self._tasks.start_soon(self._keep_lease, stream_id, turn)
         failed = False
         cut = False  # cancelled from outside the turn: the hub left with an exception
         try:
@@ -287,16 +319,53 @@ class StreamHub:
             try:
                 with anyio.CancelScope(shield=True):
                     await self._finish(
-                        stream_id, publisher, sink, turn.scope.cancel_called or cut, failed
+                        stream_id,
+                        publisher,
+                        sink,
+                        turn,
+                        cancelled=turn.scope.cancel_called or cut,
+                        failed=failed,
                     )
             finally:
+                if unwatch is not None:
+                    unwatch()
                 totals.turns_running -= 1
                 outcome = "error" if sink.last_was_error else sink.stop_reason or "error"
                 totals.turns_finished[outcome] += 1
                 self._forget(stream_id, turn)
 
+    async def _keep_lease(self, stream_id: str, turn: _Turn) -> None:
+        """Renew the turn's lease a few times per ``running_ttl`` while it runs; when it
+        is lost (not renewed in time: another replica may run the stream now), cancel
+        the turn, whose writes the store refuses from then on."""
+        keep_running = getattr(self.store, "keep_running")  # noqa: B009 - checked by the caller
+        interval = float(getattr(self.store, "running_ttl", 30.0)) / 3
+        while not turn.done.is_set():
+            with anyio.move_on_after(interval):
+                await turn.done.wait()
+            if turn.done.is_set():
+                return
+            try:
+                held = await keep_running(stream_id, turn.holder)
+            except Exception as exc:  # the store is down: try again, the lease may hold
+                logger.warning(
+                    "could not renew the lease of %s (%s)", stream_id, type(exc).__name__
+                )
+                continue
+            if not held and not turn.done.is_set():
+                logger.warning("the turn on %s lost its lease; cancelling it", stream_id)
+                turn.scope.cancel()
+                return
+
     async def _finish(
-        self, stream_id: str, publisher: Publisher, sink: _HubSink, cancelled: bool, failed: bool
+        self,
+        stream_id: str,
+        publisher: Publisher,
+        sink: _HubSink,
+        turn: _Turn,
+        *,
+        cancelled: bool,
+        failed: bool,
     ) -> None:
         with anyio.move_on_after(_END_TIMEOUT) as ending:
             try:
@@ -307,7 +376,11 @@ class StreamHub:
             logger.warning("ending the turn on stream %s timed out", stream_id)
         with anyio.move_on_after(_END_TIMEOUT):
             try:
-                await self.store.close_stream(stream_id)
+                release = getattr(self.store, "release_turn", None)
+                if release is not None:
+                    await release(stream_id, turn.holder)
+                else:
+                    await self.store.close_stream(stream_id)
             except Exception:
                 logger.exception("could not close stream %s", stream_id)
 
@@ -338,10 +411,15 @@ class StreamHub:
 
     async def cancel(self, stream_id: str) -> bool:
         """Stop the turn running on ``stream_id`` and wait until it has ended its
-        message; False when no turn is running there."""
+        message; False when no turn is running there. On a store shared by replicas
+        that has leases (Redis), a turn running on another replica is asked to stop
+        there, and this returns True once it has."""
         turn = self._turns.get(stream_id)
         if turn is None:
-            return False
+            request_cancel = getattr(self.store, "request_cancel", None)
+            if request_cancel is None:
+                return False
+            return bool(await request_cancel(stream_id))
         turn.scope.cancel()
         await turn.done.wait()
         return True

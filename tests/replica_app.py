@@ -15,7 +15,11 @@ every stream, whichever replica produces it. Routes:
   far it got, when it started and finished, in ``time.time()`` seconds);
 - ``GET /healthz``: ``{"ok": true, "nats": <connected>}``.
 
-Environment (all but ``NATS_URL`` optional): ``ESSESSEY_STREAM`` (``ESSESSEY``),
+With ``REDIS_URL`` set instead, the replicas share a :class:`RedisEventStore` on that
+redis-server (key prefix ``ESSESSEY_STREAM``), whose leases let a turn run on one replica
+at a time and be cancelled from any; ``ESSESSEY_RUNNING_TTL`` is its lease (10 s).
+
+Environment (all but ``NATS_URL`` or ``REDIS_URL`` optional): ``ESSESSEY_STREAM`` (``ESSESSEY``),
 ``ESSESSEY_HEARTBEAT`` (the followers' idle heartbeat, 1 s), ``ESSESSEY_MAX_AGE``
 (retention, 3600 s), ``ESSESSEY_PUBLISH_TIMEOUT`` (30 s), ``ESSESSEY_DUPLICATE_WINDOW``
 (120 s; nats-server wants it no larger than the max age), ``ESSESSEY_PING`` (the SSE
@@ -41,6 +45,7 @@ from starlette.routing import Route
 
 from essessey import Publisher, StreamBusy, StreamHub
 from essessey.bindings.nats import JetStreamEventStore
+from essessey.bindings.redis import RedisEventStore
 from essessey.bindings.sse import hub_routes
 from essessey.bindings.ws import ws_route
 from tests.chaos_app import build_script, play
@@ -68,14 +73,26 @@ class TurnState:
 # Built at import, connected in the lifespan: the routes need the hub, the hub the store,
 # and the store only a client object (it makes no request until it is used).
 nc = Client()
-store = JetStreamEventStore(
-    nc,
-    stream=os.environ.get("ESSESSEY_STREAM", "ESSESSEY"),
-    heartbeat=_env_float("ESSESSEY_HEARTBEAT", 1.0),
-    max_age=_env_float("ESSESSEY_MAX_AGE", 3600.0),
-    publish_timeout=_env_float("ESSESSEY_PUBLISH_TIMEOUT", 30.0),
-    duplicate_window=_env_float("ESSESSEY_DUPLICATE_WINDOW", 120.0),
-)
+REDIS_URL = os.environ.get("REDIS_URL")
+store: JetStreamEventStore | RedisEventStore
+if REDIS_URL:
+    store = RedisEventStore.from_url(
+        REDIS_URL,
+        prefix=os.environ.get("ESSESSEY_STREAM", "essessey"),
+        heartbeat=_env_float("ESSESSEY_HEARTBEAT", 1.0),
+        max_age=_env_float("ESSESSEY_MAX_AGE", 3600.0),
+        retry_timeout=_env_float("ESSESSEY_PUBLISH_TIMEOUT", 30.0),
+        running_ttl=_env_float("ESSESSEY_RUNNING_TTL", 10.0),
+    )
+else:
+    store = JetStreamEventStore(
+        nc,
+        stream=os.environ.get("ESSESSEY_STREAM", "ESSESSEY"),
+        heartbeat=_env_float("ESSESSEY_HEARTBEAT", 1.0),
+        max_age=_env_float("ESSESSEY_MAX_AGE", 3600.0),
+        publish_timeout=_env_float("ESSESSEY_PUBLISH_TIMEOUT", 30.0),
+        duplicate_window=_env_float("ESSESSEY_DUPLICATE_WINDOW", 120.0),
+    )
 hub = StreamHub(store)
 turns: dict[str, TurnState] = {}
 stats: Counter[str] = Counter()
@@ -151,8 +168,17 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"ok": True, "nats": nc.is_connected, **stats})
 
 
+async def cancel_turn(request: Request) -> Response:
+    """The hub's cancel without the SSE routes' authorization: True once it ended."""
+    return JSONResponse({"cancelled": await hub.cancel(request.path_params["stream_id"])})
+
+
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    if isinstance(store, RedisEventStore):
+        async with store, hub:
+            yield
+        return
     await nc.connect(
         os.environ["NATS_URL"],
         name=f"replica-{os.getpid()}",
@@ -182,6 +208,7 @@ app = Starlette(
         Route("/turns/{stream_id}", start_turn, methods=["POST"]),
         Route("/turns/{stream_id}", turn_status, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/turns/{stream_id}/cancel", cancel_turn, methods=["POST"]),
     ],
     lifespan=lifespan,
 )

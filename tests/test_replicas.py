@@ -48,6 +48,7 @@ from essessey.bindings.sse import connect
 from essessey.errors import StreamHTTPError
 from tests.chaos_app import build_script, expected_events
 from tests.nats_server import NatsServer
+from tests.redis_server import RedisServer, redis_server
 from tests.servers import ServerProcess, serve_process
 
 pytestmark = pytest.mark.anyio
@@ -180,10 +181,28 @@ async def assert_exact(client: Client, seed: int, stream_id: str, stored: list[E
     assert parsed.thinking == "".join(script.thinking)
 
 
+@pytest.fixture(params=["nats", "redis"])
+def broker(request: pytest.FixtureRequest) -> Iterator[NatsServer | RedisServer]:
+    """The store the replicas share: a nats-server with JetStream, or a redis-server."""
+    if request.param == "nats":
+        yield request.getfixturevalue("nats")
+    else:
+        with redis_server() as server:
+            yield server
+
+
+def broker_env(server: NatsServer | RedisServer) -> dict[str, str]:
+    if isinstance(server, RedisServer):
+        return {"REDIS_URL": server.url}
+    return {"NATS_URL": server.url}
+
+
 @contextmanager
-def replicas(nats: NatsServer, **env: str) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """Replicas A and B of the app on ``nats``, both stopped on exit."""
-    environment = {"NATS_URL": nats.url, "ESSESSEY_STREAM": "REPLICAS", **env}
+def replicas(
+    server: NatsServer | RedisServer, **env: str
+) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Replicas A and B of the app on ``server``'s store, both stopped on exit."""
+    environment = {**broker_env(server), "ESSESSEY_STREAM": "REPLICAS", **env}
     with ExitStack() as stack:
         a = stack.enter_context(serve_process(APP, environment))
         b = stack.enter_context(serve_process(APP, environment))
@@ -225,9 +244,11 @@ async def stored_turn(http: httpx.AsyncClient, base: str, stream_id: str) -> lis
 # -- 1. resume on another replica ------------------------------------------------------
 
 
-async def test_a_client_dropped_from_a_resumes_on_b_exactly(nats: NatsServer) -> None:
+async def test_a_client_dropped_from_a_resumes_on_b_exactly(
+    broker: NatsServer | RedisServer,
+) -> None:
     seed, stream_id = 5_001, "turn-resume"
-    with replicas(nats) as (a, b):
+    with replicas(broker) as (a, b):
         async with httpx.AsyncClient(timeout=10.0) as http:
             await start_turn(http, a.url, stream_id, seed)
             client = Client("dropped A -> B")
@@ -251,9 +272,9 @@ async def test_a_client_dropped_from_a_resumes_on_b_exactly(nats: NatsServer) ->
 # -- 2. live across replicas -----------------------------------------------------------
 
 
-async def test_a_client_on_b_sees_the_turn_of_a_live(nats: NatsServer) -> None:
+async def test_a_client_on_b_sees_the_turn_of_a_live(broker: NatsServer | RedisServer) -> None:
     seed, stream_id = 5_002, "turn-live"
-    with replicas(nats) as (a, b):
+    with replicas(broker) as (a, b):
         async with httpx.AsyncClient(timeout=10.0) as http:
             await start_turn(http, a.url, stream_id, seed)
             client = Client("live on B")
@@ -344,9 +365,11 @@ async def test_a_nats_server_restart_mid_turn_loses_and_repeats_nothing(
 # -- 4. a replica killed mid-turn ------------------------------------------------------
 
 
-async def test_a_client_of_a_killed_replica_resumes_on_the_other(nats: NatsServer) -> None:
+async def test_a_client_of_a_killed_replica_resumes_on_the_other(
+    broker: NatsServer | RedisServer,
+) -> None:
     seed, stream_id = 5_004, "turn-kill"
-    with replicas(nats) as (a, b):
+    with replicas(broker) as (a, b):
         async with httpx.AsyncClient(timeout=10.0) as http:
             await start_turn(http, a.url, stream_id, seed)
             client = Client("on B, killed")
@@ -421,3 +444,119 @@ async def test_a_follower_of_a_killed_producer_waits_until_the_stream_expires(
     [notice] = client.server_errors
     assert b'"resume_unavailable"' in notice
     assert gone.value.status == 404
+
+
+# -- 6. Redis: a turn runs once, stops from anywhere, ends when its replica dies ----------
+
+LEASE = 2.0  # ESSESSEY_RUNNING_TTL in the lease tests: seconds a dead replica's lease lasts
+
+
+async def test_redis_a_turn_runs_on_one_replica_and_stops_from_the_other() -> None:
+    seed, stream_id = 5_006, "turn-lease"
+    with redis_server() as redis, replicas(redis) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            busy = await http.post(
+                f"{b.url}/turns/{stream_id}", params={"seed": seed, "events": EVENTS}
+            )
+            client = Client("on B, cancelled from B")
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read_to_end, http, [b.url], stream_id, client)
+                    await client.mid_turn.wait()
+                    asked = time.monotonic()
+                    cancelled = (await http.post(f"{b.url}/turns/{stream_id}/cancel")).json()
+                    took = time.monotonic() - asked
+            status = await turn_status(http, a.url, stream_id)
+            again = (await http.post(f"{b.url}/turns/{stream_id}/cancel")).json()
+            stored = await stored_turn(http, b.url, stream_id)
+    print(f"lease: B's start got {busy.status_code}; B's cancel took {took:.2f} s")
+    assert busy.status_code == 409  # StreamBusy: A holds the stream
+    assert cancelled == {"cancelled": True}
+    assert again == {"cancelled": False}  # nothing runs there now
+    assert not status["running"]
+    assert client.events == stored
+    assert check(stored) == []
+    assert reassemble_events(stored).stop_reason == "cancelled"
+    assert MID_TURN <= len(stored) < EVENTS  # cut short mid-turn, ended properly
+
+
+async def test_redis_the_turn_of_a_killed_replica_ends_with_an_error_readers_see() -> None:
+    seed, stream_id = 5_007, "turn-orphan-redis"
+    env = {"ESSESSEY_RUNNING_TTL": str(LEASE)}
+    with redis_server() as redis, replicas(redis, **env) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            client = Client("on B, producer killed")
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read_to_end, http, [b.url], stream_id, client)
+                    await client.mid_turn.wait()
+                    await anyio.to_thread.run_sync(lambda: a.stop(kill=True))  # SIGKILL
+                    killed_at = time.monotonic()
+                ended_after = time.monotonic() - killed_at
+            stored = await stored_turn(http, b.url, stream_id)
+            restarted = await http.post(
+                f"{b.url}/turns/{stream_id}", params={"seed": seed, "events": EVENTS}
+            )
+    print(
+        f"orphan: the reader on B got the end {ended_after:.2f} s after the kill "
+        f"(lease {LEASE} s), with {len(client.events)} events"
+    )
+    assert client.ended
+    assert client.events[-1].event == EventType.ERROR
+    assert b"the replica running the turn stopped" in client.events[-1].data
+    assert client.events == stored  # exactly what the store holds, the error included
+    assert check(stored) == []
+    assert ended_after < LEASE + 3.0
+    assert restarted.status_code == 202  # the stream is free for a new turn
+
+
+@pytest.mark.parametrize("appendonly", [False, True], ids=["persistence-off", "persistence-on"])
+async def test_redis_restarted_mid_turn(appendonly: bool) -> None:
+    # Persistence off: the restart loses every stream; readers and resumes are told so
+    # (a reset, then 404), never given a silent gap. On: the turn completes, exactly.
+    seed, stream_id = 5_008, "turn-redis-restart"
+    with redis_server(appendonly=appendonly) as redis, replicas(redis) as (a, b):
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            await start_turn(http, a.url, stream_id, seed)
+            client = Client(f"on B, redis restarted ({'aof' if appendonly else 'no aof'})")
+            outcome = ""
+
+            async def read() -> None:
+                nonlocal outcome
+                if appendonly:
+                    await read_to_end(http, [b.url, a.url], stream_id, client)
+                    outcome = "ended"
+                else:
+                    outcome = await read_once(http, b.url, stream_id, client)
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read)
+                    await client.mid_turn.wait()
+                    await anyio.to_thread.run_sync(redis.restart)
+            finished = await wait_finished(http, a.url, stream_id)
+            resume = await http.get(
+                f"{b.url}/streams/{stream_id}", headers={"last-event-id": client.last_id or ""}
+            )
+            stored = await stored_turn(http, b.url, stream_id) if appendonly else []
+    print(
+        f"redis restart: outcome {outcome!r}, {len(client.events)} events, server errors "
+        f"{client.server_errors}, producer failed={finished['failed']}, resume "
+        f"{resume.status_code}"
+    )
+    if appendonly:
+        assert finished["failed"] is None
+        assert client.server_errors == []
+        await assert_exact(client, seed, stream_id, stored)
+    else:
+        # Every key is gone: the reader is told its stream was reset and a resume by id
+        # gets 404, never a silent gap; the producer's next append is refused (its lease
+        # went with the keys), so no message's tail starts a new epoch.
+        assert outcome.startswith("cut")
+        assert len(client.server_errors) == 1
+        assert b'"resume_unavailable"' in client.server_errors[0]
+        assert resume.status_code == 404
+        assert finished["failed"] is not None
+        assert "LeaseLost" in finished["failed"]

@@ -41,9 +41,11 @@ import redis.exceptions
 from essessey._ids import is_token
 from essessey.bindings.redis import _scripts
 from essessey.errors import (
+    LeaseLost,
     MessagesNotRetained,
     StoreFull,
     StoreUnavailable,
+    StreamBusy,
     StreamNotFound,
     StreamReset,
     SubscriberLagged,
@@ -67,6 +69,15 @@ _INBOX_LIMIT: Final = 4096
 """Notifications a follower holds before it stops taking them and reads from Redis."""
 
 _MAX_BACKOFF: Final = 1.0
+
+_ABANDONED: Final = (
+    b'{"type":"error","error":{"type":"api_error",'
+    b'"message":"the replica running the turn stopped"}}'
+)
+"""The error event that ends the message of a turn whose replica died."""
+
+_CANCEL_RESEND: Final = 1.0
+"""Seconds between requests to cancel while the turn has not ended."""
 
 _RETRYABLE: Final = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -95,7 +106,7 @@ def _parse_id(event_id: str, epoch: str) -> int | None:
 class _Snapshot:
     """What the read script saw of a stream id, in one step."""
 
-    __slots__ = ("closed", "entries", "epoch", "first", "running", "seq")
+    __slots__ = ("abandoned", "closed", "entries", "epoch", "first", "running", "seq")
 
     def __init__(self, reply: list[Any]) -> None:
         self.epoch: str = reply[0].decode()
@@ -107,6 +118,8 @@ class _Snapshot:
         self.entries: list[tuple[int, str, bytes]] = [
             (int(entry_id[2:]), fields[1].decode(), fields[3]) for entry_id, fields in reply[5]
         ]
+        # Open, claimed, and the claim ran out: the turn's replica stopped renewing it.
+        self.abandoned = bool(int(reply[6]))
 
 
 class _Note:
@@ -170,6 +183,21 @@ class _Inbox:
             self.waiter = None
 
 
+class _CancelWatch(_Inbox):
+    """An inbox that calls ``on_cancel`` when a request to cancel arrives, and keeps
+    nothing else."""
+
+    __slots__ = ("on_cancel",)
+
+    def __init__(self, on_cancel: Callable[[], None]) -> None:
+        super().__init__()
+        self.on_cancel = on_cancel
+
+    def put(self, note: _Note) -> None:
+        if note.kind == "k":
+            self.on_cancel()
+
+
 class _Listener:
     """The store's pub/sub connection: the channels its followers read, and their inboxes."""
 
@@ -180,11 +208,11 @@ class _Listener:
         self._inboxes: dict[bytes, set[_Inbox]] = {}
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
 
-    async def join(self, stream_id: str) -> _Inbox:
+    async def join(self, stream_id: str, inbox: _Inbox | None = None) -> _Inbox:
         """An inbox for ``stream_id``'s notifications, once Redis confirmed the
         subscription (so nothing published after this returns is missed)."""
         channel = self._store._key(stream_id, "n").encode()
-        inbox = _Inbox()
+        inbox = inbox if inbox is not None else _Inbox()
         members = self._inboxes.get(channel)
         if members is not None:
             members.add(inbox)
@@ -267,7 +295,7 @@ class _Listener:
             if note is None:
                 logger.warning("skipped a notification that is not laid out as expected")
                 continue
-            for inbox in self._inboxes.get(channel, ()):
+            for inbox in list(self._inboxes.get(channel, ())):
                 inbox.put(note)
 
     def _resync(self) -> None:
@@ -350,6 +378,8 @@ class RedisEventStore:
         self._clear = redis.register_script(_scripts.CLEAR)
         self._keep = redis.register_script(_scripts.KEEP_RUNNING)
         self._read = redis.register_script(_scripts.READ)
+        self._cancel = redis.register_script(_scripts.CANCEL)
+        self._abandon_script = redis.register_script(_scripts.ABANDON)
         self._listener = _Listener(self)
         self._token = secrets.token_hex(8)
         self._counter = 0
@@ -420,6 +450,10 @@ class RedisEventStore:
         text = str(exc)
         if text.startswith("ESSFULL"):
             return StoreFull(text.removeprefix("ESSFULL ") + "; no other can start until one ends")
+        if text.startswith("ESSBUSY"):
+            return StreamBusy(f"stream {stream_id!r}: " + text.removeprefix("ESSBUSY "))
+        if text.startswith("ESSLOST"):
+            return LeaseLost(f"stream {stream_id!r}: " + text.removeprefix("ESSLOST "))
         if text.startswith("ESSRESET"):
             return StreamReset(f"stream {stream_id!r}: " + text.removeprefix("ESSRESET "))
         return exc
@@ -432,6 +466,12 @@ class RedisEventStore:
         Raises ValueError for a stream id that is not a valid id, :class:`StoreFull`,
         :class:`StreamReset` (a running stream that was cleared, for anything but a
         ``message_start``) and :class:`RedisUnavailable`."""
+        return await self.append_as(stream_id, event, "")
+
+    async def append_as(self, stream_id: str, event: Event, holder: str) -> Event:
+        """:meth:`append` for the turn that claimed the stream as ``holder`` (see
+        :meth:`claim_turn`): raises :class:`~essessey.LeaseLost` when it no longer
+        holds it, and stores nothing."""
         self._check(stream_id)
         self._counter += 1
         token = f"{self._token}-{self._counter}"
@@ -448,6 +488,7 @@ class RedisEventStore:
             _EVENT_OVERHEAD,
             token,
             self._run_ms,
+            holder,
         ]
         keys = self._keys(stream_id)
         try:
@@ -459,6 +500,17 @@ class RedisEventStore:
     async def open_stream(self, stream_id: str) -> None:
         """Create the stream if needed and mark it open and running; raises
         :class:`StoreFull` when ``max_streams`` streams are running."""
+        await self._open_as(stream_id, "")
+
+    async def claim_turn(self, stream_id: str, holder: str) -> None:
+        """:meth:`open_stream` for a turn, leased to ``holder`` for ``running_ttl``
+        seconds at a time (renew with :meth:`keep_running`, release with
+        :meth:`release_turn`). Raises :class:`~essessey.StreamBusy` while another holder's
+        lease runs; a lease that ran out with the stream open was abandoned, and its
+        message is ended with an error event first."""
+        await self._open_as(stream_id, holder)
+
+    async def _open_as(self, stream_id: str, holder: str) -> None:
         self._check(stream_id)
         args: list[_Arg] = [
             stream_id,
@@ -467,6 +519,11 @@ class RedisEventStore:
             self._ttl_ms,
             self.max_streams,
             self._run_ms,
+            holder,
+            _ABANDONED,
+            self.max_events_per_stream,
+            self.max_bytes_per_stream,
+            _EVENT_OVERHEAD,
         ]
         keys = self._keys(stream_id)
         try:
@@ -476,10 +533,15 @@ class RedisEventStore:
 
     async def close_stream(self, stream_id: str) -> None:
         """No more events for now: followers end once they have everything."""
+        await self.release_turn(stream_id, "")
+
+    async def release_turn(self, stream_id: str, holder: str) -> bool:
+        """:meth:`close_stream` by the turn that claimed it as ``holder``: False (and
+        nothing done) when it no longer holds it."""
         self._check(stream_id)
         keys = self._keys(stream_id)[:3]
-        args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms]
-        await self._retrying(lambda: self._close(keys=keys, args=args))
+        args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms, holder]
+        return bool(await self._retrying(lambda: self._close(keys=keys, args=args)))
 
     async def clear(self, stream_id: str) -> None:
         """Forget the stream; its ids become unknown and its followers get StreamReset."""
@@ -488,13 +550,67 @@ class RedisEventStore:
         args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms]
         await self._retrying(lambda: self._clear(keys=keys, args=args))
 
-    async def keep_running(self, stream_id: str) -> bool:
+    async def keep_running(self, stream_id: str, holder: str = "") -> bool:
         """Count a running stream as running for another ``running_ttl`` seconds (and
-        keep its keys from expiring); False when it is not running."""
+        keep its keys from expiring): the renewal of ``holder``'s lease, or of whoever
+        runs it when ``holder`` is empty. False when it is not running (for ``holder``)."""
         self._check(stream_id)
         keys = self._keys(stream_id)[:3]
-        args: list[_Arg] = [stream_id, self._ttl_ms, self._run_ms]
+        args: list[_Arg] = [stream_id, self._ttl_ms, self._run_ms, holder]
         return bool(await self._retrying(lambda: self._keep(keys=keys, args=args)))
+
+    async def request_cancel(self, stream_id: str, wait: float = 15.0) -> bool:
+        """Ask the replica whose turn holds ``stream_id`` to cancel it, and wait (up to
+        ``wait`` seconds) until the stream is closed: True once it is, False when no
+        turn holds it (or it did not end in time, which is logged)."""
+        self._check(stream_id)
+        key = self._key(stream_id, "m")
+        args: list[_Arg] = [stream_id, self._key_prefix]
+        inbox = await self._listener.join(stream_id)
+        try:
+            with anyio.move_on_after(wait):
+                asked_once = False
+                while True:
+                    asked = await self._retrying(lambda: self._cancel(keys=[key], args=args))
+                    if not asked:
+                        # Nothing holds it: it ended (after our request), or never ran.
+                        return asked_once
+                    asked_once = True
+                    # Until it closes; then again (a request lost with a connection).
+                    resend = time.monotonic() + _CANCEL_RESEND
+                    while (left := resend - time.monotonic()) > 0:
+                        await inbox.wait(left)
+                        if _saw_close(inbox):
+                            return True
+        finally:
+            self._listener.leave(stream_id, inbox)
+        logger.warning("the turn on %s did not end within %.1f s of the cancel", stream_id, wait)
+        return False
+
+    async def watch_cancel(
+        self, stream_id: str, on_cancel: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``on_cancel()`` whenever a replica asks to cancel the turn of
+        ``stream_id`` (:meth:`request_cancel`), from when this returns; call what it
+        returns to stop."""
+        watch = _CancelWatch(on_cancel)
+        await self._listener.join(stream_id, watch)
+        return lambda: self._listener.leave(stream_id, watch)
+
+    async def _abandon(self, stream_id: str) -> bool:
+        keys = self._keys(stream_id)[:2]
+        args: list[_Arg] = [
+            stream_id,
+            self._key_prefix,
+            _ABANDONED,
+            self.max_events_per_stream,
+            self.max_bytes_per_stream,
+            _EVENT_OVERHEAD,
+        ]
+        ended = bool(await self._retrying(lambda: self._abandon_script(keys=keys, args=args)))
+        if ended:
+            logger.warning("the turn on %s lost its replica; ended it with an error", stream_id)
+        return ended
 
     @staticmethod
     def _check(stream_id: str) -> None:
@@ -676,6 +792,8 @@ class _Follower:
         if kind == "s":
             self.behind = True
             return False
+        if kind == "k":
+            return False  # for the turn's own replica
         if note.epoch != self.epoch:
             if self.closed and self.cursor >= self.latest:
                 return True  # a new life began after we had everything of ours
@@ -722,6 +840,12 @@ class _Follower:
             raise SubscriberLagged(
                 f"events after the subscriber's position in {self.stream_id!r} were trimmed"
             )
+        if snap.abandoned and not snap.entries:
+            # Caught up with a turn whose replica died: end it (once, whoever gets here
+            # first); its error event and close arrive as notifications.
+            await self.store._abandon(self.stream_id)
+            self.behind = True
+            return False
         self.latest = max(self.latest, snap.seq)
         self.closed = snap.closed
         self.ready.clear()
@@ -731,3 +855,10 @@ class _Follower:
         if not snap.entries and snap.closed and self.cursor >= snap.seq:
             return self._ended()
         return False
+
+
+def _saw_close(inbox: _Inbox) -> bool:
+    """Whether ``inbox`` holds a close (or a clear, a drop) of the stream; it is emptied."""
+    seen = any(note.kind in "crd" for note in inbox.notes)
+    inbox.notes.clear()
+    return seen
