@@ -67,6 +67,7 @@ EXIT_BROKEN_PIPE: Final = 141
 _CLIENT_HINT: Final = 'pip install "essessey[client]"'
 _SERVER_HINT: Final = 'pip install "essessey[server]"'
 _NATS_HINT: Final = 'pip install "essessey[nats]"'
+_REDIS_HINT: Final = 'pip install "essessey[redis]"'
 _SERVER_MODULES: Final = frozenset({"starlette", "uvicorn"})
 _DEFAULT_TIMEOUT: Final = 60.0
 _LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
@@ -165,11 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--host", default="127.0.0.1", help="interface to bind (default %(default)s)")
     demo.add_argument("--port", type=_port, default=8000, help="port (default %(default)s)")
-    demo.add_argument(
+    shared_store = demo.add_mutually_exclusive_group()
+    shared_store.add_argument(
         "--nats",
         metavar="URL",
         dest="nats_url",
         help="keep streams in NATS JetStream at URL (default: in memory)",
+    )
+    shared_store.add_argument(
+        "--redis",
+        metavar="URL",
+        dest="redis_url",
+        help="keep streams in Redis at URL, redis://host:port/db (default: in memory)",
     )
     demo.add_argument(
         "--cors-origin",
@@ -317,6 +325,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             nats_url=args.nats_url,
+            redis_url=args.redis_url,
             log_level=args.log_level,
             cors_origins=args.cors_origins,
             store_mib=args.store_mib,
@@ -342,6 +351,8 @@ def _missing_extra_hint(exc: ModuleNotFoundError) -> str | None:
         return f"the demo app needs {root}; install it with: {_SERVER_HINT}"
     if root == "nats":
         return f"--nats needs nats-py; install it with: {_NATS_HINT}"
+    if root == "redis":
+        return f"--redis needs the redis package; install it with: {_REDIS_HINT}"
     if exc.name == "essessey.demo":
         return "the demo app is not part of this installation of essessey"
     return None

@@ -44,6 +44,7 @@ from essessey.demo import (
 from essessey.demo import _app as demo_app
 from essessey.demo._messages_api import sample_input
 from tests.nats_server import NatsServer, stop_process
+from tests.redis_server import redis_server
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -604,6 +605,30 @@ async def test_two_demo_apps_on_one_nats_server_share_turns(
         ws_url = b.replace("http://", "ws://") + f"/streams/{stream_id}/ws"
         cancelled = reassemble_events(await read_ws(ws_url))
         assert cancelled.stop_reason == "cancelled"
+
+
+async def test_two_demo_apps_on_one_redis_server_share_turns_and_cancel_anywhere(
+    http: httpx.AsyncClient,
+) -> None:
+    with redis_server() as redis:
+
+        def app() -> Any:
+            return create_app(redis_url=redis.url, nats_stream="DEMO_TEST", ping_interval=1.0)
+
+        with serve(app(), lifespan="on") as a, serve(app(), lifespan="on") as b:
+            stream_id = await start(http, a, deltas=120, delay_ms=5)
+            first = await read_sse(http, f"{b}/streams/{stream_id}", limit=20)
+            rest = await read_sse(http, f"{a}/streams/{stream_id}", last_event_id=first[-1].id)
+            whole = await read_sse(http, f"{b}/streams/{stream_id}")
+            assert_exact([first, rest], whole)
+            assert check(whole) == []
+            assert_script(reassemble_events(whole), scenario_script(120))
+            # On Redis a turn produced on A is cancelled through B.
+            stream_id = await start(http, a, deltas=500, delay_ms=10)
+            assert (await http.post(f"{b}/streams/{stream_id}/cancel")).status_code == 200
+            ws_url = b.replace("http://", "ws://") + f"/streams/{stream_id}/ws"
+            cancelled = reassemble_events(await read_ws(ws_url))
+            assert cancelled.stop_reason == "cancelled"
 
 
 # -- serve(): the blocking entry point the CLI calls ------------------------------------

@@ -1,8 +1,10 @@
-"""Many replicas and faults (issue 5, points 3 and 4), over real processes.
+"""Many replicas and faults, over real processes.
 
-One nats-server (the ``nats`` fixture: JetStream, file storage) and two uvicorn processes,
-A and B, of :mod:`tests.replica_app`: each keeps its streams in a
-:class:`~essessey.bindings.nats.JetStreamEventStore` on the same JetStream stream and runs
+One nats-server (the ``nats`` fixture: JetStream, file storage) or one redis-server (the
+``broker`` fixture runs the shared tests on both), and two uvicorn processes, A and B, of
+:mod:`tests.replica_app`: each keeps its streams in a
+:class:`~essessey.bindings.nats.JetStreamEventStore` on the same JetStream stream (or a
+:class:`~essessey.bindings.redis.RedisEventStore` on the same redis-server) and runs
 its own hub. A turn is the seeded turn of :mod:`tests.chaos_app`, produced on A, paced so
 that it lasts a few seconds. Clients read over SSE with :func:`connect` and, whenever a
 connection ends before the turn does, reconnect with the last id they got
@@ -26,12 +28,21 @@ ids are unique and increase, they are the ids the store holds (0 lost, 0 duplica
    expires (``max_age``), then an ``error`` event ``resume_unavailable``; a resume by id
    then gets 404.
 
+6. Redis only: a turn runs on one replica (a start on the other gets 409), a cancel
+   through the other replica stops it there; the producer's replica killed: the reader
+   gets the turn's end, an error event, once the lease runs out; redis-server restarted
+   mid-turn with persistence on (the turn completes, exactly) and off (the reader is told
+   its stream was reset, a resume gets 404, the producer's writes are refused).
+7. Chaos on both: 10 turns produced on A and B, each client dropping 4-6 times at seeded
+   points and resuming by id on the other replica every time.
+
 Every process a test starts is stopped (uvicorn by ``serve_process``, nats-server by the
 fixture) and every wait is bounded.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -560,3 +571,61 @@ async def test_redis_restarted_mid_turn(appendonly: bool) -> None:
         assert resume.status_code == 404
         assert finished["failed"] is not None
         assert "LeaseLost" in finished["failed"]
+
+
+# -- 7. chaos across replicas ----------------------------------------------------------
+
+CHAOS_TURNS = 10
+CHAOS_SEED = 20_261_202
+
+
+async def test_chaos_every_reconnect_goes_to_the_other_replica(
+    broker: NatsServer | RedisServer,
+) -> None:
+    # Turns produced on A and B alike; each client drops at seeded random points and
+    # resumes by id on the other replica every time.
+    rng = random.Random(CHAOS_SEED)
+    plans = {
+        f"chaos-{k}": sorted(rng.sample(range(5, EVENTS - 5), rng.randint(4, 6)))
+        for k in range(CHAOS_TURNS)
+    }
+    clients = {stream_id: Client(stream_id) for stream_id in plans}
+    with replicas(broker) as (a, b):
+        bases = [a.url, b.url]
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            for k, stream_id in enumerate(plans):
+                await start_turn(http, bases[k % 2], stream_id, 6_000 + k)
+
+            async def chaos_client(k: int, stream_id: str) -> None:
+                client, drops = clients[stream_id], plans[stream_id]
+                at = k % 2
+                for drop_at in drops:
+                    outcome = await read_once(
+                        http,
+                        bases[at],
+                        stream_id,
+                        client,
+                        until=lambda c, n=drop_at: len(c.events) >= n,
+                    )
+                    if outcome == "ended":
+                        return
+                    at = 1 - at  # the other replica, every time
+                while len(client.connections) < MAX_CONNECTIONS:
+                    if await read_once(http, bases[at], stream_id, client) == "ended":
+                        return
+                    at = 1 - at
+
+            with anyio.fail_after(WAIT * 2):
+                async with anyio.create_task_group() as tasks:
+                    for k, stream_id in enumerate(plans):
+                        tasks.start_soon(chaos_client, k, stream_id)
+            stored = {}
+            for k, stream_id in enumerate(plans):
+                await wait_finished(http, bases[k % 2], stream_id)
+                stored[stream_id] = await stored_turn(http, bases[1 - k % 2], stream_id)
+    drops = sum(len(c.connections) - 1 for c in clients.values())
+    print(f"chaos ({type(broker).__name__}): {CHAOS_TURNS} turns, {drops} reconnects")
+    assert drops >= 4 * CHAOS_TURNS
+    for k, (stream_id, client) in enumerate(clients.items()):
+        assert len(set(client.connections)) == 2  # it read from both replicas
+        await assert_exact(client, 6_000 + k, stream_id, stored[stream_id])

@@ -147,9 +147,28 @@ class _Turns:
 
 
 def _store(
-    nats_url: str | None, nats_stream: str, max_age: float, store_mib: int
+    nats_url: str | None,
+    nats_stream: str,
+    max_age: float,
+    store_mib: int,
+    redis_url: str | None = None,
 ) -> tuple[EventStore, Any, Callable[[], Awaitable[None]] | None]:
     """The event store, and for NATS the client to connect and the store's setup."""
+    if redis_url is not None:
+        from essessey.bindings.redis import RedisEventStore
+
+        return (
+            RedisEventStore.from_url(
+                redis_url,
+                prefix=nats_stream.lower(),
+                max_events_per_stream=MAX_DELTAS + 1_000,
+                max_streams=MAX_STREAMS,
+                max_age=max_age,
+                max_bytes_per_stream=min(STREAM_MIB, store_mib) * 1024 * 1024,
+            ),
+            None,
+            None,
+        )
     if nats_url is None:
         # Room for the longest turn the demo plays, so any event of it can be resumed.
         store = InMemoryEventStore(
@@ -206,6 +225,7 @@ async def _connect(nc: Any, nats_url: str | None) -> None:
 def create_app(
     *,
     nats_url: str | None = None,
+    redis_url: str | None = None,
     nats_stream: str = DEFAULT_NATS_STREAM,
     max_age: float = 3600.0,
     ping_interval: float = 15.0,
@@ -217,7 +237,9 @@ def create_app(
 
     Turns are kept in memory, or, with ``nats_url``, in the JetStream stream
     ``nats_stream`` (created if missing), so that demo processes on the same nats-server
-    serve each other's turns. ``max_age`` is how long a turn stays resumable after its
+    serve each other's turns; with ``redis_url``, in Redis under the key prefix
+    ``nats_stream`` in lower case (``essessey_demo``), alike, and a turn can then be
+    cancelled through any of them. ``max_age`` is how long a turn stays resumable after its
     last event, in seconds; ``ping_interval`` the keep-alive interval of SSE and
     WebSocket subscriptions. ``cors_origins`` lists the origins (``"https://app.example"``,
     or ``"*"`` for any) whose pages may call the routes from a browser; by default none.
@@ -229,7 +251,9 @@ def create_app(
         raise ValueError("store_mib must be >= 1")
     if isinstance(cors_origins, str):
         raise TypeError("cors_origins is a list of origins, not one string")
-    store, nc, setup = _store(nats_url, nats_stream, max_age, store_mib)
+    if nats_url is not None and redis_url is not None:
+        raise ValueError("give nats_url or redis_url, not both")
+    store, nc, setup = _store(nats_url, nats_stream, max_age, store_mib, redis_url)
     hub = StreamHub(store)
     turns = _Turns(hub)
 
@@ -288,6 +312,9 @@ def create_app(
         finally:
             if nc is not None and not nc.is_closed:
                 await nc.drain()
+            aclose = getattr(store, "aclose", None)
+            if aclose is not None:  # the Redis store's own connections
+                await aclose()
 
     middleware = [Middleware(HeaderLimit)]
     if cors_origins:
@@ -417,6 +444,7 @@ def serve(
     port: int,
     nats_url: str | None,
     log_level: str,
+    redis_url: str | None = None,
     cors_origins: Sequence[str] = (),
     store_mib: int = STORE_MIB,
     metrics: bool = False,
@@ -425,7 +453,8 @@ def serve(
 
     Prints ``essessey demo on http://host:port`` once the port listens (``port=0`` picks
     a free one). On shutdown, in memory, the turns still running end with stop reason
-    ``cancelled`` and their readers are let go; with ``nats_url``, readers get a retry
+    ``cancelled`` and their readers are let go; with ``nats_url`` or ``redis_url``
+    (``redis://host:port/db``), readers get a retry
     hint (they resume on another demo process sharing the streams) while the hub lets
     running turns finish within its grace. Then the hub and the NATS connection close.
     Ctrl-C then returns; SIGTERM ends the process by that signal once the shutdown is
@@ -437,7 +466,11 @@ def serve(
 
     _configure_logging(log_level)
     app = create_app(
-        nats_url=nats_url, cors_origins=cors_origins, store_mib=store_mib, metrics=metrics
+        nats_url=nats_url,
+        redis_url=redis_url,
+        cors_origins=cors_origins,
+        store_mib=store_mib,
+        metrics=metrics,
     )
     config = uvicorn.Config(
         app,
@@ -451,7 +484,8 @@ def serve(
     # The server's shutdown below decides the order (turns first, then the streams); the
     # automatic detection would end the streams as soon as the signal came, racing it.
     detect_uvicorn_shutdown(False)
-    server = _server(config, app.state.turns, cancel_turns=nats_url is None)
+    shared = nats_url is not None or redis_url is not None
+    server = _server(config, app.state.turns, cancel_turns=not shared)
     sock = config.bind_socket()
     try:
         # Listening before the URL is printed: a client that reads it and connects at
