@@ -1,0 +1,308 @@
+"""RedisEventStore against a real redis-server, beyond the conformance suite
+(tests/test_store_conformance.py): its options, its keys and their expiry, retried appends
+stored once, a lost pub/sub connection, a reader that falls past the trim, and the leases
+(claim, renewal, a stale holder, an abandoned turn, cancel from another store)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+
+from essessey import (
+    Event,
+    EventType,
+    LeaseLost,
+    StreamBusy,
+    SubscriberLagged,
+)
+from essessey.bindings.redis import RedisEventStore
+from tests.redis_server import RedisServer, redis_server
+from tests.test_store import delta, start, stop
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 10.0
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with redis_server() as started:
+        yield started
+
+
+@asynccontextmanager
+async def store_on(url: str, **options: Any) -> AsyncIterator[RedisEventStore]:
+    options.setdefault("prefix", f"t{next(_names)}")
+    async with RedisEventStore.from_url(url, **options) as store:
+        yield store
+
+
+async def test_bad_options_raise(server: RedisServer) -> None:
+    decoding = aioredis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        with pytest.raises(ValueError, match="decode_responses"):
+            RedisEventStore(decoding)
+    finally:
+        await decoding.aclose()
+    client = aioredis.Redis.from_url(server.url)
+    try:
+        for bad in (
+            {"max_events_per_stream": 0},
+            {"max_streams": -1},
+            {"max_age": 0},
+            {"running_ttl": 0},
+            {"prefix": ""},
+            {"prefix": "a b"},
+        ):
+            with pytest.raises(ValueError, match="must"):
+                RedisEventStore(client, **bad)
+    finally:
+        await client.aclose()
+
+
+async def test_stream_ids_must_be_valid_ids(server: RedisServer) -> None:
+    async with store_on(server.url) as store:
+        for bad in ("", "a b", "a.b", "x" * 300):
+            with pytest.raises(ValueError, match="not a valid stream id"):
+                await store.append(bad, delta(0))
+            assert await store.since(bad, None) == ([], False)
+
+
+async def test_the_keys_of_a_stream_and_their_expiry(server: RedisServer) -> None:
+    async with store_on(server.url, prefix="keys", max_age=30) as store:
+        await store.open_stream("s")
+        await store.append("s", delta(0))
+        redis = store.redis
+        assert set(await redis.keys("keys:*")) == {
+            b"keys:s:m",
+            b"keys:s:e",
+            b"keys:streams",
+            b"keys:streams:clock",
+        }
+        for key in ("keys:s:m", "keys:s:e"):
+            assert 0 < await redis.pttl(key) <= 30_000  # max_age, renewed by every write
+        assert await redis.xlen("keys:s:e") == 1
+        await store.clear("s")
+        assert await redis.exists("keys:s:m", "keys:s:e") == 0
+        assert await redis.zscore("keys:streams", "s") is None
+
+
+async def test_a_stream_past_max_age_is_gone_and_its_ids_unknown(server: RedisServer) -> None:
+    async with store_on(server.url, max_age=0.3) as store:
+        old = [await store.append("s", delta(n)) for n in range(3)]
+        await anyio.sleep(0.5)
+        assert not await store.exists("s")
+        assert await store.since("s", old[0].id) == ([], False)
+        new = await store.append("s", delta(9))
+        assert new.id is not None
+        assert new.id.rpartition("-")[0] != old[0].id.rpartition("-")[0]  # type: ignore[union-attr]
+        assert await store.since("s", None) == ([new], True)
+
+
+class CutReplies:
+    """A TCP proxy to redis-server that, while armed, drops the connection once a
+    request has reached the server and before its reply reaches the client: a stored
+    append whose reply was lost."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.armed = 0  # replies to cut
+        self.cut = 0
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def __aenter__(self) -> CutReplies:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if not up and self.armed and b"ESS" not in data and data.startswith(b"*2"):
+                        # The reply of an append ({epoch, seq}): the server stored it.
+                        self.armed -= 1
+                        self.cut += 1
+                        writer.close()
+                        up_writer.close()
+                        return
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(
+            pump(reader, up_writer, True),
+            pump(up_reader, writer, False),
+            return_exceptions=True,
+        )
+
+
+async def test_an_append_whose_reply_was_lost_is_stored_once(server: RedisServer) -> None:
+    async with CutReplies(server.port) as proxy, store_on(proxy.url, retry_timeout=5) as store:
+        first = await store.append("s", delta(0))
+        proxy.armed = 1
+        second = await store.append("s", delta(1))  # stored, reply cut, sent again
+        third = await store.append("s", delta(2))
+        events, known = await store.since("s", None)
+    assert proxy.cut == 1
+    assert known
+    assert events == [first, second, third]  # the retried append once, its first id
+
+
+async def test_a_lost_pubsub_connection_loses_no_event(server: RedisServer) -> None:
+    async with store_on(server.url, heartbeat=0.3) as store:
+        await store.open_stream("s")
+        got: list[Event] = []
+
+        async def read() -> None:
+            async for event in store.follow("s"):
+                got.append(event)
+
+        sent: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(read)
+                for n in range(60):
+                    if n == 20:
+                        # Every pub/sub connection of the server cut: notifications of
+                        # the next appends are lost until the store resubscribes.
+                        await store.redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                    sent.append(await store.append("s", delta(n)))
+                    await anyio.sleep(0.01)
+                await store.close_stream("s")
+    assert got == sent
+
+
+async def test_a_reader_that_falls_past_the_trim_is_ended(server: RedisServer) -> None:
+    async with store_on(server.url, max_events_per_stream=100) as store:
+        await store.open_stream("s")
+        await store.append("s", delta(0))
+        follower = store.follow("s")
+        with anyio.fail_after(WAIT):
+            assert (await anext(follower)).data == delta(0).data
+            # It reads nothing while 6,000 events go by: more than its inbox holds and
+            # than the stream retains.
+            for n in range(1, 6_001):
+                await store.append("s", delta(n))
+            with pytest.raises(SubscriberLagged):
+                await drain(follower)
+        await follower.aclose()
+
+
+async def drain(events: AsyncIterator[Event]) -> None:
+    async for _ in events:
+        pass
+
+
+# -- leases -----------------------------------------------------------------------------
+
+
+async def test_a_claimed_stream_is_busy_for_other_holders(server: RedisServer) -> None:
+    async with (
+        store_on(server.url, prefix="lease1") as a,
+        store_on(server.url, prefix="lease1") as b,
+    ):
+        await a.claim_turn("s", "one")
+        with pytest.raises(StreamBusy):
+            await b.claim_turn("s", "two")
+        assert await a.keep_running("s", "one")
+        assert not await b.keep_running("s", "two")
+        with pytest.raises(LeaseLost):
+            await b.append_as("s", delta(0), "two")
+        assert not await b.release_turn("s", "two")  # not its turn: nothing done
+        await a.append_as("s", start(1), "one")
+        assert await a.release_turn("s", "one")
+        await b.claim_turn("s", "two")  # released: free
+
+
+async def test_a_stale_holder_writes_nothing_into_the_turn_that_replaced_it(
+    server: RedisServer,
+) -> None:
+    async with store_on(server.url, running_ttl=0.3) as store:
+        await store.claim_turn("s", "old")
+        await store.append_as("s", start(1), "old")
+        await anyio.sleep(0.5)  # its lease ran out
+        await store.claim_turn("s", "new")
+        with pytest.raises(LeaseLost):
+            await store.append_as("s", delta(1), "old")
+        assert not await store.release_turn("s", "old")
+        new = await store.append_as("s", start(2), "new")
+        events, _ = await store.since("s", None)
+    # The old turn's message was ended with an error before the new one began.
+    assert [event.event for event in events] == [
+        EventType.MESSAGE_START,
+        EventType.ERROR,
+        EventType.MESSAGE_START,
+    ]
+    assert b"the replica running the turn stopped" in events[1].data
+    assert events[-1] == new
+
+
+async def test_a_reader_ends_an_abandoned_turn_with_an_error(server: RedisServer) -> None:
+    async with (
+        store_on(server.url, prefix="lease3", running_ttl=0.5, heartbeat=0.2) as writer,
+        store_on(server.url, prefix="lease3", heartbeat=0.2) as reader,
+    ):
+        await writer.claim_turn("s", "dead")
+        sent = [
+            await writer.append_as("s", start(1), "dead"),
+            await writer.append_as("s", delta(1), "dead"),
+        ]
+        # The writer stops renewing (its replica died); the reader gets the end.
+        with anyio.fail_after(WAIT):
+            got = [event async for event in reader.follow("s")]
+    assert got[:2] == sent
+    assert [event.event for event in got[2:]] == [EventType.ERROR]
+    assert got[2].json()["error"]["type"] == "api_error"
+
+
+async def test_a_cancel_through_another_store_reaches_the_holder(server: RedisServer) -> None:
+    async with (
+        store_on(server.url, prefix="lease4") as a,
+        store_on(server.url, prefix="lease4") as b,
+    ):
+        assert not await b.request_cancel("s")  # nothing runs
+        await a.claim_turn("s", "one")
+        asked = anyio.Event()
+
+        def on_cancel() -> None:
+            asked.set()
+
+        unwatch = await a.watch_cancel("s", on_cancel)
+        try:
+
+            async def holder() -> None:
+                await asked.wait()
+                await a.append_as("s", stop(), "one")
+                await a.release_turn("s", "one")
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(holder)
+                    assert await b.request_cancel("s")
+        finally:
+            unwatch()
+        assert not await b.request_cancel("s")  # ended: nothing runs now
