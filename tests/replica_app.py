@@ -16,8 +16,9 @@ every stream, whichever replica produces it. Routes:
 - ``GET /healthz``: ``{"ok": true, "nats": <connected>}``.
 
 With ``REDIS_URL`` set instead, the replicas share a :class:`RedisEventStore` on that
-redis-server (key prefix ``ESSESSEY_STREAM``), whose leases let a turn run on one replica
-at a time and be cancelled from any; ``ESSESSEY_RUNNING_TTL`` is its lease (10 s).
+redis-server (key prefix ``ESSESSEY_STREAM``). On either, the stores' leases let a turn
+run on one replica at a time and be cancelled from any; ``ESSESSEY_RUNNING_TTL`` is how
+long a lease lasts unrenewed (10 s).
 
 Environment (all but ``NATS_URL`` or ``REDIS_URL`` optional): ``ESSESSEY_STREAM`` (``ESSESSEY``),
 ``ESSESSEY_HEARTBEAT`` (the followers' idle heartbeat, 1 s), ``ESSESSEY_MAX_AGE``
@@ -92,6 +93,7 @@ else:
         max_age=_env_float("ESSESSEY_MAX_AGE", 3600.0),
         publish_timeout=_env_float("ESSESSEY_PUBLISH_TIMEOUT", 30.0),
         duplicate_window=_env_float("ESSESSEY_DUPLICATE_WINDOW", 120.0),
+        running_ttl=_env_float("ESSESSEY_RUNNING_TTL", 10.0),
     )
 hub = StreamHub(store)
 turns: dict[str, TurnState] = {}

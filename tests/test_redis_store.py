@@ -1,7 +1,7 @@
 """RedisEventStore against a real redis-server, beyond the conformance suite
 (tests/test_store_conformance.py): its options, its keys and their expiry, retried appends
-stored once, a lost pub/sub connection, a reader that falls past the trim, and the leases
-(claim, renewal, a stale holder, an abandoned turn, cancel from another store)."""
+stored once, a lost pub/sub connection, a reader that falls past the trim. The leases are
+in the conformance suite, on Redis and JetStream alike."""
 
 from __future__ import annotations
 
@@ -17,14 +17,11 @@ import redis.asyncio as aioredis
 
 from essessey import (
     Event,
-    EventType,
-    LeaseLost,
-    StreamBusy,
     SubscriberLagged,
 )
 from essessey.bindings.redis import RedisEventStore
 from tests.redis_server import RedisServer, redis_server
-from tests.test_store import delta, start, stop
+from tests.test_store import delta
 
 pytestmark = pytest.mark.anyio
 
@@ -215,94 +212,3 @@ async def test_a_reader_that_falls_past_the_trim_is_ended(server: RedisServer) -
 async def drain(events: AsyncIterator[Event]) -> None:
     async for _ in events:
         pass
-
-
-# -- leases -----------------------------------------------------------------------------
-
-
-async def test_a_claimed_stream_is_busy_for_other_holders(server: RedisServer) -> None:
-    async with (
-        store_on(server.url, prefix="lease1") as a,
-        store_on(server.url, prefix="lease1") as b,
-    ):
-        await a.claim_turn("s", "one")
-        with pytest.raises(StreamBusy):
-            await b.claim_turn("s", "two")
-        assert await a.keep_running("s", "one")
-        assert not await b.keep_running("s", "two")
-        with pytest.raises(LeaseLost):
-            await b.append_as("s", delta(0), "two")
-        assert not await b.release_turn("s", "two")  # not its turn: nothing done
-        await a.append_as("s", start(1), "one")
-        assert await a.release_turn("s", "one")
-        await b.claim_turn("s", "two")  # released: free
-
-
-async def test_a_stale_holder_writes_nothing_into_the_turn_that_replaced_it(
-    server: RedisServer,
-) -> None:
-    async with store_on(server.url, running_ttl=0.3) as store:
-        await store.claim_turn("s", "old")
-        await store.append_as("s", start(1), "old")
-        await anyio.sleep(0.5)  # its lease ran out
-        await store.claim_turn("s", "new")
-        with pytest.raises(LeaseLost):
-            await store.append_as("s", delta(1), "old")
-        assert not await store.release_turn("s", "old")
-        new = await store.append_as("s", start(2), "new")
-        events, _ = await store.since("s", None)
-    # The old turn's message was ended with an error before the new one began.
-    assert [event.event for event in events] == [
-        EventType.MESSAGE_START,
-        EventType.ERROR,
-        EventType.MESSAGE_START,
-    ]
-    assert b"the replica running the turn stopped" in events[1].data
-    assert events[-1] == new
-
-
-async def test_a_reader_ends_an_abandoned_turn_with_an_error(server: RedisServer) -> None:
-    async with (
-        store_on(server.url, prefix="lease3", running_ttl=0.5, heartbeat=0.2) as writer,
-        store_on(server.url, prefix="lease3", heartbeat=0.2) as reader,
-    ):
-        await writer.claim_turn("s", "dead")
-        sent = [
-            await writer.append_as("s", start(1), "dead"),
-            await writer.append_as("s", delta(1), "dead"),
-        ]
-        # The writer stops renewing (its replica died); the reader gets the end.
-        with anyio.fail_after(WAIT):
-            got = [event async for event in reader.follow("s")]
-    assert got[:2] == sent
-    assert [event.event for event in got[2:]] == [EventType.ERROR]
-    assert got[2].json()["error"]["type"] == "api_error"
-
-
-async def test_a_cancel_through_another_store_reaches_the_holder(server: RedisServer) -> None:
-    async with (
-        store_on(server.url, prefix="lease4") as a,
-        store_on(server.url, prefix="lease4") as b,
-    ):
-        assert not await b.request_cancel("s")  # nothing runs
-        await a.claim_turn("s", "one")
-        asked = anyio.Event()
-
-        def on_cancel() -> None:
-            asked.set()
-
-        unwatch = await a.watch_cancel("s", on_cancel)
-        try:
-
-            async def holder() -> None:
-                await asked.wait()
-                await a.append_as("s", stop(), "one")
-                await a.release_turn("s", "one")
-
-            with anyio.fail_after(WAIT):
-                async with anyio.create_task_group() as tasks:
-                    tasks.start_soon(holder)
-                    assert await b.request_cancel("s")
-        finally:
-            unwatch()
-        assert not await b.request_cancel("s")  # ended: nothing runs now

@@ -27,8 +27,10 @@ from essessey import (
     EventStore,
     EventType,
     InMemoryEventStore,
+    LeaseLost,
     MessagesNotRetained,
     StoreFull,
+    StreamBusy,
     StreamNotFound,
     StreamReset,
     SubscriberLagged,
@@ -49,7 +51,10 @@ PER_STREAM = "per-stream bounds"
 """What a test needs beyond the common protocol: bounds kept per stream id (counts, bytes,
 the running turns), which the in-memory and Redis stores have."""
 
-BACKENDS = {"memory": {PER_STREAM}, "jetstream": set(), "redis": {PER_STREAM}}
+LEASES = "leases"
+"""Turn leases and cancel across replicas (the stores shared by replicas)."""
+
+BACKENDS = {"memory": {PER_STREAM}, "jetstream": {LEASES}, "redis": {PER_STREAM, LEASES}}
 
 _names = itertools.count(1)
 
@@ -93,7 +98,7 @@ class Backend:
     async def store(self, **bounds: Any) -> AsyncIterator[Any]:
         """A store with ``bounds`` (the in-memory store's names; ``retain`` = how many
         events a single stream keeps, whatever the backend calls it)."""
-        n = next(_names)
+        n = bounds.pop("name", None) or next(_names)
         retain = bounds.pop("retain", None)
         if self.name == "memory":
             if retain is not None:
@@ -112,8 +117,9 @@ class Backend:
         else:
             if retain is not None:
                 bounds["max_events_per_stream"] = retain
+            bounds.setdefault("heartbeat", 0.5)
             async with RedisEventStore.from_url(
-                self.server.url, prefix=f"conf{n}", heartbeat=0.5, **bounds
+                self.server.url, prefix=f"conf{n}", **bounds
             ) as store:
                 yield store
 
@@ -493,3 +499,98 @@ async def test_since_agrees_with_a_reference_model(
                     assert got == ([], False)
         for stream_id, current in lives.items():
             assert await store.since(stream_id, None) == (current[-capacity:], True)
+
+
+# -- leases (the stores replicas share) ---------------------------------------------------
+
+
+@needs(LEASES)
+async def test_a_claimed_stream_is_busy_for_other_holders(backend: Backend) -> None:
+    async with (
+        backend.store(name="lease1") as a,
+        backend.store(name="lease1") as b,
+    ):
+        await a.claim_turn("s", "one")
+        with pytest.raises(StreamBusy):
+            await b.claim_turn("s", "two")
+        assert await a.keep_running("s", "one")
+        assert not await b.keep_running("s", "two")
+        with pytest.raises(LeaseLost):
+            await b.append_as("s", delta(0), "two")
+        assert not await b.release_turn("s", "two")  # not its turn: nothing done
+        await a.append_as("s", start(1), "one")
+        assert await a.release_turn("s", "one")
+        await b.claim_turn("s", "two")  # released: free
+
+
+@needs(LEASES)
+async def test_a_stale_holder_writes_nothing_into_the_turn_that_replaced_it(
+    backend: Backend,
+) -> None:
+    async with backend.store(running_ttl=1.0) as store:
+        await store.claim_turn("s", "old")
+        await store.append_as("s", start(1), "old")
+        await anyio.sleep(1.5)  # its lease ran out
+        await store.claim_turn("s", "new")
+        with pytest.raises(LeaseLost):
+            await store.append_as("s", delta(1), "old")
+        assert not await store.release_turn("s", "old")
+        new = await store.append_as("s", start(2), "new")
+        events, _ = await store.since("s", None)
+    # The old turn's message was ended with an error before the new one began.
+    assert [event.event for event in events] == [
+        EventType.MESSAGE_START,
+        EventType.ERROR,
+        EventType.MESSAGE_START,
+    ]
+    assert b"the replica running the turn stopped" in events[1].data
+    assert events[-1] == new
+
+
+@needs(LEASES)
+async def test_a_reader_ends_an_abandoned_turn_with_an_error(backend: Backend) -> None:
+    async with (
+        backend.store(name="lease3", running_ttl=1.0, heartbeat=0.2) as writer,
+        backend.store(name="lease3", heartbeat=0.2) as reader,
+    ):
+        await writer.claim_turn("s", "dead")
+        sent = [
+            await writer.append_as("s", start(1), "dead"),
+            await writer.append_as("s", delta(1), "dead"),
+        ]
+        # The writer stops renewing (its replica died); the reader gets the end.
+        with anyio.fail_after(WAIT):
+            got = [event async for event in reader.follow("s")]
+    assert got[:2] == sent
+    assert [event.event for event in got[2:]] == [EventType.ERROR]
+    assert got[2].json()["error"]["type"] == "api_error"
+
+
+@needs(LEASES)
+async def test_a_cancel_through_another_store_reaches_the_holder(backend: Backend) -> None:
+    async with (
+        backend.store(name="lease4") as a,
+        backend.store(name="lease4") as b,
+    ):
+        assert not await b.request_cancel("s")  # nothing runs
+        await a.claim_turn("s", "one")
+        asked = anyio.Event()
+
+        def on_cancel() -> None:
+            asked.set()
+
+        unwatch = await a.watch_cancel("s", on_cancel)
+        try:
+
+            async def holder() -> None:
+                await asked.wait()
+                await a.append_as("s", stop(), "one")
+                await a.release_turn("s", "one")
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(holder)
+                    assert await b.request_cancel("s")
+        finally:
+            unwatch()
+        assert not await b.request_cancel("s")  # ended: nothing runs now

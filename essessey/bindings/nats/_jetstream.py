@@ -79,6 +79,7 @@ from nats.js.client import JetStreamContext
 
 from essessey._ids import is_token
 from essessey.bindings.nats._core import check_token
+from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
 from essessey.errors import (
     EssesseyError,
     MessagesNotRetained,
@@ -149,7 +150,8 @@ class JetStreamUnavailable(StoreUnavailable):
 def _is_retryable(exc: Exception) -> bool:
     if isinstance(exc, _RETRYABLE):
         return True
-    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
+    # Some APIError subclasses (the KV ones) are made without a code.
+    return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 
 
 def _epoch_of(info: api.StreamInfo) -> str:
@@ -266,6 +268,10 @@ class JetStreamEventStore:
     bounds must be positive; ``max_msgs`` may also be -1 (no count limit).
     ``publish_timeout`` may not exceed ``duplicate_window``, or a late retry could be
     stored twice. ``heartbeat`` is the idle heartbeat of the followers' consumers.
+    ``running_ttl`` is how long a turn's lease lasts unrenewed (the KV bucket
+    ``<stream>_LEASES``, see ``essessey.bindings.nats._leases``): a hub's turn holds it,
+    so no other replica starts one on the stream, and a cancel from any replica reaches
+    it.
     """
 
     def __init__(
@@ -280,6 +286,7 @@ class JetStreamEventStore:
         duplicate_window: float = 120.0,
         publish_timeout: float = 30.0,
         heartbeat: float = 5.0,
+        running_ttl: float = 10.0,
     ) -> None:
         if not stream or _BAD_NAME.search(stream):
             raise ValueError(f"stream {stream!r} is not a valid JetStream stream name")
@@ -299,6 +306,8 @@ class JetStreamEventStore:
             raise ValueError("publish_timeout must not exceed duplicate_window")
         if heartbeat <= 0:
             raise ValueError("heartbeat must be > 0 seconds")
+        if running_ttl <= 0:
+            raise ValueError("running_ttl must be > 0 seconds")
         self.nc = nc
         self.stream = stream
         self.prefix = prefix
@@ -308,6 +317,8 @@ class JetStreamEventStore:
         self.duplicate_window = duplicate_window
         self.publish_timeout = publish_timeout
         self.heartbeat = heartbeat
+        self.running_ttl = running_ttl
+        self._leases = Leases(self)
         self._js: JetStreamContext = nc.jetstream(timeout=_REQUEST_TIMEOUT)
         # Msg ids: random per store, counted per publish, so no two publishes of any store
         # share one while a retry of the same publish always does.
@@ -346,6 +357,7 @@ class JetStreamEventStore:
                 raise
             info = await self._js.update_stream(config)
         self._epoch = _epoch_of(info)
+        await self._leases.setup()
 
     async def _ensure(self) -> str:
         epoch = self._epoch
@@ -411,7 +423,7 @@ class JetStreamEventStore:
     # -- writing --------------------------------------------------------------------------
 
     async def _publish(
-        self, subject: str, data: bytes, control: str | None = None
+        self, subject: str, data: bytes, control: str | None = None, holder: str = ""
     ) -> tuple[int, str]:
         """Publish once to JetStream, retrying with the same msg id: the sequence, and
         the epoch of the stream that stored it as far as this store knows."""
@@ -421,6 +433,8 @@ class JetStreamEventStore:
         headers = {_MSG_ID: f"{self._token}-{next(self._counter)}"}
         if control is not None:
             headers[CONTROL_HEADER] = control
+        if holder:
+            headers[HOLDER_HEADER] = holder
         js = self._js
 
         async def publish(remaining: float) -> tuple[int, str]:
@@ -470,17 +484,61 @@ class JetStreamEventStore:
         It also reads the JetStream stream's epoch again (one request per turn), so the
         ids of a turn name the stream it is stored in even when another process deleted
         and recreated that stream since this store last looked."""
+        await self._open(stream_id, "")
+
+    async def _open(self, stream_id: str, holder: str) -> None:
         check_token(stream_id, "stream id")
         if await self._current_epoch() is None:
             await self.setup()
-        await self._publish(self._control_subject(stream_id), b"", _OPEN)
+        await self._publish(self._control_subject(stream_id), b"", _OPEN, holder)
+
+    async def _close_marker(self, stream_id: str) -> None:
+        await self._publish(self._control_subject(stream_id), b"", _CLOSE)
+
+    # -- leases (see essessey.bindings.nats._leases) ----------------------------------------
+
+    async def claim_turn(self, stream_id: str, holder: str) -> None:
+        """:meth:`open_stream` for a turn, leased to ``holder`` for ``running_ttl``
+        seconds at a time: :class:`~essessey.StreamBusy` while another holder's lease
+        runs; a turn left open by a holder whose lease ran out is ended first."""
+        check_token(stream_id, "stream id")
+        await self._leases.claim(stream_id, holder)
+
+    async def append_as(self, stream_id: str, event: Event, holder: str) -> Event:
+        """:meth:`append` for the turn holding the stream as ``holder``:
+        :class:`~essessey.LeaseLost` (nothing stored) when it no longer does."""
+        await self._leases.check(stream_id, holder)
+        return await self.append(stream_id, event)
+
+    async def keep_running(self, stream_id: str, holder: str = "") -> bool:
+        """Renew ``holder``'s lease of the stream (any holder of this store when empty);
+        False when it is lost."""
+        return await self._leases.renew(stream_id, holder)
+
+    async def release_turn(self, stream_id: str, holder: str) -> bool:
+        """:meth:`close_stream` by the turn holding it as ``holder``, and the lease let
+        go; False (nothing done) when it no longer holds it."""
+        return await self._leases.release(stream_id, holder)
+
+    async def request_cancel(self, stream_id: str, wait: float = 15.0) -> bool:
+        """Ask the replica whose turn holds ``stream_id`` to cancel it; True once the
+        stream closed (within ``wait`` seconds), False when no turn holds it."""
+        check_token(stream_id, "stream id")
+        return await self._leases.request_cancel(stream_id, wait)
+
+    async def watch_cancel(
+        self, stream_id: str, on_cancel: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``on_cancel()`` when a replica asks to cancel the turn of ``stream_id``;
+        call what this returns to stop."""
+        return await self._leases.watch_cancel(stream_id, on_cancel)
 
     async def close_stream(self, stream_id: str) -> None:
         """No more events for now: followers end once they have everything. Does nothing
         when the stream does not exist (never created, cleared, expired)."""
         check_token(stream_id, "stream id")
         if await self.exists(stream_id):
-            await self._publish(self._control_subject(stream_id), b"", _CLOSE)
+            await self._close_marker(stream_id)
 
     async def clear(self, stream_id: str) -> None:
         """Forget the stream: its ids become unknown and its followers get StreamReset.
@@ -637,6 +695,11 @@ class JetStreamEventStore:
                         if live:
                             raise StreamReset(f"stream {stream_id!r} was cleared or dropped")
                         raise StreamNotFound(f"no stream {stream_id!r}")
+                    try:
+                        # Quiet: has the turn's replica died? Then its end comes next.
+                        await self._leases.end_if_abandoned(stream_id)
+                    except _TRANSIENT as exc:
+                        logger.debug("could not check the lease of %s: %r", stream_id, exc)
                     continue
                 name = msg.subject[name_at:]
                 if live:
