@@ -13,8 +13,9 @@ was cleared must not be re-created mid-message; ``<prefix>:streams``, a sorted s
 stream ids by last update (``<prefix>:streams:clock`` counts the updates). Notifications
 go to the channel ``<prefix>:<sid>:n`` as ``<epoch> <seq> <kind>[ <name>]`` and, for an
 event, a newline and its data; the kinds are
-``e`` (an event), ``o`` (opened), ``c`` (closed), ``r`` (cleared), ``d`` (dropped to keep
-a bound) and ``k`` (a request to cancel the running turn).
+``e`` (an event), ``o`` (opened), ``c`` (closed), ``r`` (cleared) and ``d`` (dropped to keep
+a bound); requests to cancel the running turn go to ``<prefix>:<sid>:k`` (kind ``k``), so
+the turn's own replica does not receive its events to hear them.
 
 Leases. A hub claims a stream id for its turn (``holder`` and ``run``), renews the claim
 while the turn runs and releases it by closing the stream. While ``run`` lies ahead,
@@ -281,29 +282,7 @@ local state = redis.call('HMGET', KEYS[1], 'epoch', 'run', 'holder', 'seq', 'clo
 if not state[1] or state[5] == '1' or state[3] == '' or tonumber(state[2]) < now_ms() then
   return 0
 end
-redis.call('PUBLISH', ARGV[2] .. ARGV[1] .. ':n', state[1] .. ' ' .. state[4] .. ' k')
+redis.call('PUBLISH', ARGV[2] .. ARGV[1] .. ':k', state[1] .. ' ' .. state[4] .. ' k')
 return 1
 """
 )
-
-READ: Final = """
--- KEYS: meta, events
--- ARGV: after (the sequence read last; 0 for the start), count
--- Returns false when the stream id is not held, else
--- {epoch, seq, first, closed, running, entries, abandoned}.
-local meta, events = KEYS[1], KEYS[2]
-local state = redis.call('HMGET', meta, 'epoch', 'seq', 'first', 'closed', 'run', 'holder')
-if not state[1] then return false end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local entries = {}
-if tonumber(ARGV[2]) > 0 then
-  entries = redis.call('XRANGE', events, '(0-' .. ARGV[1], '+', 'COUNT', ARGV[2])
-end
-local running = 0
-if tonumber(state[5]) >= now then running = 1 end
-local abandoned = 0
-if running == 0 and state[4] ~= '1' and state[6] and state[6] ~= '' then abandoned = 1 end
-return {state[1], tonumber(state[2]), tonumber(state[3]), tonumber(state[4]), running,
-        entries, abandoned}
-"""

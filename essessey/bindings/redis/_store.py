@@ -65,6 +65,8 @@ _EVENT_OVERHEAD: Final = 180
 store (docs/resume.md), so the same budgets hold the same turns on either."""
 
 _READ_BATCH: Final = 512
+_FIRST_PAGE: Final = 16
+"""Events a follower reads with its position: enough to start, small enough to be quick."""
 _INBOX_LIMIT: Final = 4096
 """Notifications a follower holds before it stops taking them and reads from Redis."""
 
@@ -104,22 +106,25 @@ def _parse_id(event_id: str, epoch: str) -> int | None:
 
 
 class _Snapshot:
-    """What the read script saw of a stream id, in one step."""
+    """What one read of a stream id saw, in one transaction (``MULTI``: the server's time,
+    the meta hash, the entries after the sequence asked for)."""
 
     __slots__ = ("abandoned", "closed", "entries", "epoch", "first", "running", "seq")
 
-    def __init__(self, reply: list[Any]) -> None:
-        self.epoch: str = reply[0].decode()
-        self.seq: int = int(reply[1])  # the last event's sequence (0: none yet)
-        self.first: int = int(reply[2])  # the oldest retained event's sequence
-        self.closed = bool(int(reply[3]))
-        self.running = bool(int(reply[4]))
+    def __init__(self, now: tuple[int, int], state: list[Any], entries: list[Any]) -> None:
+        epoch, seq, first, closed, run, holder = state
+        self.epoch: str = epoch.decode()
+        self.seq: int = int(seq)  # the last event's sequence (0: none yet)
+        self.first: int = int(first)  # the oldest retained event's sequence
+        self.closed = closed == b"1"
+        now_ms = now[0] * 1000 + now[1] // 1000
+        self.running = int(run) >= now_ms
+        # Open, claimed, and the claim ran out: the turn's replica stopped renewing it.
+        self.abandoned = not self.running and not self.closed and bool(holder)
         # (seq, name, data) of the entries after the sequence asked for.
         self.entries: list[tuple[int, str, bytes]] = [
-            (int(entry_id[2:]), fields[1].decode(), fields[3]) for entry_id, fields in reply[5]
+            (int(entry_id[2:]), fields[b"e"].decode(), fields[b"d"]) for entry_id, fields in entries
         ]
-        # Open, claimed, and the claim ran out: the turn's replica stopped renewing it.
-        self.abandoned = bool(int(reply[6]))
 
 
 class _Note:
@@ -208,10 +213,13 @@ class _Listener:
         self._inboxes: dict[bytes, set[_Inbox]] = {}
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
 
-    async def join(self, stream_id: str, inbox: _Inbox | None = None) -> _Inbox:
-        """An inbox for ``stream_id``'s notifications, once Redis confirmed the
-        subscription (so nothing published after this returns is missed)."""
-        channel = self._store._key(stream_id, "n").encode()
+    async def join(
+        self, stream_id: str, inbox: _Inbox | None = None, channel_kind: str = "n"
+    ) -> _Inbox:
+        """An inbox for ``stream_id``'s notifications (``channel_kind`` ``k``: its
+        cancel requests), once Redis confirmed the subscription (so nothing published
+        after this returns is missed)."""
+        channel = self._store._key(stream_id, channel_kind).encode()
         inbox = inbox if inbox is not None else _Inbox()
         members = self._inboxes.get(channel)
         if members is not None:
@@ -228,12 +236,12 @@ class _Listener:
             with anyio.fail_after(self._store.retry_timeout):
                 await asyncio.shield(confirmed)
         except BaseException:
-            self.leave(stream_id, inbox)
+            self.leave(stream_id, inbox, channel_kind)
             raise
         return inbox
 
-    def leave(self, stream_id: str, inbox: _Inbox) -> None:
-        channel = self._store._key(stream_id, "n").encode()
+    def leave(self, stream_id: str, inbox: _Inbox, channel_kind: str = "n") -> None:
+        channel = self._store._key(stream_id, channel_kind).encode()
         members = self._inboxes.get(channel)
         if members is None:
             return
@@ -377,7 +385,6 @@ class RedisEventStore:
         self._close = redis.register_script(_scripts.CLOSE)
         self._clear = redis.register_script(_scripts.CLEAR)
         self._keep = redis.register_script(_scripts.KEEP_RUNNING)
-        self._read = redis.register_script(_scripts.READ)
         self._cancel = redis.register_script(_scripts.CANCEL)
         self._abandon_script = redis.register_script(_scripts.ABANDON)
         self._listener = _Listener(self)
@@ -594,8 +601,8 @@ class RedisEventStore:
         ``stream_id`` (:meth:`request_cancel`), from when this returns; call what it
         returns to stop."""
         watch = _CancelWatch(on_cancel)
-        await self._listener.join(stream_id, watch)
-        return lambda: self._listener.leave(stream_id, watch)
+        await self._listener.join(stream_id, watch, "k")
+        return lambda: self._listener.leave(stream_id, watch, "k")
 
     async def _abandon(self, stream_id: str) -> bool:
         keys = self._keys(stream_id)[:2]
@@ -620,9 +627,23 @@ class RedisEventStore:
     # -- reading ------------------------------------------------------------------------------
 
     async def _snapshot(self, stream_id: str, after: int, count: int) -> _Snapshot | None:
-        keys = self._keys(stream_id)[:2]
-        reply = await self._retrying(lambda: self._read(keys=keys, args=[after, count]))
-        return None if not reply else _Snapshot(reply)
+        """The stream id's state and up to ``count`` entries after ``after``; None when
+        it is not held. A transaction, not a script: a script's reply of many entries
+        costs Redis twice what the same XRANGE does."""
+        meta, events = self._key(stream_id, "m"), self._key(stream_id, "e")
+
+        async def read() -> list[Any]:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.time()
+                pipe.hmget(meta, "epoch", "seq", "first", "closed", "run", "holder")
+                if count:
+                    pipe.xrange(events, f"(0-{after}", "+", count=count)
+                return await pipe.execute()
+
+        replies = await self._retrying(read)
+        if replies[1][0] is None:
+            return None
+        return _Snapshot(replies[0], replies[1], replies[2] if count else [])
 
     async def exists(self, stream_id: str) -> bool:
         """Whether the stream is retained (not expired, cleared or dropped)."""
@@ -671,9 +692,14 @@ class RedisEventStore:
         (cleared, expired or dropped meanwhile)."""
         if not is_token(stream_id):
             raise StreamNotFound(f"no stream {stream_id!r}")
-        inbox = await self._listener.join(stream_id)
+        inbox = _Inbox()
+        # The subscription goes out beside the first read, and the first page is handed
+        # out without waiting for it: a resume's first event is one read away. The
+        # follower waits for the subscription before it reads again or waits for news,
+        # and then reads Redis once more, for what was appended before it was in place.
+        joining = asyncio.ensure_future(self._listener.join(stream_id, inbox))
         try:
-            follower = _Follower(self, stream_id, inbox, max_lag)
+            follower = _Follower(self, stream_id, inbox, max_lag, joining)
             await follower.start(last_event_id)
             while True:
                 event = await follower.next()
@@ -681,6 +707,8 @@ class RedisEventStore:
                     return
                 yield event
         finally:
+            if not joining.done():
+                joining.cancel()  # its own cleanup leaves the channel
             self._listener.leave(stream_id, inbox)
 
 
@@ -689,8 +717,14 @@ class _Follower:
     from the notifications in its inbox."""
 
     def __init__(
-        self, store: RedisEventStore, stream_id: str, inbox: _Inbox, max_lag: int | None
+        self,
+        store: RedisEventStore,
+        stream_id: str,
+        inbox: _Inbox,
+        max_lag: int | None,
+        joining: asyncio.Future[_Inbox] | None = None,
     ) -> None:
+        self.joining = joining  # the subscription, until it is in place
         self.store = store
         self.stream_id = stream_id
         self.inbox = inbox
@@ -706,7 +740,11 @@ class _Follower:
 
     async def start(self, last_event_id: str | None) -> None:
         store, stream_id = self.store, self.stream_id
-        snap = await store._snapshot(stream_id, 0, 0)
+        # One read for the position and the first page after it: a resume's first event
+        # is one round trip away. The id's sequence is read before its epoch is known,
+        # and the page kept only once the id turns out to be this stream's.
+        guess = _parse_id(last_event_id, last_event_id.rpartition("-")[0]) if last_event_id else 0
+        snap = await store._snapshot(stream_id, guess or 0, _FIRST_PAGE)
         if snap is None:
             raise StreamNotFound(f"no stream {stream_id!r}")
         self.epoch = snap.epoch
@@ -717,8 +755,10 @@ class _Follower:
             if seq is None or not snap.first - 1 <= seq <= snap.seq:
                 raise UnknownEventId(f"event id is not retained for stream {stream_id!r}")
             self.cursor = seq
+            self._take_page(snap)
             return
         if snap.first == 1:
+            self._take_page(snap)
             return  # the whole stream is retained: from its start
         # Part of it was trimmed: start at a message boundary, so a client never renders
         # half a message.
@@ -754,6 +794,10 @@ class _Follower:
                 if event is not None:
                     return event
                 continue
+            if self.joining is not None:
+                joining, self.joining = self.joining, None
+                await joining  # raises what the subscription raised
+                self.behind = True
             if inbox.overflow or self.behind:
                 if inbox.overflow:
                     inbox.overflow = False
@@ -792,8 +836,6 @@ class _Follower:
         if kind == "s":
             self.behind = True
             return False
-        if kind == "k":
-            return False  # for the turn's own replica
         if note.epoch != self.epoch:
             if self.closed and self.cursor >= self.latest:
                 return True  # a new life began after we had everything of ours
@@ -846,15 +888,19 @@ class _Follower:
             await self.store._abandon(self.stream_id)
             self.behind = True
             return False
+        self._take_page(snap)
+        if not snap.entries and snap.closed and self.cursor >= snap.seq:
+            return self._ended()
+        return False
+
+    def _take_page(self, snap: _Snapshot) -> None:
+        """What a read gave after the cursor becomes the next events to hand out."""
         self.latest = max(self.latest, snap.seq)
         self.closed = snap.closed
         self.ready.clear()
         self.ready.extend(snap.entries)
         last = snap.entries[-1][0] if snap.entries else self.cursor
         self.behind = last < snap.seq
-        if not snap.entries and snap.closed and self.cursor >= snap.seq:
-            return self._ended()
-        return False
 
 
 def _saw_close(inbox: _Inbox) -> bool:
