@@ -212,3 +212,30 @@ async def test_a_reader_that_falls_past_the_trim_is_ended(server: RedisServer) -
 async def drain(events: AsyncIterator[Event]) -> None:
     async for _ in events:
         pass
+
+
+async def test_a_client_with_a_short_socket_timeout_follows_a_quiet_stream(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The listener waits for news no longer than half the client's socket_timeout, so a
+    # quiet stream is not taken for a broken connection.
+    client = aioredis.Redis.from_url(server.url, socket_timeout=0.3)
+    try:
+        async with RedisEventStore(client, prefix=f"t{next(_names)}") as store:
+            await store.open_stream("s")
+            got: list[Event] = []
+
+            async def read() -> None:
+                async for event in store.follow("s"):
+                    got.append(event)
+
+            with anyio.fail_after(WAIT), caplog.at_level("WARNING", "essessey.bindings.redis"):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(read)
+                    await anyio.sleep(1.2)  # quiet: four socket timeouts
+                    sent = await store.append("s", delta(1))
+                    await store.close_stream("s")
+    finally:
+        await client.aclose()
+    assert got == [sent]
+    assert [r.message for r in caplog.records if r.levelname == "WARNING"] == []

@@ -1,4 +1,7 @@
-"""InMemoryEventStore: ids, since() and ``known``, the three bounds, and follow()."""
+"""InMemoryEventStore beyond the conformance suite every store passes
+(tests/test_store_conformance.py, which owns the ids, the unknown and foreign ids, the
+reference model of eviction, the running-turn rules and the byte budget per stream): its
+clock-driven expiry, its bounds' details, follow() and the delivery in the append."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ from hypothesis import strategies as st
 
 from essessey import (
     Event,
-    EventStore,
     EventType,
     InMemoryEventStore,
     StoreFull,
@@ -82,10 +84,6 @@ async def wait_until(condition: Callable[[], bool], what: str) -> None:
 # -- ids ------------------------------------------------------------------------------
 
 
-async def test_it_is_an_event_store() -> None:
-    assert isinstance(InMemoryEventStore(), EventStore)
-
-
 async def test_append_returns_the_event_with_an_id() -> None:
     store = InMemoryEventStore()
     event = delta(1)
@@ -145,13 +143,6 @@ async def test_since_the_last_id_is_empty_and_known() -> None:
 # -- unknown ids ------------------------------------------------------------------------
 
 
-async def test_a_stream_never_seen_is_unknown() -> None:
-    store = InMemoryEventStore()
-    assert await store.since("nowhere", None) == ([], False)
-    assert await store.since("nowhere", "abcd1234-1") == ([], False)
-    assert not await store.exists("nowhere")
-
-
 BOGUS_IDS: dict[str, Callable[[str, int], str]] = {
     "empty": lambda e, n: "",
     "garbage": lambda e, n: "garbage",
@@ -178,34 +169,6 @@ BOGUS_IDS: dict[str, Callable[[str, int], str]] = {
 }
 
 
-@pytest.mark.parametrize("spell", list(BOGUS_IDS.values()), ids=list(BOGUS_IDS))
-async def test_a_garbage_or_foreign_id_is_unknown(spell: Callable[[str, int], str]) -> None:
-    store = InMemoryEventStore()
-    events = await fill(store, "s", 5)
-    bogus = spell(epoch(events[0].id), len(events))
-    assert bogus not in {event.id for event in events}
-    assert await store.since("s", bogus) == ([], False)
-
-
-async def test_an_id_of_another_stream_is_unknown() -> None:
-    store = InMemoryEventStore()
-    a = await fill(store, "a", 3)
-    await fill(store, "b", 3)
-    assert await store.since("b", a[0].id) == ([], False)
-
-
-async def test_an_id_from_before_clear_is_unknown() -> None:
-    store = InMemoryEventStore()
-    old = await fill(store, "s", 5)
-    await store.clear("s")
-    assert not await store.exists("s")
-    new = await fill(store, "s", 5)
-    assert epoch(new[0].id) != epoch(old[0].id)
-    for event in old:
-        assert await store.since("s", event.id) == ([], False)
-    assert await store.since("s", new[1].id) == (new[2:], True)
-
-
 async def test_an_id_from_before_the_stream_expired_is_unknown(clock: Clock) -> None:
     store = InMemoryEventStore(max_age=10)
     old = await fill(store, "s", 5)
@@ -218,75 +181,6 @@ async def test_an_id_from_before_the_stream_expired_is_unknown(clock: Clock) -> 
 
 
 # -- the bounds ---------------------------------------------------------------------------
-
-
-async def test_eviction_keeps_an_id_known_while_everything_after_it_is_retained() -> None:
-    store = InMemoryEventStore(max_events_per_stream=5)
-    events = await fill(store, "s", 12)  # events[7:] are retained
-    assert await store.since("s", None) == (events[7:], True)
-    # events[6] itself is evicted, but nothing after it is: no gap, so it is known.
-    assert await store.since("s", events[6].id) == (events[7:], True)
-    for evicted in events[:6]:
-        assert await store.since("s", evicted.id) == ([], False)
-    assert await store.since("s", events[9].id) == (events[10:], True)
-    assert await store.since("s", events[11].id) == ([], True)
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    capacities=st.lists(st.integers(1, 6), min_size=1, max_size=3),
-    operations=st.lists(
-        st.tuples(st.sampled_from(["append", "append", "append", "clear"]), st.integers(0, 2)),
-        max_size=60,
-    ),
-)
-async def test_since_agrees_with_a_reference_model(
-    capacities: list[int], operations: list[tuple[str, int]]
-) -> None:
-    # One store per capacity; each store gets the same operations on three streams.
-    for capacity in capacities:
-        store = InMemoryEventStore(max_events_per_stream=capacity)
-        # The model: per stream, every event appended since the last clear, in order.
-        lives: dict[str, list[Event]] = {}
-        issued: list[tuple[str, Event, int]] = []  # (stream, event, life number)
-        life: dict[str, int] = {}
-        for n, (operation, which) in enumerate(operations):
-            stream_id = f"s{which}"
-            if operation == "clear":
-                await store.clear(stream_id)
-                lives.pop(stream_id, None)
-                life[stream_id] = life.get(stream_id, 0) + 1
-                continue
-            stored = await store.append(stream_id, delta(n))
-            lives.setdefault(stream_id, []).append(stored)
-            issued.append((stream_id, stored, life.get(stream_id, 0)))
-        for stream_id, stored, born in issued:
-            for asked in ("s0", "s1", "s2"):
-                got = await store.since(asked, stored.id)
-                current = lives.get(asked, [])
-                same_life = asked == stream_id and born == life.get(asked, 0)
-                position = current.index(stored) if same_life else -1
-                # Known exactly when every event after it is still retained.
-                if same_life and position >= len(current) - capacity - 1:
-                    assert got == (current[position + 1 :], True)
-                else:
-                    assert got == ([], False)
-        for stream_id, current in lives.items():
-            assert await store.since(stream_id, None) == (current[-capacity:], True)
-
-
-async def test_max_streams_drops_the_least_recently_updated_stream() -> None:
-    store = InMemoryEventStore(max_streams=2)
-    a = await fill(store, "a", 2)
-    await fill(store, "b", 2)
-    await store.append("a", delta(9))  # a is now newer than b
-    await fill(store, "c", 2)
-    assert len(store) == 2
-    assert await store.exists("a")
-    assert not await store.exists("b")
-    assert await store.exists("c")
-    assert (await store.since("a", a[0].id))[1]
-    assert await store.since("b", None) == ([], False)
 
 
 async def test_open_stream_counts_as_an_update_for_max_streams() -> None:
@@ -637,21 +531,6 @@ async def test_a_delivery_that_raises_falls_back_to_waking_the_follower(
 # -- a running turn's stream ------------------------------------------------------------
 
 
-async def test_a_running_stream_is_never_dropped_to_make_room() -> None:
-    store = InMemoryEventStore(max_streams=3)
-    await store.open_stream("running")
-    await store.append("running", start())
-    for n in range(10):  # finished streams made after it, many more than fit
-        await store.append(f"done{n}", start())
-        await store.close_stream(f"done{n}")
-    assert await store.exists("running")
-    assert [await store.exists(f"done{n}") for n in (7, 8, 9)] == [False, True, True]
-    await store.append("running", delta(1))  # its turn goes on in the same epoch
-    events, known = await store.since("running", None)
-    assert known
-    assert [seq(event.id) for event in events] == [1, 2]
-
-
 async def test_a_running_stream_is_never_dropped_for_its_age(clock: Clock) -> None:
     store = InMemoryEventStore(max_age=10)
     await store.open_stream("paused")
@@ -663,34 +542,6 @@ async def test_a_running_stream_is_never_dropped_for_its_age(clock: Clock) -> No
     assert not await store.exists("paused")  # finished: max_age applies
 
 
-async def test_a_store_full_of_running_turns_refuses_another() -> None:
-    store = InMemoryEventStore(max_streams=2)
-    await store.open_stream("a")
-    await store.open_stream("b")
-    with pytest.raises(StoreFull, match="running"):
-        await store.open_stream("c")
-    with pytest.raises(StoreFull):
-        await store.append("c", start())
-    assert await store.exists("a")
-    assert await store.exists("b")
-    await store.close_stream("a")
-    await store.open_stream("c")  # a finished stream makes room
-    assert not await store.exists("a")
-
-
-async def test_a_running_stream_cleared_is_not_recreated_mid_message() -> None:
-    store = InMemoryEventStore()
-    await store.open_stream("s")
-    await store.append("s", start())
-    await store.clear("s")
-    with pytest.raises(StreamReset):
-        await store.append("s", delta(1))
-    assert not await store.exists("s")
-    await store.append("s", start(2))  # a new message may start it again
-    events, _ = await store.since("s", None)
-    assert [event.event for event in events] == [EventType.MESSAGE_START]
-
-
 # -- byte budgets -------------------------------------------------------------------------
 
 EVENT_COST = 180  # what the store counts per event beyond its data (store._EVENT_OVERHEAD)
@@ -698,16 +549,6 @@ EVENT_COST = 180  # what the store counts per event beyond its data (store._EVEN
 
 def sized(n: int, size: int = 100) -> Event:
     return Event(EventType.CONTENT_BLOCK_DELTA, b"x" * (size - 6) + b"%06d" % n)
-
-
-async def test_a_stream_over_its_byte_budget_loses_its_oldest_events() -> None:
-    store = InMemoryEventStore(max_bytes_per_stream=10 * (100 + EVENT_COST))
-    ids = [(await store.append("s", sized(n))).id for n in range(30)]
-    events, _ = await store.since("s", None)
-    assert [event.id for event in events] == ids[-10:]
-    assert store.held_bytes == 10 * (100 + EVENT_COST)
-    _, known = await store.since("s", ids[5])
-    assert not known  # evicted: unknown, never a gap
 
 
 async def test_over_the_total_budget_finished_streams_go_first() -> None:

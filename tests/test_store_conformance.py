@@ -409,13 +409,16 @@ async def test_max_streams_drops_the_finished_stream_updated_longest_ago(
 
 @needs(PER_STREAM)
 async def test_a_running_stream_is_never_dropped_to_make_room(backend: Backend) -> None:
-    async with backend.store(max_streams=2) as store:
+    async with backend.store(max_streams=3) as store:
         await store.open_stream("running")
-        events = await fill(store, "running", 2)
-        for name in ("x", "y", "z"):
-            await fill(store, name, 1)
-            await store.close_stream(name)
-        assert await store.since("running", None) == (events, True)
+        first = await store.append("running", start())
+        for n in range(10):  # finished streams made after it, many more than fit
+            await store.append(f"done{n}", start())
+            await store.close_stream(f"done{n}")
+        assert await store.exists("running")
+        assert [await store.exists(f"done{n}") for n in (7, 8, 9)] == [False, True, True]
+        second = await store.append("running", delta(1))  # its turn goes on, same epoch
+        assert await store.since("running", None) == ([first, second], True)
 
 
 @needs(PER_STREAM)
@@ -423,10 +426,12 @@ async def test_a_store_full_of_running_turns_refuses_another(backend: Backend) -
     async with backend.store(max_streams=2) as store:
         await store.open_stream("a")
         await store.open_stream("b")
-        with pytest.raises(StoreFull):
+        with pytest.raises(StoreFull, match="running"):
             await store.open_stream("c")
         with pytest.raises(StoreFull):
             await store.append("c", delta(0))
+        assert await store.exists("a")
+        assert await store.exists("b")
         await store.close_stream("a")
         await store.open_stream("c")  # a finished stream makes room
         assert not await store.exists("a")

@@ -270,13 +270,17 @@ class _Listener:
 
     async def _run(self) -> None:
         pubsub = self._pubsub
+        # The wait for a message is bounded by the client's socket_timeout, or redis-py
+        # would take a quiet second for a failed connection.
+        socket_timeout = self._store.redis.connection_pool.connection_kwargs.get("socket_timeout")
+        wait = min(1.0, socket_timeout / 2) if socket_timeout else 1.0
         while self._inboxes:
             try:
                 if pubsub.connection is None:
                     # Not connected yet (the first subscribe is on its way).
                     await asyncio.sleep(0.01)
                     continue
-                message = await pubsub.get_message(timeout=1.0)
+                message = await pubsub.get_message(timeout=wait)
             except _RETRYABLE as exc:
                 logger.warning(
                     "the Redis pub/sub connection failed (%s); reconnecting", type(exc).__name__
@@ -355,7 +359,7 @@ class RedisEventStore:
         max_bytes_per_stream: int = 32 * 1024 * 1024,
         max_streams: int = 10_000,
         max_age: float = 3600.0,
-        running_ttl: float = 60.0,
+        running_ttl: float = 10.0,
         heartbeat: float = 1.0,
         retry_timeout: float = 30.0,
     ) -> None:
@@ -693,13 +697,12 @@ class RedisEventStore:
         if not is_token(stream_id):
             raise StreamNotFound(f"no stream {stream_id!r}")
         inbox = _Inbox()
-        # The subscription goes out beside the first read, and the first page is handed
-        # out without waiting for it: a resume's first event is one read away. The
-        # follower waits for the subscription before it reads again or waits for news,
-        # and then reads Redis once more, for what was appended before it was in place.
-        joining = asyncio.ensure_future(self._listener.join(stream_id, inbox))
+        # The first page is handed out before the follower subscribes: a resume's first
+        # event is one read away. The follower subscribes before it reads again or
+        # waits for news, and then reads Redis once more, for what was appended before
+        # the subscription was in place.
+        follower = _Follower(self, stream_id, inbox, max_lag)
         try:
-            follower = _Follower(self, stream_id, inbox, max_lag, joining)
             await follower.start(last_event_id)
             while True:
                 event = await follower.next()
@@ -707,9 +710,8 @@ class RedisEventStore:
                     return
                 yield event
         finally:
-            if not joining.done():
-                joining.cancel()  # its own cleanup leaves the channel
-            self._listener.leave(stream_id, inbox)
+            if follower.joined:
+                self._listener.leave(stream_id, inbox)
 
 
 class _Follower:
@@ -722,9 +724,8 @@ class _Follower:
         stream_id: str,
         inbox: _Inbox,
         max_lag: int | None,
-        joining: asyncio.Future[_Inbox] | None = None,
     ) -> None:
-        self.joining = joining  # the subscription, until it is in place
+        self.joined = False  # subscribed to the stream's notifications
         self.store = store
         self.stream_id = stream_id
         self.inbox = inbox
@@ -794,9 +795,9 @@ class _Follower:
                 if event is not None:
                     return event
                 continue
-            if self.joining is not None:
-                joining, self.joining = self.joining, None
-                await joining  # raises what the subscription raised
+            if not self.joined:
+                self.joined = True  # (join leaves the channel itself when it fails)
+                await self.store._listener.join(self.stream_id, inbox)
                 self.behind = True
             if inbox.overflow or self.behind:
                 if inbox.overflow:
