@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_token"]
+__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_token", "parse_event_id"]
 
 MAX_ID_LENGTH: Final = 256
 """The longest stream id or last event id accepted from a request, in characters (and the
@@ -37,3 +37,21 @@ def is_token(value: str) -> bool:
 def is_event_id(value: str) -> bool:
     """Whether ``value`` is a valid last event id for a request."""
     return 0 < len(value) <= MAX_ID_LENGTH and value.isprintable()
+
+
+def parse_event_id(event_id: str, epoch: str) -> int | None:
+    """The sequence in an id ``<epoch>-<seq>`` as the stores issue them, when ``event_id``
+    is spelled exactly so for ``epoch``, else None: ASCII digits only (``str.isdigit``
+    also accepts digits ``int()`` refuses, such as "²"), no sign, no leading zero, at most
+    18 digits. Every store reads ids with this one rule, so none accepts an id another
+    would refuse."""
+    id_epoch, _, seq_text = event_id.rpartition("-")
+    if (
+        id_epoch != epoch
+        or not seq_text.isascii()
+        or not seq_text.isdigit()
+        or len(seq_text) > 18
+        or seq_text[0] == "0"
+    ):
+        return None
+    return int(seq_text)

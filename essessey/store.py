@@ -24,6 +24,7 @@ from typing import Final, Protocol, TypeAlias, runtime_checkable
 import anyio
 
 from essessey import metrics
+from essessey._ids import parse_event_id
 from essessey.errors import (
     MessagesNotRetained,
     StoreFull,
@@ -422,18 +423,9 @@ class InMemoryEventStore:
                     return stream.first_seq + offset
             # No whole message retained: the follower skips to the next message_start.
             return stream.next_seq
-        epoch, _, seq_text = last_event_id.rpartition("-")
-        # Only the exact spelling this store issues: ASCII digits (str.isdigit also
-        # accepts digits int() rejects, such as "²"), no leading zero, no sign.
-        if (
-            epoch != stream.epoch
-            or not seq_text.isascii()
-            or not seq_text.isdigit()
-            or len(seq_text) > 18
-            or seq_text[0] == "0"
-        ):
+        seq = parse_event_id(last_event_id, stream.epoch)
+        if seq is None:
             return None
-        seq = int(seq_text)
         # Known when everything after it is still here: the event itself may have been
         # evicted, its successors not.
         if stream.first_seq - 1 <= seq < stream.next_seq:

@@ -77,7 +77,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from essessey._ids import is_token
+from essessey._ids import is_token, parse_event_id
 from essessey.bindings.nats._core import check_token
 from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
 from essessey.errors import (
@@ -162,23 +162,6 @@ def _epoch_of(info: api.StreamInfo) -> str:
         raise RuntimeError("the nats-server does not report stream creation times (need 2.2+)")
     text = f"{info.config.name}|{created.isoformat()}"
     return hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
-
-
-def _parse_id(event_id: str, epoch: str) -> int | None:
-    """The sequence in ``event_id`` when it is spelled exactly as this store issues ids of
-    ``epoch``, else None."""
-    id_epoch, _, seq_text = event_id.rpartition("-")
-    # The same strictness as InMemoryEventStore: ASCII digits only, no sign, no leading
-    # zero, at most 18 digits.
-    if (
-        id_epoch != epoch
-        or not seq_text.isascii()
-        or not seq_text.isdigit()
-        or len(seq_text) > 18
-        or seq_text[0] == "0"
-    ):
-        return None
-    return int(seq_text)
 
 
 def _ack_fields(reply: str) -> tuple[str, int, int] | None:
@@ -604,7 +587,7 @@ class JetStreamEventStore:
             return [], False
         start: int | None = None
         if last_event_id is not None:
-            start = _parse_id(last_event_id, epoch)
+            start = parse_event_id(last_event_id, epoch)
             if start is None:
                 return [], False
         reader = _Reader(self, stream_id, epoch)
@@ -674,7 +657,7 @@ class JetStreamEventStore:
             raise StreamNotFound(f"no stream {stream_id!r}")
         start: int | None = None
         if last_event_id is not None:
-            start = _parse_id(last_event_id, epoch)
+            start = parse_event_id(last_event_id, epoch)
             if start is None:
                 raise await self._missing(stream_id)
         reader = _Reader(self, stream_id, epoch)

@@ -38,7 +38,7 @@ import anyio
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from essessey._ids import is_token
+from essessey._ids import is_token, parse_event_id
 from essessey.bindings.redis import _scripts
 from essessey.errors import (
     LeaseLost,
@@ -88,21 +88,6 @@ _Arg: TypeAlias = "bytes | str | int"
 
 class RedisUnavailable(StoreUnavailable):
     """Redis did not answer within ``retry_timeout`` seconds. The cause is chained."""
-
-
-def _parse_id(event_id: str, epoch: str) -> int | None:
-    """The sequence in ``event_id`` when it is spelled exactly as this store issues ids of
-    ``epoch`` (ASCII digits, no sign, no leading zero, at most 18 digits), else None."""
-    id_epoch, _, seq_text = event_id.rpartition("-")
-    if (
-        id_epoch != epoch
-        or not seq_text.isascii()
-        or not seq_text.isdigit()
-        or len(seq_text) > 18
-        or seq_text[0] == "0"
-    ):
-        return None
-    return int(seq_text)
 
 
 class _Snapshot:
@@ -666,7 +651,7 @@ class RedisEventStore:
             return [], False
         after = snap.first - 1
         if last_event_id is not None:
-            seq = _parse_id(last_event_id, snap.epoch)
+            seq = parse_event_id(last_event_id, snap.epoch)
             if seq is None or not snap.first - 1 <= seq <= snap.seq:
                 return [], False
             after = seq
@@ -744,7 +729,9 @@ class _Follower:
         # One read for the position and the first page after it: a resume's first event
         # is one round trip away. The id's sequence is read before its epoch is known,
         # and the page kept only once the id turns out to be this stream's.
-        guess = _parse_id(last_event_id, last_event_id.rpartition("-")[0]) if last_event_id else 0
+        guess = (
+            parse_event_id(last_event_id, last_event_id.rpartition("-")[0]) if last_event_id else 0
+        )
         snap = await store._snapshot(stream_id, guess or 0, _FIRST_PAGE)
         if snap is None:
             raise StreamNotFound(f"no stream {stream_id!r}")
@@ -752,7 +739,7 @@ class _Follower:
         self.latest = self.live_from = snap.seq
         self.closed = snap.closed
         if last_event_id is not None:
-            seq = _parse_id(last_event_id, snap.epoch)
+            seq = parse_event_id(last_event_id, snap.epoch)
             if seq is None or not snap.first - 1 <= seq <= snap.seq:
                 raise UnknownEventId(f"event id is not retained for stream {stream_id!r}")
             self.cursor = seq
