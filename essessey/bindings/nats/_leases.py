@@ -221,7 +221,7 @@ class Leases:
         stream closed (within ``wait`` seconds), False when no lease is held."""
         kv = await self._bucket()
         try:
-            await kv.get(_key(stream_id))
+            await self._store._retrying(lambda _: kv.get(_key(stream_id)))
         except nats.js.errors.KeyNotFoundError:
             return False
         closed = anyio.Event()
