@@ -657,6 +657,7 @@ def test_demo_calls_serve(
             "host": "127.0.0.1",
             "port": 0,
             "nats_url": None,
+            "redis_url": None,
             "log_level": "info",
             "cors_origins": [],
             "store_mib": 256,
@@ -664,6 +665,15 @@ def test_demo_calls_serve(
         }
     ]
     calls.clear()
+    code, _, _ = run(capsys, "demo", "--redis", "redis://127.0.0.1:6379/0")
+    assert code == EXIT_OK
+    assert calls[0]["redis_url"] == "redis://127.0.0.1:6379/0"
+    assert calls[0]["nats_url"] is None
+    calls.clear()
+    code, _, err = run(capsys, "demo", "--nats", "nats://x", "--redis", "redis://x")
+    assert code == EXIT_USAGE
+    assert "not allowed with" in err
+    assert calls == []
     argv = ["demo", "--cors-origin", "https://a.example", "--cors-origin", "http://localhost:3000"]
     code, _, _ = run(capsys, *argv)
     assert code == EXIT_OK
@@ -688,6 +698,7 @@ def test_demo_hints_at_the_missing_extra(
     stand_in.serve = serve  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "essessey.demo", stand_in)
     code, _, err = run(capsys, "demo")
+    assert "essessey[redis]" in (_missing_extra_hint(ModuleNotFoundError(name="redis")) or "")
     assert code == EXIT_USAGE
     assert err.strip().splitlines() == [
         'essessey: the demo app needs uvicorn; install it with: pip install "essessey[server]"'

@@ -723,6 +723,7 @@ class _Follower:
         self.seeking = False  # skipping a message's tail until the next message_start
         self.ready: deque[tuple[int, str, bytes]] = deque()  # read or notified, in order
         self.behind = True  # Redis holds events after the cursor not yet read
+        self.page = _FIRST_PAGE  # events the last read asked for
 
     async def start(self, last_event_id: str | None) -> None:
         store, stream_id = self.store, self.stream_id
@@ -782,16 +783,20 @@ class _Follower:
                 if event is not None:
                     return event
                 continue
-            if not self.joined:
-                self.joined = True  # (join leaves the channel itself when it fails)
-                await self.store._listener.join(self.stream_id, inbox)
-                self.behind = True
             if inbox.overflow or self.behind:
                 if inbox.overflow:
                     inbox.overflow = False
                     inbox.notes.clear()
                 if await self._fetch():
                     return None
+                continue
+            if not self.joined:
+                # Caught up with what Redis held at the last read: from here on the
+                # follower needs the notifications. (A replay given up half way, the
+                # client gone, never subscribes.)
+                self.joined = True  # (join leaves the channel itself when it fails)
+                await self.store._listener.join(self.stream_id, inbox)
+                self.behind = True
                 continue
             if inbox.notes:
                 note = inbox.notes.popleft()
@@ -861,7 +866,10 @@ class _Follower:
 
     async def _fetch(self) -> bool:
         """Read from Redis what follows the cursor; True when the follow ends."""
-        snap = await self.store._snapshot(self.stream_id, self.cursor, _READ_BATCH)
+        # Pages grow from the first one's size: a replay that is given up early (the
+        # client went away after a few events) reads little more than it sent.
+        self.page = min(self.page * 4, _READ_BATCH)
+        snap = await self.store._snapshot(self.stream_id, self.cursor, self.page)
         if snap is None or snap.epoch != self.epoch:
             if self.closed and self.cursor >= self.latest:
                 return True  # expired or dropped after we had everything
