@@ -42,17 +42,6 @@ logger = logging.getLogger("essessey.store")
 
 _new_event: Final = tuple.__new__
 
-_Stored: TypeAlias = tuple[str, bytes, str]
-"""How the in-memory store keeps an event: a plain tuple of its name, data and id, not
-an :class:`Event`. CPython's collector stops tracking an exact tuple of strings and bytes
-at its first pass, but never a tuple subclass such as Event: a store of a million Events
-made every full collection walk a million objects (a pause of 50-80 ms at a few hundred
-paced streams), and each appended Event counted towards starting the next collection."""
-
-
-def _as_event(stored: _Stored) -> Event:
-    return _new_event(Event, stored)
-
 
 @runtime_checkable
 class EventStore(Protocol):
@@ -135,9 +124,10 @@ class _Stream:
     __slots__ = (
         "bytes",
         "closed",
+        "datas",
         "epoch",
-        "events",
         "first_seq",
+        "names",
         "next_seq",
         "running",
         "updated",
@@ -146,8 +136,14 @@ class _Stream:
 
     def __init__(self, epoch: str, capacity: int) -> None:
         self.epoch = epoch
-        self.events: deque[_Stored] = deque(maxlen=capacity)
-        self.first_seq = 1  # the sequence of events[0]
+        # The events as two deques of strings and bytes, their ids made when read: no
+        # object the garbage collector tracks is made per event kept. (As Events, a
+        # tuple subclass the collector never stops tracking, a million retained events
+        # made every full collection walk a million objects, and every append brought the
+        # next collection nearer: at a few hundred paced streams, a 60-100 ms pause.)
+        self.names: deque[str] = deque(maxlen=capacity)
+        self.datas: deque[bytes] = deque(maxlen=capacity)
+        self.first_seq = 1  # the sequence of names[0] and datas[0]
         self.next_seq = 1
         self.bytes = 0  # what its events hold, as the store counts it (see _EVENT_OVERHEAD)
         self.closed = False
@@ -160,6 +156,20 @@ class _Stream:
         # asyncio future on asyncio, the cheapest there is; an anyio Event on any other
         # backend), so a follower cancelled while it waits cancels nobody else's wait.
         self.waiters: list[_Follower] = []
+
+    def event_at(self, seq: int) -> Event:
+        offset = seq - self.first_seq
+        return _new_event(Event, (self.names[offset], self.datas[offset], f"{self.epoch}-{seq}"))
+
+    def events_from(self, seq: int) -> list[Event]:
+        """Every retained event from ``seq`` on."""
+        offset = seq - self.first_seq
+        epoch = self.epoch
+        pairs = zip(islice(self.names, offset, None), islice(self.datas, offset, None), strict=True)
+        return [
+            _new_event(Event, (name, data, f"{epoch}-{n}"))
+            for n, (name, data) in enumerate(pairs, seq)
+        ]
 
     def wake(self, appended: Event | None = None) -> None:
         """A change: ``appended`` (the event at ``next_seq - 1``), or a close or drop
@@ -215,14 +225,16 @@ class _Stream:
 
 
 _EVENT_OVERHEAD: Final = 180
-"""Bytes an event costs the in-memory store beyond its data, as its byte budgets count
-it: the stored tuple, its id string, the data's bytes object header and the deque slot
-(143 + 33 bytes measured on CPython 3.11 for a text delta)."""
+"""Bytes an event counts against the byte budgets beyond its data: what it cost the store
+when it kept each event as a tuple with its id string (143 + 33 bytes measured on CPython
+3.11 for a text delta). Kept as two deque slots now, an event costs less (the data's
+bytes object header and 16 bytes), so the budgets hold more than they promise, never
+less; the Redis store counts the same, so one budget means one thing on either."""
 
 
-def _cost(stored: _Stored) -> int:
-    """What an event counts against the byte budgets."""
-    return len(stored[1]) + _EVENT_OVERHEAD
+def _cost(data: bytes) -> int:
+    """What an event of ``data`` counts against the byte budgets."""
+    return len(data) + _EVENT_OVERHEAD
 
 
 class InMemoryEventStore:
@@ -280,7 +292,7 @@ class InMemoryEventStore:
     @property
     def held_events(self) -> int:
         """How many events the store holds, every stream together."""
-        return sum(len(stream.events) for stream in self._streams.values())
+        return sum(len(stream.names) for stream in self._streams.values())
 
     @property
     def held_bytes(self) -> int:
@@ -356,15 +368,16 @@ class InMemoryEventStore:
             del self._cleared_running[stream_id]
         stream = self._create_or_touch(stream_id, now)
         seq = stream.next_seq
-        stored: _Stored = (event.event, event.data, f"{stream.epoch}-{seq}")
-        events = stream.events
-        if len(events) == self.max_events_per_stream:
-            stream.first_seq += 1  # the deque drops its oldest on append
-            dropped = _cost(events[0])
+        data = event.data
+        datas = stream.datas
+        if len(datas) == self.max_events_per_stream:
+            stream.first_seq += 1  # the deques drop their oldest on append
+            dropped = _cost(datas[0])
             stream.bytes -= dropped
             self._bytes -= dropped
-        events.append(stored)
-        size = _cost(stored)
+        stream.names.append(event.event)
+        datas.append(data)
+        size = _cost(data)
         stream.bytes += size
         self._bytes += size
         if stream.bytes > self.max_bytes_per_stream:
@@ -374,16 +387,17 @@ class InMemoryEventStore:
         stream.next_seq = seq + 1
         stream.closed = False
         stream.updated = now
-        appended = _new_event(Event, stored)
+        appended = _new_event(Event, (event.event, data, f"{stream.epoch}-{seq}"))
         stream.wake(appended)
         return appended
 
     def _trim(self, stream: _Stream, budget: int) -> None:
         """Evict ``stream``'s oldest events until it holds at most ``budget`` bytes (its
         newest event always stays)."""
-        events = stream.events
-        while stream.bytes > budget and len(events) > 1:
-            dropped = _cost(events.popleft())
+        datas = stream.datas
+        while stream.bytes > budget and len(datas) > 1:
+            stream.names.popleft()
+            dropped = _cost(datas.popleft())
             stream.first_seq += 1
             stream.bytes -= dropped
             self._bytes -= dropped
@@ -418,7 +432,7 @@ class InMemoryEventStore:
                 return 1
             # Part of the stream was evicted: start at a message boundary so a client
             # never renders half a message.
-            for offset, (name, _, _) in enumerate(stream.events):
+            for offset, name in enumerate(stream.names):
                 if name == EventType.MESSAGE_START:
                     return stream.first_seq + offset
             # No whole message retained: the follower skips to the next message_start.
@@ -438,12 +452,12 @@ class InMemoryEventStore:
         if stream is None:
             return [], False
         if last_event_id is None:
-            return list(map(_as_event, stream.events)), True  # everything retained
+            return stream.events_from(stream.first_seq), True  # everything retained
         start = self._start(stream, last_event_id)
         if start is None:
             return [], False
         # islice walks the deque once; indexing it is O(n) away from its ends.
-        return list(map(_as_event, islice(stream.events, start - stream.first_seq, None))), True
+        return stream.events_from(start), True
 
     def follow(
         self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
@@ -495,7 +509,7 @@ class InMemoryEventStore:
                     f"subscriber is {stream.next_seq - cursor} events behind {stream_id!r}"
                 )
             if cursor < stream.next_seq:
-                event = _new_event(Event, stream.events[cursor - stream.first_seq])
+                event = stream.event_at(cursor)
                 me.cursor = cursor + 1
                 if seeking:
                     if event.event != EventType.MESSAGE_START:
