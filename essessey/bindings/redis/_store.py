@@ -12,8 +12,9 @@ another epoch and is unknown. Since the sequences of an epoch have no holes, an 
 exactly when every event after it is retained, as in :class:`~essessey.InMemoryEventStore`.
 
 Following. One pub/sub connection per store carries the notifications of the stream ids
-its followers read. A follower subscribes before it reads, replays with ``XRANGE`` (through
-the read script), then takes each new event from its notification when it is the next one
+its followers read. A follower replays with ``XRANGE`` (one ``MULTI`` read with the
+stream's hash), subscribes once it has caught up, reads once more for what came before
+the subscription, then takes each new event from its notification when it is the next one
 (no round trip) and reads from Redis whenever it sees a hole (a notification lost with a
 dropped pub/sub connection), when it fell behind, and every ``heartbeat`` seconds while it
 waits, so a lost notification costs at most that long.
@@ -94,7 +95,7 @@ class _Snapshot:
     """What one read of a stream id saw, in one transaction (``MULTI``: the server's time,
     the meta hash, the entries after the sequence asked for)."""
 
-    __slots__ = ("abandoned", "closed", "entries", "epoch", "first", "running", "seq")
+    __slots__ = ("abandoned", "closed", "entries", "epoch", "first", "seq")
 
     def __init__(self, now: tuple[int, int], state: list[Any], entries: list[Any]) -> None:
         epoch, seq, first, closed, run, holder = state
@@ -103,9 +104,8 @@ class _Snapshot:
         self.first: int = int(first)  # the oldest retained event's sequence
         self.closed = closed == b"1"
         now_ms = now[0] * 1000 + now[1] // 1000
-        self.running = int(run) >= now_ms
         # Open, claimed, and the claim ran out: the turn's replica stopped renewing it.
-        self.abandoned = not self.running and not self.closed and bool(holder)
+        self.abandoned = int(run) < now_ms and not self.closed and bool(holder)
         # (seq, name, data) of the entries after the sequence asked for.
         self.entries: list[tuple[int, str, bytes]] = [
             (int(entry_id[2:]), fields[b"e"].decode(), fields[b"d"]) for entry_id, fields in entries
