@@ -24,6 +24,7 @@ from essessey import (
     EventStore,
     EventType,
     Publisher,
+    StoreFull,
     StreamHub,
     StreamNotFound,
     StreamReset,
@@ -294,14 +295,28 @@ async def test_a_recreated_jetstream_stream_makes_old_ids_unknown(nats: NatsServ
         assert await other.since("s", old[2].id) == ([], False)
 
 
-async def test_eviction_keeps_an_id_known_while_it_is_retained(nats: NatsServer) -> None:
-    async with store_on(nats, max_msgs=5) as store:
-        events = await fill(store, "s", 12)  # events[7:] are retained
-        assert await store.since("s", None) == (events[7:], True)
-        for evicted in events[:7]:
+async def test_the_servers_cap_keeps_an_id_known_while_everything_after_it_is_retained(
+    nats: NatsServer,
+) -> None:
+    # max_msgs counts every stream id's messages together, oldest first. The last evicted
+    # event of a stream id is still known (its successor names it as the message before),
+    # as in the in-memory store; older ones are not.
+    async with store_on(nats, max_msgs=10) as store:
+        s: list[Event] = []
+        t: list[Event] = []
+        for n in range(8):
+            s.append(await store.append("s", delta(n)))
+            t.append(await store.append("t", delta(n)))
+        # 16 messages, the newest 10 retained: s[3:] and t[3:]
+        assert await store.since("s", None) == (s[3:], True)
+        assert await store.since("t", None) == (t[3:], True)
+        assert await store.since("s", s[2].id) == (s[3:], True)
+        assert await store.since("t", t[2].id) == (t[3:], True)
+        for evicted in s[:2]:
             assert await store.since("s", evicted.id) == ([], False)
-        assert await store.since("s", events[7].id) == (events[8:], True)
-        assert await store.since("s", events[11].id) == ([], True)
+        for evicted in t[:2]:
+            assert await store.since("t", evicted.id) == ([], False)
+        assert await store.since("s", s[7].id) == ([], True)
 
 
 async def test_max_age_expires_events(nats: NatsServer) -> None:
@@ -472,10 +487,14 @@ async def test_follow_raises_before_any_event(nats: NatsServer) -> None:
             await anext(aiter(store.follow("nowhere", "abc-1")))
         events = await fill(store, "s", 6)
         await fill(store, "other", 1)
-        for bogus in ("garbage", events[0].id, f"{epoch(events[0].id)}-99", events[3].id):
-            # events[3] is evicted now: "other" pushed it out
+        for bogus in ("garbage", events[0].id, f"{epoch(events[0].id)}-99", events[2].id):
+            # events[2] and [3] are evicted now ("other" pushed [3] out): a gap after [2]
             with pytest.raises(UnknownEventId):
                 await anext(aiter(store.follow("s", bogus)))
+        # events[3] is gone too, but everything after it is retained: resumable.
+        follower = store.follow("s", events[3].id)
+        assert await anext(aiter(follower)) == events[4]
+        await follower.aclose()
 
 
 async def test_follow_raises_subscriber_lagged_past_max_lag(nats: NatsServer) -> None:
@@ -546,7 +565,11 @@ async def test_follow_raises_stream_reset_when_cleared_while_following(
                 tasks.start_soon(follow)
                 await wait_until(lambda: len(got) == 2, "the replay")
                 await store.clear("s")
-                await fill(store, "s", 2)  # a new life: the follower must not see it
+                with pytest.raises(StreamReset):  # the cleared turn's tail is refused
+                    await store.append("s", delta(2))
+                # A new life, begun by a new message: the follower must not see it.
+                await store.append("s", start(2))
+                await fill(store, "s", 2)
         assert len(raised) == 1
         assert len(got) == 2
 
@@ -974,3 +997,77 @@ async def test_a_live_reader_resumes_within_2_s_of_a_quick_server_restart(
     finally:
         await producer.close()
         await reader.close()
+
+
+# -- the per-stream bounds across processes (see essessey.bindings.nats._bounds) --------------
+
+
+async def test_a_second_writer_counts_what_the_first_left_before_it_trims(
+    nats: NatsServer,
+) -> None:
+    async with store_on(nats, max_events_per_stream=5) as first:
+        old = await fill(first, "s", 4)
+        async with store_on(nats, max_events_per_stream=5) as second:
+            # It has never written "s": it reads what "s" keeps (4 events) first.
+            new = [await second.append("s", delta(n)) for n in range(10, 13)]
+            assert await second.since("s", None) == ([*old[2:], *new], True)
+            assert await first.since("s", old[1].id) == ([*old[2:], *new], True)
+            assert await first.since("s", old[0].id) == ([], False)
+
+
+async def test_a_turn_on_another_replica_reads_the_stream_again_before_it_writes(
+    nats: NatsServer,
+) -> None:
+    budget = 3 * (100 + 180)
+    async with (
+        store_on(nats, max_bytes_per_stream=budget) as a,
+        store_on(nats, max_bytes_per_stream=budget) as b,
+    ):
+        big = [Event(EventType.CONTENT_BLOCK_DELTA, b"x" * 94 + b"%06d" % n) for n in range(6)]
+        await a.open_stream("s")
+        await a.append("s", big[0])
+        await a.close_stream("s")
+        await b.open_stream("s")  # a's turn is what b has not seen
+        await b.append("s", big[1])
+        await b.close_stream("s")
+        await a.open_stream("s")  # a's picture is stale now: read again
+        kept = [await a.append("s", event) for event in big[2:4]]
+        await a.close_stream("s")
+        events, known = await b.since("s", None)
+        assert known
+        assert [event.data for event in events] == [big[1].data, *(e.data for e in kept)]
+
+
+async def test_max_streams_holds_for_stores_on_two_connections(nats: NatsServer) -> None:
+    async with (
+        store_on(nats, max_streams=2) as a,
+        store_on(nats, max_streams=2) as b,
+    ):
+        await a.open_stream("x")
+        await a.append("x", start(1))
+        await a.close_stream("x")
+        await b.open_stream("y")  # running, on the other store
+        await a.append("z", start(2))  # past the bound: the finished "x" goes
+        assert not await b.exists("x")
+        assert await a.exists("y")
+        assert await a.exists("z")
+        await a.open_stream("w")  # "z" is the finished one now: it goes
+        assert not await b.exists("z")
+        with pytest.raises(StoreFull, match="running"):
+            await b.open_stream("v")  # "y" and "w" both run
+        await b.close_stream("y")
+        await b.open_stream("v")
+        assert [await a.exists(sid) for sid in ("y", "w", "v")] == [False, True, True]
+
+
+async def test_the_stream_index_is_a_bucket_with_the_stores_max_age(nats: NatsServer) -> None:
+    async with store_on(nats, stream="IDX", max_age=600) as store:
+        await store.append("s", start(1))
+        js = store.nc.jetstream()
+        kv = await js.key_value("IDX_STREAMS")
+        status = await kv.status()
+        assert status.values == 1
+        info = await js.stream_info("KV_IDX_STREAMS")
+        assert info.config.max_age == 600
+        await store.clear("s")
+        assert (await kv.status()).values == 0

@@ -1,11 +1,10 @@
 """One suite for every event store: the in-memory store, JetStream and Redis answer the
 same calls the same way, so a hub, a binding or an app can swap one for another.
 
-Each test runs on every backend that has what it needs: all of them for ids, ``since``
-and ``follow``; the count bounds, the byte budgets and the running-turn rules on the
-stores that keep them per stream id (memory and Redis; JetStream bounds its messages for
-all stream ids together, see docs/resume.md). A backend's own behaviour beyond this (its
-retries, its wire layout) is tested beside it: tests/test_store.py,
+Each test runs on every backend that has what it needs: all three for ids, ``since``,
+``follow``, the count bounds, the byte budgets and the running-turn rules; the two that
+replicas share (JetStream and Redis) for the leases. A backend's own behaviour beyond this
+(its retries, its wire layout) is tested beside it: tests/test_store.py,
 tests/test_jetstream_store.py, tests/test_redis_store.py.
 """
 
@@ -48,13 +47,16 @@ WAIT = 10.0
 """Seconds any one step may take before the test fails."""
 
 PER_STREAM = "per-stream bounds"
-"""What a test needs beyond the common protocol: bounds kept per stream id (counts, bytes,
-the running turns), which the in-memory and Redis stores have."""
+"""Bounds kept per stream id (counts, bytes, the running turns): every store has them."""
 
 LEASES = "leases"
 """Turn leases and cancel across replicas (the stores shared by replicas)."""
 
-BACKENDS = {"memory": {PER_STREAM}, "jetstream": {LEASES}, "redis": {PER_STREAM, LEASES}}
+BACKENDS = {
+    "memory": {PER_STREAM},
+    "jetstream": {PER_STREAM, LEASES},
+    "redis": {PER_STREAM, LEASES},
+}
 
 _names = itertools.count(1)
 
@@ -106,7 +108,7 @@ class Backend:
             yield InMemoryEventStore(**bounds)
         elif self.name == "jetstream":
             if retain is not None:
-                bounds["max_msgs"] = retain
+                bounds["max_events_per_stream"] = retain
             nc = await nats_py.connect(self.server.url, allow_reconnect=False)
             try:
                 yield await JetStreamEventStore.connect(

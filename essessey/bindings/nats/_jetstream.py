@@ -21,15 +21,20 @@ ids a store issues before it notices name the old epoch, so they are unknown, ne
 misplaced.
 
 Known. ``since`` and ``follow`` accept an id when its epoch is the stream's current one and
-its message is still retained as an event of that stream id; every later message of the
-stream id is then retained too (JetStream evicts from the front, and ``clear`` purges a
-stream id whole), so the replay has no gap. An id whose own message was evicted is unknown,
-even when nothing after it was: the store cannot tell it from another stream id's.
+every later message of the stream id is still retained: its own message is, or the first
+message after it names it as the one before (each message carries the sequence of the
+stream id's previous message in the header ``Essessey-Prev``), as the in-memory store keeps
+an id known while everything after it is. Eviction drops a stream id's oldest messages
+first and ``clear`` purges a stream id whole, so the replay has no gap.
 
-Retention. By age (``max_age``) and count (``max_msgs``, for all stream ids together),
-oldest first (discard policy ``old``). There is no per-stream-id bound: NATS limits per
-*subject*, which here means per event name of a stream id, and evicting by event name
-would tear holes in a stream that no id check can see.
+Retention. Per stream id, as the in-memory and Redis stores: ``max_events_per_stream`` and
+``max_bytes_per_stream`` (its oldest events go first), ``max_streams`` (the finished
+stream id updated longest ago is dropped; a running one never is, and when all are running
+a new one raises :class:`~essessey.StoreFull`), kept by the store itself (see
+``essessey.bindings.nats._bounds``: NATS limits per subject, which here is one event name
+of a stream id). The server keeps ``max_age`` per message, and ``max_msgs`` (off by
+default) for all stream ids together, oldest first: a last-resort cap that, when reached,
+drops messages of running turns too.
 
 Retries. Every append carries a ``Nats-Msg-Id`` unique to it; a publish that times out,
 finds no responders or meets a reconnecting connection is sent again with the same id
@@ -53,8 +58,9 @@ than any follower's lag makes both rare: the server pushes a follower's events t
 are appended, up to a flow-control window, and ``max_lag`` ends a follower that falls
 further behind.
 
-Retention is per message, not per stream id: ``max_age`` drops a long stream's oldest
-events first, and ``follow`` without an id then starts at the oldest whole message.
+``max_age`` is per message: it drops a long stream's oldest events first (even a turn's
+that runs longer than ``max_age``), and ``follow`` without an id then starts at the oldest
+whole message.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from essessey._ids import is_token, parse_event_id
+from essessey.bindings.nats._bounds import PREV_HEADER, Bounds
 from essessey.bindings.nats._core import check_token
 from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
 from essessey.errors import (
@@ -242,13 +249,25 @@ def _control(msg: Msg) -> str | None:
     return headers.get(CONTROL_HEADER) if headers else None
 
 
+def _follows(msg: Msg, seq: int | None) -> bool:
+    """Whether ``msg`` is the stream id's next message after the one at ``seq`` (its
+    ``Essessey-Prev`` header says so): nothing was between them, though that one may be
+    gone."""
+    headers = msg.headers
+    return headers is not None and seq is not None and headers.get(PREV_HEADER) == str(seq)
+
+
 class JetStreamEventStore:
     """An :class:`~essessey.EventStore` in a JetStream stream (see the module docstring
     for subjects, ids, retention and retries).
 
     ``nc`` is a connected nats-py client; the store does not own it. The JetStream stream
-    is created (or its configuration updated) by :meth:`setup`, or on first use. All
-    bounds must be positive; ``max_msgs`` may also be -1 (no count limit).
+    is created (or its configuration updated) by :meth:`setup`, or on first use, with the
+    KV buckets ``<stream>_STREAMS`` (the stream ids, for ``max_streams``) and
+    ``<stream>_LEASES``. All bounds must be positive; ``max_msgs`` (the server's cap for
+    all stream ids together) may also be -1, its default: no such cap. An event counts
+    ``len(data)`` plus 180 bytes against ``max_bytes_per_stream``, as in the in-memory
+    store.
     ``publish_timeout`` may not exceed ``duplicate_window``, or a late retry could be
     stored twice. ``heartbeat`` is the idle heartbeat of the followers' consumers.
     ``running_ttl`` is how long a turn's lease lasts unrenewed (the KV bucket
@@ -264,7 +283,10 @@ class JetStreamEventStore:
         stream: str = "ESSESSEY",
         prefix: str = "essessey",
         max_age: float = 3600.0,
-        max_msgs: int = 1_000_000,
+        max_events_per_stream: int = 10_000,
+        max_bytes_per_stream: int = 32 * 1024 * 1024,
+        max_streams: int = 10_000,
+        max_msgs: int = -1,
         storage: Literal["file", "memory"] = "file",
         duplicate_window: float = 120.0,
         publish_timeout: float = 30.0,
@@ -277,6 +299,12 @@ class JetStreamEventStore:
             raise ValueError(f"prefix {prefix!r} is not a valid subject prefix")
         if max_age <= 0:
             raise ValueError("max_age must be > 0 seconds")
+        if max_events_per_stream <= 0:
+            raise ValueError("max_events_per_stream must be > 0")
+        if max_bytes_per_stream <= 0:
+            raise ValueError("max_bytes_per_stream must be > 0")
+        if max_streams <= 0:
+            raise ValueError("max_streams must be > 0")
         if max_msgs <= 0 and max_msgs != -1:
             raise ValueError("max_msgs must be > 0, or -1 for no limit")
         if storage not in ("file", "memory"):
@@ -295,6 +323,9 @@ class JetStreamEventStore:
         self.stream = stream
         self.prefix = prefix
         self.max_age = max_age
+        self.max_events_per_stream = max_events_per_stream
+        self.max_bytes_per_stream = max_bytes_per_stream
+        self.max_streams = max_streams
         self.max_msgs = max_msgs
         self.storage: Literal["file", "memory"] = storage
         self.duplicate_window = duplicate_window
@@ -302,6 +333,7 @@ class JetStreamEventStore:
         self.heartbeat = heartbeat
         self.running_ttl = running_ttl
         self._leases = Leases(self)
+        self._bounds = Bounds(self)
         self._js: JetStreamContext = nc.jetstream(timeout=_REQUEST_TIMEOUT)
         # Msg ids: random per store, counted per publish, so no two publishes of any store
         # share one while a retry of the same publish always does.
@@ -341,6 +373,7 @@ class JetStreamEventStore:
             info = await self._js.update_stream(config)
         self._epoch = _epoch_of(info)
         await self._leases.setup()
+        await self._bounds.setup()
 
     async def _ensure(self) -> str:
         epoch = self._epoch
@@ -406,10 +439,17 @@ class JetStreamEventStore:
     # -- writing --------------------------------------------------------------------------
 
     async def _publish(
-        self, subject: str, data: bytes, control: str | None = None, holder: str = ""
+        self,
+        subject: str,
+        data: bytes,
+        control: str | None = None,
+        holder: str = "",
+        prev: int | None = None,
     ) -> tuple[int, str]:
         """Publish once to JetStream, retrying with the same msg id: the sequence, and
-        the epoch of the stream that stored it as far as this store knows."""
+        the epoch of the stream that stored it as far as this store knows. ``prev`` is
+        the sequence of the stream id's message before it, when known (see
+        ``essessey.bindings.nats._bounds``)."""
         # The epoch from before the publish: if someone else recreates the JetStream
         # stream meanwhile, the id names the older epoch and is unknown, never misplaced.
         epoch = self._epoch or await self._ensure()
@@ -418,6 +458,8 @@ class JetStreamEventStore:
             headers[CONTROL_HEADER] = control
         if holder:
             headers[HOLDER_HEADER] = holder
+        if prev is not None:
+            headers[PREV_HEADER] = str(prev)
         js = self._js
 
         async def publish(remaining: float) -> tuple[int, str]:
@@ -446,9 +488,13 @@ class JetStreamEventStore:
     async def append(self, stream_id: str, event: Event) -> Event:
         """Store ``event`` and return it with its id; wakes the stream's followers.
 
-        Raises ValueError for a stream id or event name that is not a subject token (or
-        is ``__control``), and :class:`JetStreamUnavailable` when JetStream did not store
-        it in time.
+        Past ``max_events_per_stream`` or ``max_bytes_per_stream`` the stream's oldest
+        events are purged; a new stream past ``max_streams`` drops the finished stream
+        updated longest ago, or raises :class:`~essessey.StoreFull` when every one is
+        running. Raises ValueError for a stream id or event name that is not a subject
+        token (or is ``__control``), :class:`~essessey.StreamReset` for anything but a
+        ``message_start`` on a running stream this store cleared, and
+        :class:`JetStreamUnavailable` when JetStream did not store it in time.
         """
         name = event.event
         if not is_token(stream_id):
@@ -458,7 +504,12 @@ class JetStreamEventStore:
         if not is_token(name):
             check_token(name, "event name")
         data = event.data
-        seq, epoch = await self._publish(f"{self.prefix}.{stream_id}.{name}", data)
+        bounds = self._bounds
+        kept = bounds.kept(stream_id) or await bounds.before_append(stream_id, name)
+        seq, epoch = await self._publish(
+            f"{self.prefix}.{stream_id}.{name}", data, prev=kept.last_seq
+        )
+        await bounds.after_append(stream_id, kept, seq, len(data))
         return Event(name, data, f"{epoch}-{seq}")
 
     async def open_stream(self, stream_id: str) -> None:
@@ -473,10 +524,20 @@ class JetStreamEventStore:
         check_token(stream_id, "stream id")
         if await self._current_epoch() is None:
             await self.setup()
-        await self._publish(self._control_subject(stream_id), b"", _OPEN, holder)
+        bounds = self._bounds
+        await bounds.opening(stream_id)
+        seq, _ = await self._publish(
+            self._control_subject(stream_id), b"", _OPEN, holder, bounds.prev(stream_id)
+        )
+        bounds.marker_stored(stream_id, seq)
 
     async def _close_marker(self, stream_id: str) -> None:
-        await self._publish(self._control_subject(stream_id), b"", _CLOSE)
+        bounds = self._bounds
+        seq, _ = await self._publish(
+            self._control_subject(stream_id), b"", _CLOSE, prev=bounds.prev(stream_id)
+        )
+        bounds.marker_stored(stream_id, seq)
+        await bounds.finished(stream_id)
 
     # -- leases (see essessey.bindings.nats._leases) ----------------------------------------
 
@@ -530,10 +591,18 @@ class JetStreamEventStore:
         purged; the marker stays (until retention drops it) so that followers, wherever
         they are, see the reset in order."""
         check_token(stream_id, "stream id")
-        seq, _ = await self._publish(self._control_subject(stream_id), b"", _RESET)
+        bounds = self._bounds
+        seq, _ = await self._publish(
+            self._control_subject(stream_id), b"", _RESET, prev=bounds.prev(stream_id)
+        )
         await self._js.purge_stream(self.stream, seq=seq, subject=self._filter(stream_id))
+        bounds.marker_stored(stream_id, seq, reset=True)
+        await bounds.cleared(stream_id)
 
     # -- reading --------------------------------------------------------------------------
+
+    def _reader(self, stream_id: str, epoch: str, *, headers_only: bool = False) -> _Reader:
+        return _Reader(self, stream_id, epoch, headers_only)
 
     def _filter(self, stream_id: str) -> str:
         return f"{self.prefix}.{stream_id}.>"
@@ -590,7 +659,7 @@ class JetStreamEventStore:
             start = parse_event_id(last_event_id, epoch)
             if start is None:
                 return [], False
-        reader = _Reader(self, stream_id, epoch)
+        reader = self._reader(stream_id, epoch)
         try:
             if await reader.open(start) == 0:
                 return [], False
@@ -611,11 +680,15 @@ class JetStreamEventStore:
                 name = msg.subject[name_at:]
                 if verify:
                     verify = False
-                    if reader.seq != start or name == CONTROL_EVENT:
-                        return [], False  # the id's own message is gone
+                    if reader.seq == start and name != CONTROL_EVENT:
+                        if reader.pending == 0:
+                            break
+                        continue  # the id's own message
+                    if not _follows(msg, start):
+                        return [], False  # the id's message is gone, and more with it
                 elif start is not None and reader.removed:
                     return [], False  # evicted or purged under the read: a gap
-                elif name == CONTROL_EVENT:
+                if name == CONTROL_EVENT:
                     if _control(msg) == _RESET:
                         if start is not None:
                             return [], False  # cleared after the id
@@ -660,7 +733,7 @@ class JetStreamEventStore:
             start = parse_event_id(last_event_id, epoch)
             if start is None:
                 raise await self._missing(stream_id)
-        reader = _Reader(self, stream_id, epoch)
+        reader = self._reader(stream_id, epoch)
         idle = 2 * self.heartbeat
         try:
             if await reader.open(start) == 0:
@@ -685,6 +758,15 @@ class JetStreamEventStore:
                         logger.debug("could not check the lease of %s: %r", stream_id, exc)
                     continue
                 name = msg.subject[name_at:]
+                if verify:
+                    verify = False
+                    live = True
+                    if reader.seq == start and name != CONTROL_EVENT:
+                        continue  # the id's own message
+                    if not _follows(msg, start) or _control(msg) == _RESET:
+                        raise await self._missing(stream_id)
+                    # The id's own message was trimmed and nothing after it: this one
+                    # is the next.
                 if live:
                     if reader.removed:
                         raise SubscriberLagged(
@@ -702,12 +784,6 @@ class JetStreamEventStore:
                         raise StreamReset(f"stream {stream_id!r} was cleared")
                     if control == _CLOSE and reader.pending == 0:
                         return
-                    continue
-                if verify:
-                    verify = False
-                    if reader.seq != start or name == CONTROL_EVENT:
-                        raise await self._missing(stream_id)
-                    live = True
                     continue
                 # Without an id: find where a whole message starts.
                 if name == CONTROL_EVENT:
@@ -757,6 +833,7 @@ class _Reader:
         "consumer",
         "count",
         "epoch",
+        "headers_only",
         "pending",
         "prefix",
         "queued",
@@ -770,8 +847,11 @@ class _Reader:
         "total",
     )
 
-    def __init__(self, store: JetStreamEventStore, stream_id: str, epoch: str) -> None:
+    def __init__(
+        self, store: JetStreamEventStore, stream_id: str, epoch: str, headers_only: bool = False
+    ) -> None:
         self.store = store
+        self.headers_only = headers_only
         self.stream_id = stream_id
         self.epoch = epoch
         self.prefix = f"{store.prefix}.{stream_id}."
@@ -814,6 +894,7 @@ class _Reader:
             idle_heartbeat=store.heartbeat,
             num_replicas=1,
             mem_storage=True,
+            headers_only=self.headers_only or None,
         )
         self.reconnects = _reconnects(store.nc)
         info = await js.add_consumer(store.stream, config)

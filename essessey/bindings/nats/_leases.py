@@ -68,8 +68,20 @@ class _Held:
     valid_until: float  # time.monotonic()
 
 
-def _key(stream_id: str) -> str:
+def stream_key(stream_id: str) -> str:
+    """The KV key of a stream id (a hash: stream ids may hold characters keys may not)."""
     return hashlib.blake2b(stream_id.encode(), digest_size=16).hexdigest()
+
+
+async def open_bucket(store: JetStreamEventStore, name: str, ttl: float) -> KeyValue:
+    """The store's KV bucket ``name`` (one value per key, entries kept ``ttl`` seconds),
+    created when missing, on the store's storage."""
+    js = store._js
+    try:
+        return await js.key_value(name)
+    except nats.js.errors.BucketNotFoundError:
+        storage = api.StorageType.FILE if store.storage == "file" else api.StorageType.MEMORY
+        return await js.create_key_value(bucket=name, ttl=ttl, history=1, storage=storage)
 
 
 class Leases:
@@ -87,20 +99,11 @@ class Leases:
 
     async def setup(self) -> None:
         """Create the bucket (or find it)."""
-        js = self._store._js
-        try:
-            self._kv = await js.key_value(self.bucket)
-        except nats.js.errors.BucketNotFoundError:
-            storage = (
-                api.StorageType.FILE if self._store.storage == "file" else api.StorageType.MEMORY
-            )
-            self._kv = await js.create_key_value(
-                bucket=self.bucket, ttl=self._store.running_ttl, history=1, storage=storage
-            )
+        self._kv = await open_bucket(self._store, self.bucket, self._store.running_ttl)
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            await self._store._ensure()
+            await self._store._ensure()  # which sets the buckets up with the stream
             if self._kv is None:
                 await self.setup()
         assert self._kv is not None
@@ -115,7 +118,7 @@ class Leases:
         """Take the lease of ``stream_id`` for ``holder``, end an abandoned turn there,
         and open the stream; StreamBusy while another holder's lease runs."""
         kv = await self._bucket()
-        key = _key(stream_id)
+        key = stream_key(stream_id)
         sent = time.monotonic()
         try:
             revision = await self._store._retrying(lambda _: kv.create(key, holder.encode()))
@@ -153,7 +156,7 @@ class Leases:
         if held is None or (holder and held.holder != holder):
             return False
         kv = await self._bucket()
-        key = _key(stream_id)
+        key = stream_key(stream_id)
         sent = time.monotonic()
         try:
             revision = await self._store._retrying(
@@ -189,7 +192,7 @@ class Leases:
         del self._held[stream_id]
         kv = await self._bucket()
         try:
-            await kv.delete(_key(stream_id), last=held.revision)
+            await kv.delete(stream_key(stream_id), last=held.revision)
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
             pass  # expired meanwhile: gone either way
         except nats.errors.Error as exc:
@@ -221,7 +224,7 @@ class Leases:
         stream closed (within ``wait`` seconds), False when no lease is held."""
         kv = await self._bucket()
         try:
-            await self._store._retrying(lambda _: kv.get(_key(stream_id)))
+            await self._store._retrying(lambda _: kv.get(stream_key(stream_id)))
         except nats.js.errors.KeyNotFoundError:
             return False
         closed = anyio.Event()
@@ -241,7 +244,7 @@ class Leases:
                         await closed.wait()
                     if not closed.is_set():
                         try:
-                            await kv.get(_key(stream_id))
+                            await kv.get(stream_key(stream_id))
                         except nats.js.errors.KeyNotFoundError:
                             return True  # released: its close went by before we listened
             if closed.is_set():
@@ -257,7 +260,7 @@ class Leases:
         if not await self._claimed_and_open(stream_id):
             return
         kv = await self._bucket()
-        key = _key(stream_id)
+        key = stream_key(stream_id)
         try:
             await kv.get(key)
             return  # held: alive
