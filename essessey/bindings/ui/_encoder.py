@@ -1,0 +1,303 @@
+"""A turn's protocol events written as the AI SDK's UI message stream (see docs/ui.md).
+
+One turn is one assistant UI message: ``start`` (with the first message's id, so a
+replay of the same turn names the same message and the client replaces it instead of
+adding a second), then one step per protocol message (``start-step`` ... ``finish-step``),
+then ``finish`` and ``data: [DONE]``. Inside a step:
+
+- a text block is ``text-start`` / ``text-delta`` / ``text-end``, a thinking block
+  ``reasoning-start`` / ``reasoning-delta`` / ``reasoning-end`` (a signature has no UI
+  part and is left out);
+- a tool use is ``tool-input-start``, a ``tool-input-delta`` per fragment, and at its stop
+  ``tool-input-available`` with the parsed input (``tool-input-error`` when the fragments
+  are not JSON);
+- a tool result is written whole at its stop: ``tool-output-available`` with its text
+  parsed as JSON (the text itself when it is not), ``tool-output-error`` when
+  ``is_error``;
+- a block of a type this module does not know is one ``data-essessey-block`` part at its
+  stop, carrying the block and its deltas (or, past ``max_buffer`` bytes, skipped with a
+  log line).
+
+The turn's end: ``finish`` with the last stop reason mapped (``end_turn`` and
+``stop_sequence`` to ``stop``, ``tool_use`` to ``tool-calls``, ``max_tokens`` to
+``length``, anything else to ``other``); a cancelled turn ends with ``abort``, as the AI
+SDK's own server ends one; an ``error`` event becomes an ``error`` chunk with its message.
+
+Read-side rules: a payload that is not JSON, or an event out of place, is skipped with a
+log line naming the event type and its length, never its content.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Final
+
+import orjson
+
+from essessey.event import Event
+from essessey.protocol import BlockType, DeltaType, EventType, StopReason
+
+__all__ = ["DONE", "FINISH_REASONS", "UIMessageEncoder", "frame"]
+
+logger = logging.getLogger("essessey.bindings.ui")
+
+DONE: Final = b"data: [DONE]\n\n"
+"""The line that ends a UI message stream."""
+
+FINISH_REASONS: Final[dict[str, str]] = {
+    StopReason.END_TURN: "stop",
+    StopReason.STOP_SEQUENCE: "stop",
+    StopReason.TOOL_USE: "tool-calls",
+    StopReason.MAX_TOKENS: "length",
+    "refusal": "content-filter",
+}
+"""Stop reasons and the AI SDK finish reasons they map to; any other is ``other``."""
+
+DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
+"""Bytes of one tool call's input, tool result or unknown block held until its stop."""
+
+_DATA_PART: Final = "data-essessey-block"
+_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def frame(chunk: dict[str, Any]) -> bytes:
+    """One UI message chunk as its SSE line."""
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+class _Block:
+    __slots__ = ("content", "held", "id", "kind", "size", "skipped")
+
+    def __init__(self, kind: str, block_id: str, content: dict[str, Any]) -> None:
+        self.kind = kind
+        self.id = block_id
+        self.content = content
+        self.held: list[Any] = []  # fragments (tool input, result) or deltas (unknown)
+        self.size = 0
+        self.skipped = False
+
+
+class UIMessageEncoder:
+    """Turns the protocol events of one turn, in order, into UI message stream lines.
+
+    Call :meth:`feed` with each event and write what it returns; :meth:`close` returns
+    the end (``finish`` or ``abort``, then ``[DONE]``) once the events have ended. An
+    encoder serves one turn.
+    """
+
+    def __init__(self, *, max_buffer: int = DEFAULT_MAX_BUFFER) -> None:
+        if max_buffer <= 0:
+            raise ValueError("max_buffer must be > 0")
+        self.max_buffer = max_buffer
+        self.message_id: str | None = None  # the UI message's id, from the first message
+        self._step = 0  # protocol messages seen
+        self._in_step = False
+        self._blocks: dict[int, _Block] = {}
+        self._stop_reason: str | None = None
+        self._ended = False  # an error chunk was written: nothing more is
+
+    @property
+    def ended(self) -> bool:
+        """Whether an ``error`` chunk ended the stream (the client reads nothing after)."""
+        return self._ended
+
+    def feed(self, event: Event) -> list[bytes]:
+        """The lines for ``event`` (none for a ping, a signature, a skipped event)."""
+        if self._ended:
+            return []
+        name = event.event
+        if name == EventType.PING:
+            return []
+        try:
+            payload = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            logger.warning("skipped a %s event of %d bytes: not JSON", name, len(event.data))
+            return []
+        if not isinstance(payload, dict):
+            logger.warning("skipped a %s event: its payload is not an object", name)
+            return []
+        try:
+            return self._feed(name, payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("skipped a %s event: %s", name, type(exc).__name__)
+            return []
+
+    def close(self) -> bytes:
+        """The stream's end: ``finish`` with the mapped finish reason (``abort`` for a
+        cancelled turn), then ``[DONE]``; only ``[DONE]`` after an error."""
+        out: list[bytes] = []
+        if self._in_step:
+            out.append(frame({"type": "finish-step"}))
+            self._in_step = False
+        if not self._ended:
+            if self._stop_reason == StopReason.CANCELLED:
+                out.append(frame({"type": "abort"}))
+            else:
+                chunk: dict[str, Any] = {"type": "finish"}
+                if self._stop_reason is not None:
+                    chunk["finishReason"] = FINISH_REASONS.get(self._stop_reason, "other")
+                out.append(frame(chunk))
+        out.append(DONE)
+        self._ended = True
+        return b"".join(out)
+
+    # -- the events ------------------------------------------------------------------------
+
+    def _feed(self, name: str, payload: dict[str, Any]) -> list[bytes]:
+        if name == EventType.MESSAGE_START:
+            return self._message_start(payload)
+        if name == EventType.ERROR:
+            error = payload.get("error")
+            message = error.get("message") if isinstance(error, dict) else None
+            self._ended = True
+            self._in_step = False
+            return [frame({"type": "error", "errorText": str(message or "the turn failed")})]
+        if not self._in_step:
+            logger.warning("skipped a %s event outside a message", name)
+            return []
+        if name == EventType.CONTENT_BLOCK_START:
+            return self._block_start(int(payload["index"]), payload["content_block"])
+        if name == EventType.CONTENT_BLOCK_DELTA:
+            return self._block_delta(int(payload["index"]), payload["delta"])
+        if name == EventType.CONTENT_BLOCK_STOP:
+            return self._block_stop(int(payload["index"]))
+        if name == EventType.MESSAGE_DELTA:
+            reason = payload.get("delta", {}).get("stop_reason")
+            if isinstance(reason, str):
+                self._stop_reason = reason
+            return []
+        if name == EventType.MESSAGE_STOP:
+            self._in_step = False
+            self._blocks.clear()
+            return [frame({"type": "finish-step"})]
+        logger.warning("skipped an event of unknown type (%d characters)", len(name))
+        return []
+
+    def _message_start(self, payload: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        if self._in_step:  # a message that never stopped: its step ends here
+            out.append(frame({"type": "finish-step"}))
+        if self.message_id is None:
+            message = payload.get("message")
+            message_id = message.get("id") if isinstance(message, dict) else None
+            self.message_id = str(message_id) if message_id else f"turn-{id(self):x}"
+            out.append(frame({"type": "start", "messageId": self.message_id}))
+        self._step += 1
+        self._in_step = True
+        self._blocks.clear()
+        out.append(frame({"type": "start-step"}))
+        return out
+
+    def _block_start(self, index: int, content: dict[str, Any]) -> list[bytes]:
+        kind = content.get("type")
+        block_id = f"{self._step}-{index}"
+        if kind == BlockType.TEXT:
+            self._blocks[index] = _Block(kind, block_id, content)
+            return [frame({"type": "text-start", "id": block_id})]
+        if kind == BlockType.THINKING:
+            self._blocks[index] = _Block(kind, block_id, content)
+            return [frame({"type": "reasoning-start", "id": block_id})]
+        if kind == BlockType.TOOL_USE:
+            block = _Block(kind, str(content["id"]), content)
+            self._blocks[index] = block
+            chunk = {"type": "tool-input-start", "toolCallId": block.id}
+            chunk["toolName"] = str(content["name"])
+            return [frame(chunk)]
+        self._blocks[index] = _Block(str(kind), block_id, content)
+        return []  # a tool result or an unknown block: written whole at its stop
+
+    def _hold(self, block: _Block, item: Any, size: int) -> None:
+        if block.skipped:
+            return
+        block.size += size
+        if block.size > self.max_buffer:
+            block.skipped = True
+            block.held.clear()
+            logger.warning(
+                "a %s block passed %d bytes; it is left out of the UI message",
+                block.kind,
+                self.max_buffer,
+            )
+            return
+        block.held.append(item)
+
+    def _block_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
+        block = self._blocks.get(index)
+        if block is None:
+            logger.warning("skipped a delta for block %d, which is not open", index)
+            return []
+        kind = delta.get("type")
+        if block.kind == BlockType.TEXT and kind == DeltaType.TEXT:
+            return [frame({"type": "text-delta", "id": block.id, "delta": str(delta["text"])})]
+        if block.kind == BlockType.THINKING:
+            if kind == DeltaType.SIGNATURE:
+                return []  # no UI part carries it
+            text = delta.get("thinking", delta.get("text"))  # the two dialects
+            return [frame({"type": "reasoning-delta", "id": block.id, "delta": str(text)})]
+        if block.kind == BlockType.TOOL_USE and kind == DeltaType.INPUT_JSON:
+            fragment = str(delta["partial_json"])
+            self._hold(block, fragment, len(fragment))
+            chunk = {"type": "tool-input-delta", "toolCallId": block.id}
+            chunk["inputTextDelta"] = fragment
+            return [frame(chunk)]
+        if block.kind == BlockType.TOOL_RESULT and kind == DeltaType.TOOL_RESULT:
+            text = str(delta["text"])
+            self._hold(block, text, len(text))
+            return []
+        self._hold(block, delta, len(orjson.dumps(delta)))
+        return []
+
+    def _block_stop(self, index: int) -> list[bytes]:
+        block = self._blocks.pop(index, None)
+        if block is None:
+            logger.warning("skipped the stop of block %d, which is not open", index)
+            return []
+        if block.kind == BlockType.TEXT:
+            return [frame({"type": "text-end", "id": block.id})]
+        if block.kind == BlockType.THINKING:
+            return [frame({"type": "reasoning-end", "id": block.id})]
+        if block.skipped:
+            return []
+        if block.kind == BlockType.TOOL_USE:
+            return [self._tool_input(block)]
+        if block.kind == BlockType.TOOL_RESULT:
+            return [self._tool_output(block)]
+        kind = _NAME.sub("_", block.kind)
+        data = {"block": block.content, "deltas": block.held}
+        return [frame({"type": _DATA_PART, "id": f"{block.id}-{kind}", "data": data})]
+
+    def _tool_input(self, block: _Block) -> bytes:
+        text = "".join(block.held)
+        name = str(block.content["name"])
+        try:
+            tool_input = orjson.loads(text) if text else block.content.get("input", {})
+        except orjson.JSONDecodeError:
+            return frame(
+                {
+                    "type": "tool-input-error",
+                    "toolCallId": block.id,
+                    "toolName": name,
+                    "input": text,
+                    "errorText": "the tool input is not valid JSON",
+                }
+            )
+        return frame(
+            {
+                "type": "tool-input-available",
+                "toolCallId": block.id,
+                "toolName": name,
+                "input": tool_input,
+            }
+        )
+
+    def _tool_output(self, block: _Block) -> bytes:
+        text = "".join(block.held)
+        call_id = str(block.content["tool_use_id"])
+        if block.content.get("is_error"):
+            return frame({"type": "tool-output-error", "toolCallId": call_id, "errorText": text})
+        try:
+            output: Any = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            output = text
+        return frame({"type": "tool-output-available", "toolCallId": call_id, "output": output})

@@ -1,0 +1,168 @@
+"""The UI message stream encoding of a turn, chunk by chunk (the Node tests check the same
+with the AI SDK's own client: tests/test_ui_node.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+
+from essessey import Event, InMemorySink, Publisher, StopReason
+from essessey.bindings.ui import DONE, UIMessageEncoder
+
+
+async def agent_turn(*, dialect: str = "essessey") -> list[Event]:
+    """Two rounds: thinking, text, two parallel tool calls and their results (one an
+    error), then a final text."""
+    sink = InMemorySink()
+    p = Publisher(sink, dialect=dialect)  # type: ignore[arg-type]
+    await p.send_stream_preamble("msg_1", "chat-1", "m")
+    await p.send_content_block_start_thinking(0)
+    await p.send_content_block_delta_thinking(0, "Two cities.")
+    await p.send_signature_delta(0, "sig")
+    await p.send_content_block_stop(0)
+    await p.send_content_block_start_text(1)
+    await p.send_content_block_delta_text(1, "Let me ")
+    await p.send_content_block_delta_text(1, "check.")
+    await p.send_content_block_stop(1)
+    await p.send_tool_use_start(2, "call_1", "get_weather")
+    await p.send_tool_input_delta(2, '{"city":')
+    await p.send_tool_input_delta(2, '"Paris"}')
+    await p.send_content_block_stop(2)
+    await p.send_tool_use_block(3, "call_2", "get_weather", {"city": "Oslo"})
+    await p.send_tool_result_block(4, "call_1", '{"temp_c":18}')
+    await p.send_tool_result_block(5, "call_2", "station offline", is_error=True)
+    await p.send_stream_epilogue(StopReason.TOOL_USE, 10)
+    await p.send_stream_preamble("msg_2", "chat-1", "m")
+    await p.send_content_block_start_text(0)
+    await p.send_content_block_delta_text(0, "Sunny in Paris.")
+    await p.send_content_block_stop(0)
+    await p.send_stream_epilogue(StopReason.END_TURN, 4)
+    return sink.events
+
+
+def encode(events: list[Event]) -> list[object]:
+    encoder = UIMessageEncoder()
+    body = b"".join(line for event in events for line in encoder.feed(event)) + encoder.close()
+    assert body.endswith(DONE)
+    lines = body[: -len(DONE)].split(b"\n\n")
+    assert lines[-1] == b""
+    return [orjson.loads(line.removeprefix(b"data: ")) for line in lines[:-1]]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", ["essessey", "anthropic"])
+async def test_a_two_round_turn_is_one_message_of_two_steps(dialect: str) -> None:
+    assert encode(await agent_turn(dialect=dialect)) == [
+        {"type": "start", "messageId": "msg_1"},
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "1-0"},
+        {"type": "reasoning-delta", "id": "1-0", "delta": "Two cities."},
+        {"type": "reasoning-end", "id": "1-0"},
+        {"type": "text-start", "id": "1-1"},
+        {"type": "text-delta", "id": "1-1", "delta": "Let me "},
+        {"type": "text-delta", "id": "1-1", "delta": "check."},
+        {"type": "text-end", "id": "1-1"},
+        {"type": "tool-input-start", "toolCallId": "call_1", "toolName": "get_weather"},
+        {"type": "tool-input-delta", "toolCallId": "call_1", "inputTextDelta": '{"city":'},
+        {"type": "tool-input-delta", "toolCallId": "call_1", "inputTextDelta": '"Paris"}'},
+        {
+            "type": "tool-input-available",
+            "toolCallId": "call_1",
+            "toolName": "get_weather",
+            "input": {"city": "Paris"},
+        },
+        {"type": "tool-input-start", "toolCallId": "call_2", "toolName": "get_weather"},
+        {"type": "tool-input-delta", "toolCallId": "call_2", "inputTextDelta": '{"city":"Oslo"}'},
+        {
+            "type": "tool-input-available",
+            "toolCallId": "call_2",
+            "toolName": "get_weather",
+            "input": {"city": "Oslo"},
+        },
+        {"type": "tool-output-available", "toolCallId": "call_1", "output": {"temp_c": 18}},
+        {"type": "tool-output-error", "toolCallId": "call_2", "errorText": "station offline"},
+        {"type": "finish-step"},
+        {"type": "start-step"},
+        {"type": "text-start", "id": "2-0"},
+        {"type": "text-delta", "id": "2-0", "delta": "Sunny in Paris."},
+        {"type": "text-end", "id": "2-0"},
+        {"type": "finish-step"},
+        {"type": "finish", "finishReason": "stop"},
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("stop_reason", "last"),
+    [
+        (StopReason.END_TURN, {"type": "finish", "finishReason": "stop"}),
+        (StopReason.TOOL_USE, {"type": "finish", "finishReason": "tool-calls"}),
+        (StopReason.MAX_TOKENS, {"type": "finish", "finishReason": "length"}),
+        ("pause_turn", {"type": "finish", "finishReason": "other"}),
+        (StopReason.CANCELLED, {"type": "abort"}),
+    ],
+)
+async def test_the_stop_reason_becomes_the_finish(stop_reason: str, last: object) -> None:
+    sink = InMemorySink()
+    p = Publisher(sink)
+    await p.send_stream_preamble("msg_1", "s", "m")
+    await p.send_content_block_start_text(0)
+    await p.send_content_block_delta_text(0, "hi")
+    await p.send_content_block_stop(0)
+    await p.send_stream_epilogue(stop_reason, 1)
+    assert encode(sink.events)[-1] == last
+
+
+@pytest.mark.anyio
+async def test_an_error_event_ends_the_stream_with_its_message() -> None:
+    sink = InMemorySink()
+    p = Publisher(sink)
+    await p.send_stream_preamble("msg_1", "s", "m")
+    await p.send_content_block_start_text(0)
+    await p.send_content_block_delta_text(0, "hal")
+    await p.send_error("overloaded_error", "the provider is overloaded")
+    chunks = encode(sink.events)
+    assert chunks[-1] == {"type": "error", "errorText": "the provider is overloaded"}
+    assert {"type": "finish"} not in chunks  # the client reads nothing after the error
+
+
+def test_bad_input_is_skipped_with_a_reason_and_no_content(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    encoder = UIMessageEncoder()
+    secret = "do-not-log-me"
+    with caplog.at_level(logging.WARNING, logger="essessey.bindings.ui"):
+        assert encoder.feed(Event("content_block_delta", secret.encode())) == []
+        assert encoder.feed(Event("content_block_delta", b'{"index":0}')) == []  # no message
+        encoder.feed(Event("message_start", b'{"type":"message_start","message":{"id":"m"}}'))
+        delta = b'{"type":"content_block_delta","index":7,"delta":{"type":"text_delta","text":"x"}}'
+        assert encoder.feed(Event("content_block_delta", delta)) == []  # no such block
+    assert len(caplog.records) == 3
+    assert secret not in caplog.text
+
+
+def test_an_unknown_block_is_a_data_part_and_an_oversized_one_is_left_out() -> None:
+    encoder = UIMessageEncoder(max_buffer=64)
+    events = [
+        Event("message_start", b'{"type":"message_start","message":{"id":"m"}}'),
+        Event("content_block_start", b'{"index":0,"content_block":{"type":"citation","n":1}}'),
+        Event("content_block_delta", b'{"index":0,"delta":{"type":"cite_delta","q":"a"}}'),
+        Event("content_block_stop", b'{"index":0}'),
+        Event("content_block_start", b'{"index":1,"content_block":{"type":"citation"}}'),
+        Event("content_block_delta", b'{"index":1,"delta":{"type":"x","q":"' + b"a" * 80 + b'"}}'),
+        Event("content_block_stop", b'{"index":1}'),
+    ]
+    lines = [line for event in events for line in encoder.feed(event)]
+    parts = [orjson.loads(line.removeprefix(b"data: ")) for line in lines]
+    assert parts[2:] == [
+        {
+            "type": "data-essessey-block",
+            "id": "1-0-citation",
+            "data": {
+                "block": {"type": "citation", "n": 1},
+                "deltas": [{"type": "cite_delta", "q": "a"}],
+            },
+        }
+    ]
