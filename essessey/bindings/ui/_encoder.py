@@ -86,11 +86,15 @@ class UIMessageEncoder:
     encoder serves one turn.
     """
 
-    def __init__(self, *, max_buffer: int = DEFAULT_MAX_BUFFER) -> None:
+    def __init__(
+        self, *, message_id: str | None = None, max_buffer: int = DEFAULT_MAX_BUFFER
+    ) -> None:
         if max_buffer <= 0:
             raise ValueError("max_buffer must be > 0")
         self.max_buffer = max_buffer
-        self.message_id: str | None = None  # the UI message's id, from the first message
+        # The UI message's id: given, else the first protocol message's. A replay must
+        # name the same one, or the client shows the turn twice.
+        self.message_id = message_id
         self._step = 0  # protocol messages seen
         self._in_step = False
         self._blocks: dict[int, _Block] = {}
@@ -178,10 +182,11 @@ class UIMessageEncoder:
         out: list[bytes] = []
         if self._in_step:  # a message that never stopped: its step ends here
             out.append(frame({"type": "finish-step"}))
-        if self.message_id is None:
-            message = payload.get("message")
-            message_id = message.get("id") if isinstance(message, dict) else None
-            self.message_id = str(message_id) if message_id else f"turn-{id(self):x}"
+        if self._step == 0:
+            if self.message_id is None:
+                message = payload.get("message")
+                message_id = message.get("id") if isinstance(message, dict) else None
+                self.message_id = str(message_id) if message_id else f"turn-{id(self):x}"
             out.append(frame({"type": "start", "messageId": self.message_id}))
         self._step += 1
         self._in_step = True

@@ -1,0 +1,45 @@
+// Drives the AI SDK's own Chat state machine (what useChat runs, without React) against a
+// server, and prints what the app would see as JSON on stdout.
+//
+//   node chat.mjs BASE send CHAT_ID BODY_JSON      POST {BASE}/api/chat, one user message
+//   node chat.mjs BASE resume CHAT_ID MESSAGES_JSON GET {BASE}/api/chat/{CHAT_ID}/stream
+import { AbstractChat, DefaultChatTransport } from 'ai';
+
+class State {
+  constructor(messages) { this.messages = messages; this.status = 'ready'; this.error = undefined; }
+  pushMessage = m => { this.messages = this.messages.concat(structuredClone(m)); };
+  popMessage = () => { this.messages = this.messages.slice(0, -1); };
+  replaceMessage = (i, m) => {
+    this.messages = [...this.messages.slice(0, i), structuredClone(m), ...this.messages.slice(i + 1)];
+  };
+  snapshot = v => structuredClone(v);
+}
+
+class NodeChat extends AbstractChat {
+  constructor({ messages, ...init }) { super({ ...init, state: new State(messages) }); }
+}
+
+const [base, mode, chatId, arg] = process.argv.slice(2);
+const finishes = [];
+const errors = [];
+const options = {
+  id: chatId,
+  messages: mode === 'resume' ? JSON.parse(arg) : [],
+  transport: new DefaultChatTransport({
+    api: `${base}/api/chat`,
+    body: mode === 'send' ? JSON.parse(arg) : {},
+  }),
+  onFinish: ({ isAbort, isDisconnect, isError, finishReason }) =>
+    finishes.push({ isAbort, isDisconnect, isError, finishReason: finishReason ?? null }),
+  onError: e => errors.push(e.message),
+};
+const chat = new NodeChat(options);
+if (mode === 'send') await chat.sendMessage({ text: 'What is the weather in Paris and Oslo?' });
+else await chat.resumeStream();
+console.log(JSON.stringify({
+  status: chat.status,
+  error: chat.error?.message ?? null,
+  errors,
+  finishes,
+  messages: chat.messages,
+}));

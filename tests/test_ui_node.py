@@ -1,0 +1,194 @@
+"""useChat's chat transport, the AI SDK's own (Node's ``ai`` package, tests/node), against
+essessey's UI message stream routes on a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.servers import serve
+from tests.ui_app import create_app
+
+NODE_DIR = Path(__file__).parent / "node"
+WAIT = 60.0
+"""Seconds a Node client may take before the test fails."""
+
+
+@pytest.fixture(scope="module")
+def node_client() -> Path:
+    """The Node client script, its packages installed from the lockfile when missing."""
+    node = shutil.which("node")
+    assert node is not None, "these tests need Node (.ci/run installs it)"
+    if not (NODE_DIR / "node_modules" / "ai").is_dir():
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
+        )
+    return NODE_DIR / "chat.mjs"
+
+
+@pytest.fixture
+def base_url() -> Iterator[str]:
+    with serve(create_app(), lifespan="on") as url:
+        yield url
+
+
+def chat(script: Path, base: str, mode: str, chat_id: str, arg: Any) -> dict[str, Any]:
+    done = subprocess.run(
+        ["node", str(script), base, mode, chat_id, json.dumps(arg)],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def parts_of(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts the app renders, without the SDK's bookkeeping fields."""
+    keep = ("type", "text", "state", "toolCallId", "input", "output", "errorText")
+    return [{k: part[k] for k in keep if k in part} for part in message["parts"]]
+
+
+WHOLE_TURN = [
+    {"type": "step-start"},
+    {"type": "reasoning", "text": "Two cities, two calls.", "state": "done"},
+    {"type": "text", "text": "Let me check both.", "state": "done"},
+    {
+        "type": "tool-get_weather",
+        "toolCallId": "call_paris",
+        "state": "output-available",
+        "input": {"city": "Paris"},
+        "output": {"temp_c": 18},
+    },
+    {
+        "type": "tool-get_weather",
+        "toolCallId": "call_oslo",
+        "state": "output-error",
+        "input": {"city": "Oslo"},
+        "errorText": "station offline",
+    },
+    {"type": "step-start"},
+    {"type": "text", "text": "Paris is 18 degrees.", "state": "done"},
+]
+
+
+def test_use_chat_receives_the_whole_turn(node_client: Path, base_url: str) -> None:
+    result = chat(node_client, base_url, "send", "chat-1", {})
+    assert (result["status"], result["error"], result["errors"]) == ("ready", None, [])
+    assert result["finishes"] == [
+        {"isAbort": False, "isDisconnect": False, "isError": False, "finishReason": "stop"}
+    ]
+    user, answer = result["messages"]
+    assert user["role"] == "user"
+    assert answer["role"] == "assistant"
+    assert answer["id"].startswith("chat-1~")
+    assert parts_of(answer) == WHOLE_TURN
+
+
+def test_a_reconnect_mid_turn_ends_with_the_same_message(node_client: Path, base_url: str) -> None:
+    body = {"id": "chat-2", "messages": [{"id": "u1", "role": "user", "parts": []}]}
+    body["trigger"] = "submit-message"
+    body["delay_ms"] = 150
+    message_id = None
+    with httpx.stream("POST", base_url + "/api/chat", json=body, timeout=WAIT) as response:
+        assert response.status_code == 200
+        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            if chunk["type"] == "start":
+                message_id = chunk["messageId"]
+            if chunk["type"] == "text-delta":
+                break  # the connection drops mid-turn; the turn goes on
+    assert message_id is not None
+    persisted = [
+        {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]},
+        {
+            "id": message_id,
+            "role": "assistant",
+            "parts": [
+                {"type": "step-start"},
+                {"type": "text", "text": "Let ", "state": "streaming"},
+            ],
+        },
+    ]
+    result = chat(node_client, base_url, "resume", "chat-2", persisted)
+    assert (result["status"], result["errors"]) == ("ready", [])
+    assert [m["id"] for m in result["messages"]] == ["u1", message_id]  # replaced, not added
+    assert parts_of(result["messages"][1]) == WHOLE_TURN
+    assert result["finishes"][0]["finishReason"] == "stop"
+    # Finished now: a reload still gets the whole turn once.
+    again = chat(node_client, base_url, "resume", "chat-2", persisted)
+    assert parts_of(again["messages"][1]) == WHOLE_TURN
+    assert len(again["messages"]) == 2
+
+
+def test_a_chat_without_a_turn_resumes_nothing(node_client: Path, base_url: str) -> None:
+    assert httpx.get(base_url + "/api/chat/nobody/stream").status_code == 204
+    persisted = [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]
+    result = chat(node_client, base_url, "resume", "nobody", persisted)
+    assert (result["status"], result["finishes"], result["messages"]) == ("ready", [], persisted)
+
+
+def test_a_provider_error_reaches_use_chat_as_an_error(node_client: Path, base_url: str) -> None:
+    result = chat(node_client, base_url, "send", "chat-3", {"fail": True})
+    assert result["status"] == "error"
+    assert result["error"] == "the provider is overloaded"
+    assert result["finishes"][0]["isError"] is True
+    texts = [p for p in result["messages"][1]["parts"] if p["type"] == "text"]
+    assert texts[0]["text"] == "Let me check both."
+
+
+def test_a_cancelled_turn_ends_as_an_abort(node_client: Path, base_url: str) -> None:
+    client = subprocess.Popen(
+        ["node", str(node_client), base_url, "send", "chat-4", json.dumps({"delay_ms": 300})],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(int(WAIT / 0.05)):  # until the turn runs: 404 before
+            stopped = httpx.post(base_url + "/api/chat/chat-4/stop")
+            if stopped.status_code == 204:
+                break
+            assert stopped.status_code == 404
+            assert client.poll() is None, "the client ended before the turn ran"
+            time.sleep(0.05)
+        else:
+            pytest.fail("the turn never ran")
+        out, _ = client.communicate(timeout=WAIT)
+    finally:
+        client.kill()
+    result = json.loads(out)
+    assert (result["status"], result["errors"]) == ("ready", [])
+    assert result["finishes"] == [
+        {"isAbort": False, "isDisconnect": False, "isError": False, "finishReason": None}
+    ]
+    assert httpx.post(base_url + "/api/chat/chat-4/stop").status_code == 404  # ended
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"messages":[]}',
+        b'{"id":"a b","messages":[]}',
+        b'{"id":"c"}',
+        b'{"id":"c","messages":[{"role":"robot"}]}',
+        b'{"id":"c","messages":[],"trigger":"x"}',
+    ],
+)
+def test_a_bad_chat_request_is_a_400_with_a_json_error(base_url: str, body: bytes) -> None:
+    response = httpx.post(base_url + "/api/chat", content=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
