@@ -192,3 +192,27 @@ def test_a_bad_chat_request_is_a_400_with_a_json_error(base_url: str, body: byte
     response = httpx.post(base_url + "/api/chat", content=body)
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_use_chat_with_default_options_works_against_the_demo(node_client: Path) -> None:
+    from essessey.demo import create_app as demo_app
+
+    with serve(demo_app(), lifespan="on") as url:
+        result = chat(node_client, url, "send", "demo-chat", {"deltas": 20, "delay_ms": 0})
+        bad = httpx.post(url + "/api/chat", json={"id": "c", "messages": [], "delay_ms": -1})
+    assert (result["status"], result["errors"]) == ("ready", [])
+    assert result["finishes"][0]["finishReason"] == "stop"
+    kinds = [part["type"] for part in result["messages"][1]["parts"]]
+    # The demo's turn: thinking, text, two parallel calls and their results, the answer.
+    assert kinds == [
+        "step-start",
+        "reasoning",
+        "text",
+        "tool-get_weather",
+        "tool-get_weather",
+        "text",
+    ]
+    tools = [p for p in result["messages"][1]["parts"] if p["type"].startswith("tool-")]
+    assert all(p["state"] in ("output-available", "output-error") for p in tools)
+    assert bad.status_code == 400
+    assert "delay_ms" in bad.json()["error"]["message"]

@@ -8,7 +8,9 @@ Routes (see docs/demo.md for examples):
   ``?last_event_id=`` (``essessey.bindings.sse.hub_routes``);
 - ``GET /streams/{stream_id}/ws``: the same over a WebSocket (``ws_route``);
 - ``POST /streams/{stream_id}/cancel``: stop the turn (it ends with ``cancelled``);
-- ``POST /v1/messages``: an Anthropic Messages API stand-in with a scripted reply.
+- ``POST /v1/messages``: an Anthropic Messages API stand-in with a scripted reply;
+- ``POST /api/chat``, ``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``: the
+  same scripted turn for the AI SDK's ``useChat`` (``essessey.bindings.ui``).
 
 There is no ``authorize`` hook: the demo's stream ids are random, but whoever has one may
 read or cancel its turn. Serve it on loopback, or behind something that authenticates.
@@ -36,6 +38,7 @@ from starlette.routing import Route
 
 from essessey._shutdown import begin_shutdown, detect_uvicorn_shutdown
 from essessey.bindings.sse._hub import hub_routes
+from essessey.bindings.ui import ChatRequest, ui_chat_routes
 from essessey.bindings.ws._endpoint import ws_route
 from essessey.demo._http import (
     BadRequest,
@@ -119,6 +122,17 @@ def parse_stream_options(body: Any) -> dict[str, Any]:
         "deltas": _int_option(body, "deltas", MIN_DELTAS, MAX_DELTAS, DEFAULT_DELTAS),
         "delay_ms": _int_option(body, "delay_ms", 0, MAX_DELAY_MS, DEFAULT_DELAY_MS),
     }
+
+
+def chat_turn(chat: ChatRequest) -> TurnProducer:
+    """The scripted turn answering an AI SDK chat request; the body may carry the demo's
+    options (``scenario``, ``deltas``, ``delay_ms``) beside the SDK's own fields."""
+    options = {key: chat.body[key] for key in _OPTIONS if key in chat.body}
+    try:
+        parsed = parse_stream_options(options)
+    except BadRequest as exc:
+        raise ValueError(str(exc)) from None
+    return agent_turn(chat.id, **parsed)
 
 
 class _Turns:
@@ -340,6 +354,8 @@ def create_app(
             *hub_routes(hub, "/streams", retry=1000, ping_interval=ping_interval),
             ws_route(hub, "/streams/{stream_id}/ws", ping_interval=ping_interval),
             Route("/v1/messages", messages_endpoint, methods=["POST"]),
+            # useChat's default paths: POST /api/chat, GET /api/chat/{id}/stream.
+            *ui_chat_routes(hub, chat_turn),
         ],
         lifespan=lifespan,
     )

@@ -78,7 +78,8 @@ class ChatRequest:
 
 
 TurnFactory = Callable[[ChatRequest], "TurnProducer | Awaitable[TurnProducer]"]
-"""``turn(chat) -> producer``: the answer to a chat request, as a hub producer."""
+"""``turn(chat) -> producer``: the answer to a chat request, as a hub producer; a
+``ValueError`` it raises (options of the app's own that are wrong) is the client's 400."""
 
 
 class _BadRequest(Exception):
@@ -195,8 +196,11 @@ def ui_chat_routes(
         refused = await allowed(request, chat_request.id, "read")
         if refused is not None:
             return refused
-        made = turn(chat_request)
-        producer = made if callable(made) else await made
+        try:
+            made = turn(chat_request)
+            producer = made if callable(made) else await made
+        except ValueError as exc:  # the app's own options, refused
+            return _json_error(400, "invalid_request_error", str(exc))
         turn_id = f"{chat_request.id}~{secrets.token_hex(8)}"
         try:
             await hub.start(turn_id, producer)
