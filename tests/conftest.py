@@ -1,7 +1,11 @@
 """Shared pytest configuration for the essessey test suite."""
 
+import os
+import shutil
+import subprocess
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +44,22 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     # Only essessey.store's name ``time`` is replaced: the event loop keeps real time.
     monkeypatch.setattr(essessey.store, "time", types.SimpleNamespace(monotonic=fake.monotonic))
     return fake
+
+
+NODE_DIR = Path(__file__).parent / "node"
+"""The AI SDK's client for the tests (tests/node: its packages from the lockfile)."""
+
+
+@pytest.fixture(scope="session")
+def node_client() -> Path:
+    """The Node client script, its packages installed from the lockfile when missing."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        # As the browser tests: skipped on a machine without Node, never in CI.
+        if os.environ.get("CI"):
+            pytest.fail("these tests need Node and npm (.ci/run installs them)")
+        pytest.skip("Node and npm are not installed")
+    if not (NODE_DIR / "node_modules" / "ai").is_dir():
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
+        )
+    return NODE_DIR / "chat.mjs"

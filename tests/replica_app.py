@@ -13,7 +13,9 @@ every stream, whichever replica produces it. Routes:
   event so that it lasts a while;
 - ``GET /turns/{stream_id}``: what this replica knows of a turn it started (running, how
   far it got, when it started and finished, in ``time.time()`` seconds);
-- ``GET /healthz``: ``{"ok": true, "nats": <connected>}``.
+- ``GET /healthz``: ``{"ok": true, "nats": <connected>}``;
+- ``POST /api/chat`` and the rest of ``essessey.bindings.ui.ui_chat_routes``, answering
+  with :mod:`tests.ui_app`'s scripted turn.
 
 With ``REDIS_URL`` set instead, the replicas share a :class:`RedisEventStore` on that
 redis-server (key prefix ``ESSESSEY_STREAM``). On either, the stores' leases let a turn
@@ -48,8 +50,10 @@ from essessey import Publisher, StreamBusy, StreamHub
 from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.redis import RedisEventStore
 from essessey.bindings.sse import hub_routes
+from essessey.bindings.ui import ui_chat_routes
 from essessey.bindings.ws import ws_route
 from tests.chaos_app import build_script, play
+from tests.ui_app import agent_turn
 
 DEFAULT_EVENTS = 250
 
@@ -211,6 +215,8 @@ app = Starlette(
         Route("/turns/{stream_id}", turn_status, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/turns/{stream_id}/cancel", cancel_turn, methods=["POST"]),
+        # useChat's routes, answering with tests/ui_app.py's scripted turn.
+        *ui_chat_routes(hub, agent_turn),
     ],
     lifespan=lifespan,
 )

@@ -38,12 +38,14 @@ fixture) and every wait is bounded.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -57,6 +59,7 @@ from tests.chaos_app import build_script, expected_events
 from tests.nats_server import NatsServer
 from tests.redis_server import RedisServer, redis_server
 from tests.servers import ServerProcess, serve_process
+from tests.test_ui_node import WHOLE_TURN, chat, parts_of
 
 pytestmark = pytest.mark.anyio
 
@@ -580,3 +583,30 @@ async def test_chaos_every_reconnect_goes_to_the_other_replica(
     for k, (stream_id, client) in enumerate(clients.items()):
         assert len(set(client.connections)) == 2  # it read from both replicas
         await assert_exact(client, 6_000 + k, stream_id, stored[stream_id])
+
+
+def test_use_chat_reconnects_to_a_turn_on_the_other_replica(
+    broker: NatsServer | RedisServer, node_client: Path
+) -> None:
+    # The turn runs on A; its first connection drops mid-turn; useChat's reconnect goes
+    # to B, which finds the chat's turn in the shared store and replays it whole.
+    with replicas(broker) as (a, b):
+        body = {"id": "shared-chat", "messages": [], "trigger": "submit-message"}
+        body["delay_ms"] = 150
+        message_id = None
+        with httpx.stream("POST", a.url + "/api/chat", json=body, timeout=WAIT) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line.removeprefix("data: "))
+                    message_id = chunk.get("messageId", message_id)
+                    if chunk["type"] == "text-delta":
+                        break
+        persisted = [
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]},
+            {"id": message_id, "role": "assistant", "parts": []},
+        ]
+        result = chat(node_client, b.url, "resume", "shared-chat", persisted)
+    assert (result["status"], result["errors"]) == ("ready", [])
+    assert [m["id"] for m in result["messages"]] == ["u1", message_id]
+    assert parts_of(result["messages"][1]) == WHOLE_TURN

@@ -4,8 +4,6 @@ essessey's UI message stream routes on a real uvicorn server."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,27 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
+from essessey import Event, StreamHub
+from essessey.bindings.ui import DONE, UIMessageEncoder
 from tests.servers import serve
 from tests.ui_app import create_app
 
-NODE_DIR = Path(__file__).parent / "node"
 WAIT = 60.0
 """Seconds a Node client may take before the test fails."""
-
-
-@pytest.fixture(scope="module")
-def node_client() -> Path:
-    """The Node client script, its packages installed from the lockfile when missing."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        # As the browser tests: skipped on a machine without Node, never in CI.
-        if os.environ.get("CI"):
-            pytest.fail("these tests need Node and npm (.ci/run installs them)")
-        pytest.skip("Node and npm are not installed")
-    if not (NODE_DIR / "node_modules" / "ai").is_dir():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
-        )
-    return NODE_DIR / "chat.mjs"
 
 
 @pytest.fixture
@@ -220,3 +204,87 @@ def test_use_chat_with_default_options_works_against_the_demo(node_client: Path)
     assert all(p["state"] in ("output-available", "output-error") for p in tools)
     assert bad.status_code == 400
     assert "delay_ms" in bad.json()["error"]["message"]
+
+
+def every_kind_of_chunk() -> list[dict[str, Any]]:
+    """The chunks of turns that use every part the encoder writes."""
+    head = b'{"type":"message_start","message":{"id":"m"}}'
+    events = [
+        Event("message_start", head),
+        Event(
+            "content_block_start",
+            b'{"index":0,"content_block":{"type":"tool_use","id":"c","name":"t","input":{}}}',
+        ),
+        Event(
+            "content_block_delta",
+            b'{"index":0,"delta":{"type":"input_json_delta","partial_json":"{nope"}}',
+        ),
+        Event("content_block_stop", b'{"index":0}'),
+        Event("content_block_start", b'{"index":1,"content_block":{"type":"citation","n":1}}'),
+        Event("content_block_stop", b'{"index":1}'),
+        Event(
+            "content_block_start",
+            b'{"index":2,"content_block":{"type":"tool_result","tool_use_id":"c"}}',
+        ),
+        Event(
+            "content_block_delta",
+            b'{"index":2,"delta":{"type":"json_partial","text":"plain text"}}',
+        ),
+        Event("content_block_stop", b'{"index":2}'),
+        Event("message_stop", b"{}"),
+    ]
+    chunks: list[dict[str, Any]] = []
+    for reason in ("end_turn", "tool_use", "max_tokens", "refusal", "pause_turn", "cancelled"):
+        encoder = UIMessageEncoder()
+        ending = Event("message_delta", b'{"delta":{"stop_reason":"%s"}}' % reason.encode())
+        lines = [line for e in [*events[:-1], ending, events[-1]] for line in encoder.feed(e)]
+        lines.append(encoder.close().removesuffix(DONE))
+        for line in b"".join(lines).split(b"\n\n")[:-1]:
+            chunks.append(json.loads(line.removeprefix(b"data: ")))
+    failing = UIMessageEncoder()
+    failing.feed(Event("message_start", head))
+    (error,) = failing.feed(Event("error", b'{"error":{"type":"api_error","message":"x"}}'))
+    chunks.append(json.loads(error.removeprefix(b"data: ")))
+    return chunks
+
+
+def test_the_ai_sdks_schema_accepts_every_chunk_the_encoder_writes(node_client: Path) -> None:
+    chunks = every_kind_of_chunk()
+    kinds = {chunk["type"] for chunk in chunks}
+    assert {"tool-input-error", "data-essessey-block", "tool-output-available", "abort"} <= kinds
+    assert {"error", "finish"} <= kinds
+    controls = [{"type": "bogus"}, {"type": "finish", "finishReason": "unknown"}]
+    checked = subprocess.run(
+        ["node", str(node_client.parent / "validate.mjs")],
+        input=json.dumps([*chunks, *controls]),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    verdicts = json.loads(checked.stdout)
+    assert verdicts[: len(chunks)] == [None] * len(chunks)
+    assert all(verdict is not None for verdict in verdicts[len(chunks) :])  # it can refuse
+
+
+def test_the_authorize_hook_is_asked_with_the_chat_id_for_each_route() -> None:
+    asked: list[tuple[str, str]] = []
+
+    def authorize(request: object, chat_id: str, access: str) -> bool:
+        asked.append((chat_id, access))
+        return chat_id == "mine"
+
+    body = {"messages": [], "trigger": "submit-message"}
+    with serve(create_app(StreamHub(authorize=authorize)), lifespan="on") as url:
+        for chat_id, status in (("theirs", 403), ("mine", 200)):
+            assert httpx.post(url + "/api/chat", json={**body, "id": chat_id}).status_code == status
+        assert httpx.get(url + "/api/chat/theirs/stream").status_code == 403
+        assert httpx.post(url + "/api/chat/theirs/stop").status_code == 403
+        forbidden = httpx.post(url + "/api/chat", json={**body, "id": "theirs"})
+    assert forbidden.json()["error"]["type"] == "permission_error"
+    assert asked[:4] == [
+        ("theirs", "read"),
+        ("mine", "read"),
+        ("theirs", "resume"),
+        ("theirs", "cancel"),
+    ]
