@@ -74,7 +74,7 @@ pytestmark = pytest.mark.anyio
 
 WAIT = 30.0  # seconds any one reading may take, at most
 EXIT_BOUND = 20.0  # seconds a server may take to exit after the signal (it hangs without)
-RETRY_TAIL = b"retry: 1000\n\n"  # what an SSE response ends with at shutdown
+RETRY_TAIL = b"retry: 1000\n"  # what an SSE response ends with at shutdown (the field alone)
 LONG_TURN = 20_000  # events, 10 ms apart: a turn that outlasts every test
 WATCHER = "essessey-shutdown-watcher"
 

@@ -132,6 +132,10 @@ async def subscription_response(
         return _json_error(503, "api_error", CHECK_FAILED)
     if not allowed:
         return _json_error(403, "permission_error", f"not allowed to {access} this stream")
+    if last_event_id is not None:
+        # A resume with nothing more to send, its turn over: 204, so an EventSource
+        # that reconnects after the end stops instead of looping.
+        options.setdefault("empty_status", 204)
     return EventStreamResponse(_Subscription(hub, stream_id, last_event_id), **options)
 
 

@@ -73,7 +73,10 @@ logger = logging.getLogger("essessey.sse")
 Producer: TypeAlias = Callable[[Publisher], Awaitable[None]]
 """An async function that publishes a stream through the Publisher it is given."""
 
-_PING: Final = format_message(comment="ping")
+# A comment line with no blank line after it: a valid keep-alive that no decoder
+# dispatches on (httpx-sse and decoders built like it turn a blank line after a
+# field-only block into an empty event). Written only between whole events.
+_PING: Final = b": ping\n"
 _SSE_HEADERS: Final = (
     (b"cache-control", b"no-cache"),
     # nginx buffers proxied responses unless told not to; a stream must not be buffered.
@@ -497,7 +500,9 @@ class EventStreamResponse(Response):
     client's reconnection delay. ``max_queue`` bounds the events held for the client;
     ``max_batch_bytes`` bounds one write. ``shutdown_retry`` (milliseconds, 1000 by
     default) is the reconnection delay sent when the server shuts down, as the response
-    ends; None lets the response run to its end through a shutdown.
+    ends; None lets the response run to its end through a shutdown. ``empty_status``
+    (say 204) answers a content that ends without an event with that status and no body
+    instead of an empty 200 stream: an EventSource stops on a 204 instead of reconnecting.
     """
 
     media_type = "text/event-stream"
@@ -517,6 +522,7 @@ class EventStreamResponse(Response):
         max_batch_bytes: int = 256 * 1024,
         background: BackgroundTask | None = None,
         shutdown_retry: int | None = 1000,
+        empty_status: int | None = None,
     ) -> None:
         if ping_interval < 0:
             raise ValueError("ping_interval must be >= 0 (0 disables the keep-alive)")
@@ -524,10 +530,15 @@ class EventStreamResponse(Response):
             raise ValueError("send_timeout must be > 0, or None for no timeout")
         if max_queue < 1 or max_batch_bytes < 1:
             raise ValueError("max_queue and max_batch_bytes must be >= 1")
-        self._retry = format_message(retry=retry) if retry is not None else b""
+        # A field of the first event's block, not a block of its own: a blank line after
+        # it alone would be an empty event to some decoders.
+        self._retry = format_message(retry=retry)[:-1] if retry is not None else b""
+        self.empty_status = empty_status
         self.shutdown_retry = shutdown_retry
         self._shutdown_tail = (
-            format_message(retry=shutdown_retry) if shutdown_retry is not None else b""
+            # The field alone (a reader takes it as it parses the line): no block that a
+            # decoder would dispatch as an empty event.
+            format_message(retry=shutdown_retry)[:-1] if shutdown_retry is not None else b""
         )
         self.content = content
         self.status_code = status_code
@@ -648,6 +659,15 @@ class EventStreamResponse(Response):
             else:
                 logger.error("the stream failed before its first event", exc_info=failure)
                 await self._send_error(send, 500, "api_error", "Internal server error")
+            return
+        if (
+            failure is None
+            and self.empty_status is not None
+            and not (outbox.started or outbox.sending or outbox.held)
+        ):
+            outbox.ended = True
+            await send({"type": "http.response.start", "status": self.empty_status, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
             return
         tail = b""
         if failure is not None and not outbox.last_was_error:
