@@ -219,18 +219,23 @@ class Bounds:
     async def _load(self, stream_id: str) -> _Kept:
         """What ``stream_id`` retains, read from the server: its events' sequences and
         sizes through a headers-only consumer (nothing when it has no message)."""
-        store = self._store
         kept = _Kept()
+        last_seq = await self._last_seq(stream_id)
+        if last_seq:
+            await self._read(stream_id, kept, last_seq)
+        self._remember(stream_id, kept)
+        return kept
+
+    async def _last_seq(self, stream_id: str) -> int:
+        """The sequence of the stream id's last message on the server (0: none)."""
+        store = self._store
         try:
             last = await store._retrying(
                 lambda _: store._js.get_last_msg(store.stream, store._filter(stream_id))
             )
         except nats.js.errors.NotFoundError:
-            last = None
-        if last is not None and last.seq is not None:
-            await self._read(stream_id, kept, last.seq)
-        self._remember(stream_id, kept)
-        return kept
+            return 0
+        return last.seq or 0
 
     async def _read(self, stream_id: str, kept: _Kept, until: int) -> None:
         # Imported here: the store's module imports this one.
@@ -267,12 +272,10 @@ class Bounds:
         known.pop(stream_id, None)
         known[stream_id] = kept
         while len(known) > _MAX_KEPT:
-            oldest = next(iter(known))
-            if known[oldest].running:
-                known[oldest] = known.pop(oldest)  # to the end: its turn still writes
-                if all(k.running for k in known.values()):
-                    break
-                continue
+            # The oldest one no turn of this store is writing (those stay).
+            oldest = next((sid for sid, k in known.items() if not k.running), None)
+            if oldest is None:
+                break
             del known[oldest]
 
     # -- a turn ------------------------------------------------------------------------------
@@ -280,18 +283,9 @@ class Bounds:
     async def opening(self, stream_id: str) -> None:
         """A turn of this store starts on ``stream_id``: its events read again when another
         process wrote it since, then admitted as running (StoreFull when it cannot be)."""
-        store = self._store
         kept = self._kept.get(stream_id)
-        if kept is not None:
-            try:
-                last = await store._retrying(
-                    lambda _: store._js.get_last_msg(store.stream, store._filter(stream_id))
-                )
-                last_seq = last.seq or 0
-            except nats.js.errors.NotFoundError:
-                last_seq = 0
-            if last_seq != kept.last_seq:
-                kept = None
+        if kept is not None and await self._last_seq(stream_id) != kept.last_seq:
+            kept = None
         if kept is None:
             kept = await self._load(stream_id)
         else:

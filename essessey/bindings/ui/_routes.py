@@ -35,7 +35,7 @@ from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey.bindings._asgi import CHECK_FAILED, check_access
 from essessey.bindings.sse._response import error_body
 from essessey.bindings.ui._encoder import UIMessageEncoder, frame
-from essessey.errors import EssesseyError, StreamBusy, StreamNotFound
+from essessey.errors import EssesseyError, StreamBusy
 from essessey.event import Event
 from essessey.hub import Access, StreamHub, TurnProducer
 
@@ -90,6 +90,11 @@ def _json_error(status: int, error_type: str, message: str) -> Response:
     return Response(error_body(error_type, message), status, media_type="application/json")
 
 
+def _is_chat_id(value: object) -> bool:
+    """A chat id leaves room for the suffixes of its streams (``~turns``, ``~<random>``)."""
+    return isinstance(value, str) and len(value) <= _MAX_CHAT_ID and is_token(value)
+
+
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """A :class:`ChatRequest` from a request body; ``ValueError`` saying what is wrong."""
     try:
@@ -99,7 +104,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     chat_id = body.get("id")
-    if not isinstance(chat_id, str) or len(chat_id) > _MAX_CHAT_ID or not is_token(chat_id):
+    if not _is_chat_id(chat_id):
         raise ValueError(
             f"id must be 1 to {_MAX_CHAT_ID} printable characters without whitespace, "
             "'.', '*' or '>'"
@@ -115,7 +120,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     message_id = body.get("messageId")
     if message_id is not None and not isinstance(message_id, str):
         raise ValueError("messageId must be a string")
-    return ChatRequest(chat_id, messages, trigger, message_id, body)
+    return ChatRequest(str(chat_id), messages, trigger, message_id, body)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -209,26 +214,24 @@ def ui_chat_routes(
         await hub.store.append(chat_request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
         return _streaming(hub, turn_id)
 
-    async def reconnect(request: Request) -> Response:
+    async def chat_in_path(request: Request, access: Access) -> tuple[str, Response | None]:
+        """The path's chat id, and the answer when it is bad or not allowed."""
         chat_id = request.path_params["chat_id"]
-        if len(chat_id) > _MAX_CHAT_ID or not is_token(chat_id):
-            return _json_error(400, "invalid_request_error", "bad chat id")
-        refused = await allowed(request, chat_id, "resume")
+        if not _is_chat_id(chat_id):
+            return chat_id, _json_error(400, "invalid_request_error", "bad chat id")
+        return chat_id, await allowed(request, chat_id, access)
+
+    async def reconnect(request: Request) -> Response:
+        chat_id, refused = await chat_in_path(request, "resume")
         if refused is not None:
             return refused
-        try:
-            turn_id = await _last_turn(hub, chat_id)
-        except StreamNotFound:
-            turn_id = None
+        turn_id = await _last_turn(hub, chat_id)
         if turn_id is None:
             return Response(status_code=204)
         return _streaming(hub, turn_id)
 
     async def stop(request: Request) -> Response:
-        chat_id = request.path_params["chat_id"]
-        if len(chat_id) > _MAX_CHAT_ID or not is_token(chat_id):
-            return _json_error(400, "invalid_request_error", "bad chat id")
-        refused = await allowed(request, chat_id, "cancel")
+        chat_id, refused = await chat_in_path(request, "cancel")
         if refused is not None:
             return refused
         turn_id = await _last_turn(hub, chat_id)
