@@ -42,7 +42,7 @@ from essessey.demo import (
     scenario_script,
 )
 from essessey.demo import _app as demo_app
-from essessey.demo._messages_api import sample_input
+from essessey.demo._messages_api import FORCED_TOOL_WITH_THINKING, sample_input
 from tests.nats_server import NatsServer, stop_process
 from tests.redis_server import redis_server
 from tests.servers import serve
@@ -473,6 +473,116 @@ async def test_a_small_max_tokens_cuts_the_reply(sdk: anthropic.AsyncAnthropic) 
     assert message.usage.output_tokens == 3
 
 
+SECOND_TOOL: dict[str, Any] = {
+    "name": "get_time",
+    "input_schema": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "default": "UTC"}},
+        "required": ["zone"],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "called"),
+    [
+        ({"type": "any"}, "get_weather"),
+        ({"type": "tool", "name": "get_time"}, "get_time"),
+    ],
+    ids=["any", "tool"],
+)
+async def test_a_forced_tool_choice_answers_with_the_call_and_no_text_before_it(
+    sdk: anthropic.AsyncAnthropic, tool_choice: dict[str, Any], called: str
+) -> None:
+    tools = [WEATHER_TOOL, SECOND_TOOL]
+    whole = await sdk.messages.create(
+        model="m",
+        max_tokens=100,
+        messages=PROMPT,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice=tool_choice,  # type: ignore[arg-type]
+    )
+    texts: list[str] = []
+    async with sdk.messages.stream(
+        model="m",
+        max_tokens=100,
+        messages=PROMPT,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice=tool_choice,  # type: ignore[arg-type]
+    ) as stream:
+        async for chunk in stream.text_stream:
+            texts.append(chunk)
+        streamed = await stream.get_final_message()
+    assert texts == []
+    for message in (whole, streamed):
+        assert message.stop_reason == "tool_use"
+        assert [block.type for block in message.content] == ["tool_use"]
+        (call,) = message.content
+        assert call.type == "tool_use"
+        assert call.name == called
+        assert call.input == (EXPECTED_INPUT if called == "get_weather" else {"zone": "UTC"})
+        assert message.usage.output_tokens == 1  # the call, and nothing said before it
+    # Not forced: the same tools get words first, then the call.
+    auto = await sdk.messages.create(
+        model="m",
+        max_tokens=100,
+        messages=PROMPT,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice={"type": "auto"},
+    )
+    assert [block.type for block in auto.content] == ["text", "tool_use"]
+
+
+@pytest.mark.parametrize(
+    "thinking",
+    [THINKING, {"type": "adaptive"}],
+    ids=["enabled", "adaptive"],
+)
+@pytest.mark.parametrize(
+    "tool_choice",
+    [{"type": "any"}, {"type": "tool", "name": "get_weather"}],
+    ids=["any", "tool"],
+)
+async def test_thinking_with_a_forced_tool_choice_is_refused_as_the_real_api_refuses_it(
+    sdk: anthropic.AsyncAnthropic, thinking: dict[str, Any], tool_choice: dict[str, Any]
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await sdk.messages.create(
+            model="m",
+            max_tokens=2048,
+            messages=PROMPT,  # type: ignore[arg-type]
+            thinking=thinking,  # type: ignore[arg-type]
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tool_choice=tool_choice,  # type: ignore[arg-type]
+        )
+    assert caught.value.status_code == 400
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": FORCED_TOOL_WITH_THINKING},
+    }
+    # The stream is refused before it starts: the SDK raises on entering it.
+    with pytest.raises(anthropic.BadRequestError):
+        async with sdk.messages.stream(
+            model="m",
+            max_tokens=2048,
+            messages=PROMPT,  # type: ignore[arg-type]
+            thinking=thinking,  # type: ignore[arg-type]
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tool_choice=tool_choice,  # type: ignore[arg-type]
+        ):
+            raise AssertionError("a refused request opened a stream")
+    # Thinking with the choice left to the model is fine.
+    message = await sdk.messages.create(
+        model="m",
+        max_tokens=2048,
+        messages=PROMPT,  # type: ignore[arg-type]
+        thinking=thinking,  # type: ignore[arg-type]
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "auto"},
+    )
+    assert [block.type for block in message.content] == ["thinking", "text", "tool_use"]
+
+
 async def test_the_sdk_raises_its_typed_error_for_a_refused_request(
     sdk: anthropic.AsyncAnthropic,
 ) -> None:
@@ -513,6 +623,24 @@ BAD_MESSAGES: list[tuple[str, Any]] = [
     ),
     ("tools not a list", {"model": "m", "max_tokens": 10, "messages": PROMPT, "tools": {}}),
     ("a tool without a name", {"model": "m", "max_tokens": 10, "messages": PROMPT, "tools": [{}]}),
+    (
+        "an unknown tool_choice",
+        {"model": "m", "max_tokens": 10, "messages": PROMPT, "tool_choice": {"type": "x"}},
+    ),
+    (
+        "a forced tool_choice without tools",
+        {"model": "m", "max_tokens": 10, "messages": PROMPT, "tool_choice": {"type": "any"}},
+    ),
+    (
+        "tool_choice names no given tool",
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "messages": PROMPT,
+            "tools": [WEATHER_TOOL],
+            "tool_choice": {"type": "tool", "name": "nope"},
+        },
+    ),
     ("not an object", [1]),
 ]
 

@@ -12,7 +12,11 @@ key or a network:
   input built from the tool's ``input_schema`` (each required property gets a value of
   its type), and stop reason ``tool_use``; ``end_turn`` without tools (or with
   ``tool_choice`` ``none``); ``max_tokens`` when ``max_tokens`` words cut the reply short
-  (one word is one token here).
+  (one word is one token here, and so is a tool call);
+- a forced tool choice (``any`` or ``tool``) answers with the tool call alone, no text
+  before it: the real API pre-fills the assistant turn so that the call comes first, and
+  clients that force a tool read the first block as the call. Thinking together with a
+  forced tool choice is refused with a 400, as the real API refuses it.
 
 ``"stream": true`` streams it in the ``anthropic`` dialect (what the official SDKs read);
 otherwise the whole message comes as JSON. The reply never depends on what the messages
@@ -37,7 +41,13 @@ from essessey.protocol import StopReason
 from essessey.publisher import Publisher
 from essessey.streamers import stream_turn
 
-__all__ = ["MAX_MESSAGES_BODY", "MessagesRequest", "ScriptedReply", "messages_endpoint"]
+__all__ = [
+    "FORCED_TOOL_WITH_THINKING",
+    "MAX_MESSAGES_BODY",
+    "MessagesRequest",
+    "ScriptedReply",
+    "messages_endpoint",
+]
 
 logger = logging.getLogger("essessey.demo")
 
@@ -57,6 +67,10 @@ _TEXT: Final = (
 )
 _SIGNATURE: Final = "ZXNzZXNzZXktZGVtby1zaWduYXR1cmU="  # not a real signature: a fixed marker
 _ROLES: Final = ("user", "assistant")
+_TOOL_CHOICES: Final = ("auto", "any", "tool", "none")
+
+FORCED_TOOL_WITH_THINKING: Final = "Thinking may not be enabled when tool_choice forces tool use."
+"""The 400 message for ``thinking`` with a forced ``tool_choice`` (the real API's words)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +82,7 @@ class MessagesRequest:
     stream: bool
     thinking: bool
     tool: Mapping[str, Any] | None
+    forced_tool: bool
     input_tokens: int
 
 
@@ -184,12 +199,19 @@ def parse_request(body: Any) -> MessagesRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream: must be a boolean")
+    thinking = _thinking(body.get("thinking"), max_tokens)
+    tool, forced = _chosen_tool(body.get("tools"), body.get("tool_choice"))
+    if thinking and forced:
+        # The real API's own words: a forced call pre-fills the assistant turn, which
+        # leaves no room for a thinking block before it.
+        raise BadRequest(FORCED_TOOL_WITH_THINKING)
     return MessagesRequest(
         model=model,
         max_tokens=max_tokens,
         stream=stream,
-        thinking=_thinking(body.get("thinking"), max_tokens),
-        tool=_chosen_tool(body.get("tools"), body.get("tool_choice")),
+        thinking=thinking,
+        tool=tool,
+        forced_tool=forced,
         input_tokens=_input_tokens(body),
     )
 
@@ -214,28 +236,38 @@ def _thinking(thinking: Any, max_tokens: int) -> bool:
     return True
 
 
-def _chosen_tool(tools: Any, tool_choice: Any) -> Mapping[str, Any] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise BadRequest("tools: must be a list")
-    for n, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise BadRequest(f"tools.{n}: must be an object with a non-empty name")
-        schema = tool.get("input_schema")
-        if schema is not None and not isinstance(schema, dict):
-            raise BadRequest(f"tools.{n}.input_schema: must be an object")
-    if tool_choice is not None and not isinstance(tool_choice, dict):
+def _chosen_tool(tools: Any, tool_choice: Any) -> tuple[Mapping[str, Any] | None, bool]:
+    """The tool the reply calls (None for none) and whether the choice forces it."""
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise BadRequest("tools: must be a list")
+        for n, tool in enumerate(tools):
+            name = tool.get("name") if isinstance(tool, dict) else None
+            if not isinstance(name, str) or not name:
+                raise BadRequest(f"tools.{n}: must be an object with a non-empty name")
+            schema = tool.get("input_schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise BadRequest(f"tools.{n}.input_schema: must be an object")
+    if tool_choice is None:
+        tool_choice = {"type": "auto"}
+    if not isinstance(tool_choice, dict):
         raise BadRequest("tool_choice: must be an object")
-    choice = tool_choice or {}
-    if choice.get("type") == "none" or not tools:
-        return None
-    if choice.get("type") == "tool":
+    choice = tool_choice.get("type")
+    if choice not in _TOOL_CHOICES:
+        raise BadRequest("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'")
+    forced = choice in ("any", "tool")
+    if not tools:
+        if forced:
+            raise BadRequest("tool_choice: forcing a tool needs tools to choose from")
+        return None, False
+    if choice == "none":
+        return None, False
+    if choice == "tool":
         for tool in tools:
-            if tool["name"] == choice.get("name"):
-                return dict(tool)
+            if tool["name"] == tool_choice.get("name"):
+                return dict(tool), True
         raise BadRequest("tool_choice.name: no tool of that name was given")
-    return dict(tools[0])
+    return dict(tools[0]), forced
 
 
 def sample_input(schema: Any, depth: int = 0) -> dict[str, Any]:
@@ -301,20 +333,27 @@ def _words(text: str) -> list[str]:
 def build_reply(request: MessagesRequest) -> ScriptedReply:
     """The scripted reply to ``request`` (its ids are fresh, the rest is fixed)."""
     tool = request.tool
-    text = _TEXT if tool is None else f"{_TEXT} I will call the {tool['name']} tool now."
+    if request.forced_tool:
+        text = ""  # the call comes first: nothing is said before it
+    elif tool is None:
+        text = _TEXT
+    else:
+        text = f"{_TEXT} I will call the {tool['name']} tool now."
     thinking_words = _words(_THINKING) if request.thinking else []
-    text_words = _words(text)
+    all_text_words = _words(text) if text else []
     budget = request.max_tokens
     thinking = thinking_words[:budget]
-    text_words = text_words[: max(0, budget - len(thinking))]
-    cut = len(thinking) + len(text_words) < len(thinking_words) + len(_words(text))
+    text_words = all_text_words[: max(0, budget - len(thinking))]
+    cut = len(thinking) + len(text_words) < len(thinking_words) + len(all_text_words)
     tool_call = None
-    if tool is not None and not cut:
+    if tool is not None and not cut and budget > len(thinking) + len(text_words):
         tool_call = (
             f"toolu_demo_{secrets.token_hex(8)}",
             str(tool["name"]),
             sample_input(tool.get("input_schema")),
         )
+    elif tool is not None:
+        cut = True  # the words took the whole budget: no token was left for the call
     if cut:
         stop_reason = StopReason.MAX_TOKENS
     elif tool_call is not None:
@@ -330,7 +369,7 @@ def build_reply(request: MessagesRequest) -> ScriptedReply:
         tool_call=tool_call,
         stop_reason=stop_reason,
         input_tokens=request.input_tokens,
-        output_tokens=len(thinking) + len(text_words),
+        output_tokens=len(thinking) + len(text_words) + (tool_call is not None),
     )
 
 
