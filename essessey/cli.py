@@ -217,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         "arrives: thinking, text, tool calls and results, errors. The summary (stop "
         "reason, usage, timing) and all diagnostics go to stderr.",
     )
-    tail.add_argument("url", metavar="URL")
+    tail.add_argument(
+        "url", metavar="URL", help="the stream's URL (http:// when it names no scheme, as in curl)"
+    )
     tail.add_argument(
         "-d",
         "--data",
@@ -385,7 +387,7 @@ def _run_tail(args: argparse.Namespace) -> int:
     if args.last_event_id is not None and any(c in args.last_event_id for c in "\r\n\0"):
         raise _UsageError("--last-event-id cannot contain CR, LF or NUL")
     options = _TailOptions(
-        url=args.url,
+        url=_with_scheme(args.url),
         method="GET" if body is None else "POST",
         body=body,
         headers=headers,
@@ -396,6 +398,11 @@ def _run_tail(args: argparse.Namespace) -> int:
         color=_use_color(args.color, sys.stdout),
     )
     return anyio.run(_tail, options)
+
+
+def _with_scheme(url: str) -> str:
+    """``localhost:8000/turn`` as curl reads it: ``http://`` when no scheme is given."""
+    return url if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url) else f"http://{url}"
 
 
 def _read_data(data: str) -> bytes:

@@ -150,9 +150,10 @@ class _Turn:
 class StreamHub:
     """Runs turns as tasks and lets any number of subscribers follow each stream.
 
-    Enter it once for the life of the app (``async with hub:``, e.g. in a Starlette
-    lifespan); leaving it waits up to ``shutdown_grace`` seconds for the running turns to
-    finish, then cancels those still running, ending each properly (0: at once).
+    Enter it once for the life of the app (``async with hub:`` in a lifespan, or
+    ``lifespan=hub.lifespan``); leaving it waits up to ``shutdown_grace`` seconds for the
+    running turns to finish, then cancels those still running, ending each properly (0: at
+    once).
     """
 
     def __init__(
@@ -212,6 +213,14 @@ class StreamHub:
             await tasks.__aexit__(type(interrupted), interrupted, interrupted.__traceback__)
             raise interrupted
         return await tasks.__aexit__(exc_type, exc, tb)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncGenerator[None, None]:
+        """Run the hub for the life of an ASGI app: ``FastAPI(lifespan=hub.lifespan)`` or
+        ``Starlette(lifespan=hub.lifespan)``, the same as ``async with hub:`` in a lifespan
+        of your own (write that one when the app starts more than the hub)."""
+        async with self:
+            yield
 
     async def _drain(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for the running turns to finish."""

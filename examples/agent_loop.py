@@ -69,11 +69,13 @@ def _call(index: int, call_id: str, name: str, arguments: str) -> list[dict[str,
     ]
 
 
+FIRST_ROUND_TEXT = "Checking Paris and Oslo."
+
 SCRIPT: list[list[dict[str, Any]]] = [
     [
         _chunk({"role": "assistant", "reasoning_content": "Two cities: "}),
         _chunk({"reasoning_content": "call the weather tool for both at once."}),
-        _chunk({"content": "Checking Paris and Oslo."}),
+        _chunk({"content": FIRST_ROUND_TEXT}),
         *_call(0, "call_paris", "get_weather", '{"city": "Paris"}'),
         *_call(1, "call_oslo", "get_weather", '{"city": "Oslo"}'),
         _chunk({}, "tool_calls"),
@@ -185,7 +187,7 @@ def _round(
 RESPONSES_SCRIPT: list[list[dict[str, Any]]] = [
     _round(
         _reasoning(0, ["Two cities: ", "call the weather tool for both at once."]),
-        _message(1, ["Checking Paris and Oslo."]),
+        _message(1, [FIRST_ROUND_TEXT]),
         _function_call(2, "call_paris", "get_weather", '{"city": "Paris"}'),
         _function_call(3, "call_oslo", "get_weather", '{"city": "Oslo"}'),
     ),
@@ -278,7 +280,15 @@ if __name__ == "__main__":
     )
     events = asyncio.run(main(parser.parse_args().api))
     parsed = essessey.reassemble_events(events)
-    for execution in parsed.executions:
-        print(f"{execution.call.name}({json.dumps(execution.call.params)}) -> {execution.result}")
-    print(f"answer: {parsed.text}")
+    # The turn in order, a line each: what the model said in a round, each call with its
+    # result, and the last round's text as the answer (parsed.text would run the rounds'
+    # texts together: "...Oslo.Paris: ...").
+    results = {execution.call.tool_use_id: execution for execution in parsed.executions}
+    texts = [item for item in parsed.timeline if isinstance(item, essessey.TextItem)]
+    for item in parsed.timeline:
+        if isinstance(item, essessey.TextItem):
+            print(f"{'answer' if item is texts[-1] else 'model'}: {item.text}")
+        elif isinstance(item, essessey.ToolUseItem):
+            call = item.call
+            print(f"{call.name}({json.dumps(call.params)}) -> {results[call.tool_use_id].result}")
     print(f"{len(events)} events, {len(essessey.check(events))} protocol violations")

@@ -136,6 +136,7 @@ PAGE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <title>essessey: resume</title>
+<link rel="icon" href="data:,">
 <style>
   body { font: 16px/1.5 system-ui, sans-serif; max-width: 42rem; margin: 2rem auto; }
   #text { white-space: pre-wrap; min-height: 6rem; border: 1px solid #ccc; padding: 1rem; }

@@ -282,6 +282,16 @@ def test_tail_renders_the_turn_in_both_dialects(
     assert "first after" in summary[0]
 
 
+def test_tail_takes_a_url_without_a_scheme_as_curl_does(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    bare = url.removeprefix("http://")
+    assert bare != url
+    code, out, err = run(capsys, "tail", f"{bare}/turn")
+    assert code == EXIT_OK, err
+    assert out == RENDERED
+
+
 def test_tail_colour_dims_thinking_only_when_asked(
     capsys: pytest.CaptureFixture[str], url: str
 ) -> None:

@@ -45,3 +45,23 @@ def test_snippet(name: str, code: str, output: str | None, tmp_path: Path) -> No
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == output
+
+
+# A shell block of the docs uses only variables that it, or a block before it in the same
+# page, sets: a reader who pastes the blocks in order never runs `curl .../$STREAM_ID`
+# with STREAM_ID empty.
+_SHELL = re.compile(r"```(?:sh|bash)\n(.*?)```", re.DOTALL)
+_ASSIGNED = re.compile(r"(?:^|[\s;(&|])(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=", re.MULTILINE)
+_USED = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+_FROM_THE_SHELL = {"HOME", "PATH", "PWD"}
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
+def test_shell_blocks_set_every_variable_they_use(path: Path) -> None:
+    assigned = set(_FROM_THE_SHELL)
+    unset: list[str] = []
+    for block in _SHELL.findall(path.read_text()):
+        for line in block.splitlines():
+            assigned.update(_ASSIGNED.findall(line))
+            unset.extend(name for name in _USED.findall(line) if name not in assigned)
+    assert unset == [], f"{path.name} uses shell variables it never sets: {unset}"

@@ -381,8 +381,16 @@ def test_agent_loop_as_a_script() -> None:
         timeout=60,
         check=True,
     )
-    assert result.stdout.rstrip().endswith("events, 0 protocol violations")
-    assert 'convert({"celsius": -3}) -> {"fahrenheit":26.6}' in result.stdout
+    example = load_example("agent_loop")
+    # One line per round's text and per call: the rounds never run together.
+    assert result.stdout.splitlines() == [
+        f"model: {example.FIRST_ROUND_TEXT}",
+        'get_weather({"city": "Paris"}) -> {"city":"Paris","sky":"sunny","celsius":21}',
+        'get_weather({"city": "Oslo"}) -> {"city":"Oslo","sky":"snow","celsius":-3}',
+        'convert({"celsius": -3}) -> {"fahrenheit":26.6}',
+        f"answer: {example.FINAL_ANSWER}",
+        "39 events, 0 protocol violations",
+    ]
 
 
 def test_agent_loop_with_the_responses_api_publishes_the_same_turn() -> None:

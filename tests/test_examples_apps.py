@@ -465,3 +465,42 @@ async def test_openai_proxy_runs_as_a_script() -> None:
     parsed = essessey.reassemble_events(events)
     assert parsed.text == "Let me search for that."
     assert parsed.tool_calls[0].params == {"query": "Hello"}
+
+
+# -- the README's "A FastAPI backend in 20 lines" -----------------------------------------
+
+README_BACKEND_HEADING = "## A FastAPI backend in 20 lines"
+
+
+def readme_backend() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index(README_BACKEND_HEADING) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+def test_the_readme_backend_is_as_short_as_its_heading_says() -> None:
+    lines = [line for line in readme_backend().splitlines() if line.strip()]
+    assert len(lines) <= 20, len(lines)
+
+
+@pytest.mark.anyio
+async def test_the_readme_backend_serves_a_turn_and_resumes_it() -> None:
+    namespace: dict[str, Any] = {"__name__": "readme_backend"}
+    exec(compile(readme_backend(), "README.md", "exec"), namespace)
+    with serve(namespace["app"], lifespan="on") as base_url:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            started = await client.post(f"{base_url}/turns")
+            assert started.status_code == 200
+            stream_id = started.json()["stream_id"]
+            whole = await read_sse(client, f"{base_url}/turns/{stream_id}")
+            parsed = essessey.reassemble_events(whole)
+            assert texts(parsed) == ["Hello, world."]
+            assert parsed.stop_reason == "end_turn"
+            assert essessey.check(whole) == []
+            # A resume from the first text delta gets what came after it, and nothing more.
+            delta = next(e for e in whole if e.event == "content_block_delta")
+            rest = await read_sse(
+                client, f"{base_url}/turns/{stream_id}", headers={"Last-Event-ID": delta.id}
+            )
+            assert rest == whole[whole.index(delta) + 1 :]

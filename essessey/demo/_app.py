@@ -48,7 +48,7 @@ from essessey.demo._http import (
     read_json,
 )
 from essessey.demo._messages_api import messages_endpoint
-from essessey.demo._page import PAGE
+from essessey.demo._page import FAVICON, PAGE
 from essessey.demo._scenario import (
     DEFAULT_DELAY_MS,
     DEFAULT_DELTAS,
@@ -274,6 +274,11 @@ def create_app(
     async def page(request: Request) -> Response:
         return HTMLResponse(PAGE, headers={"cache-control": "no-store"})
 
+    async def favicon(request: Request) -> Response:
+        return Response(
+            FAVICON, media_type="image/svg+xml", headers={"cache-control": "max-age=86400"}
+        )
+
     async def start_stream(request: Request) -> Response:
         try:
             too_large = BadRequest(
@@ -349,6 +354,7 @@ def create_app(
         routes=[
             *extra_routes,
             Route("/", page, methods=["GET"]),
+            Route("/favicon.ico", favicon, methods=["GET"]),
             Route("/streams", start_stream, methods=["POST"]),
             # retry=1000: an EventSource whose stream was cut reconnects a second later.
             *hub_routes(hub, "/streams", retry=1000, ping_interval=ping_interval),

@@ -29,7 +29,7 @@ from typing import Final
 
 from essessey.demo._scenario import DEFAULT_DELTAS
 
-__all__ = ["PAGE"]
+__all__ = ["FAVICON", "PAGE"]
 
 _TEMPLATE: Final = r"""<!doctype html>
 <html lang="en">
@@ -37,6 +37,7 @@ _TEMPLATE: Final = r"""<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>essessey demo</title>
+<link rel="icon" href="/favicon.ico" type="image/svg+xml">
 <style>
   :root {
     --fg: #1d2330; --muted: #687083; --line: #e2e5eb; --panel: #ffffff; --bg: #f5f6f8;
@@ -553,6 +554,15 @@ updateControls();
 </body>
 </html>
 """
+
+FAVICON: Final = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    b'<rect width="16" height="16" rx="3" fill="#3b5bdb"/>'
+    b'<path d="M4 5h8M4 8h8M4 11h5" stroke="#fff" stroke-width="1.6" stroke-linecap="round"/>'
+    b"</svg>"
+)
+"""The demo's icon, an SVG (lines of a stream), served at ``/favicon.ico``: browsers ask
+for that path for every page they show, the demo's JSON and event streams included."""
 
 PAGE: Final = _TEMPLATE.replace("{{DEFAULT_DELTAS}}", str(DEFAULT_DELTAS))
 """The page as served."""
