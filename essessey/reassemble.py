@@ -241,7 +241,9 @@ class ParsedMessage(_Summary):
     """One message of a stream (``message_start`` to ``message_stop``), reassembled.
 
     - ``text`` / ``thinking``: every text / thinking block's content, concatenated in
-      stream order with no separator.
+      stream order with no separator, as a provider splits one text over blocks (the
+      rounds of an agent loop are blocks too: read them apart from ``timeline``'s
+      ``TextItem`` entries).
     - ``signature``: the signature of the last thinking block that carried one (a
       block's signature is its last ``signature_delta``: they replace, not append).
     - ``tool_calls`` / ``tool_results``: in stream order. ``executions``: one per call,
