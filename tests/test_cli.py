@@ -292,6 +292,22 @@ def test_tail_takes_a_url_without_a_scheme_as_curl_does(
     assert out == RENDERED
 
 
+def test_tail_watches_a_new_demo_turn_in_one_step(capsys: pytest.CaptureFixture[str]) -> None:
+    from essessey.demo import create_app, scenario_script
+
+    with serve(create_app(), lifespan="on") as demo:
+        bare = demo.removeprefix("http://")
+        code, out, err = run(capsys, "tail", f"{bare}/streams", "-d", '{"deltas": 5}')
+    assert code == EXIT_OK, err
+    script = scenario_script(5)
+    lines = out.splitlines()
+    # Each round's text on a line of its own, never run together.
+    assert script.intro_text in lines
+    assert script.final_text in lines
+    assert sum(line.startswith("[tool call] get_weather") for line in lines) == len(script.tools)
+    assert "stop: end_turn" in err
+
+
 def test_tail_colour_dims_thinking_only_when_asked(
     capsys: pytest.CaptureFixture[str], url: str
 ) -> None:

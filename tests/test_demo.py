@@ -214,6 +214,28 @@ async def test_an_empty_body_starts_the_default_turn(http: httpx.AsyncClient, ba
     assert_script(reassemble_events(events), scenario_script())
 
 
+async def test_a_start_that_asks_for_the_stream_gets_the_turn_itself(
+    http: httpx.AsyncClient, base: str
+) -> None:
+    first: list[Event] = []
+    with anyio.fail_after(WAIT):
+        async with connect(
+            http, "POST", f"{base}/streams", json={"deltas": 120, "delay_ms": 3}
+        ) as stream:
+            location = stream.response.headers["location"]
+            async for event in stream:
+                first.append(event)
+                if len(first) == 20:
+                    break  # dropped mid-turn: the turn runs on in the hub
+    assert location.startswith("/streams/demo_")
+    rest = await read_sse(http, base + location, last_event_id=first[-1].id)
+    assert rest, "the turn was over before the resume: nothing was tested"
+    whole = await read_sse(http, base + location)
+    assert_exact([first, rest], whole)
+    assert_script(reassemble_events(whole), scenario_script(120))
+    assert orjson.loads(whole[0].data)["message"]["stream_id"] == location.rsplit("/", 1)[1]
+
+
 @pytest.mark.parametrize("how", ["header", "query"])
 async def test_a_reader_resumes_mid_turn_with_nothing_lost_or_repeated(
     http: httpx.AsyncClient, base: str, how: str

@@ -37,7 +37,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from essessey._shutdown import begin_shutdown, detect_uvicorn_shutdown
-from essessey.bindings.sse._hub import hub_routes
+from essessey.bindings.sse._hub import hub_routes, subscription_response
 from essessey.bindings.ui import ChatRequest, ui_chat_routes
 from essessey.bindings.ws._endpoint import ws_route
 from essessey.demo._http import (
@@ -311,11 +311,15 @@ def create_app(
             options["deltas"],
             options["delay_ms"],
         )
-        return JSONResponse(
-            {"stream_id": stream_id},
-            status_code=201,
-            headers={"location": f"/streams/{stream_id}"},
-        )
+        location = {"location": f"/streams/{stream_id}"}
+        if "text/event-stream" in request.headers.get("accept", ""):
+            # A client that asks for the stream (``essessey tail .../streams``, or curl
+            # with that Accept header) follows the turn at once; the turn runs on the hub
+            # all the same, so a dropped connection resumes at the Location.
+            return await subscription_response(
+                hub, request, stream_id, ping_interval=ping_interval, headers=location
+            )
+        return JSONResponse({"stream_id": stream_id}, status_code=201, headers=location)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
