@@ -516,22 +516,15 @@ SECOND_TOOL: dict[str, Any] = {
 async def test_a_forced_tool_choice_answers_with_the_call_and_no_text_before_it(
     sdk: anthropic.AsyncAnthropic, tool_choice: dict[str, Any], called: str
 ) -> None:
-    tools = [WEATHER_TOOL, SECOND_TOOL]
-    whole = await sdk.messages.create(
-        model="m",
-        max_tokens=100,
-        messages=PROMPT,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
-        tool_choice=tool_choice,  # type: ignore[arg-type]
-    )
+    request: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 100,
+        "messages": PROMPT,
+        "tools": [WEATHER_TOOL, SECOND_TOOL],
+    }
+    whole = await sdk.messages.create(**request, tool_choice=tool_choice)
     texts: list[str] = []
-    async with sdk.messages.stream(
-        model="m",
-        max_tokens=100,
-        messages=PROMPT,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
-        tool_choice=tool_choice,  # type: ignore[arg-type]
-    ) as stream:
+    async with sdk.messages.stream(**request, tool_choice=tool_choice) as stream:
         async for chunk in stream.text_stream:
             texts.append(chunk)
         streamed = await stream.get_final_message()
@@ -545,13 +538,7 @@ async def test_a_forced_tool_choice_answers_with_the_call_and_no_text_before_it(
         assert call.input == (EXPECTED_INPUT if called == "get_weather" else {"zone": "UTC"})
         assert message.usage.output_tokens == 1  # the call, and nothing said before it
     # Not forced: the same tools get words first, then the call.
-    auto = await sdk.messages.create(
-        model="m",
-        max_tokens=100,
-        messages=PROMPT,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
-        tool_choice={"type": "auto"},
-    )
+    auto = await sdk.messages.create(**request, tool_choice={"type": "auto"})
     assert [block.type for block in auto.content] == ["text", "tool_use"]
 
 
@@ -568,15 +555,15 @@ async def test_a_forced_tool_choice_answers_with_the_call_and_no_text_before_it(
 async def test_thinking_with_a_forced_tool_choice_is_refused_as_the_real_api_refuses_it(
     sdk: anthropic.AsyncAnthropic, thinking: dict[str, Any], tool_choice: dict[str, Any]
 ) -> None:
+    request: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 2048,
+        "messages": PROMPT,
+        "thinking": thinking,
+        "tools": [WEATHER_TOOL],
+    }
     with pytest.raises(anthropic.BadRequestError) as caught:
-        await sdk.messages.create(
-            model="m",
-            max_tokens=2048,
-            messages=PROMPT,  # type: ignore[arg-type]
-            thinking=thinking,  # type: ignore[arg-type]
-            tools=[WEATHER_TOOL],  # type: ignore[list-item]
-            tool_choice=tool_choice,  # type: ignore[arg-type]
-        )
+        await sdk.messages.create(**request, tool_choice=tool_choice)
     assert caught.value.status_code == 400
     assert caught.value.body == {
         "type": "error",
@@ -584,24 +571,10 @@ async def test_thinking_with_a_forced_tool_choice_is_refused_as_the_real_api_ref
     }
     # The stream is refused before it starts: the SDK raises on entering it.
     with pytest.raises(anthropic.BadRequestError):
-        async with sdk.messages.stream(
-            model="m",
-            max_tokens=2048,
-            messages=PROMPT,  # type: ignore[arg-type]
-            thinking=thinking,  # type: ignore[arg-type]
-            tools=[WEATHER_TOOL],  # type: ignore[list-item]
-            tool_choice=tool_choice,  # type: ignore[arg-type]
-        ):
+        async with sdk.messages.stream(**request, tool_choice=tool_choice):
             raise AssertionError("a refused request opened a stream")
     # Thinking with the choice left to the model is fine.
-    message = await sdk.messages.create(
-        model="m",
-        max_tokens=2048,
-        messages=PROMPT,  # type: ignore[arg-type]
-        thinking=thinking,  # type: ignore[arg-type]
-        tools=[WEATHER_TOOL],  # type: ignore[list-item]
-        tool_choice={"type": "auto"},
-    )
+    message = await sdk.messages.create(**request, tool_choice={"type": "auto"})
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use"]
 
 
