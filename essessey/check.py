@@ -1,7 +1,7 @@
 """The protocol checker: a state machine that reads events in order and reports every
 rule they break.
 
-The rules (DESIGN section 4 and seed 004):
+The rules (docs/protocol.md, "Block indexes" and "Strict mode", says them for users):
 
 1. Block indexes count up from the first block's index, one per block, per message.
 2. A text or thinking block opens on its first non-empty chunk: closing one that carried

@@ -64,8 +64,9 @@ def _dumps(payload: Any) -> bytes:
 class Publisher:
     """Emits the protocol's events into a sink, in one of two dialects.
 
-    ``dialect="essessey"`` writes seed 004's shapes byte for byte; ``"anthropic"`` writes
-    what the Anthropic Messages API streams, so the official SDKs can read it. A Publisher
+    ``dialect="essessey"`` writes the shapes of docs/protocol.md byte for byte;
+    ``"anthropic"`` writes what the Anthropic Messages API streams, so the official SDKs
+    can read it. A Publisher
     serves one stream and is meant to be driven by one task at a time.
     """
 

@@ -1,4 +1,5 @@
-"""The essessey dialect reproduces seed 004's whole-turn transcript byte for byte."""
+"""The essessey dialect reproduces a whole turn's transcript byte for byte: the one
+in tests/fixtures/seed004_turn.sse, whose turn docs/protocol.md shows."""
 
 from pathlib import Path
 

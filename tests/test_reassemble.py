@@ -171,7 +171,7 @@ def text_message(text: str, message_id: str = "msg_1") -> list[Event]:
     ]
 
 
-# -- seed 004 ---------------------------------------------------------------------
+# -- fixtures/seed004_turn.sse: the whole turn docs/protocol.md shows ----------------
 
 
 def test_seed004_turn_is_reassembled_whole() -> None:
@@ -249,7 +249,7 @@ async def test_a_source_failure_propagates() -> None:
         await reassemble(broken())
 
 
-# -- seed 002: a provider's transcripts as they are -----------------------------------
+# -- fixtures/seed002_*.sse: a provider's transcripts as they are --------------------
 
 
 def test_seed002_text_transcript() -> None:
@@ -307,7 +307,7 @@ def test_seed002_tool_transcript_has_no_message_start(caplog: pytest.LogCaptureF
     assert any("implicit message" in record.getMessage() for record in caplog.records)
 
 
-# -- seed 000: three messages in one stream --------------------------------------------
+# -- fixtures/seed000_messages.sse: three messages in one stream ----------------------
 
 
 def test_seed000_three_messages() -> None:

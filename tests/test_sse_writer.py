@@ -210,7 +210,7 @@ def test_encode_is_right_for_more_event_names_than_it_caches() -> None:
 
 
 def seed_events() -> list[Event]:
-    """The seed 004 turn's events: each frame is ``event: X\\ndata: Y\\n\\n``."""
+    """The events of fixtures/seed004_turn.sse: each frame is ``event: X\\ndata: Y\\n\\n``."""
     events = []
     for frame in SEED_TURN.read_bytes().split(b"\n\n")[:-1]:
         event_line, data_line = frame.split(b"\n")

@@ -1,9 +1,10 @@
 """Core NATS: :class:`NATSSink` publishes events to subjects, :class:`NATSSource` reads a
 subscription back into events.
 
-The layout (DESIGN 6): an event goes to ``<prefix>.<stream_id>.<event>`` with its payload
-as the message body, unchanged, and its id (when it has one) in the ``Essessey-Event-Id``
-header. A plain NATS subscriber rebuilds the event from those three places alone.
+The layout (docs/nats.md, "Subjects"): an event goes to ``<prefix>.<stream_id>.<event>``
+with its payload as the message body, unchanged, and its id (when it has one) in the
+``Essessey-Event-Id`` header. A plain NATS subscriber rebuilds the event from those three
+places alone.
 
 Why it is shaped this way:
 - Subject tokens are checked before anything is published: a ``.`` would shift the

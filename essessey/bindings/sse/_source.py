@@ -2,9 +2,9 @@
 and :func:`connect`, which opens one with an ``httpx.AsyncClient``.
 
 Why it is shaped this way:
-- A Source must never make a broken transport look like the end of a stream (DESIGN 3),
-  so an exception from the byte iterator propagates unchanged; only the bytes running out
-  ends the iteration.
+- A Source must never make a broken transport look like the end of a stream (docs/sse.md,
+  "Reading a stream back"), so an exception from the byte iterator propagates unchanged;
+  only the bytes running out ends the iteration.
 - The status and the content type are checked before a single byte is decoded: an error
   answered as JSON (or HTML from a proxy) would otherwise decode as a stream without
   events and end "cleanly". The error body is read only up to a cap, because the server

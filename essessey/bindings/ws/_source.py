@@ -1,9 +1,10 @@
 """Reading WebSocket frames back into events, and the close codes the endpoint uses.
 
 Why it is shaped this way:
-- A Source must never make a broken transport look like the end of a stream (DESIGN 3):
-  only a normal close (1000, or 1001 going away) ends the iteration. Any other code, a
-  close frame without a code (1005), or a connection dropped without one (1006) raises
+- A Source must never make a broken transport look like the end of a stream
+  (docs/websocket.md says the same for its readers): only a normal close (1000, or 1001
+  going away) ends the iteration. Any other code, a close frame without a code (1005),
+  or a connection dropped without one (1006) raises
   :class:`~essessey.errors.WebSocketClosed` with the code, so the caller decides whether
   to reconnect. 1005 counts as abnormal because uvicorn reports a dropped connection
   with it too: the two cannot be told apart on the server side.
