@@ -208,12 +208,12 @@ class ProtocolChecker:
             found.append(Violation(position, name, rule, detail))
 
         if name not in EventType.ALL:
-            if commit or (commit is None and not found):
+            if _records(commit, found):
                 self._position += 1
             return found
         if not isinstance(payload, dict):
             violate(Rule.PAYLOAD, "payload is not a JSON object")
-            if commit or (commit is None and not found):
+            if _records(commit, found):
                 self._position += 1
             return found
         if payload.get("type") != name:
@@ -230,7 +230,7 @@ class ProtocolChecker:
                 violate(Rule.PAYLOAD, "message_start has no message object")
             if self._in_message:
                 violate(Rule.NESTED_MESSAGE, "message_start while a message is open")
-            if commit or (commit is None and not found):
+            if _records(commit, found):
                 self._in_message = True
                 self._next_index = None
                 self._open_index = _NO_BLOCK
@@ -241,7 +241,7 @@ class ProtocolChecker:
                 violate(Rule.PAYLOAD, "message_delta has no delta object")
             if self._require_message(violate) and self._open_index != _NO_BLOCK:
                 violate(Rule.UNCLOSED_BLOCK, f"block {self._open_index} is still open")
-            if (commit or (commit is None and not found)) and name == EventType.MESSAGE_STOP:
+            if _records(commit, found) and name == EventType.MESSAGE_STOP:
                 self._end_message()
         elif name == EventType.ERROR:
             error = payload.get("error")
@@ -252,11 +252,11 @@ class ProtocolChecker:
             ):
                 violate(Rule.PAYLOAD, "error needs an error object with type and message")
             # An error ends the message it interrupts: clients stop waiting for it.
-            if commit or (commit is None and not found):
+            if _records(commit, found):
                 self._end_message()
         # ping: allowed anywhere, nothing to check beyond its type.
 
-        if commit or (commit is None and not found):
+        if _records(commit, found):
             self._position += 1
         return found
 
@@ -332,7 +332,7 @@ class ProtocolChecker:
             elif tool_id in self._answered:
                 violate(Rule.DUPLICATE_TOOL_RESULT, f"tool_use {tool_id!r} already has a result")
 
-        if not (commit or (commit is None and not found)):
+        if not _records(commit, found):
             return
         self._open_index = index
         self._open_type = block_type
@@ -380,7 +380,7 @@ class ProtocolChecker:
                 Rule.DELTA_TYPE,
                 f"{delta_type} does not belong in a {self._open_type} block",
             )
-        if (commit or (commit is None and not found)) and not self._open_has_content:
+        if _records(commit, found) and not self._open_has_content:
             for field in _CONTENT_FIELDS:
                 value = delta.get(field)
                 if isinstance(value, str) and value:
@@ -405,8 +405,15 @@ class ProtocolChecker:
             return
         if self._open_type in (BlockType.TEXT, BlockType.THINKING) and not self._open_has_content:
             violate(Rule.EMPTY_BLOCK, f"{self._open_type} block {index} closed with no content")
-        if commit or (commit is None and not found):
+        if _records(commit, found):
             self._open_index = _NO_BLOCK
+
+
+def _records(commit: bool | None, found: list[Violation]) -> bool:
+    """Whether a step changes the checker's state: always (``commit=True``, reading a
+    stream), never (``False``, asking what an event would break), or only when it broke
+    no rule (``None``, a strict Publisher, which emits nothing it refuses)."""
+    return commit is True or (commit is None and not found)
 
 
 def check(events: Iterable[Event]) -> list[Violation]:

@@ -27,6 +27,7 @@ position in the provider's stream; payload content never reaches a log, lengths 
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -136,6 +137,16 @@ class _Block:
         self.call = -1
 
 
+class _Stage(enum.Enum):
+    """Where a reader is in the provider's message; the value says it in a skip's log
+    line."""
+
+    BEFORE_START = "before message_start"
+    CONTENT = "inside the message"
+    AFTER_DELTA = "after message_delta"
+    STOPPED = "after message_stop"
+
+
 class _Reader:
     """Reads one provider message into a round; in ``own`` mode also its frame events."""
 
@@ -146,8 +157,7 @@ class _Reader:
         self.stream_id = stream_id
         self.faithful = rounds.publisher.dialect == protocol.ANTHROPIC
         self.result = StreamedMessage(message_id="", model="")
-        # 0 before message_start, 1 content, 2 after message_delta, 3 after message_stop.
-        self.stage = 0
+        self.stage = _Stage.BEFORE_START
         self.block: _Block | None = None
         self.used: set[int] = set()
         self.calls: list[ToolCallRequest] = []
@@ -159,7 +169,7 @@ class _Reader:
     @property
     def complete(self) -> bool:
         """Whether the provider's message_stop was read."""
-        return self.stage == 3
+        return self.stage is _Stage.STOPPED
 
     # -- the loop --------------------------------------------------------------------
 
@@ -173,7 +183,7 @@ class _Reader:
             for event in events:
                 await self.feed(position, event)
                 position += 1
-        if self.stage < 3:
+        if self.stage is not _Stage.STOPPED:
             logger.warning("provider stream ended after %d events, before message_stop", position)
             raise ProviderStreamError("api_error", INCOMPLETE_MESSAGE)
 
@@ -241,14 +251,14 @@ class _Reader:
         if not isinstance(message_id, str) or not isinstance(model, str):
             _skip(position, EventType.MESSAGE_START, "message id or model is not a string")
             return
-        if self.stage == 3 or (self.stage != 0 and not self.own):
-            if self.stage != 3:
+        if self.stage is _Stage.STOPPED or (self.stage is not _Stage.BEFORE_START and not self.own):
+            if self.stage is not _Stage.STOPPED:
                 # In a round of the caller's turn there is no room for a second message:
                 # the first is cut, and the turn ends with the error.
                 await self._cut(position)
             _skip(position, EventType.MESSAGE_START, "a message already started")
             return
-        if self.stage != 0:
+        if self.stage is not _Stage.BEFORE_START:
             # A new message before the last one stopped: end that one with an error
             # (never mix two messages' blocks), then read this one as a new message.
             await self._cut(position)
@@ -275,7 +285,7 @@ class _Reader:
         self.result.message_id = message_id
         self.result.model = model
         self.result.usage.update(usage)
-        self.stage = 1
+        self.stage = _Stage.CONTENT
         stop_reason, stop_sequence = message.get("stop_reason"), message.get("stop_sequence")
         if isinstance(stop_reason, str):
             self.given_stop = (
@@ -397,7 +407,7 @@ class _Reader:
         self.rounds = RoundStream(self.publisher)
         await self.rounds.round_start()
         self.result = StreamedMessage(message_id="", model="")
-        self.stage = 0
+        self.stage = _Stage.BEFORE_START
         self.block = None
         self.used = set()
         self.calls = []
@@ -406,8 +416,8 @@ class _Reader:
         self.given_stop = None
 
     async def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
-        if self.stage != 1:
-            _skip(position, EventType.MESSAGE_DELTA, _stage_reason(self.stage))
+        if self.stage is not _Stage.CONTENT:
+            _skip(position, EventType.MESSAGE_DELTA, self.stage.value)
             return
         delta, usage = payload.get("delta"), payload.get("usage")
         if not isinstance(delta, Mapping) or not isinstance(usage, Mapping):
@@ -470,26 +480,26 @@ class _Reader:
         result.stop_reason = stop_reason
         result.stop_sequence = stop_sequence
         result.usage.update(counts)
-        self.stage = 2
+        self.stage = _Stage.AFTER_DELTA
 
     async def _message_stop(self, position: int) -> None:
-        if self.stage == 1 and self.given_stop is not None:
+        if self.stage is _Stage.CONTENT and self.given_stop is not None:
             # The start gave the stop reason and no message_delta came (a message that
             # came whole in its start): its output ends here.
             stop_reason, stop_sequence = self.given_stop
             given = self.result.usage.get("output_tokens")
             counts = {} if given is None else {"output_tokens": given}
             await self._end_output(position, stop_reason, stop_sequence, counts, None)
-        if self.stage != 2:
-            reason = "before message_delta" if self.stage == 1 else _stage_reason(self.stage)
+        if self.stage is not _Stage.AFTER_DELTA:
+            reason = "before message_delta" if self.stage is _Stage.CONTENT else self.stage.value
             _skip(position, EventType.MESSAGE_STOP, reason)
             return
         if self.own:
             await self.publisher.send_message_stop()
-        self.stage = 3
+        self.stage = _Stage.STOPPED
 
     def _error(self, position: int, payload: dict[str, Any]) -> None:
-        if self.stage == 3:
+        if self.stage is _Stage.STOPPED:
             _skip(position, EventType.ERROR, "the message already ended")
             return
         error = payload.get("error")
@@ -512,8 +522,8 @@ class _Reader:
 
     async def _block_start(self, position: int, payload: dict[str, Any]) -> None:
         name = EventType.CONTENT_BLOCK_START
-        if self.stage != 1:
-            _skip(position, name, _stage_reason(self.stage))
+        if self.stage is not _Stage.CONTENT:
+            _skip(position, name, self.stage.value)
             return
         index, content_block = payload.get("index"), payload.get("content_block")
         if type(index) is not int or index < 0 or not isinstance(content_block, Mapping):
@@ -568,8 +578,8 @@ class _Reader:
 
     async def _delta(self, position: int, payload: dict[str, Any]) -> None:
         name = EventType.CONTENT_BLOCK_DELTA
-        if self.stage != 1:
-            _skip(position, name, _stage_reason(self.stage))
+        if self.stage is not _Stage.CONTENT:
+            _skip(position, name, self.stage.value)
             return
         index, delta = payload.get("index"), payload.get("delta")
         if type(index) is not int or not isinstance(delta, Mapping):
@@ -649,8 +659,8 @@ class _Reader:
 
     async def _block_stop(self, position: int, payload: dict[str, Any]) -> None:
         name = EventType.CONTENT_BLOCK_STOP
-        if self.stage != 1:
-            _skip(position, name, _stage_reason(self.stage))
+        if self.stage is not _Stage.CONTENT:
+            _skip(position, name, self.stage.value)
             return
         index = payload.get("index")
         block = self.block
@@ -738,15 +748,6 @@ def _reason(exc: ProtocolError | SerializationError) -> str:
     if isinstance(exc, ProtocolError) and exc.violations:
         return f"rule {exc.violations[0].rule}"
     return type(exc).__name__
-
-
-def _stage_reason(stage: int) -> str:
-    return (
-        "before message_start",
-        "inside the message",
-        "after message_delta",
-        "after message_stop",
-    )[stage]
 
 
 async def stream_round(
