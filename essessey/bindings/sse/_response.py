@@ -371,6 +371,13 @@ class _Outbox:
                 self._end()
                 return
             if self._held and not self.sending:
+                gather = self._burst_until - time.monotonic()
+                if gather > 0:
+                    # A burst: what the producer sends for the rest of its window joins
+                    # this write, instead of a wake-up and a write per event.
+                    await anyio.sleep(gather)
+                    if self.ended or self.sending or not self._held:
+                        continue
                 try:
                     await self._drain()
                 except _Ended:

@@ -32,19 +32,12 @@ class WebSocketSink:
 
     def __init__(self, socket: TextSender) -> None:
         self._socket = socket
-        self._lock = anyio.Lock()
+        # A free lock is taken without a pass through the loop (acquire() would yield on
+        # every event, a loop pass and a client wake-up each).
+        self._lock = anyio.Lock(fast_acquire=True)
 
     async def emit(self, event: Event) -> None:
         """Send ``event``; the frame is built before anything is sent."""
         frame = encode_frame(event)
-        lock = self._lock
-        # anyio's acquire() yields to the loop even when the lock is free, which cost a
-        # loop pass (and a client wake-up) per event; take a free lock without one.
-        try:
-            lock.acquire_nowait()
-        except anyio.WouldBlock:
-            await lock.acquire()
-        try:
+        async with self._lock:
             await self._socket.send_text(frame)
-        finally:
-            lock.release()
