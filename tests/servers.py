@@ -78,8 +78,17 @@ class ServerProcess:
 
     def start(self) -> None:
         """Start uvicorn and wait until the port accepts connections."""
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start uvicorn, without waiting for it (see :meth:`wait_ready`)."""
         env = {**os.environ, **self.env}
         self.process = subprocess.Popen(self.command(), env=env, cwd=_ROOT)
+
+    def wait_ready(self) -> None:
+        """Wait until the spawned server accepts connections; stop it if it never does."""
+        assert self.process is not None, "spawn() first"
         try:
             wait_for_port(self.port, self.process, "uvicorn")
         except RuntimeError:
@@ -95,12 +104,26 @@ class ServerProcess:
 @contextmanager
 def serve_process(app: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """Run ``app`` ("module:attribute") under uvicorn in a subprocess; stopped on exit."""
-    server = ServerProcess(app, env)
-    server.start()
-    try:
+    with serve_processes(app, 1, env) as (server,):
         yield server
+
+
+@contextmanager
+def serve_processes(
+    app: str, count: int, env: dict[str, str] | None = None
+) -> Iterator[tuple[ServerProcess, ...]]:
+    """``count`` replicas of ``app``, each in its own uvicorn process, started side by
+    side (each start is mostly imports: in parallel they cost one); all stopped on exit."""
+    servers = tuple(ServerProcess(app, env) for _ in range(count))
+    try:
+        for server in servers:
+            server.spawn()
+        for server in servers:
+            server.wait_ready()
+        yield servers
     finally:
-        server.stop(kill=True)
+        for server in servers:
+            server.stop(kill=True)
 
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
