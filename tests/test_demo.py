@@ -862,10 +862,12 @@ def small_demo(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 async def test_many_short_turns_do_not_evict_a_running_one(
     http: httpx.AsyncClient, small_demo: str
 ) -> None:
-    # A turn that pauses (20 deltas, 200 ms apart: it runs 4 s, well past the short
-    # turns) while anonymous clients start many short ones: its stream used to be dropped
-    # as the one updated longest ago.
-    running = await start(http, small_demo, deltas=20, delay_ms=200)
+    # A turn that pauses (40 ms after each of its 40-odd deltas: it runs about 2 s, past
+    # the short turns, which take a few tens of ms each) while anonymous clients start
+    # many short ones: its stream used to be dropped as the one updated longest ago. Had
+    # it finished first, it would be the oldest finished stream and dropped: the read
+    # below would fail, never pass by accident.
+    running = await start(http, small_demo, deltas=20, delay_ms=40)
     started = 0
     for _ in range(400):  # bounded: 20 short turns, each retried while 5 are running
         response = await http.post(f"{small_demo}/streams", json={"deltas": 1})

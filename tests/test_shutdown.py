@@ -76,6 +76,7 @@ WAIT = 30.0  # seconds any one reading may take, at most
 EXIT_BOUND = 20.0  # seconds a server may take to exit after the signal (it hangs without)
 RETRY_TAIL = b"retry: 1000\n"  # what an SSE response ends with at shutdown (the field alone)
 LONG_TURN = 20_000  # events, 10 ms apart: a turn that outlasts every test
+SHORT_TURN = 150  # events, 10 ms apart: a turn that ends within a shutdown's grace
 WATCHER = "essessey-shutdown-watcher"
 
 
@@ -321,8 +322,11 @@ async def test_one_watcher_polls_while_streams_wait_and_none_when_none_do() -> N
 # -- the hub's grace ----------------------------------------------------------------
 
 
-def _turn(stream_id: str, chunks: str, *, hang: bool = False) -> TurnProducer:
-    """A turn writing ``chunks`` (one a tick), then ending, or hanging until cancelled."""
+def _turn(
+    stream_id: str, chunks: str, *, hang: bool = False, written: anyio.Event | None = None
+) -> TurnProducer:
+    """A turn writing ``chunks`` (one a tick), then ending, or hanging until cancelled;
+    ``written`` is set once every chunk is written."""
 
     async def produce(publisher: Publisher) -> None:
         async with stream_turn(
@@ -332,6 +336,8 @@ def _turn(stream_id: str, chunks: str, *, hang: bool = False) -> TurnProducer:
             for chunk in chunks:
                 await anyio.sleep(0.2)
                 await text.write(chunk)
+            if written is not None:
+                written.set()
             if hang:
                 await anyio.sleep_forever()
 
@@ -360,11 +366,12 @@ async def test_leaving_the_hub_lets_turns_finish_within_the_grace_then_cancels()
         except RuntimeError as exc:
             refused.append(str(exc))
 
+    endless_wrote = anyio.Event()
     with anyio.fail_after(WAIT):
         async with hub:
             await hub.start("quick", quick_then_start)
-            await hub.start("endless", _turn("endless", "x", hang=True))
-            await anyio.sleep(0.3)
+            await hub.start("endless", _turn("endless", "x", hang=True, written=endless_wrote))
+            await endless_wrote.wait()  # the quick turn is still writing: about 0.4 s to go
             left = anyio.current_time()
         waited = anyio.current_time() - left
     print(f"hub grace 1 s: left after {waited:.2f} s")
@@ -380,8 +387,9 @@ async def test_a_hub_left_by_an_exception_or_cancelled_in_its_grace_cancels_at_o
 
     async def fail() -> None:
         async with StreamHub(store, shutdown_grace=60) as hub:
-            await hub.start("raised", _turn("raised", "x", hang=True))
-            await anyio.sleep(0.3)
+            wrote = anyio.Event()
+            await hub.start("raised", _turn("raised", "x", hang=True, written=wrote))
+            await wrote.wait()
             raise KeyError("the app failed")
 
     started = anyio.current_time()
@@ -390,11 +398,14 @@ async def test_a_hub_left_by_an_exception_or_cancelled_in_its_grace_cancels_at_o
         with pytest.raises(ExceptionGroup) as failed:
             await fail()
         assert failed.group_contains(KeyError)
-        with anyio.move_on_after(0.5) as waiting:
+        with anyio.CancelScope() as waiting:
             async with StreamHub(store, shutdown_grace=60) as hub:
-                await hub.start("interrupted", _turn("interrupted", "y", hang=True))
-                await anyio.sleep(0.3)
-            # Left normally: the hub waits out its grace, and is cancelled meanwhile.
+                wrote = anyio.Event()
+                await hub.start("interrupted", _turn("interrupted", "y", hang=True, written=wrote))
+                await wrote.wait()
+                # Left normally, just below: the hub waits out its grace, and this scope
+                # cancels it 0.2 s into it.
+                waiting.deadline = anyio.current_time() + 0.2
         assert waiting.cancelled_caught
     took = anyio.current_time() - started
     assert await ending(store, "raised") == ("cancelled", "x")
@@ -504,13 +515,15 @@ async def test_a_signal_ends_the_open_streams_and_the_server_exits(
 ) -> None:
     seed, endless, short = 7_202, "turn-endless", "turn-short"
     report = tmp_path / "report.json"
-    env = {"SHUTDOWN_GRACE": "5", "SHUTDOWN_REPORT": str(report)}
+    # The grace is twice what the short turn needs: it finishes in it, the endless one
+    # is cancelled at its end.
+    env = {"SHUTDOWN_GRACE": "3", "SHUTDOWN_REPORT": str(report)}
     with shutdown_server(how, env) as server:
         process = server.process
         assert process is not None
         async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as http:
             await start_long_turn(http, endless, seed)
-            await start_long_turn(http, short, seed, events=300)  # about 3 s
+            await start_long_turn(http, short, seed, events=SHORT_TURN)  # about 1.5 s
             on_endless = SSEReading("SSE, endless turn")
             on_short = SSEReading("SSE, short turn")
             producer = SSEReading("SSE of a producer")
@@ -537,11 +550,11 @@ async def test_a_signal_ends_the_open_streams_and_the_server_exits(
         assert_ended_with_retry(reading)
     assert on_ws.code == 1012
     await assert_prefix_of_turn(on_endless.events, seed, endless, LONG_TURN)
-    await assert_prefix_of_turn(on_short.events, seed, short, 300)
+    await assert_prefix_of_turn(on_short.events, seed, short, SHORT_TURN)
     # The hub drained: the short turn finished within the grace, the endless one was
     # cancelled at its end (and ended properly).
     turns = orjson.loads(report.read_bytes())
-    assert turns[short] == {"events": 300, "ending": "end_turn"}
+    assert turns[short] == {"events": SHORT_TURN, "ending": "end_turn"}
     assert turns[endless]["ending"] == "cancelled"
 
 
