@@ -10,8 +10,6 @@ from typing import Any
 import anyio
 import orjson
 import pytest
-from anthropic._models import construct_type_unchecked
-from anthropic.lib.streaming._messages import accumulate_event, build_events
 from anthropic.types import RawMessageStreamEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +26,8 @@ from essessey.adapters.anthropic import (
 )
 from essessey.protocol import Dialect
 from tests.adapter_views import payloads as _payloads
+from tests.anthropic_sdk import read_message
+from tests.anthropic_sdk import stream_events as sdk_stream_events
 
 FIXTURES = Path(__file__).parent / "fixtures" / "anthropic"
 COMPLETE = ["text_only", "thinking_text_tool", "two_parallel_tools", "server_tool"]
@@ -66,20 +66,6 @@ async def _aiter(events: list[Any]) -> AsyncIterator[Any]:
     for event in events:
         await anyio.lowlevel.checkpoint()
         yield event
-
-
-def _sdk_read(events: list[Event]) -> Any:
-    """What the official SDK's MessageStream makes of a published stream."""
-    snapshot: Any = None
-    json_bufs: dict[int, bytes] = {}
-    for event in events:
-        if event.event == "ping":
-            continue
-        raw = orjson.loads(event.data)
-        snapshot = accumulate_event(event=raw, current_snapshot=snapshot, json_bufs=json_bufs)
-        parsed: Any = construct_type_unchecked(type_=RawMessageStreamEvent, value=raw)  # type: ignore[arg-type]
-        build_events(event=parsed, message_snapshot=snapshot)
-    return snapshot
 
 
 # -- the fixtures are what the API streams --------------------------------------------------
@@ -147,7 +133,7 @@ async def test_the_result_has_the_message_content() -> None:
     assert result.usage["output_tokens"] == 141
     # The content is what the SDK puts together from the provider's own stream: what a
     # next request sends back, thinking signature included.
-    snapshot = _sdk_read([Event(e["type"], orjson.dumps(e)) for e in events])
+    snapshot = read_message([Event(e["type"], orjson.dumps(e)) for e in events])
     sdk_content = [block.model_dump(mode="json", exclude_none=True) for block in snapshot.content]
     assert result.content == sdk_content
 
@@ -169,7 +155,7 @@ async def test_server_tool_content_keeps_citations_and_input() -> None:
 async def test_the_anthropic_sdk_reads_the_published_message() -> None:
     publisher, sink = _make("anthropic")
     await publish(publisher, _load("two_parallel_tools"), stream_id="conv_1")
-    message = _sdk_read(sink.events)
+    message = read_message(sink.events)
     thinking, text, paris, oslo = message.content
     assert (
         thinking.thinking
@@ -250,15 +236,8 @@ async def test_a_message_stream_s_own_events_are_read_too(caplog: pytest.LogCapt
     # What iterating the SDK's MessageStream yields: the raw events (stops carrying the
     # block or message put together so far) plus derived text/thinking/input_json events.
     events = _load("thinking_text_tool")
-    stream_events: list[Any] = []
-    snapshot: Any = None
-    json_bufs: dict[int, bytes] = {}
-    for raw in _sdk_objects(events):
-        if isinstance(raw, dict):
-            stream_events.append(raw)
-            continue
-        snapshot = accumulate_event(event=raw, current_snapshot=snapshot, json_bufs=json_bufs)
-        stream_events.extend(build_events(event=raw, message_snapshot=snapshot))
+    # What the SDK's stream yields (its ping and error stay dicts, as in a recording).
+    _, stream_events = sdk_stream_events(_sdk_objects(events), recording=True)
     assert {type(e).__name__ for e in stream_events} >= {"TextEvent", "ParsedMessageStopEvent"}
     with caplog.at_level(logging.WARNING, logger="essessey"):
         output = await _published("anthropic", stream_events)
@@ -316,7 +295,7 @@ async def test_two_rounds_and_their_results_form_one_stream(dialect: Dialect) ->
     assert names.count("message_start") == 1
     assert names.count("ping") == 1 + 3 + 1
     if dialect == "anthropic":
-        message = _sdk_read(events)
+        message = read_message(events)
         assert [b.type for b in message.content][-3:] == ["tool_result", "tool_result", "text"]
         assert message.content[6].text == second.text
 
@@ -610,7 +589,7 @@ async def test_input_given_in_a_tool_use_start_is_kept() -> None:
     publisher, sink = _make("anthropic")
     result = await publish(publisher, events, stream_id="conv_1")
     assert result.tool_calls[0].input == {"city": "Lyon"}
-    assert _sdk_read(sink.events).content[2].input == {"city": "Lyon"}
+    assert read_message(sink.events).content[2].input == {"city": "Lyon"}
 
 
 # -- property: any content, cut into any deltas, comes out whole --------------------------------

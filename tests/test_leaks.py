@@ -140,6 +140,8 @@ def test_connect_and_drop_cycles_leave_no_task_socket_or_memory_behind(
     started = time.monotonic()
     outcomes = asyncio.run(run_cycles(server.port, endpoint, WARM_UP, CYCLES))
     elapsed = time.monotonic() - started
+    # The leak check itself: the tasks, file descriptors and subscribers come back to
+    # what they were, or this raises with the figures they stayed at.
     after = server.wait_until(settled(before), SETTLE_TIMEOUT, collect=True)
     growth = after["rss"] - before["rss"]
     print(
@@ -151,9 +153,6 @@ def test_connect_and_drop_cycles_leave_no_task_socket_or_memory_behind(
     )
     assert sum(outcomes.values()) == CYCLES
     assert outcomes["refused"] == 0, outcomes
-    assert after["tasks"] == before["tasks"]
-    assert after["fds"] == before["fds"]
-    assert after["subscribers"] == 0
     assert growth < MAX_RSS_GROWTH
     errors = [line for line in server.log().splitlines() if line.startswith("ERROR")]
     assert errors == [], errors[:5]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from essessey import Event, InMemorySink, MultiSink, SliceSource
+from essessey import Event, InMemorySink, MultiSink, ProtocolError, Publisher, SliceSource
 
 PING = Event("ping", b'{"type":"ping"}')
 STOP = Event("message_stop", b'{"type":"message_stop"}')
@@ -114,5 +114,12 @@ async def test_multi_sink_several_failures_are_raised_together() -> None:
 
 
 @pytest.mark.anyio
-async def test_multi_sink_with_no_sinks_does_nothing() -> None:
-    await MultiSink().emit(PING)
+async def test_multi_sink_with_no_sinks_drops_events_and_a_publisher_still_checks() -> None:
+    # No sinks: a sink that keeps nothing, and fails nothing. A strict Publisher over it
+    # still refuses what would break the protocol.
+    sink = MultiSink()
+    assert sink.sinks == ()
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    with pytest.raises(ProtocolError, match="content_block_delta"):
+        await publisher.send_content_block_delta_text(0, "no block is open")

@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,6 +39,7 @@ from essessey.protocol import Dialect
 from tests.adapter_views import log_text as _log_text
 from tests.adapter_views import payloads as _payloads
 from tests.adapter_views import starts as _starts
+from tests.anthropic_sdk import read_message
 
 MARKER = "zq-secret-7781"
 DIALECTS: list[Dialect] = ["essessey", "anthropic"]
@@ -542,11 +542,7 @@ async def test_blocks_streamed_after_a_snapshot_continue_its_indexes() -> None:
     assert check(published) == []
     # The Anthropic SDK's own accumulator reads the proxied stream to the same message.
     adapter: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
-    snapshot = None
-    for payload in _payloads(published):
-        snapshot = accumulate_event(
-            event=adapter.validate_python(payload), current_snapshot=snapshot, json_bufs={}
-        )
+    snapshot = read_message(adapter.validate_python(payload) for payload in _payloads(published))
     assert snapshot is not None
     assert [block.type for block in snapshot.content] == ["tool_use", "text"]
     assert snapshot.content[1].text == "Rolled."  # type: ignore[union-attr]

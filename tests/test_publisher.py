@@ -6,9 +6,6 @@ from typing import Any
 
 import orjson
 import pytest
-from anthropic._models import construct_type_unchecked
-from anthropic.lib.streaming._messages import accumulate_event, build_events
-from anthropic.types import RawMessageStreamEvent
 
 from essessey import (
     EssesseyError,
@@ -20,6 +17,7 @@ from essessey import (
     SerializationError,
     check,
 )
+from tests.anthropic_sdk import read_message
 
 MARKER = "SECRET-PAYLOAD-7f3a"
 
@@ -834,18 +832,6 @@ async def test_no_records_above_debug(caplog: pytest.LogCaptureFixture) -> None:
 # -- the Anthropic SDK reads the anthropic dialect -----------------------------------------
 
 
-def _sdk_read(events: list[Event]) -> Any:
-    snapshot: Any = None
-    json_bufs: dict[int, bytes] = {}
-    for event in events:
-        raw = orjson.loads(event.data)
-        snapshot = accumulate_event(event=raw, current_snapshot=snapshot, json_bufs=json_bufs)
-        # What MessageStream does next with each event; it must not raise either.
-        parsed: Any = construct_type_unchecked(type_=RawMessageStreamEvent, value=raw)  # type: ignore[arg-type]
-        build_events(event=parsed, message_snapshot=snapshot)
-    return snapshot
-
-
 @pytest.mark.anyio
 async def test_anthropic_sdk_accumulates_an_anthropic_turn() -> None:
     publisher, sink = _make("anthropic")
@@ -870,7 +856,7 @@ async def test_anthropic_sdk_accumulates_an_anthropic_turn() -> None:
     await publisher.send_tool_result_block(5, "call_2", "no clock", is_error=True)
     await publisher.send_stream_epilogue("tool_use", 42, cache_read_input_tokens=5)
 
-    message = _sdk_read(sink.events)
+    message = read_message(sink.events)
     thinking, text, tool, _, tool_2, _ = message.content
     assert thinking.type == "thinking"
     assert thinking.thinking == "Need the weather."
@@ -906,8 +892,8 @@ async def test_anthropic_sdk_reads_several_messages() -> None:
         await publisher.send_stream_epilogue("end_turn", 2)
     events = sink.events
     half = len(events) // 2
-    assert _sdk_read(events[:half]).content[0].text == "answer 0"
-    assert _sdk_read(events[half:]).content[0].text == "answer 1"
+    assert read_message(events[:half]).content[0].text == "answer 0"
+    assert read_message(events[half:]).content[0].text == "answer 1"
 
 
 class _HalfReadySink:

@@ -11,7 +11,6 @@ from typing import Any
 
 import orjson
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
 from sse_fixture import FIXTURES, load_fixture, parse_sse
 
 from essessey import (
@@ -32,6 +31,7 @@ from essessey import (
     stream_turn,
 )
 from essessey.streamers import NO_RESULT_TEXT
+from tests.anthropic_sdk import read_message
 
 SECRET = "SECRET-PAYLOAD-c41b"
 
@@ -1055,17 +1055,6 @@ def test_a_result_naming_no_call_is_kept_but_matches_nothing() -> None:
 # -- agreement with the Anthropic SDK ---------------------------------------------------
 
 
-def _sdk_snapshot(events: list[Event]) -> Any:
-    snapshot: Any = None
-    json_bufs: dict[int, bytes] = {}
-    for event in events:
-        if event.event == "ping":
-            continue
-        raw: Any = orjson.loads(event.data)
-        snapshot = accumulate_event(event=raw, current_snapshot=snapshot, json_bufs=json_bufs)
-    return snapshot
-
-
 @pytest.mark.anyio
 async def test_the_anthropic_sdk_reads_the_same_turn() -> None:
     sink = InMemorySink()
@@ -1087,7 +1076,7 @@ async def test_the_anthropic_sdk_reads_the_same_turn() -> None:
     await publisher.send_content_block_stop(2)
     await publisher.send_stream_epilogue("tool_use", 9)
     events = sink.events
-    snapshot = _sdk_snapshot(events)
+    snapshot = read_message(events)
     parsed = reassemble_events(events)
 
     sdk_text = "".join(b.text for b in snapshot.content if b.type == "text")

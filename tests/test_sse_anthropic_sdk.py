@@ -220,3 +220,18 @@ async def test_an_error_event_mid_stream_raises_in_the_sdk(
         "type": "error",
         "error": {"type": "overloaded_error", "message": "Overloaded"},
     }
+
+
+def test_the_sdk_internals_the_tests_read_with_are_there() -> None:
+    # tests/anthropic_sdk.py reads events in hand with the SDK's own accumulator, which
+    # lives under private names; this says which one moved when a release moves one.
+    import importlib
+
+    from tests.anthropic_sdk import INTERNALS
+
+    missing = [
+        f"{module}.{name}"
+        for name, module in INTERNALS.items()
+        if not callable(getattr(importlib.import_module(module), name, None))
+    ]
+    assert missing == [], f"the Anthropic SDK moved {missing}: update tests/anthropic_sdk.py"
