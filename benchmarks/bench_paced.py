@@ -68,9 +68,8 @@ import nats
 import orjson
 import uvicorn
 from _cli import print_profile
-from _server import ServerProcess
-from bench_nats import Server as NatsServer
-from bench_nats import nats_server, server_version
+from _server import NatsServer, ServerProcess, nats_server
+from bench_nats import server_version
 from bench_sse_e2e import process_cpu_seconds
 from fastapi import FastAPI
 from fastapi.sse import EventSourceResponse as FastAPIEventSourceResponse

@@ -29,21 +29,16 @@ import contextlib
 import json
 import os
 import random
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import nats
 import redis.asyncio as aioredis
-from _server import ServerProcess, run_until_stdin_closes
-from bench_nats import nats_server
+from _server import ServerProcess, nats_server, redis_server, run_until_stdin_closes
 from bench_store import (
     RESUME_STREAM,
     make_chunks,
@@ -67,37 +62,6 @@ RESUME_TARGET = 2.0
 
 
 # -- the servers ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A redis-server on a free loopback port, persistence off; its URL. Always stopped."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server not found (Debian: apt-get install redis-server)")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="bench-redis-") as data:
-        process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", data, "--save", ""],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or process.poll() is not None:
-                        raise SystemExit("redis-server did not start") from None
-                    time.sleep(0.05)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
 
 
 class Urls:
@@ -370,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         app = build_app(args.backend, args.url, args.resume_events)
         return run_until_stdin_closes(app, args.port, lifespan="on")
-    with redis_server() as redis_url, nats_server() as broker:
-        urls = type("RunUrls", (Urls,), {"redis": redis_url, "nats": broker.url})
+    with redis_server() as redis, nats_server() as broker:
+        urls = type("RunUrls", (Urls,), {"redis": redis.url, "nats": broker.url})
         started = time.monotonic()
         report = asyncio.run(run(args, urls))
     report["seconds"] = time.monotonic() - started

@@ -19,8 +19,8 @@ from starlette.routing import BaseRoute, Route
 
 from essessey import EventStore, InMemoryEventStore, Publisher, StreamHub, stream_turn
 from essessey.hub import Access
+from tests.processes import WAIT
 
-WAIT = 15.0
 """Seconds any one wait of these tests may take before the test fails."""
 
 

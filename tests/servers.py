@@ -14,9 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.nats_server import free_port, stop_process, wait_for_port
-
-STARTUP_TIMEOUT = 15.0
+from tests.processes import STARTUP_TIMEOUT, free_port, spawn, stop_process, wait_for_port
 
 
 @contextmanager
@@ -84,7 +82,7 @@ class ServerProcess:
     def spawn(self) -> None:
         """Start uvicorn, without waiting for it (see :meth:`wait_ready`)."""
         env = {**os.environ, **self.env}
-        self.process = subprocess.Popen(self.command(), env=env, cwd=_ROOT)
+        self.process = spawn(self.command(), env=env, cwd=_ROOT)
 
     def wait_ready(self) -> None:
         """Wait until the spawned server accepts connections; stop it if it never does."""

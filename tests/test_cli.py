@@ -37,7 +37,7 @@ from essessey.cli import (
     main,
 )
 from essessey.protocol import Dialect
-from tests.nats_server import free_port
+from tests.processes import free_port
 from tests.servers import serve
 
 FIXTURES = Path(__file__).parent / "fixtures"

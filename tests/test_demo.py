@@ -43,14 +43,14 @@ from essessey.demo import (
 )
 from essessey.demo import _app as demo_app
 from essessey.demo._messages_api import FORCED_TOOL_WITH_THINKING, sample_input
-from tests.nats_server import NatsServer, stop_process
+from tests.nats_server import NatsServer
+from tests.processes import WAIT, stop_process
 from tests.redis_server import redis_server
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
-WAIT = 15.0  # seconds any one read may take
 
 
 @pytest.fixture(scope="module")

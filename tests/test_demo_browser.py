@@ -24,11 +24,11 @@ from essessey import Event, check, reassemble_events
 from essessey.bindings.sse import connect
 from essessey.demo import DEFAULT_DELTAS, DemoScript, create_app, scenario_script
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
+from tests.processes import WAIT_MS
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT_MS = 20_000
 DELTAS = 100
 DELAY_MS = 30  # the answer alone takes 3 s: time to drop, reconnect and reload in it
 ANSWER_INDEX = 6  # thinking 0, text 1, two tool_use 2-3, two tool_result 4-5, answer 6

@@ -18,7 +18,8 @@ import essessey
 from essessey.bindings.sse import SSEDecoder, connect
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, MISSING_REASON
 from tests.browser import MISSING as CHROMIUM_MISSING
-from tests.nats_server import NatsServer, free_port
+from tests.nats_server import NatsServer
+from tests.processes import free_port
 from tests.servers import serve
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

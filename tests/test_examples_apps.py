@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 import essessey
 from essessey.bindings.sse import SSEDecoder, connect
-from tests.nats_server import free_port, stop_process, wait_for_port
+from tests.processes import free_port, stop_process, wait_for_port
 from tests.servers import serve
 from tests.test_examples import load_example
 

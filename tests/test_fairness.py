@@ -23,11 +23,11 @@ from starlette.websockets import WebSocket
 from essessey import Event, EventType, InMemoryEventStore, StreamHub
 from essessey.bindings.sse import EventStreamResponse, subscription_response
 from essessey.bindings.ws import websocket_subscription
+from tests.processes import WAIT
 from tests.servers import serve
 
 BACKLOG = 5_000
 MIN_TURNS = BACKLOG // 100  # the loop's turns a replay must give, at the least
-WAIT = 30.0
 
 
 class _CountingStore(InMemoryEventStore):

@@ -29,10 +29,10 @@ from essessey import (
 )
 from essessey.hub import Access
 from tests.conftest import Clock
+from tests.processes import WAIT
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 10.0
 """Seconds any one step of these tests may take before the test fails."""
 
 

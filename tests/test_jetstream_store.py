@@ -42,11 +42,11 @@ from essessey.bindings.nats import (
 )
 from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
 from tests.nats_server import NatsServer
+from tests.processes import WAIT
 from tests.test_store import BOGUS_IDS, delta, seq, start, stop
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 10.0
 """Seconds any one step of these tests may take before the test fails."""
 
 

@@ -33,11 +33,11 @@ from essessey.bindings.sse import EventStreamResponse, connect, hub_routes
 from essessey.bindings.ws import CloseCode, ws_route
 from essessey.demo import create_app
 from tests.nats_server import NatsServer
+from tests.processes import WAIT
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 15.0
 """Seconds any one wait of these tests may take before the test fails."""
 
 # Stream ids every binding refuses, and how each one is written in a URL path.

@@ -13,11 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.nats_server import stop_process
+from tests.processes import WAIT, stop_process
 from tests.test_demo import _first_line, _spawn_demo
-
-WAIT = 15.0
-
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

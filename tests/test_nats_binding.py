@@ -34,12 +34,12 @@ from essessey.bindings.nats import (
 )
 from essessey.bindings.nats import _core as nats_core
 from tests.nats_server import NatsServer
+from tests.processes import WAIT
 from tests.test_exactness import publish_seed_turn
 
 pytestmark = pytest.mark.anyio
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seed004_turn.sse"
-WAIT = 10.0  # seconds: every wait on the network is bounded by this
 
 BAD_TOKENS = ["", "a.b", ".", "a*", "*", ">", "a>", "a b", "a\tb", "a\nb", "a\rb", "\u00a0x"]
 

@@ -15,9 +15,9 @@ from httpx_sse import connect_sse
 
 from essessey.demo import create_app
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, MISSING
+from tests.processes import WAIT
 from tests.servers import serve
 
-WAIT = 30.0
 DELTAS = 12
 
 

@@ -19,13 +19,12 @@ from starlette.routing import Route
 
 from essessey.demo import create_app
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
+from tests.processes import WAIT, WAIT_MS
 from tests.servers import serve
 from tests.test_examples import load_example
 
 pytestmark = pytest.mark.anyio
 
-WAIT_MS = 20_000
-WAIT_S = WAIT_MS / 1000
 
 skip_module_without_chromium()
 
@@ -51,7 +50,7 @@ class RequestLog:
 
     async def wait_for(self, path: str) -> int:
         """The status of the first request for ``path``, waiting for it (bounded)."""
-        with anyio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT):
             while True:
                 for seen, status in self.seen:
                     if seen == path:

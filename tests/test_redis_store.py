@@ -20,12 +20,12 @@ from essessey import (
     SubscriberLagged,
 )
 from essessey.bindings.redis import RedisEventStore
+from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
 from tests.test_store import delta
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 10.0
 _names = itertools.count(1)
 
 

@@ -57,6 +57,7 @@ from essessey.bindings.sse import connect
 from essessey.errors import StreamHTTPError
 from tests.chaos_app import build_script, expected_events
 from tests.nats_server import NatsServer
+from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
 from tests.servers import ServerProcess, serve_processes
 from tests.test_ui_node import WHOLE_TURN, chat, parts_of
@@ -66,7 +67,6 @@ pytestmark = pytest.mark.anyio
 APP = "tests.replica_app:app"
 EVENTS = 250
 DELAY_MS = 6  # after every event: a turn lasts about 1.5 s
-WAIT = 30.0  # seconds any one test's reading may take, at most
 MAX_CONNECTIONS = 30  # per client: bounds the reconnect loop
 RETRY_DELAY = 0.2
 MID_TURN = 80  # events a client has when the test drops it, or breaks something

@@ -50,11 +50,11 @@ from essessey.cli import main as cli_main
 from essessey.demo import create_app
 from essessey.hub import Access
 from tests.nats_server import NatsServer
+from tests.processes import WAIT
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 15.0
 """Seconds any one wait of these tests may take before the test fails."""
 
 

@@ -64,7 +64,8 @@ from essessey import (
 from essessey.bindings.sse import SSEDecoder
 from essessey.bindings.ws import decode_frame
 from tests.chaos_app import expected_events
-from tests.nats_server import NatsServer, free_port
+from tests.nats_server import NatsServer
+from tests.processes import WAIT, free_port
 from tests.servers import ServerProcess, serve
 from tests.shutdown_app import create_app
 from tests.test_replicas import EVENTS, MID_TURN, Client, assert_exact, replicas, start_turn
@@ -72,7 +73,6 @@ from tests.test_replicas import stored_turn as stored_turn_of
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 30.0  # seconds any one reading may take, at most
 EXIT_BOUND = 20.0  # seconds a server may take to exit after the signal (it hangs without)
 RETRY_TAIL = b"retry: 1000\n"  # what an SSE response ends with at shutdown (the field alone)
 LONG_TURN = 20_000  # events, 10 ms apart: a turn that outlasts every test

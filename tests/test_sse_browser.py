@@ -20,11 +20,11 @@ from starlette.routing import Route
 from essessey import Event, InMemorySink, Publisher, stream_turn
 from essessey.bindings.sse import EventStreamResponse
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
+from tests.processes import WAIT_MS
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT_MS = 15_000
 
 skip_module_without_chromium()
 

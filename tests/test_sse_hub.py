@@ -33,7 +33,8 @@ from essessey import (
 )
 from essessey.bindings.sse import SSEDecoder, hub_routes
 from essessey.bindings.sse._hub import MAX_ID_LENGTH
-from tests.hub_app import WAIT, HubApp, make_hub_app
+from tests.hub_app import HubApp, make_hub_app
+from tests.processes import WAIT
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio

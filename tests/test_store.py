@@ -25,10 +25,10 @@ from essessey import (
     UnknownEventId,
 )
 from tests.conftest import Clock
+from tests.processes import WAIT
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 5.0
 """Seconds any single wait in these tests may take before the test fails."""
 
 

@@ -38,12 +38,12 @@ from essessey import (
 from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.redis import RedisEventStore
 from tests.nats_server import NatsServer, nats_server
+from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
 from tests.test_store import BOGUS_IDS, delta, epoch, seq, start, stop
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 10.0
 """Seconds any one step may take before the test fails."""
 
 PER_STREAM = "per-stream bounds"

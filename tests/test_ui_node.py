@@ -15,10 +15,10 @@ import pytest
 
 from essessey import Event, StreamHub
 from essessey.bindings.ui import DONE, UIMessageEncoder
+from tests.processes import WAIT
 from tests.servers import serve
 from tests.ui_app import create_app
 
-WAIT = 60.0
 """Seconds a Node client may take before the test fails."""
 
 

@@ -51,7 +51,8 @@ from essessey.bindings.ws import (
     websocket_subscription,
     ws_route,
 )
-from tests.hub_app import WAIT, HubApp, make_hub_app
+from tests.hub_app import HubApp, make_hub_app
+from tests.processes import WAIT
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio

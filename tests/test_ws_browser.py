@@ -23,11 +23,11 @@ from starlette.routing import Route
 from essessey import Event, InMemoryEventStore, Publisher, StreamHub, check, stream_turn
 from essessey.bindings.ws import ws_route
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, skip_module_without_chromium
+from tests.processes import WAIT_MS
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-WAIT_MS = 15_000
 
 skip_module_without_chromium()
 

@@ -1,0 +1,80 @@
+"""Processes for tests and benchmarks: a free loopback port, waiting for a server to
+listen, stopping it, and the one bound on a test's waits.
+
+The one home of these helpers: tests/servers.py (uvicorn), tests/nats_server.py and
+tests/redis_server.py build on them, and so do the benchmarks (benchmarks/_server.py
+puts the checkout on their path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Final
+
+WAIT: Final = 30.0
+"""Seconds any one wait of a test may take (a read, a reply, a condition to hold): a bound
+that only a failing test reaches, so the same one serves every test."""
+
+WAIT_MS: Final = int(WAIT * 1000)
+"""The same bound in milliseconds, as Playwright takes it."""
+
+STARTUP_TIMEOUT = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    """Wait until ``process`` accepts connections on ``port``; raise if it exits first or
+    does not listen within STARTUP_TIMEOUT seconds."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start listening")
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
+    """Stop ``process`` (SIGTERM, or SIGKILL with ``kill=True``) and wait for it, killing
+    it if it does not exit within STARTUP_TIMEOUT seconds."""
+    if process is None or process.poll() is not None:
+        return
+    if kill:
+        process.kill()
+    else:
+        process.terminate()
+    try:
+        process.wait(timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=STARTUP_TIMEOUT)
+
+
+def _die_with_parent() -> None:
+    # Linux: the child gets SIGTERM when the process that started it dies, even by
+    # SIGKILL, so a killed test run or benchmark leaves no server behind.
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def spawn(command: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """Start ``command`` as a child that dies with this process (on Linux)."""
+    if sys.platform == "linux":
+        options.setdefault("preexec_fn", _die_with_parent)
+    return subprocess.Popen(command, **options)
