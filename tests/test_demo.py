@@ -32,7 +32,6 @@ from websockets.asyncio.client import connect as ws_connect
 
 from essessey import Event, EventType, ParsedStream, check, reassemble_events
 from essessey.bindings.sse import connect
-from essessey.bindings.ws import WebSocketSource
 from essessey.demo import (
     DEFAULT_DELTAS,
     MAX_DELTAS,
@@ -43,6 +42,7 @@ from essessey.demo import (
 )
 from essessey.demo import _app as demo_app
 from essessey.demo._messages_api import FORCED_TOOL_WITH_THINKING, sample_input
+from tests.clients import read_sse, read_ws
 from tests.nats_server import NatsServer
 from tests.processes import WAIT, stop_process
 from tests.redis_server import redis_server
@@ -72,40 +72,6 @@ async def start(http: httpx.AsyncClient, base: str, **options: Any) -> str:
     assert set(body) == {"stream_id"}
     assert response.headers["location"] == f"/streams/{body['stream_id']}"
     return str(body["stream_id"])
-
-
-async def read_sse(
-    http: httpx.AsyncClient,
-    url: str,
-    *,
-    last_event_id: str | None = None,
-    params: dict[str, str] | None = None,
-    limit: int | None = None,
-) -> list[Event]:
-    """The events of one SSE connection: to the end, or the first ``limit``."""
-    events: list[Event] = []
-    with anyio.fail_after(WAIT):
-        async with connect(http, "GET", url, last_event_id=last_event_id, params=params) as stream:
-            async for event in stream:
-                events.append(event)
-                if limit is not None and len(events) >= limit:
-                    break
-    return events
-
-
-async def read_ws(url: str, *, limit: int | None = None) -> list[Event]:
-    """The events of one WebSocket connection: to the end, or the first ``limit``."""
-    events: list[Event] = []
-    with anyio.fail_after(WAIT):
-        async with ws_connect(url) as socket:
-            source = WebSocketSource(socket)
-            async for event in source:
-                if event.id is None:
-                    continue  # a keep-alive ping frame, not an event of the turn
-                events.append(event)
-                if limit is not None and len(events) >= limit:
-                    break
-    return events
 
 
 def assert_script(parsed: ParsedStream, script: DemoScript) -> None:

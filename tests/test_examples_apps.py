@@ -23,29 +23,13 @@ from starlette.routing import Route
 
 import essessey
 from essessey.bindings.sse import SSEDecoder, connect
+from tests.clients import read_sse, read_ws
 from tests.processes import free_port, stop_process, wait_for_port
 from tests.servers import serve
 from tests.test_examples import load_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-
-
-async def read_sse(client: httpx.AsyncClient, url: str, **kwargs: Any) -> list[essessey.Event]:
-    async with connect(client, "GET", url, **kwargs) as events:
-        return [event async for event in events]
-
-
-async def read_ws(url: str) -> list[essessey.Event]:
-    from websockets.asyncio.client import connect as ws_connect
-
-    from essessey.bindings.ws import WebSocketSource
-
-    async with ws_connect(url) as socket:
-        source = WebSocketSource(socket)
-        events = [event async for event in source]
-    assert source.close_code == 1000  # the turn ended: a normal close
-    return events
 
 
 def layout(events: list[essessey.Event]) -> list[tuple[int, str]]:
@@ -87,8 +71,10 @@ async def test_fastapi_app_streams_an_agent_turn_over_sse_and_ws(
             stream_id = await start_chat(client)
             events = await read_sse(client, f"/chat/{stream_id}")
         ws_url = f"ws{base_url.removeprefix('http')}/chat/{stream_id}/ws"
-        over_ws = await read_ws(ws_url)
-        resumed_ws = await read_ws(f"{ws_url}?{urlencode({'last_event_id': events[5].id})}")
+        over_ws = await read_ws(ws_url, close_code=1000)
+        resumed_ws = await read_ws(
+            f"{ws_url}?{urlencode({'last_event_id': events[5].id})}", close_code=1000
+        )
 
     assert essessey.check(events) == []
     parsed = essessey.reassemble_events(events)
