@@ -24,6 +24,7 @@ from _turn import make_chunks, publish_turn, recorded_turn
 from sse_starlette import ServerSentEvent
 
 import essessey
+from essessey.event import EventBatch
 
 TARGET_RATIO = 0.6
 """essessey strict must reach this share of the bare limit's events/s, on the batched
@@ -61,7 +62,7 @@ class FramingSink:
 
     async def emit_many(self, events: Sequence[essessey.Event]) -> None:
         # As the SSE response frames a Publisher's batch: one name, so one frame head.
-        if isinstance(events, essessey.EventBatch):
+        if isinstance(events, EventBatch):
             head = b"event: " + _NAME_BYTES[events.name] + b"\ndata: "
             self.frames.extend([head + data + b"\n\n" for data in events.datas])
             return

@@ -1,22 +1,35 @@
 """essessey: publish an agent's turn as a stream of protocol events.
 
-The public API lives here; the modules behind it are implementation detail unless their
-own docs say otherwise.
+Where a name lives, the one rule:
+
+- **The top level** (``essessey.X``) holds what an app imports to publish a turn
+  (``Publisher``, ``stream_turn`` and the streamers, ``Event`` and the sinks), serve it
+  (``StreamHub`` and its hooks' types), store it (``EventStore``, ``InMemoryEventStore``),
+  read it back (``reassemble``, ``reassemble_events``, ``ParsedStream``, ``check``), the
+  protocol's names (``EventType``, ``StopReason``, ...) and every exception the library
+  raises, the bindings' included (defined in :mod:`essessey.errors`).
+- **Everything else is imported from the public module that owns it**, documented there:
+  :mod:`essessey.reassemble` (the records a reassembled stream is made of, ``Reassembler``),
+  :mod:`essessey.check` (``ProtocolChecker``, ``Rule``, ``Violation``),
+  :mod:`essessey.shutdown` (ending open streams when the server stops),
+  :mod:`essessey.event` (``Source``, ``EventBatch``), :mod:`essessey.memory`
+  (``SliceSource``), :mod:`essessey.adapters` and its provider modules, and each binding
+  (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``, ``.nats``, ``.redis``).
+- A module whose name starts with ``_`` is private. A public name's ``__module__`` is the
+  module the docs import it from, so a ``repr``, a traceback or ``help()`` says that path.
 """
 
-from essessey._shutdown import (
-    begin_shutdown,
-    detect_uvicorn_shutdown,
-    shutting_down,
-    wait_for_shutdown,
-)
-from essessey.check import ProtocolChecker, Rule, Violation, check
+from essessey._public import set_public_module
+from essessey.check import check
 from essessey.errors import (
     EssesseyError,
+    JetStreamUnavailable,
     LeaseLost,
     MessagesNotRetained,
+    NATSConnectionLost,
     ProtocolError,
     ProviderStreamError,
+    RedisUnavailable,
     RoundOrderError,
     SerializationError,
     SSEDecodeError,
@@ -32,30 +45,12 @@ from essessey.errors import (
     UnknownEventId,
     WebSocketClosed,
 )
-from essessey.event import Event, EventBatch, Sink, Source
+from essessey.event import Event, Sink
 from essessey.hub import Access, Authorize, StreamHub, TurnProducer
-from essessey.memory import InMemorySink, MultiSink, SliceSource
+from essessey.memory import InMemorySink, MultiSink
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
 from essessey.publisher import Publisher
-from essessey.reassemble import (
-    Fragment,
-    ItemKind,
-    OtherItem,
-    ParsedError,
-    ParsedMessage,
-    ParsedStream,
-    ParsedToolCall,
-    ParsedToolResult,
-    Reassembler,
-    TextItem,
-    ThinkingItem,
-    TimelineItem,
-    ToolExecution,
-    ToolResultItem,
-    ToolUseItem,
-    reassemble,
-    reassemble_events,
-)
+from essessey.reassemble import ParsedStream, reassemble, reassemble_events
 from essessey.store import EventStore, InMemoryEventStore
 from essessey.streamers import (
     BlockStreamer,
@@ -79,35 +74,25 @@ __all__ = [
     "Dialect",
     "EssesseyError",
     "Event",
-    "EventBatch",
     "EventStore",
     "EventType",
-    "Fragment",
     "InMemoryEventStore",
     "InMemorySink",
-    "ItemKind",
+    "JetStreamUnavailable",
     "LeaseLost",
     "LineStreamer",
     "MessagesNotRetained",
     "MultiSink",
-    "OtherItem",
-    "ParsedError",
-    "ParsedMessage",
+    "NATSConnectionLost",
     "ParsedStream",
-    "ParsedToolCall",
-    "ParsedToolResult",
-    "ProtocolChecker",
     "ProtocolError",
     "ProviderStreamError",
     "Publisher",
-    "Reassembler",
+    "RedisUnavailable",
     "RoundOrderError",
-    "Rule",
     "SSEDecodeError",
     "SerializationError",
     "Sink",
-    "SliceSource",
-    "Source",
     "StopReason",
     "StoreFull",
     "StoreUnavailable",
@@ -118,28 +103,19 @@ __all__ = [
     "StreamRejected",
     "StreamReset",
     "SubscriberLagged",
-    "TextItem",
     "TextStreamer",
-    "ThinkingItem",
     "ThinkingStreamer",
-    "TimelineItem",
     "TooManySubscribers",
     "ToolCall",
-    "ToolExecution",
-    "ToolResultItem",
     "ToolStreamer",
-    "ToolUseItem",
     "Turn",
     "TurnProducer",
     "UnknownEventId",
-    "Violation",
     "WebSocketClosed",
-    "begin_shutdown",
     "check",
-    "detect_uvicorn_shutdown",
     "reassemble",
     "reassemble_events",
-    "shutting_down",
     "stream_turn",
-    "wait_for_shutdown",
 ]
+
+set_public_module(__name__, globals(), __all__)

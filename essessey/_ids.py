@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_token", "parse_event_id"]
+__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_stream_id", "parse_event_id"]
 
 MAX_ID_LENGTH: Final = 256
 """The longest stream id or last event id accepted from a request, in characters (and the
@@ -25,7 +25,7 @@ longest NATS subject token: nats-server closes a connection whose command line p
 _NOT_IN_A_TOKEN: Final = re.compile(r"[\s.*>]")
 
 
-def is_token(value: str) -> bool:
+def is_stream_id(value: str) -> bool:
     """Whether ``value`` is a valid stream id (and NATS subject token)."""
     return (
         0 < len(value) <= MAX_ID_LENGTH

@@ -1,4 +1,6 @@
-"""The exceptions essessey raises, in one place.
+"""The exceptions essessey raises, every one of them, in one place (the bindings' too:
+they are defined here, not in the modules that raise them). Import them from the top
+level, ``essessey.StreamBusy``, which is also the name their ``repr`` and tracebacks give.
 
 Every exception derives from :class:`EssesseyError`, so an application can catch the
 library's failures without catching its own. Wrapping code adds context with
@@ -18,10 +20,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EssesseyError",
+    "JetStreamUnavailable",
     "LeaseLost",
     "MessagesNotRetained",
+    "NATSConnectionLost",
     "ProtocolError",
     "ProviderStreamError",
+    "RedisUnavailable",
     "RoundOrderError",
     "SSEDecodeError",
     "SerializationError",
@@ -181,6 +186,22 @@ class StoreUnavailable(EssesseyError):
     A subscription that hits it ends without an error event, so a client reconnects by
     its last id once the store is back; a producer that hits it fails its turn.
     """
+
+
+class JetStreamUnavailable(StoreUnavailable):
+    """JetStream did not store an event (or marker) within ``publish_timeout`` seconds,
+    or the NATS connection is closed. The cause is chained (``__cause__``)."""
+
+
+class RedisUnavailable(StoreUnavailable):
+    """Redis did not answer within ``retry_timeout`` seconds. The cause is chained."""
+
+
+class NATSConnectionLost(EssesseyError):
+    """The NATS connection closed while a :class:`~essessey.bindings.nats.NATSSource` was
+    reading, before its subscription was drained or unsubscribed: events may be missing,
+    so this is never a clean end. ``__cause__`` is nats-py's error (``UnexpectedEOF``, an
+    ``OSError``) when the client recorded one."""
 
 
 class WebSocketClosed(EssesseyError):

@@ -34,7 +34,7 @@ Policies, and why:
   cancellation included), the hub cancels its turns at once. The lifespan shutdown, where
   the hub is usually left, runs only after the server's responses have ended, which the
   SSE and WebSocket endpoints do at once when the server shuts down
-  (``essessey._shutdown``).
+  (``essessey.shutdown``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup, TaskStatus
 
-from essessey._ids import MAX_ID_LENGTH, is_token
+from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.errors import (
     EssesseyError,
     StreamBusy,
@@ -62,7 +62,7 @@ from essessey.errors import (
 from essessey.event import Event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, StopReason
-from essessey.publisher import Publisher
+from essessey.publisher import Publisher, TurnProducer
 from essessey.store import Deliver, EventStore, InMemoryEventStore
 
 __all__ = ["Access", "Authorize", "StreamHub", "TurnProducer"]
@@ -76,8 +76,6 @@ last event id, or cancel its turn."""
 Authorize: TypeAlias = Callable[[Any, str, Access], "bool | Awaitable[bool]"]
 """``authorize(request, stream_id, access) -> bool`` (sync or async), supplied by the app."""
 
-TurnProducer: TypeAlias = Callable[[Publisher], Awaitable[None]]
-"""An async function that publishes one turn through the Publisher it is given."""
 
 _END_TIMEOUT: Final = 5.0
 """Seconds a cancelled or failed turn may spend writing its last events."""
@@ -253,7 +251,7 @@ class StreamHub:
         ``essessey._ids``: 1 to 256 printable characters, no whitespace, ``.``, ``*``,
         ``>``), since no client could then read it.
         """
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             raise ValueError(
                 f"stream id of {len(stream_id)} characters is not a valid token: 1 to "
                 f"{MAX_ID_LENGTH} printable characters, no whitespace, '.', '*' or '>'"
@@ -432,6 +430,18 @@ class StreamHub:
         turn.scope.cancel()
         await turn.done.wait()
         return True
+
+    async def cancel_all(self) -> int:
+        """Stop every turn running in this hub, at once, and wait until each has ended
+        its message (stop reason ``cancelled``); the number stopped. For a shutdown that
+        ends the turns before the streams, so that readers see why they ended. The hub
+        keeps running: new turns can start."""
+        turns = list(self._turns.values())
+        for turn in turns:
+            turn.scope.cancel()
+        for turn in turns:
+            await turn.done.wait()
+        return len(turns)
 
     async def wait(self, stream_id: str) -> None:
         """Wait until the turn running on ``stream_id`` (if any) has finished."""

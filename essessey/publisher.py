@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import orjson
 
@@ -21,7 +21,7 @@ from essessey.errors import ProtocolError, SerializationError
 from essessey.event import Event, EventBatch, Sink
 from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
 
-__all__ = ["Publisher"]
+__all__ = ["Publisher", "TurnProducer"]
 
 logger = logging.getLogger("essessey.publisher")
 
@@ -501,3 +501,8 @@ class _step:
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, Exception):
             exc.add_note(f"{self._composite} stopped at its {self._step} step")
+
+
+TurnProducer: TypeAlias = Callable[[Publisher], Awaitable[None]]
+"""An async function that publishes one turn through the Publisher it is given: what
+``StreamHub.start`` runs, and what an ``EventStreamResponse`` streams."""

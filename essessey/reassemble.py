@@ -11,7 +11,7 @@ its content.
 
 :class:`Reassembler` is the incremental core (feed events one at a time, take a
 snapshot whenever needed); :func:`reassemble` and :func:`reassemble_events` run it over
-a whole :data:`~essessey.Source` or iterable.
+a whole :data:`~essessey.event.Source` or iterable.
 """
 
 from __future__ import annotations
@@ -837,7 +837,7 @@ class Reassembler:
 
 
 async def reassemble(source: Source) -> ParsedStream:
-    """Read a whole :data:`~essessey.Source` and reassemble it.
+    """Read a whole :data:`~essessey.event.Source` and reassemble it.
 
     A transport failure raised by the source propagates; malformed events do not raise.
     """

@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
+
 from essessey._failure import send_failure
 from essessey.errors import ProtocolError
 from essessey.protocol import EventType, StopReason
@@ -141,8 +143,15 @@ class _BlockStreamer:
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
-                await self._open_block()
-            await self._send_delta(publisher, self._cursor.index, chunk)
+                # A block opens with its first content or not at all: a cancellation
+                # landing between the two (in a store's append) would leave an empty
+                # text or thinking block, which the turn's end could not close. Shielded,
+                # it is delivered after the first delta.
+                with anyio.CancelScope(shield=True):
+                    await self._open_block()
+                    await self._send_delta(publisher, self._cursor.index, chunk)
+            else:
+                await self._send_delta(publisher, self._cursor.index, chunk)
         self._parts.append(chunk)
 
     async def _open_block(self) -> None:

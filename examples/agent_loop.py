@@ -22,6 +22,7 @@ from typing import Any
 import essessey
 from essessey.adapters import PublishedToolCall, openai_responses, stream_rounds
 from essessey.adapters import openai as openai_adapter
+from essessey.reassemble import TextItem, ToolUseItem
 
 # -- the tools: plain async functions ----------------------------------------------------
 
@@ -284,11 +285,11 @@ if __name__ == "__main__":
     # result, and the last round's text as the answer (parsed.text would run the rounds'
     # texts together: "...Oslo.Paris: ...").
     results = {execution.call.tool_use_id: execution for execution in parsed.executions}
-    texts = [item for item in parsed.timeline if isinstance(item, essessey.TextItem)]
+    texts = [item for item in parsed.timeline if isinstance(item, TextItem)]
     for item in parsed.timeline:
-        if isinstance(item, essessey.TextItem):
+        if isinstance(item, TextItem):
             print(f"{'answer' if item is texts[-1] else 'model'}: {item.text}")
-        elif isinstance(item, essessey.ToolUseItem):
+        elif isinstance(item, ToolUseItem):
             call = item.call
             print(f"{call.name}({json.dumps(call.params)}) -> {results[call.tool_use_id].result}")
     print(f"{len(events)} events, {len(essessey.check(events))} protocol violations")

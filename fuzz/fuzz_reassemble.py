@@ -6,7 +6,7 @@ Each input becomes a sequence of events: a name (mostly the protocol's) and a pa
 either raw bytes or a JSON object built from the input out of the protocol's keys and
 words (random bytes alone rarely parse as JSON, so coverage would stop at the parser).
 The property: :func:`essessey.check` returns a list of violations and
-:class:`essessey.Reassembler` reads every event and gives a result, whatever the input;
+:class:`essessey.reassemble.Reassembler` reads every event and gives a result, whatever the input;
 any exception is a finding. Log output is silenced (it costs time and says nothing
 here; tests/test_fuzz.py checks what the warnings contain).
 """
@@ -22,8 +22,9 @@ import atheris
 with atheris.instrument_imports():
     import orjson
 
-    from essessey import Event, Reassembler, check
+    from essessey import Event, check
     from essessey.protocol import EventType
+    from essessey.reassemble import Reassembler
 
 NAMES = [*sorted(EventType.ALL), "", "message", "custom"]
 KEYS = [

@@ -7,7 +7,7 @@ Routes:
 - ``POST /turns/{stream_id}?seed=N&events=K&delay_ms=M``: start the seeded turn of
   :mod:`tests.chaos_app` (``K`` events, sleeping ``M`` ms after each one);
 - ``GET /forever``: an SSE response of its own producer that never ends (a ping a tick);
-- ``POST /shutdown``: :func:`essessey.begin_shutdown`;
+- ``POST /shutdown``: :func:`begin_shutdown`;
 - ``GET /state``: ``{"shutting_down": ..., "running": [stream ids]}``.
 
 Environment (optional): ``SHUTDOWN_GRACE`` (the hub's ``shutdown_grace``, 1 s);
@@ -37,17 +37,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from essessey import (
-    EventType,
-    InMemoryEventStore,
-    Publisher,
-    StreamHub,
-    begin_shutdown,
-    detect_uvicorn_shutdown,
-    shutting_down,
-)
+from essessey import EventType, InMemoryEventStore, Publisher, StreamHub
 from essessey.bindings.sse import EventStreamResponse, hub_routes
 from essessey.bindings.ws import ws_route
+from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown, shutting_down
 from tests.chaos_app import build_script, play
 
 

@@ -5,7 +5,8 @@ from typing import Any
 import orjson
 import pytest
 
-from essessey import Event, ProtocolChecker, Rule, Violation, check
+from essessey import Event, check
+from essessey.check import ProtocolChecker, Rule, Violation
 
 
 def ev(name: str, **fields: Any) -> Event:

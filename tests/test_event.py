@@ -59,7 +59,7 @@ def test_in_memory_sink_satisfies_the_sink_protocol() -> None:
 
 
 def test_an_event_batch_is_a_sequence_of_events_built_on_demand() -> None:
-    from essessey import EventBatch
+    from essessey.event import EventBatch
 
     batch = EventBatch("content_block_delta", [b'{"a":1}', b'{"a":2}', b'{"a":3}'])
     expected = [Event("content_block_delta", data) for data in batch.datas]

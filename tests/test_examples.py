@@ -275,7 +275,8 @@ async def test_ws_example_resumes_a_dropped_turn_exactly_once(
 
     from websockets.asyncio.client import connect as ws_connect
 
-    from essessey.bindings.ws import WebSocketClosed, WebSocketSource
+    from essessey import WebSocketClosed
+    from essessey.bindings.ws import WebSocketSource
 
     example = load_example("ws_app")
     # Fast, but not instant: the first read drops the connection mid-turn.

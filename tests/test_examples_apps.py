@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 import essessey
 from essessey.bindings.sse import SSEDecoder, connect
+from essessey.reassemble import TextItem
 from tests.clients import read_sse, read_ws
 from tests.processes import free_port, stop_process, wait_for_port
 from tests.servers import serve
@@ -38,7 +39,7 @@ def layout(events: list[essessey.Event]) -> list[tuple[int, str]]:
 
 
 def texts(parsed: essessey.ParsedStream) -> list[str]:
-    return [item.text for item in parsed.timeline if isinstance(item, essessey.TextItem)]
+    return [item.text for item in parsed.timeline if isinstance(item, TextItem)]
 
 
 # -- examples/fastapi_app.py -------------------------------------------------------------
@@ -167,7 +168,8 @@ async def test_fastapi_app_cancel_ends_the_turn_for_its_readers(
 async def test_fastapi_app_refuses_bad_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     from websockets.asyncio.client import connect as ws_connect
 
-    from essessey.bindings.ws import WebSocketClosed, WebSocketSource
+    from essessey import WebSocketClosed
+    from essessey.bindings.ws import WebSocketSource
 
     json_type = {"content-type": "application/json"}
     with fastapi_app(monkeypatch, 0) as (_, base_url):

@@ -23,6 +23,7 @@ from essessey import (
     Event,
     EventStore,
     EventType,
+    JetStreamUnavailable,
     Publisher,
     StoreFull,
     StreamHub,
@@ -34,12 +35,7 @@ from essessey import (
     reassemble_events,
     stream_turn,
 )
-from essessey.bindings.nats import (
-    CONTROL_HEADER,
-    JetStreamEventStore,
-    JetStreamUnavailable,
-    _jetstream,
-)
+from essessey.bindings.nats import CONTROL_HEADER, JetStreamEventStore, _jetstream
 from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
 from tests.nats_server import NatsServer
 from tests.processes import WAIT

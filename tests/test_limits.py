@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close
 
 from essessey import Event, Publisher, SSEDecodeError, StreamHTTPError, StreamHub, stream_turn
-from essessey._ids import MAX_ID_LENGTH, is_event_id, is_token
+from essessey._ids import MAX_ID_LENGTH, is_event_id, is_stream_id
 from essessey.bindings.nats import check_token
 from essessey.bindings.sse import EventStreamResponse, connect, hub_routes
 from essessey.bindings.ws import CloseCode, ws_route
@@ -181,11 +181,11 @@ async def ws_read(
 
 def test_the_rule_for_stream_ids_and_last_ids() -> None:
     for bad in [*BAD_STREAM_IDS.values(), ""]:
-        assert not is_token(bad), repr(bad)
+        assert not is_stream_id(bad), repr(bad)
         with pytest.raises(ValueError, match="NATS subject token"):
             check_token(bad, "stream id")
     for good in GOOD_STREAM_IDS:
-        assert is_token(good)
+        assert is_stream_id(good)
         assert check_token(good, "stream id") == good
     # A last id is opaque: anything printable, "." and spaces included, up to the limit.
     assert is_event_id("9c1d03aa-41")

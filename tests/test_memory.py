@@ -2,7 +2,8 @@
 
 import pytest
 
-from essessey import Event, InMemorySink, MultiSink, ProtocolError, Publisher, SliceSource
+from essessey import Event, InMemorySink, MultiSink, ProtocolError, Publisher
+from essessey.memory import SliceSource
 
 PING = Event("ping", b'{"type":"ping"}')
 STOP = Event("message_stop", b'{"type":"message_stop"}')

@@ -19,20 +19,19 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from essessey import Event, Publisher
+from essessey import Event, NATSConnectionLost, Publisher
 from essessey.bindings.nats import (
     HEADER_EVENT_ID,
-    NATSConnectionLost,
     NATSSink,
     NATSSource,
     check_token,
     event_subject,
-    flush_connection,
     parse_subject,
     subscribe_all,
     subscribe_stream,
 )
 from essessey.bindings.nats import _core as nats_core
+from essessey.bindings.nats._core import flush_connection
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 from tests.test_exactness import publish_seed_turn

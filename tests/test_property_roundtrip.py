@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from essessey import InMemorySink, Publisher, TextItem, ThinkingItem, check, reassemble_events
+from essessey import InMemorySink, Publisher, check, reassemble_events
+from essessey.reassemble import TextItem, ThinkingItem
 from essessey.streamers import NO_RESULT_TEXT, stream_turn
 
 # Any character but a lone surrogate (which is not valid UTF-8 and cannot be sent).

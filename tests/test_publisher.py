@@ -13,10 +13,10 @@ from essessey import (
     InMemorySink,
     ProtocolError,
     Publisher,
-    Rule,
     SerializationError,
     check,
 )
+from essessey.check import Rule
 from tests.anthropic_sdk import read_message
 
 MARKER = "SECRET-PAYLOAD-7f3a"

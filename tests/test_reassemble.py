@@ -16,19 +16,21 @@ from sse_fixture import FIXTURES, load_fixture, parse_sse
 from essessey import (
     Event,
     InMemorySink,
-    OtherItem,
-    ParsedError,
     ParsedStream,
     Publisher,
+    check,
+    reassemble,
+    reassemble_events,
+    stream_turn,
+)
+from essessey.reassemble import (
+    OtherItem,
+    ParsedError,
     Reassembler,
     TextItem,
     ThinkingItem,
     ToolResultItem,
     ToolUseItem,
-    check,
-    reassemble,
-    reassemble_events,
-    stream_turn,
 )
 from essessey.streamers import NO_RESULT_TEXT
 from tests.anthropic_sdk import read_message

@@ -53,16 +53,18 @@ from essessey import (
     Publisher,
     StreamHub,
     TurnProducer,
-    begin_shutdown,
     check,
-    detect_uvicorn_shutdown,
     reassemble_events,
-    shutting_down,
     stream_turn,
-    wait_for_shutdown,
 )
 from essessey.bindings.sse import SSEDecoder
 from essessey.bindings.ws import decode_frame
+from essessey.shutdown import (
+    begin_shutdown,
+    detect_uvicorn_shutdown,
+    shutting_down,
+    wait_for_shutdown,
+)
 from tests.chaos_app import expected_events
 from tests.nats_server import NatsServer
 from tests.processes import WAIT, free_port

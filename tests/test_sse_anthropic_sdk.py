@@ -16,8 +16,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from essessey import Publisher, StreamRejected, Turn, stream_turn
-from essessey.bindings.sse import EventStreamResponse, Producer
+from essessey import Publisher, StreamRejected, Turn, TurnProducer, stream_turn
+from essessey.bindings.sse import EventStreamResponse
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -86,7 +86,7 @@ async def overloaded_mid_stream(publisher: Publisher) -> None:
     await publisher.send_error("overloaded_error", "Overloaded")
 
 
-PRODUCERS: dict[str, Producer] = {
+PRODUCERS: dict[str, TurnProducer] = {
     "tool-call": tool_call_turn,
     "tool-result": tool_result_turn,
     "rejected": rejected,

@@ -31,8 +31,7 @@ from essessey import (
     reassemble_events,
     stream_turn,
 )
-from essessey.bindings.sse import SSEDecoder, hub_routes
-from essessey.bindings.sse._hub import MAX_ID_LENGTH
+from essessey.bindings.sse import MAX_ID_LENGTH, SSEDecoder, hub_routes
 from tests.hub_app import HubApp, make_hub_app
 from tests.processes import WAIT
 from tests.servers import serve

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from essessey import Event, InMemorySink, Publisher, StreamRejected, stream_turn
-from essessey.bindings.sse import EventStreamResponse, Producer, SSEDecoder, SSEMessage, encode_many
+from essessey import Event, InMemorySink, Publisher, StreamRejected, TurnProducer, stream_turn
+from essessey.bindings.sse import EventStreamResponse, SSEDecoder, SSEMessage, encode_many
 from essessey.protocol import Dialect
 from tests.servers import serve
 
@@ -52,7 +52,7 @@ async def whole_turn(publisher: Publisher) -> None:
         turn.output_tokens = 17
 
 
-async def published(producer: Producer, *, dialect: Dialect = "essessey") -> list[Event]:
+async def published(producer: TurnProducer, *, dialect: Dialect = "essessey") -> list[Event]:
     """The events ``producer`` publishes, collected in memory."""
     sink = InMemorySink()
     await producer(Publisher(sink, dialect=dialect))
@@ -411,7 +411,7 @@ async def test_queued_events_coalesce_into_few_sends_with_a_bounded_queue() -> N
     recorder = Recorder(body_delay=0.001)
     lags: list[int] = []
 
-    def producer(record: bool) -> Producer:
+    def producer(record: bool) -> TurnProducer:
         async def produce(publisher: Publisher) -> None:
             await publisher.send_stream_preamble("msg_4", "st_4", "m")
             await publisher.send_content_block_start_text(0)
@@ -496,7 +496,7 @@ class Outcome:
         self.ended = threading.Event()
         self.other: list[BaseException] = []
 
-    def wrap(self, produce: Producer) -> Producer:
+    def wrap(self, produce: TurnProducer) -> TurnProducer:
         async def wrapped(publisher: Publisher) -> None:
             try:
                 await produce(publisher)
@@ -638,7 +638,7 @@ async def turn_body_crashing(publisher: Publisher) -> None:
         raise RuntimeError("secret model output must not leak")
 
 
-async def stream_of(producer: Producer) -> httpx.Response:
+async def stream_of(producer: TurnProducer) -> httpx.Response:
     async def endpoint(request: Request) -> EventStreamResponse:
         return EventStreamResponse(producer)
 
@@ -655,7 +655,7 @@ async def stream_of(producer: Producer) -> httpx.Response:
     ids=["rejected", "crashed"],
 )
 async def test_a_failure_before_the_first_event_is_a_json_error(
-    producer: Producer, status: int, error: dict[str, str]
+    producer: TurnProducer, status: int, error: dict[str, str]
 ) -> None:
     response = await stream_of(producer)
     assert response.status_code == status
@@ -673,7 +673,7 @@ async def test_a_failure_before_the_first_event_is_a_json_error(
     ids=["crashed", "rejected"],
 )
 async def test_a_failure_after_the_start_is_an_error_event_that_ends_the_stream(
-    producer: Producer, error: dict[str, str]
+    producer: TurnProducer, error: dict[str, str]
 ) -> None:
     response = await stream_of(producer)
     assert response.status_code == 200
@@ -699,7 +699,7 @@ async def test_a_failing_turn_gets_exactly_one_error_event() -> None:
     assert orjson.loads(decode(response.content)[-1].data)["error"]["type"] == "api_error"
 
 
-async def published_until_failure(producer: Producer) -> list[Event]:
+async def published_until_failure(producer: TurnProducer) -> list[Event]:
     sink = InMemorySink()
     with pytest.raises(RuntimeError):
         await producer(Publisher(sink))

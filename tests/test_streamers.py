@@ -734,3 +734,47 @@ async def test_one_cursor_holds_one_open_block() -> None:
     await second.write("b")
     await second.close()
     assert [i for _, i in (_shape(sink.events)[k][:2] for k in (0, 3))] == [0, 1]
+
+
+class _HeldStart:
+    """A sink that holds the first content_block_start until released, as a slow store
+    holds an append: the moment a cancellation can land between a block's start and its
+    first delta."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.reached = anyio.Event()
+        self.release = anyio.Event()
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+        if event.event == "content_block_start" and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+
+
+@pytest.mark.anyio
+async def test_a_block_opens_with_its_first_delta_even_when_cancelled_in_between() -> None:
+    sink = _HeldStart()
+    publisher = Publisher(sink)
+    wrote: list[str] = []
+
+    async def turn() -> None:
+        text = TextStreamer(publisher)
+        await text.write("first")
+        wrote.append("first")
+        await anyio.sleep_forever()  # cancelled here, after the delta, not before it
+
+    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(turn)
+        await sink.reached.wait()
+        tasks.cancel_scope.cancel()  # while the start is held
+        sink.release.set()
+    assert wrote == ["first"]
+    names = [event.event for event in sink.events]
+    assert names[-2:] == ["content_block_start", "content_block_delta"]
+    # The open block has content: the turn can be ended properly.
+    await publisher.send_content_block_stop(0)
+    await publisher.send_stream_epilogue("cancelled", 0)
+    assert check(sink.events) == []

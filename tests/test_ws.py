@@ -35,15 +35,15 @@ from essessey import (
     StopReason,
     StoreUnavailable,
     StreamHub,
+    WebSocketClosed,
     check,
     reassemble_events,
     stream_turn,
 )
-from essessey.bindings.sse._hub import MAX_ID_LENGTH
+from essessey.bindings.sse import MAX_ID_LENGTH
 from essessey.bindings.ws import (
     PING_FRAME,
     CloseCode,
-    WebSocketClosed,
     WebSocketSink,
     WebSocketSource,
     decode_frame,

@@ -9,6 +9,7 @@ LiteLLM, OpenRouter, Groq and Mistral send them), :mod:`essessey.adapters.openai
 objects as well as plain dicts.
 """
 
+from essessey._public import set_public_module
 from essessey.adapters._message import PublishedMessage, PublishedToolCall
 from essessey.adapters.rounds import (
     RoundStream,
@@ -17,15 +18,15 @@ from essessey.adapters.rounds import (
     result_text,
     stream_rounds,
 )
-from essessey.errors import RoundOrderError
 
 __all__ = [
     "PublishedMessage",
     "PublishedToolCall",
-    "RoundOrderError",
     "RoundStream",
     "RoundSummary",
     "ToolCallRequest",
     "result_text",
     "stream_rounds",
 ]
+
+set_public_module(__name__, globals(), __all__)

@@ -12,41 +12,35 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from essessey._public import set_public_module
 from essessey.demo._scenario import (
-    DEFAULT_DELAY_MS,
     DEFAULT_DELTAS,
-    DEFAULT_SCENARIO,
     MAX_DELAY_MS,
     MAX_DELTAS,
-    MIN_DELTAS,
-    MODEL,
     SCENARIOS,
     DemoScript,
     ToolStep,
     agent_turn,
-    get_weather,
     scenario_script,
-    weather_report,
 )
 
+# What a test or a load tool needs to start a turn and check what it read (docs/demo.md,
+# "As a load target"): the script of a turn, the producer the app runs, and the bounds of
+# its options. The rest of the scenario (the weather tool, the model name) is the app's.
 __all__ = [
-    "DEFAULT_DELAY_MS",
     "DEFAULT_DELTAS",
-    "DEFAULT_SCENARIO",
     "MAX_DELAY_MS",
     "MAX_DELTAS",
-    "MIN_DELTAS",
-    "MODEL",
     "SCENARIOS",
     "DemoScript",
     "ToolStep",
     "agent_turn",
     "create_app",
-    "get_weather",
     "scenario_script",
     "serve",
-    "weather_report",
 ]
+
+set_public_module(__name__, globals(), [name for name in __all__ if name in globals()])
 
 if TYPE_CHECKING:
     from essessey.demo._app import create_app as create_app
@@ -59,5 +53,7 @@ def __getattr__(name: str) -> Any:
     # Starlette and uvicorn (the ``server`` extra) are imported when the app is asked for.
     module = _NEEDS_SERVER.get(name)
     if module is not None:
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
+        set_public_module(__name__, namespace, [name])
+        return namespace[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

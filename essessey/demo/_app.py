@@ -36,7 +36,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from essessey._shutdown import begin_shutdown, detect_uvicorn_shutdown
 from essessey.bindings.sse._hub import hub_routes, subscription_response
 from essessey.bindings.ui import ChatRequest, ui_chat_routes
 from essessey.bindings.ws._endpoint import ws_route
@@ -61,7 +60,7 @@ from essessey.demo._scenario import (
 )
 from essessey.errors import StoreFull, StoreUnavailable
 from essessey.hub import StreamHub, TurnProducer
-from essessey.publisher import Publisher
+from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown
 from essessey.store import EventStore, InMemoryEventStore
 
 if TYPE_CHECKING:
@@ -133,31 +132,6 @@ def chat_turn(chat: ChatRequest) -> TurnProducer:
     except BadRequest as exc:
         raise ValueError(str(exc)) from None
     return agent_turn(chat.id, **parsed)
-
-
-class _Turns:
-    """The turns this app started and that are still running, so that a shutdown can
-    end them first (their readers then see ``cancelled`` and leave)."""
-
-    def __init__(self, hub: StreamHub) -> None:
-        self.hub = hub
-        self.running: set[str] = set()
-
-    def track(self, stream_id: str, producer: TurnProducer) -> TurnProducer:
-        self.running.add(stream_id)
-
-        async def produce(publisher: Publisher) -> None:
-            try:
-                await producer(publisher)
-            finally:
-                self.running.discard(stream_id)
-
-        return produce
-
-    async def cancel_all(self) -> None:
-        async with anyio.create_task_group() as tasks:
-            for stream_id in list(self.running):
-                tasks.start_soon(self.hub.cancel, stream_id)
 
 
 def _store(
@@ -269,7 +243,6 @@ def create_app(
         raise ValueError("give nats_url or redis_url, not both")
     store, nc, setup = _store(nats_url, nats_stream, max_age, store_mib, redis_url)
     hub = StreamHub(store)
-    turns = _Turns(hub)
 
     async def page(request: Request) -> Response:
         return HTMLResponse(PAGE, headers={"cache-control": "no-store"})
@@ -291,15 +264,13 @@ def create_app(
         except BadRequest as exc:
             return bad_request_response(exc)
         stream_id = f"demo_{secrets.token_hex(8)}"
-        producer = turns.track(stream_id, agent_turn(stream_id, **options))
+        producer = agent_turn(stream_id, **options)
         try:
             await hub.start(stream_id, producer)
         except StoreUnavailable:
-            turns.running.discard(stream_id)
             logger.warning("could not start stream %s: the store is unavailable", stream_id)
             return json_error(503, "overloaded_error", "the event store is unavailable")
         except StoreFull:
-            turns.running.discard(stream_id)
             logger.warning("could not start stream %s: every stream's turn is running", stream_id)
             return json_error(
                 503, "overloaded_error", "too many turns are running; try again later"
@@ -370,7 +341,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.hub = hub
-    app.state.turns = turns
     return app
 
 
@@ -446,7 +416,7 @@ def _configure_logging(log_level: str) -> None:
         essessey_logger.addHandler(handler)
 
 
-def _server(config: uvicorn.Config, turns: _Turns, *, cancel_turns: bool) -> uvicorn.Server:
+def _server(config: uvicorn.Config, hub: StreamHub, *, cancel_turns: bool) -> uvicorn.Server:
     import uvicorn
 
     class DemoServer(uvicorn.Server):
@@ -455,7 +425,7 @@ def _server(config: uvicorn.Config, turns: _Turns, *, cancel_turns: bool) -> uvi
                 # In memory, nothing outlives this process: end the turns first, so their
                 # readers see why they ended (stop reason cancelled) and leave.
                 with anyio.move_on_after(_SHUTDOWN_GRACE):
-                    await turns.cancel_all()
+                    await hub.cancel_all()
             # Every stream still open gets its retry hint and ends; with JetStream its
             # client resumes on another demo process while the hub drains the turn.
             begin_shutdown()
@@ -511,7 +481,7 @@ def serve(
     # automatic detection would end the streams as soon as the signal came, racing it.
     detect_uvicorn_shutdown(False)
     shared = nats_url is not None or redis_url is not None
-    server = _server(config, app.state.turns, cancel_turns=not shared)
+    server = _server(config, app.state.hub, cancel_turns=not shared)
     sock = config.bind_socket()
     try:
         # Listening before the URL is printed: a client that reads it and connects at

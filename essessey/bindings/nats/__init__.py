@@ -7,15 +7,14 @@ resume on any replica.
 
 from __future__ import annotations
 
+from essessey._public import set_public_module
 from essessey.bindings.nats._core import (
     DEFAULT_PREFIX,
     HEADER_EVENT_ID,
-    NATSConnectionLost,
     NATSSink,
     NATSSource,
     check_token,
     event_subject,
-    flush_connection,
     parse_subject,
     subscribe_all,
     subscribe_stream,
@@ -24,7 +23,6 @@ from essessey.bindings.nats._jetstream import (
     CONTROL_EVENT,
     CONTROL_HEADER,
     JetStreamEventStore,
-    JetStreamUnavailable,
 )
 
 __all__ = [
@@ -33,14 +31,13 @@ __all__ = [
     "DEFAULT_PREFIX",
     "HEADER_EVENT_ID",
     "JetStreamEventStore",
-    "JetStreamUnavailable",
-    "NATSConnectionLost",
     "NATSSink",
     "NATSSource",
     "check_token",
     "event_subject",
-    "flush_connection",
     "parse_subject",
     "subscribe_all",
     "subscribe_stream",
 ]
+
+set_public_module(__name__, globals(), __all__)

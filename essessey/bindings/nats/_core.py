@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nats import errors as nats_errors
 
-from essessey._ids import MAX_ID_LENGTH, is_token
-from essessey.errors import EssesseyError
+from essessey._ids import MAX_ID_LENGTH, is_stream_id
+from essessey.errors import NATSConnectionLost
 from essessey.event import Event
 
 if TYPE_CHECKING:
@@ -44,12 +44,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PREFIX",
     "HEADER_EVENT_ID",
-    "NATSConnectionLost",
     "NATSSink",
     "NATSSource",
     "check_token",
     "event_subject",
-    "flush_connection",
     "parse_subject",
     "subscribe_all",
     "subscribe_stream",
@@ -72,13 +70,6 @@ _MAX_CACHED_SUBJECTS: Final = 1024
 _new_event: Final = tuple.__new__
 
 
-class NATSConnectionLost(EssesseyError):
-    """The NATS connection closed while a :class:`NATSSource` was reading, before its
-    subscription was drained or unsubscribed: events may be missing, so this is never a
-    clean end. ``__cause__`` is nats-py's error (``UnexpectedEOF``, an ``OSError``) when
-    the client recorded one."""
-
-
 def check_token(value: str, what: str = "token") -> str:
     """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
 
@@ -88,7 +79,7 @@ def check_token(value: str, what: str = "token") -> str:
     """
     if not isinstance(value, str):
         raise TypeError(f"a {what} must be a str, not {type(value).__name__}")
-    if not is_token(value):
+    if not is_stream_id(value):
         shown = value if len(value) <= 80 else value[:80] + "…"
         raise ValueError(
             f"invalid {what} {shown!r} ({len(value)} characters): a NATS subject token must "
@@ -221,7 +212,8 @@ class NATSSink:
 
 async def flush_connection(nc: Client) -> None:
     """Wait until the server has received everything ``nc`` has published or subscribed
-    so far.
+    so far (what ``NATSSink.flush`` and the subscribers rely on; not exported: the one
+    place that reaches into nats-py, tests/test_nats_binding.py checks it still works).
 
     ``nc.flush()`` alone does not promise that with nats-py 2.16: it writes its PING
     straight to the socket, ahead of the commands still in the client's buffer, so the

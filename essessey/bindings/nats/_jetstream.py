@@ -83,14 +83,14 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from essessey._ids import is_token, parse_event_id
+from essessey._ids import is_stream_id, parse_event_id
 from essessey.bindings.nats._bounds import PREV_HEADER, Bounds
 from essessey.bindings.nats._core import check_token
 from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
 from essessey.errors import (
     EssesseyError,
+    JetStreamUnavailable,
     MessagesNotRetained,
-    StoreUnavailable,
     StreamNotFound,
     StreamReset,
     SubscriberLagged,
@@ -103,7 +103,6 @@ __all__ = [
     "CONTROL_EVENT",
     "CONTROL_HEADER",
     "JetStreamEventStore",
-    "JetStreamUnavailable",
 ]
 
 logger = logging.getLogger("essessey.bindings.nats.jetstream")
@@ -147,11 +146,6 @@ _RETRYABLE: Final = (
     nats.js.errors.ServiceUnavailableError,
 )
 _TRANSIENT: Final = (*_RETRYABLE, nats.js.errors.ServerError)
-
-
-class JetStreamUnavailable(StoreUnavailable):
-    """JetStream did not store an event (or marker) within ``publish_timeout`` seconds,
-    or the NATS connection is closed. The cause is chained (``__cause__``)."""
 
 
 def _is_retryable(exc: Exception) -> bool:
@@ -295,7 +289,7 @@ class JetStreamEventStore:
     ) -> None:
         if not stream or _BAD_NAME.search(stream):
             raise ValueError(f"stream {stream!r} is not a valid JetStream stream name")
-        if not all(is_token(token) for token in prefix.split(".")):
+        if not all(is_stream_id(token) for token in prefix.split(".")):
             raise ValueError(f"prefix {prefix!r} is not a valid subject prefix")
         if max_age <= 0:
             raise ValueError("max_age must be > 0 seconds")
@@ -497,11 +491,11 @@ class JetStreamEventStore:
         :class:`JetStreamUnavailable` when JetStream did not store it in time.
         """
         name = event.event
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             check_token(stream_id, "stream id")
         if name == CONTROL_EVENT:
             raise ValueError(f"the event name {CONTROL_EVENT!r} is reserved")
-        if not is_token(name):
+        if not is_stream_id(name):
             check_token(name, "event name")
         data = event.data
         bounds = self._bounds
@@ -612,7 +606,7 @@ class JetStreamEventStore:
 
     async def exists(self, stream_id: str) -> bool:
         """Whether the stream is retained: it has a message and was not cleared since."""
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             return False
         await self._ensure()
         try:
@@ -649,7 +643,7 @@ class JetStreamEventStore:
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
         """The events after ``last_event_id`` (all retained ones when None) and whether
         that id is known; see the module docstring for when it is."""
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             return [], False
         epoch = await self._current_epoch()
         if epoch is None:
@@ -723,7 +717,7 @@ class JetStreamEventStore:
         and :class:`StreamReset` when the stream id is cleared (or, best effort, the
         JetStream stream is deleted or recreated, or the stream id expires) meanwhile.
         """
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             raise StreamNotFound(f"no stream {stream_id!r}")
         epoch = await self._current_epoch()
         if epoch is None:

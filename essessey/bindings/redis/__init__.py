@@ -5,6 +5,9 @@ any replica. See docs/redis.md.
 
 from __future__ import annotations
 
-from essessey.bindings.redis._store import RedisEventStore, RedisUnavailable
+from essessey._public import set_public_module
+from essessey.bindings.redis._store import RedisEventStore
 
-__all__ = ["RedisEventStore", "RedisUnavailable"]
+__all__ = ["RedisEventStore"]
+
+set_public_module(__name__, globals(), __all__)

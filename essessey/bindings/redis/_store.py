@@ -39,13 +39,13 @@ import anyio
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from essessey._ids import is_token, parse_event_id
+from essessey._ids import is_stream_id, parse_event_id
 from essessey.bindings.redis import _scripts
 from essessey.errors import (
     LeaseLost,
     MessagesNotRetained,
+    RedisUnavailable,
     StoreFull,
-    StoreUnavailable,
     StreamBusy,
     StreamNotFound,
     StreamReset,
@@ -55,7 +55,7 @@ from essessey.errors import (
 from essessey.event import Event
 from essessey.protocol import EventType
 
-__all__ = ["RedisEventStore", "RedisUnavailable"]
+__all__ = ["RedisEventStore"]
 
 logger = logging.getLogger("essessey.bindings.redis")
 
@@ -85,10 +85,6 @@ _CANCEL_RESEND: Final = 1.0
 _RETRYABLE: Final = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 _Arg: TypeAlias = "bytes | str | int"
-
-
-class RedisUnavailable(StoreUnavailable):
-    """Redis did not answer within ``retry_timeout`` seconds. The cause is chained."""
 
 
 class _Snapshot:
@@ -610,7 +606,7 @@ class RedisEventStore:
 
     @staticmethod
     def _check(stream_id: str) -> None:
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             raise ValueError(f"{stream_id!r} is not a valid stream id")
 
     # -- reading ------------------------------------------------------------------------------
@@ -636,7 +632,7 @@ class RedisEventStore:
 
     async def exists(self, stream_id: str) -> bool:
         """Whether the stream is retained (not expired, cleared or dropped)."""
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             return False
         key = self._key(stream_id, "m")
         return bool(await self._retrying(lambda: self.redis.exists(key)))
@@ -644,7 +640,7 @@ class RedisEventStore:
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
         """The events after ``last_event_id`` (all retained ones when None) and whether
         that id is known: it is when every event after it is retained."""
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             return [], False
         snap = await self._snapshot(stream_id, 0, 0)
         if snap is None:
@@ -679,7 +675,7 @@ class RedisEventStore:
         :class:`SubscriberLagged` (more than ``max_lag`` of the events appended since it
         started wait for it, or its position was trimmed) and :class:`StreamReset`
         (cleared, expired or dropped meanwhile)."""
-        if not is_token(stream_id):
+        if not is_stream_id(stream_id):
             raise StreamNotFound(f"no stream {stream_id!r}")
         inbox = _Inbox()
         # The first page is handed out before the follower subscribes: a resume's first

@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from essessey._ids import MAX_ID_LENGTH, is_event_id, is_stream_id
+from essessey._public import set_public_module
 from essessey.bindings.sse._decoder import SSEDecoder, SSEMessage
 from essessey.bindings.sse._source import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
 from essessey.bindings.sse._writer import encode, encode_many, format_message
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "MAX_ID_LENGTH",
     "SSEDecoder",
     "SSEEventStream",
     "SSEMessage",
@@ -25,20 +28,22 @@ __all__ = [
     "encode",
     "encode_many",
     "format_message",
+    "is_event_id",
+    "is_stream_id",
 ]
 
+set_public_module(__name__, globals(), __all__)
+
 if TYPE_CHECKING:
-    from essessey.bindings.sse._hub import MAX_ID_LENGTH as MAX_ID_LENGTH
     from essessey.bindings.sse._hub import cancel_response as cancel_response
     from essessey.bindings.sse._hub import hub_routes as hub_routes
     from essessey.bindings.sse._hub import subscription_response as subscription_response
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
-    from essessey.bindings.sse._response import Producer as Producer
+    from essessey.bindings.sse._response import SSEOptions as SSEOptions
 
 _NEEDS_STARLETTE = {
     "EventStreamResponse": "_response",
-    "Producer": "_response",
-    "MAX_ID_LENGTH": "_hub",
+    "SSEOptions": "_response",
     "cancel_response": "_hub",
     "hub_routes": "_hub",
     "subscription_response": "_hub",
@@ -50,5 +55,7 @@ def __getattr__(name: str) -> Any:
     # first use: the format, the decoder and the source work without it.
     module = _NEEDS_STARLETTE.get(name)
     if module is not None:
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
+        set_public_module(__name__, namespace, [name])
+        return namespace[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Unpack
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey._ids import MAX_ID_LENGTH, is_token
+from essessey._ids import is_stream_id
 from essessey.bindings._asgi import (
     CHECK_FAILED,
     SubscriptionCount,
@@ -44,13 +44,13 @@ from essessey.bindings._asgi import (
     resume_point,
     subscription_end,
 )
-from essessey.bindings.sse._response import EventStreamResponse, error_body
+from essessey.bindings.sse._response import EventStreamResponse, SSEOptions, error_body
 from essessey.errors import StreamRejected
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
 from essessey.store import Deliver
 
-__all__ = ["MAX_ID_LENGTH", "cancel_response", "hub_routes", "subscription_response"]
+__all__ = ["cancel_response", "hub_routes", "subscription_response"]
 
 logger = logging.getLogger("essessey.sse")
 
@@ -110,17 +110,19 @@ async def _follow(
 
 
 async def subscription_response(
-    hub: StreamHub, request: Request, stream_id: str, **options: Any
+    hub: StreamHub, request: Request, stream_id: str, **options: Unpack[SSEOptions]
 ) -> Response:
     """An SSE response following ``stream_id`` on ``hub`` for this request, resuming
     after its ``Last-Event-ID`` header or ``last_event_id`` query parameter.
 
-    ``options`` go to :class:`EventStreamResponse` (``ping_interval``, ``retry``, ...).
+    ``options`` go to :class:`EventStreamResponse`: ``headers``, ``ping_interval``,
+    ``retry``, ``send_timeout``, ``max_queue``, ``max_batch_bytes``, ``shutdown_retry``
+    (:class:`SSEOptions`). A resume with nothing more to send, its turn over, is a 204.
     """
     given = request.headers.get("last-event-id")
     if given is None:
         given = request.query_params.get("last_event_id")
-    if not is_token(stream_id):
+    if not is_stream_id(stream_id):
         return _json_error(400, "invalid_request_error", "invalid stream id")
     try:
         last_event_id = resume_point(given)
@@ -132,18 +134,19 @@ async def subscription_response(
         return _json_error(503, "api_error", CHECK_FAILED)
     if not allowed:
         return _json_error(403, "permission_error", f"not allowed to {access} this stream")
-    if last_event_id is not None:
-        # A resume with nothing more to send, its turn over: 204, so an EventSource
-        # that reconnects after the end stops instead of looping.
-        options.setdefault("empty_status", 204)
-    return EventStreamResponse(_Subscription(hub, stream_id, last_event_id), **options)
+    # A resume with nothing more to send, its turn over: 204, so an EventSource that
+    # reconnects after the end stops instead of looping.
+    empty_status = 204 if last_event_id is not None else None
+    return EventStreamResponse(
+        _Subscription(hub, stream_id, last_event_id), empty_status=empty_status, **options
+    )
 
 
 async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> Response:
     """Cancel the turn running on ``stream_id`` if this request may: 200 with
     ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed, 503 when
     the ``authorize`` hook raised. The request's body is never read."""
-    if not is_token(stream_id):
+    if not is_stream_id(stream_id):
         return _json_error(400, "invalid_request_error", "invalid stream id")
     allowed = await check_access(hub, request, stream_id, "cancel", logger)
     if allowed is None:
@@ -155,9 +158,12 @@ async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> R
     return Response(b'{"cancelled":true}', 200, media_type="application/json")
 
 
-def hub_routes(hub: StreamHub, prefix: str = "/streams", **options: Any) -> Sequence[BaseRoute]:
+def hub_routes(
+    hub: StreamHub, prefix: str = "/streams", **options: Unpack[SSEOptions]
+) -> Sequence[BaseRoute]:
     """Starlette routes: ``GET {prefix}/{stream_id}`` (subscribe or resume, as SSE) and
-    ``POST {prefix}/{stream_id}/cancel``. ``options`` go to the SSE response."""
+    ``POST {prefix}/{stream_id}/cancel``. ``options`` go to the SSE response, as
+    :func:`subscription_response` takes them."""
 
     async def subscribe(request: Request) -> Response:
         return await subscription_response(

@@ -21,7 +21,7 @@ it as a bare ASGI app. What it takes care of, and why:
   closed).
 - A send stalled past ``send_timeout`` ends the response, with a log line, and cancels
   the producer. One watchdog per response notices it (no timer around each send).
-- When the server shuts down (:func:`essessey.begin_shutdown` called, or uvicorn's
+- When the server shuts down (:func:`essessey.shutdown.begin_shutdown` called, or uvicorn's
   shutdown detected), the response stops sending events, sends
   ``retry: <shutdown_retry>`` and ends, and the producer is cancelled (a source is
   closed: for a hub subscription that ends the subscription, never the turn). Otherwise
@@ -41,8 +41,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, Final, TypeAlias
+from collections.abc import AsyncIterable, Coroutine, Mapping, Sequence
+from typing import Any, Final, TypedDict
 
 import anyio
 import orjson
@@ -51,7 +51,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from essessey import metrics
-from essessey._shutdown import on_shutdown, shutting_down
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     backlog_turn,
@@ -64,14 +63,13 @@ from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType
-from essessey.publisher import Publisher
+from essessey.publisher import Publisher, TurnProducer
+from essessey.shutdown import on_shutdown, shutting_down
 
-__all__ = ["EventStreamResponse", "Producer"]
+__all__ = ["EventStreamResponse", "SSEOptions"]
 
 logger = logging.getLogger("essessey.sse")
 
-Producer: TypeAlias = Callable[[Publisher], Awaitable[None]]
-"""An async function that publishes a stream through the Publisher it is given."""
 
 # A comment line with no blank line after it: a valid keep-alive that no decoder
 # dispatches on (httpx-sse and decoders built like it turn a blank line after a
@@ -498,6 +496,20 @@ class _OutboxSink:
         outbox.last_was_error = events[-1].event == EventType.ERROR
 
 
+class SSEOptions(TypedDict, total=False):
+    """The options of the SSE response that a hub route (``hub_routes``,
+    ``subscription_response``) passes on to :class:`EventStreamResponse`; each means
+    what it means there."""
+
+    headers: Mapping[str, str] | None
+    ping_interval: float
+    retry: int | None
+    send_timeout: float | None
+    max_queue: int
+    max_batch_bytes: int
+    shutdown_retry: int | None
+
+
 class EventStreamResponse(Response):
     """Streams events as ``text/event-stream``; see the module docstring for the rules.
 
@@ -516,7 +528,7 @@ class EventStreamResponse(Response):
 
     def __init__(
         self,
-        content: Producer | Source,
+        content: TurnProducer | Source,
         *,
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,

@@ -1,6 +1,7 @@
 """The Vercel AI SDK's UI message stream: a turn's events as the chunks ``useChat`` reads
 (see docs/ui.md)."""
 
+from essessey._public import set_public_module
 from essessey.bindings.ui._encoder import DONE, FINISH_REASONS, UIMessageEncoder, frame
 from essessey.bindings.ui._routes import (
     UI_MESSAGE_STREAM_HEADERS,
@@ -22,7 +23,4 @@ __all__ = [
     "ui_chat_routes",
 ]
 
-for _name in __all__:
-    _value = globals()[_name]
-    if hasattr(_value, "__module__") and isinstance(_value, type):
-        _value.__module__ = __name__
+set_public_module(__name__, globals(), __all__)

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from essessey._ids import MAX_ID_LENGTH, is_token
+from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings._asgi import CHECK_FAILED, check_access
 from essessey.bindings.sse._response import error_body
 from essessey.bindings.ui._encoder import UIMessageEncoder, frame
@@ -92,7 +92,7 @@ def _json_error(status: int, error_type: str, message: str) -> Response:
 
 def _is_chat_id(value: object) -> bool:
     """A chat id leaves room for the suffixes of its streams (``~turns``, ``~<random>``)."""
-    return isinstance(value, str) and len(value) <= _MAX_CHAT_ID and is_token(value)
+    return isinstance(value, str) and len(value) <= _MAX_CHAT_ID and is_stream_id(value)
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from essessey._public import set_public_module
 from essessey.bindings.ws._frame import MAX_FRAME_SIZE, decode_frame, encode_frame
 from essessey.bindings.ws._sink import TextSender, WebSocketSink
 from essessey.bindings.ws._source import (
@@ -21,7 +22,6 @@ from essessey.bindings.ws._source import (
     MessageReceiver,
     WebSocketSource,
 )
-from essessey.errors import WebSocketClosed
 
 __all__ = [
     "MAX_FRAME_SIZE",
@@ -30,12 +30,13 @@ __all__ = [
     "FrameReceiver",
     "MessageReceiver",
     "TextSender",
-    "WebSocketClosed",
     "WebSocketSink",
     "WebSocketSource",
     "decode_frame",
     "encode_frame",
 ]
+
+set_public_module(__name__, globals(), __all__)
 
 if TYPE_CHECKING:
     from essessey.bindings.ws._endpoint import PING_FRAME as PING_FRAME
@@ -54,5 +55,7 @@ def __getattr__(name: str) -> Any:
     # use: the envelope, the sink and the source work without it.
     module = _NEEDS_STARLETTE.get(name)
     if module is not None:
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
+        set_public_module(__name__, namespace, [name])
+        return namespace[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

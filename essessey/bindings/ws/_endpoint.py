@@ -44,7 +44,7 @@ Why it is shaped this way:
   invisible to a page's script and to some proxies' idle timers.
 - The client closing or dropping ends the subscription at once (the hub's subscriber
   count drops); the turn goes on. Messages the client sends after the first are ignored.
-- When the server shuts down (:func:`essessey.begin_shutdown` called, or uvicorn's
+- When the server shuts down (:func:`essessey.shutdown.begin_shutdown` called, or uvicorn's
   shutdown detected), the subscription stops sending (a frame goes out whole or not at
   all; queued ones are dropped: the client gets them on resuming) and closes with 1012,
   "service restart": the server is going and the client should reconnect, with its last
@@ -68,8 +68,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey import metrics
-from essessey._ids import MAX_ID_LENGTH, is_token
-from essessey._shutdown import on_shutdown, shutting_down
+from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     ConnectionTasks,
@@ -88,6 +87,7 @@ from essessey.event import Event
 from essessey.hub import Access, StreamHub
 from essessey.metrics import totals
 from essessey.protocol import EventType
+from essessey.shutdown import on_shutdown, shutting_down
 
 __all__ = ["websocket_subscription", "ws_route"]
 
@@ -152,7 +152,7 @@ async def websocket_subscription(
     _check_options(ping_interval, send_timeout, max_queue, resume_message_timeout)
     if websocket.application_state == WebSocketState.CONNECTING:
         await websocket.accept()
-    if not is_token(stream_id):
+    if not is_stream_id(stream_id):
         await _close(websocket, CloseCode.BAD_REQUEST, "invalid stream id")
         return
     last_event_id = websocket.query_params.get("last_event_id")
