@@ -89,3 +89,39 @@ def test_shell_blocks_set_every_variable_they_use(path: Path) -> None:
             assigned.update(_ASSIGNED.findall(line))
             unset.extend(name for name in _USED.findall(line) if name not in assigned)
     assert unset == [], f"{path.name} uses shell variables it never sets: {unset}"
+
+
+# Every essessey name the docs write out (`essessey.check.Rule`,
+# `essessey.shutdown.begin_shutdown()`) imports from where they say; the strings that only
+# look like one are logger and metric names, read from the package's own source.
+_NAMED = re.compile(r"`(essessey(?:\.[A-Za-z_]\w*)+)")
+_NOT_A_PATH = re.compile(r"""(?:getLogger|create_\w+|_metric)\(\s*["'](essessey[\w.]*)["']""")
+
+
+def _resolves(path: str) -> bool:
+    import importlib
+
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+    return False
+
+
+def test_every_name_the_docs_give_imports_from_where_they_say() -> None:
+    source = "\n".join(p.read_text() for p in (ROOT / "essessey").rglob("*.py"))
+    not_paths = set(_NOT_A_PATH.findall(source))
+    named = {
+        (match.group(1), path.name) for path in DOCS for match in _NAMED.finditer(path.read_text())
+    }
+    wrong = sorted(
+        (name, page) for name, page in named if name not in not_paths and not _resolves(name)
+    )
+    assert wrong == [], wrong
