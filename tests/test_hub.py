@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -28,6 +28,7 @@ from essessey import (
     stream_turn,
 )
 from essessey.hub import Access
+from tests.clients import wait_until
 from tests.conftest import Clock
 from tests.processes import WAIT
 
@@ -117,14 +118,6 @@ async def take(events: AsyncIterator[Event], count: int) -> list[Event]:
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     return got
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(int(WAIT / 0.001)):
-        if condition():
-            return
-        await anyio.sleep(0.001)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 async def wait_for(event: anyio.Event) -> None:

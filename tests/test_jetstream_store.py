@@ -37,6 +37,7 @@ from essessey import (
 )
 from essessey.bindings.nats import CONTROL_HEADER, JetStreamEventStore, _jetstream
 from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
+from tests.clients import collect, fill, wait_until
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 from tests.test_store import BOGUS_IDS, delta, seq, start, stop
@@ -64,24 +65,6 @@ async def connected(server: NatsServer) -> AsyncIterator[Client]:
 async def store_on(server: NatsServer, **options: Any) -> AsyncIterator[JetStreamEventStore]:
     async with connected(server) as nc:
         yield await JetStreamEventStore.connect(nc, **options)
-
-
-async def fill(store: JetStreamEventStore, stream_id: str, count: int) -> list[Event]:
-    return [await store.append(stream_id, delta(n)) for n in range(count)]
-
-
-async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
-    async for event in events:
-        into.append(event)
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Yield to other tasks until ``condition()`` holds; fail after WAIT seconds."""
-    for _ in range(int(WAIT / 0.005)):
-        if condition():
-            return
-        await anyio.sleep(0.005)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 async def drain(events: AsyncIterator[Event]) -> None:

@@ -6,7 +6,7 @@ clock-driven expiry, its bounds' details, follow() and the delivery in the appen
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -24,16 +24,13 @@ from essessey import (
     SubscriberLagged,
     UnknownEventId,
 )
+from tests.clients import collect, delta, fill, wait_until
 from tests.conftest import Clock
 from tests.processes import WAIT
 
 pytestmark = pytest.mark.anyio
 
 """Seconds any single wait in these tests may take before the test fails."""
-
-
-def delta(n: int) -> Event:
-    return Event(EventType.CONTENT_BLOCK_DELTA, b'{"n":%d}' % n)
 
 
 def start(n: int = 0) -> Event:
@@ -61,24 +58,6 @@ def epoch(event_id: str | None) -> str:
 
 def bare(events: list[Event]) -> list[tuple[str, bytes]]:
     return [(event.event, event.data) for event in events]
-
-
-async def fill(store: InMemoryEventStore, stream_id: str, count: int) -> list[Event]:
-    return [await store.append(stream_id, delta(n)) for n in range(count)]
-
-
-async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
-    async for event in events:
-        into.append(event)
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Yield to other tasks until ``condition()`` holds; fail after WAIT seconds."""
-    for _ in range(int(WAIT / 0.001)):
-        if condition():
-            return
-        await anyio.sleep(0.001)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 # -- ids ------------------------------------------------------------------------------

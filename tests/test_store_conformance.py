@@ -37,6 +37,7 @@ from essessey import (
 )
 from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.redis import RedisEventStore
+from tests.clients import fill, wait_until
 from tests.nats_server import NatsServer, nats_server
 from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
@@ -137,10 +138,6 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return Backend(name, server)
 
 
-async def fill(store: Any, stream_id: str, count: int, first: int = 0) -> list[Event]:
-    return [await store.append(stream_id, delta(n)) for n in range(first, first + count)]
-
-
 async def read_all(store: Any, stream_id: str, last_id: str | None = None) -> list[Event]:
     got: list[Event] = []
     with anyio.fail_after(WAIT):
@@ -152,14 +149,6 @@ async def read_all(store: Any, stream_id: str, last_id: str | None = None) -> li
 async def take(events: AsyncIterator[Event], count: int) -> list[Event]:
     """The next ``count`` events of ``events``."""
     return [await anext(events) for _ in range(count)]
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(int(WAIT / 0.005)):
-        if condition():
-            return
-        await anyio.sleep(0.005)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 # -- ids --------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ whole message.
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import itertools
 import logging
@@ -249,6 +250,24 @@ def _follows(msg: Msg, seq: int | None) -> bool:
     gone."""
     headers = msg.headers
     return headers is not None and seq is not None and headers.get(PREV_HEADER) == str(seq)
+
+
+class _First(enum.Enum):
+    """What the first message a read after an id gets is, for that id."""
+
+    OWN = "the id's own message: skipped"
+    NEXT = "the next one: the id's own was trimmed, and nothing after it"
+    GONE = "a gap: the id's message is gone and more with it, or the stream was cleared"
+
+
+def _first_after(msg: Msg, name: str, seq: int, start: int) -> _First:
+    """The one rule ``since`` and ``follow`` both apply to their first message after
+    ``start`` (the sequence of the id they were given)."""
+    if seq == start and name != CONTROL_EVENT:
+        return _First.OWN
+    if not _follows(msg, start) or _control(msg) == _RESET:
+        return _First.GONE
+    return _First.NEXT
 
 
 class JetStreamEventStore:
@@ -672,14 +691,15 @@ class JetStreamEventStore:
                     continue
                 idle_since = time.monotonic()
                 name = msg.subject[name_at:]
-                if verify:
+                if verify and start is not None:
                     verify = False
-                    if reader.seq == start and name != CONTROL_EVENT:
+                    first = _first_after(msg, name, reader.seq, start)
+                    if first is _First.GONE:
+                        return [], False
+                    if first is _First.OWN:
                         if reader.pending == 0:
                             break
-                        continue  # the id's own message
-                    if not _follows(msg, start):
-                        return [], False  # the id's message is gone, and more with it
+                        continue
                 elif start is not None and reader.removed:
                     return [], False  # evicted or purged under the read: a gap
                 if name == CONTROL_EVENT:
@@ -691,7 +711,7 @@ class JetStreamEventStore:
                     else:
                         alive = True
                 else:
-                    events.append(Event(name, msg.data, f"{epoch}-{reader.seq}"))
+                    events.append(reader.event(name, msg))
                     alive = True
                 if reader.pending == 0:
                     break
@@ -752,15 +772,14 @@ class JetStreamEventStore:
                         logger.debug("could not check the lease of %s: %r", stream_id, exc)
                     continue
                 name = msg.subject[name_at:]
-                if verify:
+                if verify and start is not None:
                     verify = False
                     live = True
-                    if reader.seq == start and name != CONTROL_EVENT:
-                        continue  # the id's own message
-                    if not _follows(msg, start) or _control(msg) == _RESET:
+                    first = _first_after(msg, name, reader.seq, start)
+                    if first is _First.GONE:
                         raise await self._missing(stream_id)
-                    # The id's own message was trimmed and nothing after it: this one
-                    # is the next.
+                    if first is _First.OWN:
+                        continue
                 if live:
                     if reader.removed:
                         raise SubscriberLagged(
@@ -771,7 +790,7 @@ class JetStreamEventStore:
                             f"subscriber is {reader.lag} events behind {stream_id!r}"
                         )
                     if name != CONTROL_EVENT:
-                        yield Event(name, msg.data, f"{epoch}-{reader.seq}")
+                        yield reader.event(name, msg)
                         continue
                     control = _control(msg)
                     if control == _RESET:
@@ -797,7 +816,7 @@ class JetStreamEventStore:
                     alive = True
                     if name == EventType.MESSAGE_START:
                         live = True
-                        yield Event(name, msg.data, f"{epoch}-{reader.seq}")
+                        yield reader.event(name, msg)
                         continue
                 # No whole message retained: what comes before the next message_start
                 # is a message's tail, skipped until it starts (or the stream closes).
@@ -862,6 +881,10 @@ class _Reader:
         self.total = 0  # count + pending: drops only when messages ahead are removed
         self.removed = False
         self.reconnects = 0  # the connection's reconnect count when the consumer was made
+
+    def event(self, name: str, msg: Msg) -> Event:
+        """The event ``msg`` (named ``name``) carries, with the id of its sequence."""
+        return Event(name, msg.data, f"{self.epoch}-{self.seq}")
 
     async def open(self, start: int | None) -> int:
         """Create the consumer from ``start`` (its first message is the one at ``start``
