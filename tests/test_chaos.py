@@ -49,7 +49,7 @@ from tests.servers import serve
 pytestmark = pytest.mark.anyio
 
 TURNS = 50
-EVENTS_PER_TURN = 500
+EVENTS_PER_TURN = 300
 DROPS_PER_CLIENT = (4, 6)  # each client drops between 4 and 6 times
 MIN_DROPS = 200
 CHAOS_SEED = 20_240_604

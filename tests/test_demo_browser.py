@@ -30,7 +30,7 @@ from tests.servers import serve
 pytestmark = pytest.mark.anyio
 
 DELTAS = 100
-DELAY_MS = 30  # the answer alone takes 3 s: time to drop, reconnect and reload in it
+DELAY_MS = 20  # the answer alone takes 2 s: time to drop, reconnect and reload in it
 ANSWER_INDEX = 6  # thinking 0, text 1, two tool_use 2-3, two tool_result 4-5, answer 6
 MAX_SCREENSHOT = 300 * 1024
 

@@ -6,8 +6,12 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,46 +30,56 @@ def _blocks() -> list[tuple[str, str, str | None]]:
 
 
 BLOCKS = _blocks()
+Ran = subprocess.CompletedProcess[str]
 
 
 # What a block needs to run, found in its text, and where the test puts it: the demo's
 # address (the docs assume `essessey demo` on port 8000) becomes a demo this test serves on
 # a free port; NATS_URL (which the NATS blocks read) points at a nats-server of its own.
 DEMO_ADDRESS = "127.0.0.1:8000"
+# Each block is a Python process of its own, which is mostly its start: three at a time
+# (the NATS blocks one at a time, as they share the server's streams).
+RUNNERS = 3
 
 
 @pytest.fixture(scope="module")
-def demo_address() -> Iterator[str]:
+def snippet_runs() -> dict[str, Ran]:
+    """Every block, run once: what each printed and how it exited, by name."""
     from essessey.demo import create_app
+    from tests.nats_server import nats_server
     from tests.servers import serve
 
-    with serve(create_app(), lifespan="on") as url:
-        yield url.removeprefix("http://")
+    with ExitStack() as stack:
+        demo = stack.enter_context(serve(create_app(), lifespan="on")).removeprefix("http://")
+        nats = stack.enter_context(nats_server())
+        one_at_a_time = threading.Lock()
+
+        def run(block: tuple[str, str, str | None]) -> tuple[str, Ran]:
+            name, code, _ = block
+            # The checkout itself, installed or not, is what the docs describe.
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "NATS_URL": nats.url}
+            with tempfile.TemporaryDirectory(prefix="essessey-snippet-") as folder:
+                script = Path(folder) / "snippet.py"
+                script.write_text(code.replace(DEMO_ADDRESS, demo))
+                command = [sys.executable, str(script)]
+                options: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 60}
+                if "NATS_URL" in code:
+                    with one_at_a_time:
+                        ran = subprocess.run(command, cwd=folder, env=env, **options)
+                else:
+                    ran = subprocess.run(command, cwd=folder, env=env, **options)
+            return name, ran
+
+        with ThreadPoolExecutor(RUNNERS) as pool:
+            return dict(pool.map(run, BLOCKS))
 
 
 @pytest.mark.parametrize(("name", "code", "output"), BLOCKS, ids=[b[0] for b in BLOCKS])
-def test_snippet(
-    name: str, code: str, output: str | None, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+def test_snippet(name: str, code: str, output: str | None, snippet_runs: dict[str, Ran]) -> None:
     """Every block runs (a block that only defines an app runs its definitions), and one
     shown with its output prints exactly that."""
     compile(code, name, "exec")
-    # The checkout itself, whether or not it is installed, is what the docs describe.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if DEMO_ADDRESS in code:
-        code = code.replace(DEMO_ADDRESS, request.getfixturevalue("demo_address"))
-    if "NATS_URL" in code:
-        env["NATS_URL"] = request.getfixturevalue("nats").url
-    script = tmp_path / "snippet.py"
-    script.write_text(code)
-    ran = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env=env,
-    )
+    ran = snippet_runs[name]
     assert ran.returncode == 0, ran.stderr
     if output is not None:
         assert ran.stdout == output

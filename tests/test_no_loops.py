@@ -19,11 +19,12 @@ from tests.processes import WAIT
 from tests.servers import serve
 
 DELTAS = 12
+PING = 0.04  # the demo's keep-alive interval, in seconds: shorter than a paced turn's pause
 
 
 @pytest.fixture
 def demo() -> Iterator[str]:
-    with serve(create_app(ping_interval=0.1), lifespan="on") as url:
+    with serve(create_app(ping_interval=PING), lifespan="on") as url:
         yield url
 
 
@@ -91,10 +92,10 @@ async def test_chromium_event_source_stops_after_a_finished_turn(demo: str) -> N
 
 
 def test_httpx_sse_sees_exactly_the_turns_events(demo: str) -> None:
-    # Paced, so keep-alives (every 0.1 s) come between the events; the retry hint is in
+    # Paced, so keep-alives (every PING s) come between the events; the retry hint is in
     # the first event's block. httpx-sse dispatches an empty event for a blank line
     # after a field-only block: there is none.
-    stream_id, events = finished_turn(demo, delay_ms=150)
+    stream_id, events = finished_turn(demo, delay_ms=60)
     names = [name for name, _ in events]
     assert names[0] == "message_start"
     assert names[-1] == "message_stop"
