@@ -1,5 +1,6 @@
 """Shared pytest configuration for the essessey test suite."""
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -58,8 +59,11 @@ def node_client() -> Path:
         if os.environ.get("CI"):
             pytest.fail("these tests need Node and npm (.ci/run installs them)")
         pytest.skip("Node and npm are not installed")
-    if not (NODE_DIR / "node_modules" / "ai").is_dir():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
-        )
+    # Under pytest-xdist two workers may get here at once: one installs, the other waits.
+    with open(NODE_DIR / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (NODE_DIR / "node_modules" / "ai").is_dir():
+            subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
+            )
     return NODE_DIR / "chat.mjs"
