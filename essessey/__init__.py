@@ -15,6 +15,9 @@ Where a name lives, the one rule:
   :mod:`essessey.event` (``Source``, ``EventBatch``), :mod:`essessey.memory`
   (``SliceSource``), :mod:`essessey.adapters` and its provider modules, and each binding
   (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``, ``.nats``, ``.redis``).
+- ``essessey.check`` and ``essessey.reassemble`` here are the functions; their modules'
+  other names are imported with ``from essessey.check import ...`` and
+  ``from essessey.reassemble import ...``.
 - A module whose name starts with ``_`` is private. A public name's ``__module__`` is the
   module the docs import it from, so a ``repr``, a traceback or ``help()`` says that path.
 """
