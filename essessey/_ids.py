@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_stream_id", "parse_event_id"]
+__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_stream_id", "is_token", "parse_event_id"]
 
 MAX_ID_LENGTH: Final = 256
 """The longest stream id or last event id accepted from a request, in characters (and the
@@ -25,13 +25,19 @@ longest NATS subject token: nats-server closes a connection whose command line p
 _NOT_IN_A_TOKEN: Final = re.compile(r"[\s.*>]")
 
 
-def is_stream_id(value: str) -> bool:
-    """Whether ``value`` is a valid stream id (and NATS subject token)."""
+def is_token(value: str) -> bool:
+    """Whether ``value`` can be one NATS subject token (a prefix token, an event name)."""
     return (
         0 < len(value) <= MAX_ID_LENGTH
         and value.isprintable()
         and _NOT_IN_A_TOKEN.search(value) is None
     )
+
+
+def is_stream_id(value: str) -> bool:
+    """Whether ``value`` is a valid stream id: one subject token, so every backend can
+    carry it (see above)."""
+    return is_token(value)
 
 
 def is_event_id(value: str) -> bool:

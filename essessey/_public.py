@@ -9,11 +9,12 @@ package) gets that module as its ``__module__``, as httpx does for its own, so i
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["set_public_module"]
+__all__ = ["import_lazily", "set_public_module"]
 
 
 def set_public_module(module: str, namespace: Mapping[str, Any], names: Iterable[str]) -> None:
@@ -25,3 +26,15 @@ def set_public_module(module: str, namespace: Mapping[str, Any], names: Iterable
             "essessey"
         ):
             value.__module__ = module
+
+
+def import_lazily(package: str, modules: Mapping[str, str], name: str) -> Any:
+    """``package.name`` imported on first use from the private module ``modules[name]``
+    (for a package's ``__getattr__``: names that need an extra's library, imported only
+    when asked for), its ``__module__`` set as for the package's other names."""
+    module = modules.get(name)
+    if module is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    namespace = vars(importlib.import_module(f"{package}.{module}"))
+    set_public_module(package, namespace, [name])
+    return namespace[name]

@@ -9,10 +9,9 @@ without them.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from essessey._public import set_public_module
+from essessey._public import import_lazily, set_public_module
 from essessey.demo._scenario import (
     DEFAULT_DELTAS,
     MAX_DELAY_MS,
@@ -51,9 +50,4 @@ _NEEDS_SERVER = {"create_app": "_app", "serve": "_app"}
 
 def __getattr__(name: str) -> Any:
     # Starlette and uvicorn (the ``server`` extra) are imported when the app is asked for.
-    module = _NEEDS_SERVER.get(name)
-    if module is not None:
-        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
-        set_public_module(__name__, namespace, [name])
-        return namespace[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return import_lazily(__name__, _NEEDS_SERVER, name)

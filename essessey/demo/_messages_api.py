@@ -344,16 +344,16 @@ def build_reply(request: MessagesRequest) -> ScriptedReply:
     budget = request.max_tokens
     thinking = thinking_words[:budget]
     text_words = all_text_words[: max(0, budget - len(thinking))]
-    cut = len(thinking) + len(text_words) < len(thinking_words) + len(all_text_words)
+    used = len(thinking) + len(text_words)
+    # Cut short when the words did not all fit, or left no token for the call.
+    cut = used < len(thinking_words) + len(all_text_words) or (tool is not None and used >= budget)
     tool_call = None
-    if tool is not None and not cut and budget > len(thinking) + len(text_words):
+    if tool is not None and not cut:
         tool_call = (
             f"toolu_demo_{secrets.token_hex(8)}",
             str(tool["name"]),
             sample_input(tool.get("input_schema")),
         )
-    elif tool is not None:
-        cut = True  # the words took the whole budget: no token was left for the call
     if cut:
         stop_reason = StopReason.MAX_TOKENS
     elif tool_call is not None:

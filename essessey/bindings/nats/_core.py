@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nats import errors as nats_errors
 
-from essessey._ids import MAX_ID_LENGTH, is_stream_id
+from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey.errors import NATSConnectionLost
 from essessey.event import Event
 
@@ -79,7 +79,7 @@ def check_token(value: str, what: str = "token") -> str:
     """
     if not isinstance(value, str):
         raise TypeError(f"a {what} must be a str, not {type(value).__name__}")
-    if not is_stream_id(value):
+    if not is_token(value):
         shown = value if len(value) <= 80 else value[:80] + "…"
         raise ValueError(
             f"invalid {what} {shown!r} ({len(value)} characters): a NATS subject token must "

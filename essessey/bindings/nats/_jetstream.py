@@ -84,7 +84,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from essessey._ids import is_stream_id, parse_event_id
+from essessey._ids import is_stream_id, is_token, parse_event_id
 from essessey.bindings.nats._bounds import PREV_HEADER, Bounds
 from essessey.bindings.nats._core import check_token
 from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
@@ -308,7 +308,7 @@ class JetStreamEventStore:
     ) -> None:
         if not stream or _BAD_NAME.search(stream):
             raise ValueError(f"stream {stream!r} is not a valid JetStream stream name")
-        if not all(is_stream_id(token) for token in prefix.split(".")):
+        if not all(is_token(token) for token in prefix.split(".")):
             raise ValueError(f"prefix {prefix!r} is not a valid subject prefix")
         if max_age <= 0:
             raise ValueError("max_age must be > 0 seconds")
@@ -514,7 +514,7 @@ class JetStreamEventStore:
             check_token(stream_id, "stream id")
         if name == CONTROL_EVENT:
             raise ValueError(f"the event name {CONTROL_EVENT!r} is reserved")
-        if not is_stream_id(name):
+        if not is_token(name):
             check_token(name, "event name")
         data = event.data
         bounds = self._bounds

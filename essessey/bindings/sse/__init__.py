@@ -8,11 +8,10 @@ dependencies). ``EventStreamResponse`` needs the ``server`` extra (Starlette);
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from essessey._ids import MAX_ID_LENGTH, is_event_id, is_stream_id
-from essessey._public import set_public_module
+from essessey._public import import_lazily, set_public_module
 from essessey.bindings.sse._decoder import SSEDecoder, SSEMessage
 from essessey.bindings.sse._source import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
 from essessey.bindings.sse._writer import encode, encode_many, format_message
@@ -53,9 +52,4 @@ _NEEDS_STARLETTE = {
 def __getattr__(name: str) -> Any:
     # The ASGI response needs Starlette (the ``server`` extra), so it is imported on
     # first use: the format, the decoder and the source work without it.
-    module = _NEEDS_STARLETTE.get(name)
-    if module is not None:
-        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
-        set_public_module(__name__, namespace, [name])
-        return namespace[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return import_lazily(__name__, _NEEDS_STARLETTE, name)

@@ -9,10 +9,9 @@ server library. ``websocket_subscription`` and ``ws_route`` need the ``server`` 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from essessey._public import set_public_module
+from essessey._public import import_lazily, set_public_module
 from essessey.bindings.ws._frame import MAX_FRAME_SIZE, decode_frame, encode_frame
 from essessey.bindings.ws._sink import TextSender, WebSocketSink
 from essessey.bindings.ws._source import (
@@ -53,9 +52,4 @@ _NEEDS_STARLETTE = {
 def __getattr__(name: str) -> Any:
     # The endpoint needs Starlette (the ``server`` extra), so it is imported on first
     # use: the envelope, the sink and the source work without it.
-    module = _NEEDS_STARLETTE.get(name)
-    if module is not None:
-        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
-        set_public_module(__name__, namespace, [name])
-        return namespace[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return import_lazily(__name__, _NEEDS_STARLETTE, name)
