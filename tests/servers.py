@@ -100,13 +100,6 @@ class ServerProcess:
 
 
 @contextmanager
-def serve_process(app: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """Run ``app`` ("module:attribute") under uvicorn in a subprocess; stopped on exit."""
-    with serve_processes(app, 1, env) as (server,):
-        yield server
-
-
-@contextmanager
 def serve_processes(
     app: str, count: int, env: dict[str, str] | None = None
 ) -> Iterator[tuple[ServerProcess, ...]]:

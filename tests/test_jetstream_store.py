@@ -37,10 +37,10 @@ from essessey import (
 )
 from essessey.bindings.nats import CONTROL_HEADER, JetStreamEventStore, _jetstream
 from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
-from tests.clients import collect, fill, wait_until
+from tests.clients import collect, delta, fill, wait_until
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
-from tests.test_store import BOGUS_IDS, delta, seq, start, stop
+from tests.test_store import BOGUS_IDS, seq, start, stop
 
 pytestmark = pytest.mark.anyio
 

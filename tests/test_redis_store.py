@@ -20,9 +20,9 @@ from essessey import (
     SubscriberLagged,
 )
 from essessey.bindings.redis import RedisEventStore
+from tests.clients import delta
 from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
-from tests.test_store import delta
 
 pytestmark = pytest.mark.anyio
 

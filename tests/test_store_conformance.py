@@ -37,11 +37,11 @@ from essessey import (
 )
 from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.redis import RedisEventStore
-from tests.clients import fill, wait_until
+from tests.clients import delta, fill, wait_until
 from tests.nats_server import NatsServer, nats_server
 from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
-from tests.test_store import BOGUS_IDS, delta, epoch, seq, start, stop
+from tests.test_store import BOGUS_IDS, epoch, seq, start, stop
 
 pytestmark = pytest.mark.anyio
 
