@@ -5,16 +5,17 @@ Where a name lives, the one rule:
 - **The top level** (``essessey.X``) holds what an app imports to publish a turn
   (``Publisher``, ``stream_turn`` and the streamers, ``Event`` and the sinks), serve it
   (``StreamHub`` and its hooks' types), store it (``EventStore``, ``InMemoryEventStore``),
-  read it back (``reassemble``, ``reassemble_events``, ``ParsedStream``, ``check``), the
+  read it back (``reassemble``, ``reassemble_events``, ``ParsedStream``, ``check``,
+  ``SliceSource`` for events already in hand), the
   protocol's names (``EventType``, ``StopReason``, ...) and every exception the library
   raises, the bindings' included (defined in :mod:`essessey.errors`).
 - **Everything else is imported from the public module that owns it**, documented there:
   :mod:`essessey.reassemble` (the records a reassembled stream is made of, ``Reassembler``),
   :mod:`essessey.check` (``ProtocolChecker``, ``Rule``, ``Violation``),
   :mod:`essessey.shutdown` (ending open streams when the server stops),
-  :mod:`essessey.event` (``Source``, ``EventBatch``), :mod:`essessey.memory`
-  (``SliceSource``), :mod:`essessey.adapters` and its provider modules, and each binding
-  (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``, ``.nats``, ``.redis``).
+  :mod:`essessey.event` (``Source``, ``EventBatch``), :mod:`essessey.adapters` and its
+  provider modules, and each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``,
+  ``.nats``, ``.redis``).
 - ``essessey.check`` and ``essessey.reassemble`` here are the functions; their modules'
   other names are imported with ``from essessey.check import ...`` and
   ``from essessey.reassemble import ...``.
@@ -50,7 +51,7 @@ from essessey.errors import (
 )
 from essessey.event import Event, Sink
 from essessey.hub import Access, Authorize, StreamHub, TurnProducer
-from essessey.memory import InMemorySink, MultiSink
+from essessey.memory import InMemorySink, MultiSink, SliceSource
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
 from essessey.publisher import Publisher
 from essessey.reassemble import ParsedStream, reassemble, reassemble_events
@@ -96,6 +97,7 @@ __all__ = [
     "SSEDecodeError",
     "SerializationError",
     "Sink",
+    "SliceSource",
     "StopReason",
     "StoreFull",
     "StoreUnavailable",

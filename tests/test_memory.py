@@ -2,8 +2,7 @@
 
 import pytest
 
-from essessey import Event, InMemorySink, MultiSink, ProtocolError, Publisher
-from essessey.memory import SliceSource
+from essessey import Event, InMemorySink, MultiSink, ProtocolError, Publisher, SliceSource
 
 PING = Event("ping", b'{"type":"ping"}')
 STOP = Event("message_stop", b'{"type":"message_stop"}')

@@ -71,14 +71,14 @@ def test_a_public_name_says_the_path_it_is_imported_from(package: str) -> None:
 
 
 def test_the_top_level_holds_no_reassembly_record_or_shutdown_hook() -> None:
-    for name in ("TextItem", "Reassembler", "ProtocolChecker", "begin_shutdown", "SliceSource"):
+    for name in ("TextItem", "Reassembler", "ProtocolChecker", "begin_shutdown", "EventBatch"):
         assert not hasattr(essessey, name), name
     from essessey.check import ProtocolChecker
-    from essessey.memory import SliceSource
+    from essessey.event import EventBatch
     from essessey.reassemble import Reassembler, TextItem
     from essessey.shutdown import begin_shutdown
 
-    assert all((ProtocolChecker, SliceSource, Reassembler, TextItem, begin_shutdown))
+    assert all((ProtocolChecker, EventBatch, Reassembler, TextItem, begin_shutdown))
 
 
 def test_the_sse_binding_s_id_rules_import_without_starlette() -> None:
