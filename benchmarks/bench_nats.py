@@ -57,7 +57,7 @@ from essessey.bindings.nats import (
 
 # Not exported: the one place that reaches into nats-py (see its docstring); a benchmark
 # needs the same certainty that a subscription reached the server before it publishes.
-from essessey.bindings.nats._core import flush_connection
+from essessey.bindings.nats._nats_py import flush_connection
 
 TARGET_RATIO = 0.7
 """Each library path must reach this share of its raw nats-py baseline's events/s."""

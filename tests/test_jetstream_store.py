@@ -36,7 +36,8 @@ from essessey import (
     stream_turn,
 )
 from essessey.bindings.nats import CONTROL_HEADER, JetStreamEventStore, _jetstream
-from essessey.bindings.nats._jetstream import _ack_fields, _position, _ready_subscription
+from essessey.bindings.nats._jetstream import _ack_fields, _position
+from essessey.bindings.nats._nats_py import ready_push_subscription as _ready_subscription
 from tests.clients import collect, delta, fill, wait_until
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
@@ -681,7 +682,7 @@ def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """How followers take their messages: ``queued`` (nats-py's internals, as installed)
     or ``next_msg`` (as when they are absent). The list counts next_msg calls."""
     if request.param == "next_msg":
-        monkeypatch.setattr(_jetstream, "_ready_subscription", lambda sub: None)
+        monkeypatch.setattr(_jetstream, "ready_push_subscription", lambda sub: None)
     calls = [0]
     next_msg = JetStreamContext.PushSubscription.next_msg
 

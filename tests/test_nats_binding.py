@@ -31,7 +31,7 @@ from essessey.bindings.nats import (
     subscribe_stream,
 )
 from essessey.bindings.nats import _core as nats_core
-from essessey.bindings.nats._core import flush_connection
+from essessey.bindings.nats._nats_py import flush_connection
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 from tests.test_exactness import publish_seed_turn
@@ -485,7 +485,8 @@ async def test_the_public_iterator_alone_gives_the_same_results(
     nats: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What a nats-py without the internals the fast path reads would give.
-    monkeypatch.setattr(nats_core, "_ready_queue", lambda sub, messages: None)
+    monkeypatch.setattr(nats_core, "queued_messages", lambda sub, messages: None)
+    monkeypatch.setattr(nats_core, "direct_publish", lambda nc: None)
     async with connect(nats) as producer, connect(nats) as reader:
         source = await subscribe_stream(reader, "conv_1")
         lost = await subscribe_all(reader)

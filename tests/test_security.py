@@ -681,7 +681,7 @@ async def test_nats_and_jetstream_log_no_payload_content(
     import nats as nats_py
 
     from essessey.bindings.nats import JetStreamEventStore, NATSSink, NATSSource
-    from essessey.bindings.nats._core import flush_connection
+    from essessey.bindings.nats._nats_py import flush_connection
 
     nc = await nats_py.connect(nats.url)
     try:

@@ -15,16 +15,15 @@ Why it is shaped this way:
   use the JetStream backend.
 - nats-py ends a subscription's message iterator the same way on ``unsubscribe``, on
   ``drain`` and when the connection closes; only the subscription's state tells a clean
-  end from a lost connection, so :class:`NATSSource` reads that state (see
-  :func:`_finished`) rather than letting a dead connection look like the end of a stream.
-- Two more places reach into nats-py 2.16, each guarded so that a different version falls
-  back to the public API: :func:`flush_connection` (its ``flush`` can overtake buffered
-  commands) and :func:`_ready_queue` (its iterator costs a task per message).
+  end from a lost connection, so :class:`NATSSource` reads that state rather than
+  letting a dead connection look like the end of a stream.
+- What reaches into nats-py (that state, a flush that keeps order, publishing and reading
+  without a coroutine or a task per message) is in one module, ``_nats_py``, each part
+  falling back to the public API on a nats-py it does not know.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
@@ -33,7 +32,13 @@ from typing import TYPE_CHECKING, Any, Final
 from nats import errors as nats_errors
 
 from essessey._ids import MAX_ID_LENGTH, is_token
-from essessey.errors import NATSConnectionLost
+from essessey.bindings.nats._nats_py import (
+    direct_publish,
+    flush_connection,
+    lost_connection_error,
+    queued_messages,
+    subscription_finished,
+)
 from essessey.event import Event
 
 if TYPE_CHECKING:
@@ -65,6 +70,8 @@ HEADER_EVENT_ID: Final = "Essessey-Event-Id"
 # Event names are few (the protocol has about ten), so every valid one is cached; the cap
 # only guards against a producer inventing names without end.
 _MAX_CACHED_SUBJECTS: Final = 1024
+_HEADER_HEAD: Final = b"NATS/1.0\r\n" + HEADER_EVENT_ID.encode() + b": "
+_HEADER_TAIL: Final = b"\r\n\r\n"
 # Building the named tuple through tuple.__new__ skips its argument-parsing __new__ (as
 # the Publisher does): one is built per message received.
 _new_event: Final = tuple.__new__
@@ -158,15 +165,17 @@ class NATSSink:
     Failures come from nats-py as they are: ``ConnectionClosedError``,
     ``OutboundBufferLimitError`` while reconnecting with a full buffer,
     ``MaxPayloadError`` for a payload over the server's limit.
+
+    :meth:`emit_nowait` (which a Publisher uses when a sink has it) buffers the message
+    in a plain call while the connection is up, as ``nc.publish`` would, and declines
+    whenever ``publish`` would wait or raise, so that ``emit`` then does.
     """
 
-    # emit_nowait is not offered: nats-py's publish is a coroutine, and reaching into its
-    # write buffer from a plain call would tie this sink to its internals.
-
-    __slots__ = ("_base", "_nc", "_prefix", "_stream_id", "_subjects")
+    __slots__ = ("_base", "_direct", "_nc", "_prefix", "_stream_id", "_subjects")
 
     def __init__(self, nc: Client, stream_id: str, *, prefix: str = DEFAULT_PREFIX) -> None:
         self._nc = nc
+        self._direct = direct_publish(nc)
         self._prefix = _check_prefix(prefix)
         self._stream_id = check_token(stream_id, "stream id")
         self._base = f"{prefix}.{stream_id}."
@@ -203,64 +212,28 @@ class NATSSink:
             return self._nc.publish(subject, event.data, headers={HEADER_EVENT_ID: event_id})
         return self._nc.publish(subject, event.data)
 
+    def emit_nowait(self, event: Event) -> bool:
+        """Buffer ``event`` for publishing and return True, or return False (having
+        buffered nothing) when only :meth:`emit` can take it: the connection is not up,
+        the payload is over the server's limit, the client's buffer is full, or this
+        nats-py is not one the fast path knows. Raises ``ValueError`` as :meth:`emit`
+        does."""
+        direct = self._direct
+        if direct is None:
+            return False
+        subject = self._subjects.get(event.event) or self.subject(event.event)
+        event_id = event.id
+        if event_id:
+            _check_event_id(event_id)
+            # The header section nats-py writes for this one header, byte for byte.
+            return direct(subject, event.data, _HEADER_HEAD + event_id.encode() + _HEADER_TAIL)
+        return direct(subject, event.data, None)
+
     async def flush(self) -> None:
         """Wait until the server has received everything published so far (a PING/PONG
         round trip); nats-py raises ``FlushTimeoutError`` after its 10 s default, and a
         caller wanting less wraps the call in ``asyncio.timeout``."""
         await flush_connection(self._nc)
-
-
-async def flush_connection(nc: Client) -> None:
-    """Wait until the server has received everything ``nc`` has published or subscribed
-    so far (what ``NATSSink.flush`` and the subscribers rely on; not exported: the one
-    place that reaches into nats-py, tests/test_nats_binding.py checks it still works).
-
-    ``nc.flush()`` alone does not promise that with nats-py 2.16: it writes its PING
-    straight to the socket, ahead of the commands still in the client's buffer, so the
-    PONG can come back before the server has read them. This first has the client's
-    flusher write its buffer (which keeps order), then makes the round trip.
-    """
-    flush_pending: Any = getattr(nc, "_flush_pending", None)
-    if flush_pending is not None and nc.is_connected:
-        # nats-py's own "write the buffer now and wait for it"; private, hence getattr:
-        # without it the round trip below is all there is.
-        task = asyncio.current_task()
-        cancelling = task.cancelling() if task is not None else 0
-        await flush_pending(force_flush=True)
-        if task is not None and task.cancelling() > cancelling:
-            # It swallows a cancellation that arrives while it waits: hand it back, or a
-            # timeout around this call would never fire.
-            raise asyncio.CancelledError
-    await nc.flush()
-
-
-def _finished(sub: Subscription) -> bool:
-    """Whether ``sub`` ended on purpose (unsubscribed, drained, or its message limit
-    reached) rather than by its connection closing under it.
-
-    nats-py exposes none of this publicly, so its attributes are read with defaults: if a
-    later version renames them, a closed connection is reported as lost, never as clean.
-    """
-    conn: Any = getattr(sub, "_conn", None)
-    if conn is None or not conn.is_closed:
-        # The iterator stops with the connection open only for unsubscribe, drain or an
-        # auto-unsubscribe limit.
-        return True
-    if getattr(sub, "_closed", False):
-        return True
-    max_msgs = getattr(sub, "_max_msgs", 0)
-    return bool(max_msgs > 0 and getattr(sub, "_received", 0) >= max_msgs)
-
-
-def _lost(sub: Subscription) -> NATSConnectionLost:
-    conn: Any = getattr(sub, "_conn", None)
-    cause = getattr(conn, "last_error", None)
-    error = NATSConnectionLost(
-        "the NATS connection closed before the subscription was drained or unsubscribed"
-        + (f" ({cause})" if cause is not None else "")
-    )
-    error.__cause__ = cause if isinstance(cause, BaseException) else None
-    return error
 
 
 class NATSSource:
@@ -306,7 +279,7 @@ class NATSSource:
             ) from exc
         self._sub = sub
         self._messages: AsyncIterator[Msg] = messages
-        self._queue = _ready_queue(sub, messages)
+        self._queue = queued_messages(sub, messages)
         # A stream's events use a handful of subjects: each is split once.
         self._subjects: dict[str, tuple[str, str]] = {}
         self._started = False
@@ -390,78 +363,39 @@ class NATSSource:
         self._last_stream_id = stream_id
         return stream_id, _new_event(Event, (parsed[1], msg.data, event_id))
 
-    def _take_ready(self) -> Msg | None:
-        """A message the client already holds, without waiting; None when there is none
-        (or when this nats-py's internals are not the ones expected)."""
+    async def _next(self) -> Msg | None:
+        """The next message, or None at the subscription's end: straight from its queue
+        when this nats-py allows (see ``_nats_py.QueuedMessages``), else through the
+        public iterator."""
         queue = self._queue
-        if queue is None or queue.empty():
+        if queue is not None:
+            return await queue.next()
+        try:
+            return await anext(self._messages)
+        except StopAsyncIteration:
             return None
-        msg = queue.get_nowait()
-        # What nats-py's iterator does for each message it hands out: mark it done (a
-        # drain waits for that), keep the pending byte count, and stop at an
-        # auto-unsubscribe limit.
-        queue.task_done()
-        sub: Any = self._sub
-        sub._pending_size -= len(msg.data)
-        if sub._max_msgs > 0 and sub._received >= sub._max_msgs:
-            messages: Any = self._messages
-            messages._cancel()
-        return msg
 
     async def _pairs(self) -> AsyncGenerator[tuple[str, Event], None]:
-        decode, take_ready, messages = self._decode, self._take_ready, self._messages
-        while True:
-            msg = take_ready()
-            if msg is None:
-                try:
-                    msg = await anext(messages)
-                except StopAsyncIteration:
-                    break
+        queue, decode = self._queue, self._decode
+        next_message = self._next if queue is None else queue.next
+        while (msg := await next_message()) is not None:
             pair = decode(msg)
             if pair is not None:
                 yield pair
-        if not _finished(self._sub):
-            raise _lost(self._sub)
+        if not subscription_finished(self._sub):
+            raise lost_connection_error(self._sub)
 
     async def _events(self) -> AsyncGenerator[Event, None]:
         # The same loop as _pairs, not a wrapper around it: one generator per event is
         # enough on the path every event of every reader takes.
-        decode, take_ready, messages = self._decode, self._take_ready, self._messages
-        while True:
-            msg = take_ready()
-            if msg is None:
-                try:
-                    msg = await anext(messages)
-                except StopAsyncIteration:
-                    break
+        queue, decode = self._queue, self._decode
+        next_message = self._next if queue is None else queue.next
+        while (msg := await next_message()) is not None:
             pair = decode(msg)
             if pair is not None:
                 yield pair[1]
-        if not _finished(self._sub):
-            raise _lost(self._sub)
-
-
-def _ready_queue(sub: Subscription, messages: AsyncIterator[Msg]) -> asyncio.Queue[Msg] | None:
-    """The subscription's queue of received messages, when this nats-py has the internals
-    :meth:`NATSSource._take_ready` uses; else None, and every message comes through the
-    public iterator.
-
-    Why reach in: nats-py's iterator starts a task and an ``asyncio.wait`` for every
-    message, which caps a reader at about a third of what the client receives. Messages
-    arrive in bursts (one socket read holds many), so taking those already queued
-    without waiting, and waiting through the iterator only when none is, keeps its
-    exact semantics at the cost of one wait per burst.
-    """
-    queue = getattr(sub, "_pending_queue", None)
-    if (
-        isinstance(queue, asyncio.Queue)
-        and isinstance(getattr(sub, "_pending_size", None), int)
-        and isinstance(getattr(sub, "_max_msgs", None), int)
-        and isinstance(getattr(sub, "_received", None), int)
-        and callable(getattr(messages, "_cancel", None))
-    ):
-        return queue
-    return None
+        if not subscription_finished(self._sub):
+            raise lost_connection_error(self._sub)
 
 
 def _header_any_case(headers: dict[str, str]) -> str | None:

@@ -65,7 +65,6 @@ whole message.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import hashlib
 import itertools
@@ -88,6 +87,12 @@ from essessey._ids import is_stream_id, is_token, parse_event_id
 from essessey.bindings.nats._bounds import PREV_HEADER, Bounds
 from essessey.bindings.nats._core import check_token
 from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
+from essessey.bindings.nats._nats_py import (
+    flow_control_due,
+    ready_push_subscription,
+    reply_flow_control,
+    take_queued,
+)
 from essessey.errors import (
     EssesseyError,
     JetStreamUnavailable,
@@ -206,37 +211,6 @@ def _position(msg: Msg) -> tuple[str, int, int]:
         return fields
     meta = msg.metadata
     return meta.consumer, meta.sequence.stream, meta.num_pending
-
-
-def _ready_subscription(sub: object) -> Any:
-    """The core subscription under a push subscription, when this nats-py has the
-    internals :meth:`_Reader.next` uses to take the messages it already holds; else None,
-    and every message comes through ``next_msg``.
-
-    Why reach in: ``PushSubscription.next_msg`` creates a uuid, a task and an
-    ``asyncio.wait_for`` for every message, even one already queued, which caps a reader
-    at about a third of what the client receives. What it does besides waiting is
-    bookkeeping that this module repeats (see ``_Reader._take_ready``); everything an
-    ordered consumer needs beyond that (sequence tracking, gap detection and recreating
-    the consumer, heartbeats, scheduling flow-control replies) nats-py does when a message
-    arrives, before it is queued, so it holds whichever way the message is taken.
-    """
-    inner = getattr(sub, "_sub", None)
-    queue = getattr(inner, "_pending_queue", None)
-    jsi = getattr(inner, "_jsi", None)
-    if (
-        isinstance(queue, asyncio.Queue)
-        and getattr(sub, "_pending_queue", None) is queue  # what pending_msgs counts
-        and getattr(inner, "_cb", None) is None
-        and isinstance(getattr(inner, "_pending_size", None), int)
-        and jsi is not None
-        and hasattr(jsi, "_active")
-        and isinstance(getattr(jsi, "_fciseq", None), int)
-        and hasattr(jsi, "_fcr")
-        and callable(getattr(jsi, "get_js_delivered", None))
-    ):
-        return inner
-    return None
 
 
 def _control(msg: Msg) -> str | None:
@@ -870,7 +844,7 @@ class _Reader:
         self.prefix = f"{store.prefix}.{stream_id}."
         self.sub: JetStreamContext.PushSubscription | None = None
         # Its core subscription, when the messages it holds can be taken without waiting
-        # (see _ready_subscription); None: through next_msg only.
+        # (see _nats_py.ready_push_subscription); None: through next_msg only.
         self.ready: Any = None
         self.consumer = ""
         self.backlog = 0  # messages pending when the consumer was created
@@ -922,7 +896,7 @@ class _Reader:
         # (missed heartbeats before any message): anything before the start is skipped.
         self.seq = 0 if start is None else start - 1
         self.sub = await js.subscribe_bind(store.stream, config, info.name, ordered_consumer=True)
-        self.ready = _ready_subscription(self.sub)
+        self.ready = ready_push_subscription(self.sub)
         if self.ready is None:
             logger.debug("nats-py internals not as expected: reading through next_msg only")
         return self.backlog
@@ -945,7 +919,8 @@ class _Reader:
         while True:
             sub = self.sub
             assert sub is not None
-            msg = self._take_ready()
+            ready = self.ready
+            msg = None if ready is None else take_queued(ready, self.store.nc)
             if msg is None:
                 if _reconnects(self.store.nc) != self.reconnects:
                     await self._reopen()
@@ -957,8 +932,8 @@ class _Reader:
                     msg = await sub.next_msg(wait)
                 except nats.errors.TimeoutError:
                     continue
-            elif self.ready._jsi._fcr:
-                await self._reply_flow_control()
+            elif ready is not None and flow_control_due(ready):
+                await reply_flow_control(ready, self.store.nc)
             consumer, seq, pending = _position(msg)
             if seq <= self.seq:
                 continue
@@ -976,48 +951,6 @@ class _Reader:
             self.removed = total < self.total
             self.total = total
             return msg
-
-    def _take_ready(self) -> Msg | None:
-        """A message the client already holds, taken without waiting; None when there is
-        none, when the connection is closed (``next_msg`` raises then) or when this
-        nats-py's internals are not the ones expected."""
-        inner = self.ready
-        if inner is None:
-            return None
-        queue = inner._pending_queue
-        if queue.empty() or self.store.nc.is_closed:
-            return None
-        msg: Msg = queue.get_nowait()
-        # What Subscription.next_msg does with the message it takes: keep the count of
-        # bytes held (the slow-consumer limit) and mark it done (a drain waits for that).
-        inner._pending_size -= len(msg.data)
-        queue.task_done()
-        # What PushSubscription.next_msg adds: the consumer is active (the heartbeat check
-        # recreates an inactive ordered consumer), and a flow-control reply waiting for
-        # this message to be taken is sent (by the caller, see _reply_flow_control).
-        inner._jsi._active = True
-        return msg
-
-    async def _reply_flow_control(self) -> None:
-        """Send the flow-control reply nats-py scheduled, as ``PushSubscription.next_msg``
-        does once every message the client has received is taken (the server sends no more
-        than its window until it has the reply)."""
-        jsi = self.ready._jsi
-        if jsi.get_js_delivered() < jsi._fciseq:
-            return
-        reply = jsi._fcr
-        # Cleared before the publish, which may yield: a request scheduled meanwhile is
-        # then kept, not overwritten.
-        jsi._fcr = None
-        try:
-            await self.store.nc.publish(reply)
-        except nats.errors.Error as exc:
-            # Kept for nats-py's flow-control task (every 0.25 s) to send; a stalled
-            # consumer's heartbeats also carry the request again. The message is taken
-            # all the same.
-            if jsi._fcr is None:
-                jsi._fcr = reply
-            logger.debug("flow-control reply failed: %r", exc)
 
     async def _reopen(self) -> None:
         """The connection came back: a new consumer from the next message. A server that

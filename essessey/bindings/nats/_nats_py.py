@@ -1,0 +1,330 @@
+"""The one place essessey reaches into nats-py's internals (written against nats-py 2.16).
+
+nats-py's public API is correct but costs, on the path of every event, more than the
+event itself: ``publish`` is three coroutines deep, a subscription's message iterator
+starts a task and an ``asyncio.wait`` per message, a JetStream push subscription's
+``next_msg`` a task and a timer, and ``flush`` can overtake commands still in the
+client's buffer; and whether a subscription ended cleanly or with its connection is
+not public at all. Each helper here does what nats-py's own code does, from
+the same state, for the case that is common; it checks first that the state it reads is
+there, with the types it expects, and otherwise answers "not available", so the caller
+takes the public API and a different nats-py is slower, never wrong.
+
+tests/test_nats_internals.py (core NATS) and tests/test_jetstream_store.py (the push
+subscription's queue, either way) run each helper on the installed nats-py against a
+real nats-server and fail when a fast path is no longer taken, so an upgrade that changes
+these internals is seen at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from nats import errors as nats_errors
+from nats.aio.client import Client as _Client
+from nats.protocol.command import hpub_cmd, pub_cmd
+
+from essessey.errors import NATSConnectionLost
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+__all__ = [
+    "DirectPublish",
+    "QueuedMessages",
+    "direct_publish",
+    "flow_control_due",
+    "flush_connection",
+    "lost_connection_error",
+    "queued_messages",
+    "ready_push_subscription",
+    "reply_flow_control",
+    "subscription_finished",
+    "take_queued",
+]
+
+logger = logging.getLogger("essessey.nats")
+
+_CONNECTED: Final = _Client.CONNECTED
+
+DirectPublish = Callable[[str, bytes, bytes | None], bool]
+"""``publish(subject, payload, header_block) -> bool``: the command buffered and True,
+or False (having done nothing) when only nats-py's ``publish`` can take it."""
+
+
+def direct_publish(nc: Client) -> DirectPublish | None:
+    """A function that buffers a PUB (or HPUB) command the way ``nc.publish`` does, when
+    nothing makes the public call necessary; None when this nats-py lacks the state it
+    uses.
+
+    ``nc.publish`` appends the command to the client's pending buffer, counts it in
+    ``stats`` and wakes the flusher task when its queue is empty; it suspends only when
+    the buffer is over ``max_pending_size`` (it then waits for a flush). This does those
+    three things in a plain call, and returns False, untouched, in every other case: not
+    connected (closed, reconnecting, draining), a payload over the server's
+    ``max_payload``, a buffer that would go over its limit, or no flusher task, so that
+    ``nc.publish`` raises or waits as it always does. The subject must already be valid
+    (the sink checks its tokens once); ``header_block`` is the encoded header section
+    (``NATS/1.0\\r\\n...\\r\\n\\r\\n``) or None.
+    """
+    raw: Any = nc
+    if not (
+        isinstance(getattr(raw, "_pending", None), list)
+        and isinstance(getattr(raw, "_pending_data_size", None), int)
+        and isinstance(getattr(raw, "_max_pending_size", None), int)
+        and isinstance(getattr(raw, "_flush_queue", None), asyncio.Queue)
+        and hasattr(raw, "_flusher_task")
+        and isinstance(getattr(raw, "_status", None), int)
+        and isinstance(getattr(raw, "stats", None), dict)
+    ):
+        return None
+
+    def publish(subject: str, payload: bytes, header_block: bytes | None) -> bool:
+        if raw._status != _CONNECTED or len(payload) > raw._max_payload:
+            return False
+        flusher = raw._flusher_task
+        if flusher is None or flusher.done():
+            return False  # nats-py then writes inline, and awaits the drain
+        if header_block is None:
+            command = pub_cmd(subject, "", payload)
+        else:
+            command = hpub_cmd(subject, "", header_block, payload)
+        size = raw._pending_data_size + len(command)
+        if 0 < raw._max_pending_size < size:
+            return False  # nats-py forces a flush and waits for it
+        raw._pending.append(command)
+        raw._pending_data_size = size
+        stats = raw.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(payload)
+        flush_queue = raw._flush_queue
+        if flush_queue.empty():
+            # The flusher writes the whole buffer when woken; a future is what it wakes on
+            # (and resolves), as in nats-py's own _flush_pending.
+            flush_queue.put_nowait(asyncio.get_running_loop().create_future())
+        return True
+
+    return publish
+
+
+async def flush_connection(nc: Client) -> None:
+    """Wait until the server has received everything ``nc`` has published or subscribed
+    so far (what ``NATSSink.flush`` and the subscribers rely on).
+
+    ``nc.flush()`` alone does not promise that with nats-py 2.16: it writes its PING
+    straight to the socket, ahead of the commands still in the client's buffer, so the
+    PONG can come back before the server has read them. This first has the client's
+    flusher write its buffer (which keeps order), then makes the round trip.
+    """
+    flush_pending: Any = getattr(nc, "_flush_pending", None)
+    if flush_pending is not None and nc.is_connected:
+        # nats-py's own "write the buffer now and wait for it"; without it the round trip
+        # below is all there is.
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
+        await flush_pending(force_flush=True)
+        if task is not None and task.cancelling() > cancelling:
+            # It swallows a cancellation that arrives while it waits: hand it back, or a
+            # timeout around this call would never fire.
+            raise asyncio.CancelledError
+    await nc.flush()
+
+
+def subscription_finished(sub: Subscription) -> bool:
+    """Whether ``sub`` ended on purpose (unsubscribed, drained, or its message limit
+    reached) rather than by its connection closing under it.
+
+    nats-py ends a subscription's iterator the same way in every case; only its state
+    tells them apart, and none of it is public, so it is read with defaults: if a later
+    version renames it, a closed connection is reported as lost, never as clean.
+    """
+    conn: Any = getattr(sub, "_conn", None)
+    if conn is None or not conn.is_closed:
+        # The iterator stops with the connection open only for unsubscribe, drain or an
+        # auto-unsubscribe limit.
+        return True
+    if getattr(sub, "_closed", False):
+        return True
+    max_msgs = getattr(sub, "_max_msgs", 0)
+    return bool(max_msgs > 0 and getattr(sub, "_received", 0) >= max_msgs)
+
+
+def lost_connection_error(sub: Subscription) -> NATSConnectionLost:
+    """The error a reader raises when ``sub``'s connection closed under it, with the
+    connection's last error (nats-py's public ``last_error``) as its cause."""
+    conn: Any = getattr(sub, "_conn", None)
+    cause = getattr(conn, "last_error", None)
+    error = NATSConnectionLost(
+        "the NATS connection closed before the subscription was drained or unsubscribed"
+        + (f" ({cause})" if cause is not None else "")
+    )
+    error.__cause__ = cause if isinstance(cause, BaseException) else None
+    return error
+
+
+class _End:
+    """What :class:`QueuedMessages` puts behind the last message once the subscription
+    has ended, to wake a reader waiting on the queue."""
+
+
+_END: Final = _End()
+
+
+class QueuedMessages:
+    """The messages of a subscription made without a callback, read straight from its
+    queue: what its public iterator hands out, in the same order, with the same
+    bookkeeping, at the cost of one wait per message instead of a task and an
+    ``asyncio.wait``.
+
+    nats-py's iterator waits for whichever comes first, a message or the end of the
+    subscription (unsubscribe, drain, a closed connection, an auto-unsubscribe limit).
+    Here the end is a marker put on the queue when the subscription ends, so a waiting
+    reader wakes on either with one ``queue.get()``; the messages received before the
+    end are handed out first.
+    """
+
+    __slots__ = ("_ended", "_iterator", "_queue", "_sub")
+
+    def __init__(self, sub: Any, queue: asyncio.Queue[Any], iterator: Any, ended: Any) -> None:
+        self._sub = sub
+        self._queue = queue
+        self._iterator = iterator
+        self._ended = False
+        ended.add_done_callback(self._end)
+
+    def _end(self, _future: object) -> None:
+        self._ended = True
+        # A full queue (over the pending limit) is not waited on: the reader finds the
+        # flag once it has taken what is queued.
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(_END)
+
+    async def next(self) -> Msg | None:
+        """The next message, waiting for one; None once the subscription has ended and
+        every message received before that has been handed out."""
+        queue = self._queue
+        if queue.empty():
+            if self._ended:
+                return None
+            msg = await queue.get()
+        else:
+            msg = queue.get_nowait()
+        # What the iterator does for each message it hands out: mark it done (a drain
+        # waits for that), keep the pending byte count, and stop at an auto-unsubscribe
+        # limit.
+        queue.task_done()
+        if msg is _END:
+            return None
+        sub = self._sub
+        sub._pending_size -= len(msg.data)
+        if sub._max_msgs > 0 and sub._received >= sub._max_msgs:
+            self._iterator._cancel()
+        result: Msg = msg
+        return result
+
+
+def queued_messages(sub: Subscription, messages: AsyncIterator[Msg]) -> QueuedMessages | None:
+    """The :class:`QueuedMessages` of ``sub`` (whose public iterator is ``messages``), or
+    None when this nats-py lacks the state they read, and every message must come
+    through the iterator."""
+    raw: Any = sub
+    queue: object = getattr(raw, "_pending_queue", None)
+    ended = getattr(messages, "_unsubscribed_future", None)
+    iterates_it = getattr(messages, "_queue", None) is queue  # the queue the iterator reads
+    if (
+        iterates_it
+        and isinstance(queue, asyncio.Queue)
+        and isinstance(ended, asyncio.Future)
+        and isinstance(getattr(raw, "_pending_size", None), int)
+        and isinstance(getattr(raw, "_max_msgs", None), int)
+        and isinstance(getattr(raw, "_received", None), int)
+        and callable(getattr(messages, "_cancel", None))
+    ):
+        return QueuedMessages(raw, queue, messages, ended)
+    return None
+
+
+# -- JetStream push subscriptions -----------------------------------------------------------
+
+
+def ready_push_subscription(sub: object) -> Any:
+    """The core subscription under a JetStream push subscription, when this nats-py has
+    the internals :func:`take_queued` and :func:`reply_flow_control` use to take the
+    messages it already holds; else None, and every message comes through ``next_msg``.
+
+    Why: ``PushSubscription.next_msg`` creates a uuid, a task and an ``asyncio.wait_for``
+    for every message, even one already queued, which caps a reader at about a third of
+    what the client receives. What it does besides waiting is bookkeeping that those two
+    repeat; everything an ordered consumer needs beyond that (sequence tracking, gap
+    detection and recreating the consumer, heartbeats, scheduling flow-control replies)
+    nats-py does when a message arrives, before it is queued, so it holds whichever way
+    the message is taken.
+    """
+    inner = getattr(sub, "_sub", None)
+    queue = getattr(inner, "_pending_queue", None)
+    jsi = getattr(inner, "_jsi", None)
+    if (
+        isinstance(queue, asyncio.Queue)
+        and getattr(sub, "_pending_queue", None) is queue  # what pending_msgs counts
+        and getattr(inner, "_cb", None) is None
+        and isinstance(getattr(inner, "_pending_size", None), int)
+        and jsi is not None
+        and hasattr(jsi, "_active")
+        and isinstance(getattr(jsi, "_fciseq", None), int)
+        and hasattr(jsi, "_fcr")
+        and callable(getattr(jsi, "get_js_delivered", None))
+    ):
+        return inner
+    return None
+
+
+def take_queued(inner: Any, nc: Client) -> Msg | None:
+    """A message the push subscription whose core subscription is ``inner`` (from
+    :func:`ready_push_subscription`) already holds, taken without waiting; None when
+    there is none, or when the connection is closed (``next_msg`` raises then)."""
+    queue = inner._pending_queue
+    if queue.empty() or nc.is_closed:
+        return None
+    msg: Msg = queue.get_nowait()
+    # What Subscription.next_msg does with the message it takes: keep the count of bytes
+    # held (the slow-consumer limit) and mark it done (a drain waits for that).
+    inner._pending_size -= len(msg.data)
+    queue.task_done()
+    # What PushSubscription.next_msg adds: the consumer is active (the heartbeat check
+    # recreates an inactive ordered consumer), and a flow-control reply waiting for this
+    # message to be taken is sent (by the caller, see reply_flow_control).
+    inner._jsi._active = True
+    return msg
+
+
+def flow_control_due(inner: Any) -> bool:
+    """Whether nats-py has scheduled a flow-control reply on ``inner``'s consumer."""
+    return bool(inner._jsi._fcr)
+
+
+async def reply_flow_control(inner: Any, nc: Client) -> None:
+    """Send the flow-control reply nats-py scheduled, as ``PushSubscription.next_msg``
+    does once every message the client has received is taken (the server sends no more
+    than its window until it has the reply)."""
+    jsi = inner._jsi
+    if jsi.get_js_delivered() < jsi._fciseq:
+        return
+    reply = jsi._fcr
+    # Cleared before the publish, which may yield: a request scheduled meanwhile is then
+    # kept, not overwritten.
+    jsi._fcr = None
+    try:
+        await nc.publish(reply)
+    except nats_errors.Error as exc:
+        # Kept for nats-py's flow-control task (every 0.25 s) to send; a stalled
+        # consumer's heartbeats also carry the request again. The message is taken all
+        # the same.
+        if jsi._fcr is None:
+            jsi._fcr = reply
+        logger.debug("flow-control reply failed: %r", exc)
