@@ -33,6 +33,7 @@ from nats import errors as nats_errors
 
 from essessey._ids import MAX_ID_LENGTH, is_token
 from essessey.bindings.nats._nats_py import (
+    EMPTY,
     direct_publish,
     flush_connection,
     lost_connection_error,
@@ -387,13 +388,27 @@ class NATSSource:
 
     async def _events(self) -> AsyncGenerator[Event, None]:
         # The same loop as _pairs, not a wrapper around it: one generator per event is
-        # enough on the path every event of every reader takes.
+        # enough on the path every event of every reader takes; and for the same reason
+        # the queue's wait is awaited here, not through QueuedMessages.next.
         queue, decode = self._queue, self._decode
-        next_message = self._next if queue is None else queue.next
-        while (msg := await next_message()) is not None:
-            pair = decode(msg)
-            if pair is not None:
-                yield pair[1]
+        if queue is None:
+            while (msg := await self._next()) is not None:
+                pair = decode(msg)
+                if pair is not None:
+                    yield pair[1]
+        else:
+            take, wait, handed_out = queue.take, queue.wait, queue.handed_out
+            while True:
+                taken = take()
+                if taken is EMPTY:
+                    if queue.ended:
+                        break
+                    taken = handed_out(await wait())
+                if taken is None:
+                    break
+                pair = decode(taken)
+                if pair is not None:
+                    yield pair[1]
         if not subscription_finished(self._sub):
             raise lost_connection_error(self._sub)
 

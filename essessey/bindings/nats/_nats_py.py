@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from nats import errors as nats_errors
 from nats.aio.client import Client as _Client
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from nats.aio.subscription import Subscription
 
 __all__ = [
+    "EMPTY",
     "DirectPublish",
     "QueuedMessages",
     "direct_publish",
@@ -205,28 +207,59 @@ class QueuedMessages:
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(_END)
 
+    @property
+    def ended(self) -> bool:
+        """Whether the subscription has ended (messages may still be queued before the
+        marker)."""
+        return self._ended
+
+    def wait(self) -> Coroutine[Any, Any, Any]:
+        """The queue's ``get()``, to await when :meth:`take` found nothing: its result
+        goes through :meth:`handed_out`. (A plain function returning the queue's own
+        coroutine: no frame of its own on the path of every message.)"""
+        return self._queue.get()
+
+    def take(self) -> Msg | Literal[_Empty.EMPTY] | None:
+        """:meth:`handed_out` of the next queued message, or ``EMPTY`` when there is none
+        (then :meth:`wait`, unless :attr:`ended`)."""
+        queue = self._queue
+        if queue.empty():
+            return EMPTY
+        return self.handed_out(queue.get_nowait())
+
+    def handed_out(self, item: Any) -> Msg | None:
+        """What the iterator does for each message it hands out: mark it done (a drain
+        waits for that), keep the pending byte count, and stop at an auto-unsubscribe
+        limit. None for the end marker."""
+        self._queue.task_done()
+        if item is _END:
+            return None
+        sub = self._sub
+        sub._pending_size -= len(item.data)
+        if sub._max_msgs > 0 and sub._received >= sub._max_msgs:
+            self._iterator._cancel()
+        msg: Msg = item
+        return msg
+
     async def next(self) -> Msg | None:
         """The next message, waiting for one; None once the subscription has ended and
         every message received before that has been handed out."""
-        queue = self._queue
-        if queue.empty():
+        msg = self.take()
+        if msg is EMPTY:
             if self._ended:
                 return None
-            msg = await queue.get()
-        else:
-            msg = queue.get_nowait()
-        # What the iterator does for each message it hands out: mark it done (a drain
-        # waits for that), keep the pending byte count, and stop at an auto-unsubscribe
-        # limit.
-        queue.task_done()
-        if msg is _END:
-            return None
-        sub = self._sub
-        sub._pending_size -= len(msg.data)
-        if sub._max_msgs > 0 and sub._received >= sub._max_msgs:
-            self._iterator._cancel()
-        result: Msg = msg
-        return result
+            return self.handed_out(await self._queue.get())
+        return msg
+
+
+class _Empty(enum.Enum):
+    """What :meth:`QueuedMessages.take` returns when nothing is queued (an enum member,
+    so that ``is EMPTY`` narrows the type)."""
+
+    EMPTY = "nothing queued"
+
+
+EMPTY: Final = _Empty.EMPTY
 
 
 def queued_messages(sub: Subscription, messages: AsyncIterator[Msg]) -> QueuedMessages | None:
