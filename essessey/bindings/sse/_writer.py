@@ -91,27 +91,29 @@ def encode(event: Event) -> bytes:
     """Frame an :class:`~essessey.Event` as one SSE message: ``id:`` (when it has one),
     ``event:``, its data, a blank line. The data bytes are written unchanged."""
     data = event.data
-    if b"\n" in data or b"\r" in data:
-        # JSON from orjson never holds a raw line break; other payloads may.
+    event_id = event.id
+    # The bytes 10 and 13 (LF, CR) as ints: an int is looked for with one memchr, where a
+    # one-byte bytes needle takes the general search, several times slower per event.
+    if data and not (10 in data or 13 in data):
+        # Nearly every event: one line of JSON (orjson never writes a raw line break),
+        # joined in one pass.
+        if event_id:
+            id_line = _check_token("id", event_id).encode()
+            return b"".join(
+                (b"id: ", id_line, b"\n", _prefix(event.event), b"data: ", data, b"\n\n")
+            )
+        return b"".join((_prefix(event.event), b"data: ", data, b"\n\n"))
+    if data:
         body = b"".join(
             (b"data: " + line + b"\n") if line else b"data:\n"
             for line in _LINE_BREAK_BYTES.split(data)
         )
-    elif data:
-        body = b"data: " + data + b"\n"
     else:
         body = b"data:\n"
-    event_id = event.id
+    head = _prefix(event.event)
     if event_id:
-        return (
-            b"id: "
-            + _check_token("id", event_id).encode()
-            + b"\n"
-            + _prefix(event.event)
-            + body
-            + b"\n"
-        )
-    return _prefix(event.event) + body + b"\n"
+        head = b"id: " + _check_token("id", event_id).encode() + b"\n" + head
+    return head + body + b"\n"
 
 
 def encode_many(events: Iterable[Event]) -> bytes:
