@@ -47,8 +47,12 @@ def frame_bytes(event: Event) -> bytes:
     data = event.data
     if not data:
         raise ValueError("an event's data must be JSON text to travel in a WebSocket frame")
-    if event.id:
-        return b'{"id":' + orjson.dumps(event.id) + b"," + _name_part(event.event) + data + b"}"
+    event_id = event.id
+    if event_id:
+        # One join, not four concatenations: a hub's every event carries an id.
+        return b"".join(
+            (b'{"id":', orjson.dumps(event_id), b",", _name_part(event.event), data, b"}")
+        )
     return b"{" + _name_part(event.event) + data + b"}"
 
 
