@@ -65,6 +65,7 @@ whole message.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import itertools
@@ -242,6 +243,48 @@ def _first_after(msg: Msg, name: str, seq: int, start: int) -> _First:
     if not _follows(msg, start) or _control(msg) == _RESET:
         return _First.GONE
     return _First.NEXT
+
+
+class _Read(enum.Enum):
+    """What :func:`_messages` yields in place of a message."""
+
+    IDLE = "no message for the idle time"
+    OWN = "the id's own message, skipped"
+
+
+class _IdGone(Exception):
+    """The first message after an id shows that the id's message is gone and more with
+    it, or that the stream was cleared after it: the read cannot follow on from the id."""
+
+
+async def _messages(
+    reader: _Reader, start: int | None, idle: float
+) -> AsyncGenerator[tuple[str, Msg] | _Read, None]:
+    """The replay ``since`` and ``follow`` share: what ``reader`` delivers, as (event
+    name, message), and ``IDLE`` after each ``idle`` seconds without a message.
+
+    With ``start`` (the sequence of the id read after), the first message is checked
+    against it (:func:`_first_after`): ``OWN`` in its place when it is the id's own, and
+    :class:`_IdGone` raised when it shows a gap. What each caller does with the messages
+    (collect them, or yield them live; the rules without an id) is its own.
+    """
+    name_at = len(reader.prefix)
+    unchecked = start  # the id the first message must follow on from, until it has
+    while True:
+        msg = await reader.next(idle)
+        if msg is None:
+            yield _Read.IDLE
+            continue
+        name = msg.subject[name_at:]
+        if unchecked is not None:
+            first = _first_after(msg, name, reader.seq, unchecked)
+            unchecked = None
+            if first is _First.GONE:
+                raise _IdGone
+            if first is _First.OWN:
+                yield _Read.OWN
+                continue
+        yield name, msg
 
 
 class JetStreamEventStore:
@@ -633,67 +676,86 @@ class JetStreamEventStore:
             return False
         return _epoch_of(info) != epoch or not info.state.subjects
 
-    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
-        """The events after ``last_event_id`` (all retained ones when None) and whether
-        that id is known; see the module docstring for when it is."""
+    async def _open_read(
+        self, stream_id: str, last_event_id: str | None, *, explain: bool
+    ) -> tuple[_Reader, int | None]:
+        """What ``since`` and ``follow`` both start with: a reader of ``stream_id`` opened
+        after ``last_event_id`` (at the stream id's first message when None), and that
+        id's sequence. Raises :class:`StreamNotFound` or :class:`UnknownEventId` when
+        there is nothing to read from there; with ``explain`` False, an id that cannot be
+        resumed from is an :class:`UnknownEventId` without the request that would tell
+        the two apart (``since`` answers "not known" either way)."""
         if not is_stream_id(stream_id):
-            return [], False
+            raise StreamNotFound(f"no stream {stream_id!r}")
         epoch = await self._current_epoch()
         if epoch is None:
-            return [], False
+            raise StreamNotFound(f"no stream {stream_id!r}")
         start: int | None = None
         if last_event_id is not None:
             start = parse_event_id(last_event_id, epoch)
             if start is None:
-                return [], False
+                raise await self._unresumable(stream_id, explain)
         reader = self._reader(stream_id, epoch)
         try:
             if await reader.open(start) == 0:
-                return [], False
-            events: list[Event] = []
-            alive = start is not None
-            verify = start is not None
-            name_at = len(reader.prefix)
-            idle_since = time.monotonic()
-            while True:
-                msg = await reader.next(_SINCE_IDLE)
-                if msg is None:
-                    if await reader.caught_up():
-                        break
-                    if time.monotonic() - idle_since > self.publish_timeout:
-                        raise JetStreamUnavailable(f"reading stream {stream_id!r} stalled")
-                    continue
-                idle_since = time.monotonic()
-                name = msg.subject[name_at:]
-                if verify and start is not None:
-                    verify = False
-                    first = _first_after(msg, name, reader.seq, start)
-                    if first is _First.GONE:
-                        return [], False
-                    if first is _First.OWN:
+                if start is None:
+                    raise StreamNotFound(f"no stream {stream_id!r}")
+                raise await self._unresumable(stream_id, explain)
+        except BaseException:
+            await reader.close()
+            raise
+        return reader, start
+
+    async def _unresumable(self, stream_id: str, explain: bool) -> EssesseyError:
+        if explain:
+            return await self._missing(stream_id)
+        return UnknownEventId(f"event id is not retained for stream {stream_id!r}")
+
+    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
+        """The events after ``last_event_id`` (all retained ones when None) and whether
+        that id is known; see the module docstring for when it is."""
+        try:
+            reader, start = await self._open_read(stream_id, last_event_id, explain=False)
+        except (StreamNotFound, UnknownEventId, StreamReset):
+            return [], False
+        events: list[Event] = []
+        alive = start is not None
+        idle_since = time.monotonic()
+        try:
+            async with contextlib.aclosing(_messages(reader, start, _SINCE_IDLE)) as messages:
+                async for item in messages:
+                    if item is _Read.IDLE:
+                        if await reader.caught_up():
+                            break
+                        if time.monotonic() - idle_since > self.publish_timeout:
+                            raise JetStreamUnavailable(f"reading stream {stream_id!r} stalled")
+                        continue
+                    idle_since = time.monotonic()
+                    if item is _Read.OWN:
                         if reader.pending == 0:
                             break
                         continue
-                elif start is not None and reader.removed:
-                    return [], False  # evicted or purged under the read: a gap
-                if name == CONTROL_EVENT:
-                    if _control(msg) == _RESET:
-                        if start is not None:
-                            return [], False  # cleared after the id
-                        events = []  # a new life begins after the reset
-                        alive = False
+                    name, msg = item
+                    if start is not None and reader.removed:
+                        return [], False  # evicted or purged under the read: a gap
+                    if name == CONTROL_EVENT:
+                        if _control(msg) == _RESET:
+                            if start is not None:
+                                return [], False  # cleared after the id
+                            events = []  # a new life begins after the reset
+                            alive = False
+                        else:
+                            alive = True
                     else:
+                        events.append(reader.event(name, msg))
                         alive = True
-                else:
-                    events.append(reader.event(name, msg))
-                    alive = True
-                if reader.pending == 0:
-                    break
-            return (events, True) if alive else ([], False)
-        except StreamReset:  # the JetStream stream was recreated under the read
+                    if reader.pending == 0:
+                        break
+        except (_IdGone, StreamReset):  # StreamReset: the JetStream stream was recreated
             return [], False
         finally:
             await reader.close()
+        return (events, True) if alive else ([], False)
 
     async def follow(
         self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
@@ -711,91 +773,74 @@ class JetStreamEventStore:
         and :class:`StreamReset` when the stream id is cleared (or, best effort, the
         JetStream stream is deleted or recreated, or the stream id expires) meanwhile.
         """
-        if not is_stream_id(stream_id):
-            raise StreamNotFound(f"no stream {stream_id!r}")
-        epoch = await self._current_epoch()
-        if epoch is None:
-            raise StreamNotFound(f"no stream {stream_id!r}")
-        start: int | None = None
-        if last_event_id is not None:
-            start = parse_event_id(last_event_id, epoch)
-            if start is None:
-                raise await self._missing(stream_id)
-        reader = self._reader(stream_id, epoch)
-        idle = 2 * self.heartbeat
+        reader, start = await self._open_read(stream_id, last_event_id, explain=True)
+        live = start is not None  # past the start: every event is yielded
+        alive = False  # (without an id) a message of the current life has been seen
         try:
-            if await reader.open(start) == 0:
-                if start is None:
-                    raise StreamNotFound(f"no stream {stream_id!r}")
-                raise await self._missing(stream_id)
-            verify = start is not None  # the first message must be the id's own
-            live = False  # past the start: every event is yielded
-            alive = False  # (without an id) a message of the current life has been seen
-            name_at = len(reader.prefix)
-            while True:
-                msg = await reader.next(idle)
-                if msg is None:
-                    if await self._gone(stream_id, epoch):
-                        if live:
-                            raise StreamReset(f"stream {stream_id!r} was cleared or dropped")
-                        raise StreamNotFound(f"no stream {stream_id!r}")
-                    try:
-                        # Quiet: has the turn's replica died? Then its end comes next.
-                        await self._leases.end_if_abandoned(stream_id)
-                    except _TRANSIENT as exc:
-                        logger.debug("could not check the lease of %s: %r", stream_id, exc)
-                    continue
-                name = msg.subject[name_at:]
-                if verify and start is not None:
-                    verify = False
-                    live = True
-                    first = _first_after(msg, name, reader.seq, start)
-                    if first is _First.GONE:
-                        raise await self._missing(stream_id)
-                    if first is _First.OWN:
+            async with contextlib.aclosing(
+                _messages(reader, start, 2 * self.heartbeat)
+            ) as messages:
+                async for item in messages:
+                    if item is _Read.IDLE:
+                        if await self._gone(stream_id, reader.epoch):
+                            if live:
+                                raise StreamReset(f"stream {stream_id!r} was cleared or dropped")
+                            raise StreamNotFound(f"no stream {stream_id!r}")
+                        try:
+                            # Quiet: has the turn's replica died? Then its end comes next.
+                            await self._leases.end_if_abandoned(stream_id)
+                        except _TRANSIENT as exc:
+                            logger.debug("could not check the lease of %s: %r", stream_id, exc)
                         continue
-                if live:
-                    if reader.removed:
-                        raise SubscriberLagged(
-                            f"events of {stream_id!r} were evicted before the subscriber read them"
-                        )
-                    if max_lag is not None and reader.lag > max_lag:
-                        raise SubscriberLagged(
-                            f"subscriber is {reader.lag} events behind {stream_id!r}"
-                        )
-                    if name != CONTROL_EVENT:
-                        yield reader.event(name, msg)
+                    if item is _Read.OWN:
                         continue
-                    control = _control(msg)
-                    if control == _RESET:
-                        raise StreamReset(f"stream {stream_id!r} was cleared")
-                    if control == _CLOSE and reader.pending == 0:
-                        return
-                    continue
-                # Without an id: find where a whole message starts.
-                if name == CONTROL_EVENT:
-                    control = _control(msg)
-                    if control == _RESET:
-                        alive = False  # what came before was another life
+                    name, msg = item
+                    if live:
+                        if reader.removed:
+                            raise SubscriberLagged(
+                                f"events of {stream_id!r} were evicted before the subscriber "
+                                "read them"
+                            )
+                        if max_lag is not None and reader.lag > max_lag:
+                            raise SubscriberLagged(
+                                f"subscriber is {reader.lag} events behind {stream_id!r}"
+                            )
+                        if name != CONTROL_EVENT:
+                            yield reader.event(name, msg)
+                            continue
+                        control = _control(msg)
+                        if control == _RESET:
+                            raise StreamReset(f"stream {stream_id!r} was cleared")
+                        if control == _CLOSE and reader.pending == 0:
+                            return
+                        continue
+                    # Without an id: find where a whole message starts.
+                    if name == CONTROL_EVENT:
+                        control = _control(msg)
+                        if control == _RESET:
+                            alive = False  # what came before was another life
+                        else:
+                            alive = True
+                            if control == _OPEN:
+                                live = True  # the events after an open marker are whole
+                            elif control == _CLOSE and reader.pending == 0:
+                                # Closed, and no whole message retained: nothing to give.
+                                raise MessagesNotRetained(
+                                    f"no whole message of {stream_id!r} is retained, and "
+                                    "its turn ended"
+                                )
                     else:
                         alive = True
-                        if control == _OPEN:
-                            live = True  # the events after an open marker are whole
-                        elif control == _CLOSE and reader.pending == 0:
-                            # Closed, and no whole message retained: nothing to give.
-                            raise MessagesNotRetained(
-                                f"no whole message of {stream_id!r} is retained, and its turn ended"
-                            )
-                else:
-                    alive = True
-                    if name == EventType.MESSAGE_START:
-                        live = True
-                        yield reader.event(name, msg)
-                        continue
-                # No whole message retained: what comes before the next message_start
-                # is a message's tail, skipped until it starts (or the stream closes).
-                if not live and reader.pending == 0 and not alive:
-                    raise StreamNotFound(f"no stream {stream_id!r}")
+                        if name == EventType.MESSAGE_START:
+                            live = True
+                            yield reader.event(name, msg)
+                            continue
+                    # No whole message retained: what comes before the next message_start
+                    # is a message's tail, skipped until it starts (or the stream closes).
+                    if not live and reader.pending == 0 and not alive:
+                        raise StreamNotFound(f"no stream {stream_id!r}")
+        except _IdGone:
+            raise await self._missing(stream_id) from None
         finally:
             await reader.close()
 
