@@ -10,6 +10,7 @@ import inspect
 import pkgutil
 import subprocess
 import sys
+import typing
 
 import anyio
 import pytest
@@ -123,3 +124,24 @@ async def test_cancel_all_ends_every_running_turn_and_the_hub_runs_on() -> None:
                 assert reassemble_events(events).stop_reason == "cancelled"
             await hub.start("s0", endless(0))  # the hub runs on
             assert hub.running("s0")
+
+
+@pytest.mark.parametrize(
+    ("module", "options", "store"),
+    [
+        ("essessey.bindings.nats", "JetStreamStoreOptions", "JetStreamEventStore"),
+        ("essessey.bindings.redis", "RedisStoreOptions", "RedisEventStore"),
+    ],
+)
+def test_a_store_s_options_type_names_every_constructor_option_with_its_type(
+    module: str, options: str, store: str
+) -> None:
+    """``connect`` and ``from_url`` take the constructor's options as a TypedDict; one
+    added to the constructor and not to it would be untyped there."""
+    package = importlib.import_module(module)
+    typed = typing.get_type_hints(getattr(package, options))
+    init = getattr(package, store).__init__
+    hints = typing.get_type_hints(init)
+    parameters = inspect.signature(init).parameters.values()
+    keyword_only = {p.name: hints[p.name] for p in parameters if p.kind is p.KEYWORD_ONLY}
+    assert typed == keyword_only

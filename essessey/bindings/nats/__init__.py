@@ -23,6 +23,7 @@ from essessey.bindings.nats._jetstream import (
     CONTROL_EVENT,
     CONTROL_HEADER,
     JetStreamEventStore,
+    JetStreamStoreOptions,
 )
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "HEADER_EVENT_ID",
     "JetStreamEventStore",
+    "JetStreamStoreOptions",
     "NATSSink",
     "NATSSource",
     "check_token",

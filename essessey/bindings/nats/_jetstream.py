@@ -74,7 +74,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar
 
 import anyio
 import nats.errors
@@ -106,10 +106,14 @@ from essessey.errors import (
 from essessey.event import Event
 from essessey.protocol import EventType
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "CONTROL_EVENT",
     "CONTROL_HEADER",
     "JetStreamEventStore",
+    "JetStreamStoreOptions",
 ]
 
 logger = logging.getLogger("essessey.bindings.nats.jetstream")
@@ -287,6 +291,25 @@ async def _messages(
         yield name, msg
 
 
+class JetStreamStoreOptions(TypedDict, total=False):
+    """The keyword options of :class:`JetStreamEventStore`, for
+    :meth:`JetStreamEventStore.connect` (each one's meaning and default are the
+    constructor's)."""
+
+    stream: str
+    prefix: str
+    max_age: float
+    max_events_per_stream: int
+    max_bytes_per_stream: int
+    max_streams: int
+    max_msgs: int
+    storage: Literal["file", "memory"]
+    duplicate_window: float
+    publish_timeout: float
+    heartbeat: float
+    running_ttl: float
+
+
 class JetStreamEventStore:
     """An :class:`~essessey.EventStore` in a JetStream stream (see the module docstring
     for subjects, ids, retention and retries).
@@ -373,7 +396,9 @@ class JetStreamEventStore:
         self._setup_lock = anyio.Lock()
 
     @classmethod
-    async def connect(cls, nc: Client, **options: Any) -> JetStreamEventStore:
+    async def connect(
+        cls, nc: Client, **options: Unpack[JetStreamStoreOptions]
+    ) -> JetStreamEventStore:
         """Create a store (keyword options as for the constructor) and :meth:`setup` it."""
         store = cls(nc, **options)
         await store.setup()

@@ -6,8 +6,8 @@ any replica. See docs/redis.md.
 from __future__ import annotations
 
 from essessey._public import set_public_module
-from essessey.bindings.redis._store import RedisEventStore
+from essessey.bindings.redis._store import RedisEventStore, RedisStoreOptions
 
-__all__ = ["RedisEventStore"]
+__all__ = ["RedisEventStore", "RedisStoreOptions"]
 
 set_public_module(__name__, globals(), __all__)

@@ -33,7 +33,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, TypeVar
 
 import anyio
 import redis.asyncio as aioredis
@@ -55,7 +55,10 @@ from essessey.errors import (
 from essessey.event import Event
 from essessey.protocol import EventType
 
-__all__ = ["RedisEventStore"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["RedisEventStore", "RedisStoreOptions"]
 
 logger = logging.getLogger("essessey.bindings.redis")
 
@@ -313,6 +316,21 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         logger.debug("a pub/sub request failed: %r", task.exception())
 
 
+class RedisStoreOptions(TypedDict, total=False):
+    """The keyword options of :class:`RedisEventStore`, for
+    :meth:`RedisEventStore.from_url` (each one's meaning and default are the
+    constructor's)."""
+
+    prefix: str
+    max_events_per_stream: int
+    max_bytes_per_stream: int
+    max_streams: int
+    max_age: float
+    running_ttl: float
+    heartbeat: float
+    retry_timeout: float
+
+
 class RedisEventStore:
     """An :class:`~essessey.EventStore` in Redis (see the module docstring and
     docs/redis.md for its keys, ids, bounds and retries).
@@ -377,7 +395,7 @@ class RedisEventStore:
         self._counter = 0
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisEventStore:
+    def from_url(cls, url: str, **options: Unpack[RedisStoreOptions]) -> RedisEventStore:
         """A store on a new client for ``url`` (``redis://host:port/db``); the store
         owns that client: :meth:`aclose` closes it."""
         store = cls(aioredis.Redis.from_url(url), **options)
