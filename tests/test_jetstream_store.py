@@ -577,11 +577,12 @@ async def test_follow_raises_stream_reset_when_the_jetstream_stream_is_deleted(
 
 # -- how a follower takes its messages ------------------------------------------------------
 #
-# _Reader.next takes the messages the client already holds straight from the push
-# subscription's queue (nats-py's next_msg costs a task and a timer each) and reads the
-# stream sequence and num_pending from the reply subject (msg.metadata builds two
-# dataclasses and a datetime each). Both rest on nats-py internals, with next_msg and
-# msg.metadata as the fallbacks: the tests below run both ways.
+# _Reader.next takes its messages straight from the push subscription's queue, and waits
+# on that queue when it is empty (nats-py's next_msg costs a task, a uuid and a wait_for
+# each), and reads the stream sequence and num_pending from the reply subject
+# (msg.metadata builds two dataclasses and a datetime each). Both rest on nats-py
+# internals, with next_msg and msg.metadata as the fallbacks: the tests below run both
+# ways.
 
 ACK_REPLIES = [
     "$JS.ACK.ESSESSEY.c1.1.42.7.1700000000000000000.5",  # 9 tokens
@@ -710,8 +711,9 @@ async def test_follow_takes_every_message_once_either_way(
                 await store.close_stream("s")
         assert got == [*backlog, *live]
         if request.node.callspec.params["reading"] == "queued":
-            # The backlog arrives in a few socket reads: next_msg waits for each burst.
-            assert replay_calls < 100
+            # Replayed or live, every message is taken from the queue, and the follower
+            # waits on it when caught up: next_msg (a task per call) is never called.
+            assert reading[0] == replay_calls == 0
         else:
             assert replay_calls >= 302  # every message, markers included
 
@@ -1051,3 +1053,22 @@ async def test_the_stream_index_is_a_bucket_with_the_stores_max_age(nats: NatsSe
         assert info.config.max_age == 600
         await store.clear("s")
         assert (await kv.status()).values == 0
+
+
+async def test_a_waiting_follower_ends_with_an_error_when_its_connection_closes_either_way(
+    nats: NatsServer, reading: list[int]
+) -> None:
+    # Caught up, the follower waits on the queue in its own task (or in next_msg, which
+    # nats-py cancels on close): closing the connection ends it, as the store being
+    # unavailable (what an SSE subscription ends on without an error event), not with
+    # nats-py's own error.
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        events = await fill(store, "s", 3)
+        got: list[Event] = []
+        with anyio.fail_after(WAIT), pytest.RaisesGroup(JetStreamUnavailable):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, store.follow("s"), got)
+                await wait_until(lambda: len(got) == 3, "the replay")
+                await store.nc.close()
+        assert got == events

@@ -65,6 +65,7 @@ whole message.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import hashlib
@@ -93,6 +94,7 @@ from essessey.bindings.nats._nats_py import (
     ready_push_subscription,
     reply_flow_control,
     take_queued,
+    wait_queued,
 )
 from essessey.errors import (
     EssesseyError,
@@ -475,7 +477,7 @@ class JetStreamEventStore:
                 if not _is_retryable(exc):
                     raise
                 if self.nc.is_closed:
-                    raise JetStreamUnavailable("the NATS connection is closed") from exc
+                    raise _closed() from exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     failed = (
@@ -874,6 +876,12 @@ _RECONNECT_LOOK: Final = 0.25
 """Seconds a waiting follower may go without looking whether its connection reconnected."""
 
 
+def _closed() -> JetStreamUnavailable:
+    # As for a request (_retrying): a closed connection is for good, and what a reader
+    # meets is the store being unavailable, not nats-py's own error.
+    return JetStreamUnavailable("the NATS connection is closed")
+
+
 def _reconnects(nc: Any) -> int:
     """How often ``nc`` has reconnected (nats-py's public ``stats``)."""
     stats = getattr(nc, "stats", None)
@@ -990,20 +998,34 @@ class _Reader:
             sub = self.sub
             assert sub is not None
             ready = self.ready
-            msg = None if ready is None else take_queued(ready, self.store.nc)
+            nc = self.store.nc
+            msg = None if ready is None else take_queued(ready, nc)
             if msg is None:
-                if _reconnects(self.store.nc) != self.reconnects:
+                if _reconnects(nc) != self.reconnects:
                     await self._reopen()
                     continue
                 wait = min(deadline - time.monotonic(), _RECONNECT_LOOK)
                 if wait <= 0:
                     return None
-                try:
-                    msg = await sub.next_msg(wait)
-                except nats.errors.TimeoutError:
-                    continue
-            elif ready is not None and flow_control_due(ready):
-                await reply_flow_control(ready, self.store.nc)
+                if nc.is_closed:
+                    raise _closed()
+                if ready is not None:
+                    # A caught-up follower waits here for every message: on the queue,
+                    # in this task, where next_msg would start one per message.
+                    try:
+                        async with asyncio.timeout(wait):
+                            msg = await wait_queued(ready)
+                    except TimeoutError:
+                        continue
+                else:
+                    try:
+                        msg = await sub.next_msg(wait)
+                    except nats.errors.TimeoutError:
+                        continue
+                    except nats.errors.ConnectionClosedError as exc:
+                        raise _closed() from exc
+            if ready is not None and flow_control_due(ready):
+                await reply_flow_control(ready, nc)
             consumer, seq, pending = _position(msg)
             if seq <= self.seq:
                 continue

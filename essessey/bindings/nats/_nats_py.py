@@ -49,6 +49,7 @@ __all__ = [
     "reply_flow_control",
     "subscription_finished",
     "take_queued",
+    "wait_queued",
 ]
 
 logger = logging.getLogger("essessey.nats")
@@ -324,11 +325,28 @@ def take_queued(inner: Any, nc: Client) -> Msg | None:
     queue = inner._pending_queue
     if queue.empty() or nc.is_closed:
         return None
-    msg: Msg = queue.get_nowait()
+    return _taken(inner, queue.get_nowait())
+
+
+async def wait_queued(inner: Any) -> Msg:
+    """The next message the push subscription whose core subscription is ``inner``
+    receives, waiting for it in the caller's task: the caller bounds the wait (with
+    ``asyncio.timeout``; a cancelled ``Queue.get`` leaves the message queued, so none is
+    lost) and calls it only while the connection is open.
+
+    ``next_msg`` waits in a task of its own (with a uuid and a ``wait_for``) so that
+    closing the connection can cancel it. Here a connection that closes meanwhile is
+    seen when the caller's bound runs out, so the caller keeps the bound short.
+    """
+    msg: Msg = await inner._pending_queue.get()
+    return _taken(inner, msg)
+
+
+def _taken(inner: Any, msg: Msg) -> Msg:
     # What Subscription.next_msg does with the message it takes: keep the count of bytes
     # held (the slow-consumer limit) and mark it done (a drain waits for that).
     inner._pending_size -= len(msg.data)
-    queue.task_done()
+    inner._pending_queue.task_done()
     # What PushSubscription.next_msg adds: the consumer is active (the heartbeat check
     # recreates an inactive ordered consumer), and a flow-control reply waiting for this
     # message to be taken is sent (by the caller, see reply_flow_control).
