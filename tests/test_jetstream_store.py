@@ -5,7 +5,7 @@ stores on two connections as two replicas would use them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any, cast
@@ -314,40 +314,76 @@ async def test_max_age_expires_events(nats: NatsServer) -> None:
 # -- retries ------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["direct", "js.publish"])
+def publishing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How stores made in the test publish: ``direct`` (nats-py's internals, as
+    installed: _nats_py.direct_jetstream_publish) or ``js.publish`` (as when they are
+    absent)."""
+    if request.param == "js.publish":
+        monkeypatch.setattr(_jetstream, "direct_jetstream_publish", lambda nc: None)
+    return str(request.param)
+
+
+def _msg_id(block: bytes) -> str:
+    for line in block.decode().split("\r\n"):
+        if line.startswith("Nats-Msg-Id: "):
+            return line.removeprefix("Nats-Msg-Id: ")
+    raise AssertionError("no Nats-Msg-Id in the header block")
+
+
 class LostAcks:
-    """Wraps ``js.publish``: the first ``lose`` publishes reach JetStream, but their acks
-    are lost (the caller sees a timeout), as when a connection drops after sending."""
+    """Wraps the store's publish, whichever way it publishes: the first ``lose``
+    publishes reach JetStream, but their acks are lost (the caller sees a timeout), as
+    when a connection drops after sending. Records each send's msg id and the
+    sequence JetStream acked."""
 
-    def __init__(self, publish: Callable[..., Any], lose: int) -> None:
-        self.publish = publish
+    def __init__(self, store: JetStreamEventStore, lose: int, monkeypatch: pytest.MonkeyPatch):
         self.lose = lose
-        self.calls: list[dict[str, Any]] = []
-        self.acks: list[api.PubAck] = []
+        self.msg_ids: list[str] = []
+        self.seqs: list[int] = []
+        direct = store._direct
+        if direct is not None:
 
-    async def __call__(self, subject: str, payload: bytes, **options: Any) -> api.PubAck:
-        self.calls.append(dict(options["headers"]))
-        ack: api.PubAck = await self.publish(subject, payload, **options)
-        self.acks.append(ack)
+            async def publish_direct(subject: str, payload: bytes, block: bytes) -> int | None:
+                self.msg_ids.append(_msg_id(block))
+                seq = await direct(subject, payload, block)
+                assert seq is not None
+                return self._acked(seq)
+
+            monkeypatch.setattr(store, "_direct", publish_direct)
+        else:
+            publish = store._js.publish
+
+            async def publish_js(subject: str, payload: bytes, **options: Any) -> api.PubAck:
+                self.msg_ids.append(options["headers"]["Nats-Msg-Id"])
+                ack: api.PubAck = await publish(subject, payload, **options)
+                self._acked(ack.seq)
+                return ack
+
+            monkeypatch.setattr(store._js, "publish", publish_js)
+
+    def _acked(self, seq: int) -> int:
+        self.seqs.append(seq)
         if self.lose > 0:
             self.lose -= 1
             raise nats_errors.TimeoutError
-        return ack
+        return seq
 
 
 async def test_a_retried_publish_is_stored_once(
-    nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+    nats: NatsServer, monkeypatch: pytest.MonkeyPatch, publishing: str
 ) -> None:
     async with store_on(nats) as store:
+        assert (store._direct is not None) == (publishing == "direct")
         first = await store.append("s", delta(0))
-        lossy = LostAcks(store._js.publish, lose=2)
-        monkeypatch.setattr(store._js, "publish", lossy)
+        lossy = LostAcks(store, 2, monkeypatch)
         with anyio.fail_after(WAIT):
             retried = await store.append("s", delta(1))
-        # Three sends with one msg id; JetStream kept the first and said so.
-        assert len(lossy.calls) == 3
-        assert len({call["Nats-Msg-Id"] for call in lossy.calls}) == 1
-        assert [ack.duplicate for ack in lossy.acks] == [None, True, True]
-        assert {ack.seq for ack in lossy.acks} == {seq(retried.id)}
+        # Three sends with one msg id; JetStream kept the first and acked the same
+        # sequence for the two duplicates.
+        assert len(lossy.msg_ids) == 3
+        assert len(set(lossy.msg_ids)) == 1
+        assert lossy.seqs == [seq(retried.id)] * 3
         later = await store.append("s", delta(2))
         assert await store.since("s", None) == ([first, retried, later], True)
         info = await store._js.stream_info(store.stream)
@@ -355,14 +391,16 @@ async def test_a_retried_publish_is_stored_once(
 
 
 async def test_a_publish_that_never_succeeds_raises_after_publish_timeout(
-    nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+    nats: NatsServer, monkeypatch: pytest.MonkeyPatch, publishing: str
 ) -> None:
     async with store_on(nats, publish_timeout=0.3) as store:
 
-        async def unreachable(subject: str, payload: bytes, **options: Any) -> api.PubAck:
+        async def unreachable(*args: Any, **options: Any) -> api.PubAck:
             raise nats_errors.TimeoutError
 
         monkeypatch.setattr(store._js, "publish", unreachable)
+        if store._direct is not None:
+            monkeypatch.setattr(store, "_direct", unreachable)
         started = anyio.current_time()
         with anyio.fail_after(WAIT), pytest.raises(JetStreamUnavailable):
             await store.append("s", delta(0))

@@ -1,4 +1,6 @@
-"""The nats-py internals core NATS relies on (essessey/bindings/nats/_nats_py.py), checked
+"""The nats-py internals essessey's publishing and reading rely on
+(essessey/bindings/nats/_nats_py.py; the JetStream follower's are in
+test_jetstream_store.py), checked
 on the installed nats-py against a real nats-server: each fast path is taken, and does
 what the public call it stands in for does. A nats-py release that changes them fails
 here first, by name, instead of making every reader and producer quietly slower."""
@@ -16,10 +18,21 @@ import pytest
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import api
+from nats.js import errors as js_errors
+from nats.js.client import JetStreamContext
 
 from essessey import Event, Publisher
-from essessey.bindings.nats import NATSSink, subscribe_stream
-from essessey.bindings.nats._nats_py import direct_publish, queued_messages
+from essessey.bindings.nats import JetStreamEventStore, NATSSink, subscribe_stream
+from essessey.bindings.nats._nats_py import (
+    JetStreamPublish,
+    direct_jetstream_publish,
+    direct_publish,
+    flush_connection,
+    header_block,
+    queued_messages,
+)
+from tests.clients import delta
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 
@@ -38,6 +51,7 @@ async def connect(server: NatsServer, **options: Any) -> AsyncIterator[Client]:
 async def test_the_installed_nats_py_has_what_both_fast_paths_read(nats: NatsServer) -> None:
     async with connect(nats) as nc:
         assert direct_publish(nc) is not None, "nats-py's client internals changed"
+        assert direct_jetstream_publish(nc) is not None, "nats-py's request internals changed"
         sub = await nc.subscribe("x.>")
         assert queued_messages(sub, sub.messages) is not None, (
             "nats-py's subscription internals changed"
@@ -48,7 +62,7 @@ async def test_a_direct_publish_sends_what_publish_sends(nats: NatsServer) -> No
     async with connect(nats) as producer, connect(nats) as reader:
         received: list[Msg] = []
         sub = await reader.subscribe("essessey.s.*")
-        await reader.flush()
+        await flush_connection(reader)  # nats-py's flush() can overtake the SUB
         sink = NATSSink(producer, "s")
         events = [Event("ping", b'{"n":1}'), Event("pong", b"{}", "17-0"), Event("ping", b"")]
         before = dict(producer.stats)
@@ -89,7 +103,7 @@ async def test_a_direct_publish_declines_what_publish_would_wait_for(nats: NatsS
     # Over the client's buffer limit nats-py flushes and waits: the public call's to do.
     async with connect(nats, pending_size=1024) as producer, connect(nats) as reader:
         sub = await reader.subscribe("essessey.s.*")
-        await reader.flush()
+        await flush_connection(reader)  # nats-py's flush() can overtake the SUB
         sink = NATSSink(producer, "s")
         big = Event("ping", b"y" * 2048)
         assert not sink.emit_nowait(big)
@@ -145,3 +159,126 @@ async def test_reading_takes_no_task_per_message(nats: NatsServer) -> None:
         with anyio.fail_after(WAIT), pytest.raises(StopAsyncIteration):
             await anext(events)
         assert source.subscription.pending_bytes == 0
+
+
+# -- JetStream publishes -------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def jetstream(server: NatsServer) -> AsyncIterator[tuple[Client, JetStreamPublish]]:
+    """A connection with the stream T on ``t.>`` and its direct JetStream publish, ready
+    (nats-py's response subscription made by a first request)."""
+    async with connect(server) as nc:
+        js = nc.jetstream()
+        await js.add_stream(api.StreamConfig(name="T", subjects=["t.>"], storage="memory"))
+        direct = direct_jetstream_publish(nc)
+        assert direct is not None
+        try:
+            yield nc, direct
+        finally:
+            await js.delete_stream("T")
+
+
+async def test_a_direct_jetstream_publish_stores_what_js_publish_stores(
+    nats: NatsServer,
+) -> None:
+    async with jetstream(nats) as (nc, direct):
+        js = nc.jetstream()
+        sent = [
+            ("t.a", b'{"n":1}', {"Nats-Msg-Id": "m1", "Essessey-Prev": "0"}),
+            ("t.b", b"", {"Nats-Msg-Id": "m2", "Essessey-Control": "open"}),
+        ]
+        before = dict(nc.stats)
+        public = [(await js.publish(s, d, headers=h)).seq for s, d, h in sent]
+        counted = {key: nc.stats[key] - before[key] for key in ("out_msgs", "out_bytes")}
+        before = dict(nc.stats)
+        # The same messages under new msg ids (the old ones would be dropped as repeats).
+        again = [(s, d, {**h, "Nats-Msg-Id": h["Nats-Msg-Id"] + "x"}) for s, d, h in sent]
+        ours = [await direct(s, d, header_block(h)) for s, d, h in again]
+        assert {key: nc.stats[key] - before[key] for key in ("out_msgs", "out_bytes")} == counted
+        assert public == [1, 2]
+        assert ours == [3, 4]
+        stored = [await js.get_msg("T", seq) for seq in [*public, *ours]]
+    # get_msg gives None for an empty body.
+    assert [(m.subject, m.data, m.headers) for m in stored] == [
+        (s, d or None, h) for s, d, h in [*sent, *again]
+    ]
+
+
+async def test_a_direct_jetstream_publish_raises_what_js_publish_raises(
+    nats: NatsServer,
+) -> None:
+    async with jetstream(nats) as (nc, direct):
+        js = nc.jetstream()
+        # No stream takes the subject: nobody answers.
+        with pytest.raises(js_errors.NoStreamResponseError):
+            await js.publish("elsewhere.a", b"{}")
+        with pytest.raises(js_errors.NoStreamResponseError):
+            await direct("elsewhere.a", b"{}", header_block({"Nats-Msg-Id": "n"}))
+        # JetStream refuses it: the same APIError.
+        wrong = {"Nats-Expected-Last-Sequence": "99"}
+        with pytest.raises(js_errors.APIError) as public:
+            await js.publish("t.a", b"{}", headers=wrong)
+        with pytest.raises(js_errors.APIError) as ours:
+            await direct("t.a", b"{}", header_block(wrong))
+        assert (ours.value.code, ours.value.err_code, ours.value.description) == (
+            public.value.code,
+            public.value.err_code,
+            public.value.description,
+        )
+        # A duplicate msg id: the sequence first stored, both ways.
+        stored = (await js.publish("t.a", b"1", headers={"Nats-Msg-Id": "d"})).seq
+        assert (await js.publish("t.a", b"2", headers={"Nats-Msg-Id": "d"})).seq == stored
+        assert await direct("t.a", b"3", header_block({"Nats-Msg-Id": "d"})) == stored
+        assert nc._resp_map == {}  # every request's future is gone
+
+
+async def test_a_direct_jetstream_publish_declines_what_only_js_publish_can_send(
+    nats: NatsServer,
+) -> None:
+    block = header_block({"Nats-Msg-Id": "z"})
+    async with connect(nats) as nc:
+        direct = direct_jetstream_publish(nc)
+        assert direct is not None
+        sent = nc.stats["out_msgs"]
+        # No request yet, so no response subscription: js.publish makes it.
+        assert await direct("t.a", b"{}", block) is None
+        assert nc.stats["out_msgs"] == sent
+    async with jetstream(nats) as (nc, direct):
+        sent = nc.stats["out_msgs"]
+        assert await direct("t.a", b"x" * (nc.max_payload + 1), block) is None
+        assert nc.stats["out_msgs"] == sent
+    async with connect(nats) as nc:
+        direct = direct_jetstream_publish(nc)
+        assert direct is not None
+        await nc.jetstream().account_info()  # a first request: the response subscription
+        await nc.close()
+        sent = nc.stats["out_msgs"]
+        assert await direct("t.a", b"{}", block) is None
+        assert nc.stats["out_msgs"] == sent
+        assert nc._resp_map == {}
+
+
+async def test_a_store_appends_without_js_publish(
+    nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = 0
+    publish = JetStreamContext.publish
+
+    async def counting(self: JetStreamContext, *args: Any, **options: Any) -> api.PubAck:
+        nonlocal calls
+        calls += 1
+        return await publish(self, *args, **options)
+
+    monkeypatch.setattr(JetStreamContext, "publish", counting)
+    async with connect(nats) as nc:
+        store = await JetStreamEventStore.connect(nc, stream="S", prefix="s")
+        await store.open_stream("x")
+        before = calls  # opening a stream writes its key-value entry with js.publish
+        events = [await store.append("x", delta(n)) for n in range(20)]
+        assert calls == before
+        await store.close_stream("x")
+        replayed, known = await store.since("x", None)
+        await nc.jetstream().delete_stream("S")
+    assert known
+    assert replayed == events

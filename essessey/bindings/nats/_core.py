@@ -227,8 +227,8 @@ class NATSSink:
         if event_id:
             _check_event_id(event_id)
             # The header section nats-py writes for this one header, byte for byte.
-            return direct(subject, event.data, _HEADER_HEAD + event_id.encode() + _HEADER_TAIL)
-        return direct(subject, event.data, None)
+            return direct(subject, event.data, _HEADER_HEAD + event_id.encode() + _HEADER_TAIL, "")
+        return direct(subject, event.data, None, "")
 
     async def flush(self) -> None:
         """Wait until the server has received everything published so far (a PING/PONG

@@ -90,7 +90,9 @@ from essessey.bindings.nats._bounds import PREV_HEADER, Bounds
 from essessey.bindings.nats._core import check_token
 from essessey.bindings.nats._leases import HOLDER_HEADER, Leases
 from essessey.bindings.nats._nats_py import (
+    direct_jetstream_publish,
     flow_control_due,
+    header_block,
     ready_push_subscription,
     reply_flow_control,
     take_queued,
@@ -390,6 +392,9 @@ class JetStreamEventStore:
         self._leases = Leases(self)
         self._bounds = Bounds(self)
         self._js: JetStreamContext = nc.jetstream(timeout=_REQUEST_TIMEOUT)
+        # js.publish without its layers (see _nats_py.direct_jetstream_publish); None:
+        # every publish through js.publish.
+        self._direct = direct_jetstream_publish(nc)
         # Msg ids: random per store, counted per publish, so no two publishes of any store
         # share one while a retry of the same publish always does.
         self._token = secrets.token_hex(12)
@@ -518,9 +523,19 @@ class JetStreamEventStore:
         if prev is not None:
             headers[PREV_HEADER] = str(prev)
         js = self._js
+        direct = self._direct
+        block = header_block(headers) if direct is not None else b""
 
         async def publish(remaining: float) -> tuple[int, str]:
             timeout = min(_REQUEST_TIMEOUT, max(remaining, 0.01))
+            if direct is not None:
+                try:
+                    async with asyncio.timeout(timeout):
+                        seq = await direct(subject, data, block)
+                except TimeoutError:
+                    raise nats.errors.TimeoutError from None  # what js.publish raises
+                if seq is not None:
+                    return seq, epoch
             ack = await js.publish(subject, data, timeout=timeout, headers=headers)
             return ack.seq, epoch
 
