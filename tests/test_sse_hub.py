@@ -131,6 +131,18 @@ async def state(http: httpx.AsyncClient, stream_id: str) -> dict[str, Any]:
     return result
 
 
+@asynccontextmanager
+async def held_turn() -> AsyncIterator[tuple[HubApp, httpx.AsyncClient, Reading]]:
+    """A served hub app whose turn ``s`` (30 chunks) is held before its 5th chunk, a
+    client of it, and the owner's reading of the turn's first 3 events."""
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=30, hold_at=5)
+            await wait_for(hub_app.reached["s"])
+            yield hub_app, http, await read(http, "/streams/s", stop_after=3)
+
+
 async def wait_for(event: threading.Event) -> None:
     for _ in range(int(WAIT / 0.002)):
         if event.is_set():
@@ -295,6 +307,44 @@ async def test_an_unknown_stream_is_404() -> None:
     assert cancel.json()["error"]["type"] == "not_found_error"
 
 
+async def test_a_head_answers_the_status_a_get_starts_with_and_never_waits() -> None:
+    async with held_turn() as (hub_app, http, mine):
+        epoch = str(mine.last_id).rpartition("-")[0]
+        asked = {
+            # Live, and at the head of the held turn: a GET would wait for the next event.
+            "live": {},
+            "live resume": {"headers": {"Last-Event-ID": mine.last_id}},
+            "unknown id": {"headers": {"Last-Event-ID": f"{epoch}-999"}},
+            "unknown id, query": {"params": {"last_event_id": "nonsense"}},
+            "denied": {"headers": MALLORY},
+        }
+        with anyio.fail_after(WAIT):
+            heads = {name: await http.head("/streams/s", **o) for name, o in asked.items()}
+            nowhere = await http.head("/streams/nowhere")
+            bad = await http.head("/streams/bell%07")
+        hub_app.release["s"].set()
+        gets = {
+            name: await read(http, "/streams/s", stop_after=1, **o)  # type: ignore[arg-type]
+            for name, o in asked.items()
+        }
+        get_nowhere = await read(http, "/streams/nowhere")
+    statuses = {name: head.status_code for name, head in heads.items()}
+    assert statuses == {
+        "live": 200,
+        "live resume": 200,
+        "unknown id": 410,
+        "unknown id, query": 410,
+        "denied": 403,
+    }
+    assert statuses == {name: got.status for name, got in gets.items()}
+    assert (nowhere.status_code, get_nowhere.status, bad.status_code) == (404, 404, 400)
+    for head in [*heads.values(), nowhere, bad]:
+        assert head.content == b""
+    assert heads["live"].headers["content-type"] == SSE_CONTENT_TYPE
+    assert heads["unknown id"].headers["content-type"] == "application/json"
+    assert nowhere.headers["content-type"] == "application/json"
+
+
 @pytest.mark.parametrize(
     ("path", "options"),
     [
@@ -332,25 +382,18 @@ async def test_a_cancel_with_an_invalid_stream_id_is_400() -> None:
 
 
 async def test_a_denied_client_gets_403_and_no_event_on_read_resume_and_cancel() -> None:
-    hub_app = make_app()
-    with serve(hub_app.app, lifespan="on") as base:
-        async with client(base) as http:
-            await start_turn(http, "s", chunks=30, hold_at=5)
-            await wait_for(hub_app.reached["s"])
-            mine = await read(http, "/streams/s", stop_after=3)
-            denied = [
-                await read(http, "/streams/s", headers=MALLORY),
-                await read(http, "/streams/s", headers={**MALLORY, "Last-Event-ID": mine.last_id}),
-                await read(
-                    http, "/streams/s", headers=MALLORY, params={"last_event_id": mine.last_id}
-                ),
-            ]
-            cancel = await http.post("/streams/s/cancel", headers=MALLORY)
-            # A stream that does not exist is refused the same way: no existence leak.
-            elsewhere = await read(http, "/streams/nowhere", headers=MALLORY)
-            assert (await state(http, "s"))["running"]
-            hub_app.release["s"].set()
-            events = await published(http, "s")
+    async with held_turn() as (hub_app, http, mine):
+        denied = [
+            await read(http, "/streams/s", headers=MALLORY),
+            await read(http, "/streams/s", headers={**MALLORY, "Last-Event-ID": mine.last_id}),
+            await read(http, "/streams/s", headers=MALLORY, params={"last_event_id": mine.last_id}),
+        ]
+        cancel = await http.post("/streams/s/cancel", headers=MALLORY)
+        # A stream that does not exist is refused the same way: no existence leak.
+        elsewhere = await read(http, "/streams/nowhere", headers=MALLORY)
+        assert (await state(http, "s"))["running"]
+        hub_app.release["s"].set()
+        events = await published(http, "s")
     for reading in [*denied, elsewhere]:
         assert reading.status == 403
         assert reading.content_type == "application/json"

@@ -23,7 +23,8 @@ A stream id is 1 to ``MAX_ID_LENGTH`` printable characters without whitespace, `
 body.
 
 A subscriber that falls behind is ended without an error event: its client reconnects
-with its last id and carries on.
+with its last id and carries on. A ``HEAD`` answers the status a ``GET`` starts with (the
+table's), asked of the store without subscribing (see docs/resume.md).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from essessey.bindings._asgi import (
     subscription_end,
 )
 from essessey.bindings.sse._response import EventStreamResponse, SSEOptions, error_body
-from essessey.errors import StreamRejected
+from essessey.errors import StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
 from essessey.store import Deliver
@@ -134,12 +135,41 @@ async def subscription_response(
         return _json_error(503, "api_error", CHECK_FAILED)
     if not allowed:
         return _json_error(403, "permission_error", f"not allowed to {access} this stream")
+    if request.method == "HEAD":
+        refusal = await _head_refusal(hub, stream_id, last_event_id)
+        if refusal is not None:
+            return refusal
     # A resume with nothing more to send, its turn over: 204, so an EventSource that
     # reconnects after the end stops instead of looping.
     empty_status = 204 if last_event_id is not None else None
     return EventStreamResponse(
         _Subscription(hub, stream_id, last_event_id), empty_status=empty_status, **options
     )
+
+
+async def _head_refusal(
+    hub: StreamHub, stream_id: str, last_event_id: str | None
+) -> Response | None:
+    """For a HEAD, the error a GET would answer before its first event (no such stream,
+    a last id not retained), or None when a GET would stream. Asked of the store
+    without subscribing, so a HEAD never waits for a live event; a GET's 204 (a finished
+    turn with nothing after the id) is not told apart, and answers 200."""
+    store = hub.store
+    try:
+        if not await store.exists(stream_id):
+            raise StreamNotFound(stream_id)
+        if last_event_id is not None and not (await store.since(stream_id, last_event_id))[1]:
+            raise UnknownEventId(last_event_id)
+    except Exception as exc:
+        end = subscription_end(exc)
+        if end is None:
+            raise  # a failure of the server, as for a GET
+        if end.status is None:
+            # The store is out for now (a GET would end at once, to be made again).
+            logger.warning("a HEAD of %s: %s", stream_id, type(exc).__name__)
+            return _json_error(503, "api_error", "the event store is unavailable; try again")
+        return _json_error(end.status, end.error_type, end.message or f"no stream {stream_id!r}")
+    return None
 
 
 async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> Response:
