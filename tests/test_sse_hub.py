@@ -345,6 +345,36 @@ async def test_a_head_answers_the_status_a_get_starts_with_and_never_waits() -> 
     assert nowhere.headers["content-type"] == "application/json"
 
 
+async def test_every_refusal_of_the_hub_routes_keeps_the_app_s_headers() -> None:
+    cors = {"access-control-allow-origin": "https://app.example"}
+    hub_app = make_app(headers=cors)
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=5)
+            events = await published(http, "s")
+            epoch = str(events[0].id).rpartition("-")[0]
+            answers = {
+                400: await http.get("/streams/bell%07"),
+                403: await http.get("/streams/s", headers=MALLORY),
+                404: await http.get("/streams/nowhere"),
+                410: await http.get("/streams/s", headers={"Last-Event-ID": f"{epoch}-99"}),
+                204: await http.get("/streams/s", headers={"Last-Event-ID": str(events[-1].id)}),
+                200: await http.get("/streams/s"),
+                -404: await http.head("/streams/nowhere"),
+            }
+    assert {status: answer.status_code for status, answer in answers.items()} == {
+        400: 400,
+        403: 403,
+        404: 404,
+        410: 410,
+        204: 204,
+        200: 200,
+        -404: 404,
+    }
+    for answer in answers.values():
+        assert answer.headers["access-control-allow-origin"] == "https://app.example"
+
+
 @pytest.mark.parametrize(
     ("path", "options"),
     [

@@ -664,6 +664,38 @@ async def test_a_failure_before_the_first_event_is_a_json_error(
     assert b"secret" not in response.content
 
 
+async def test_an_error_or_empty_answer_keeps_the_app_s_headers() -> None:
+    # A CORS header on a refusal lets a cross-origin fetch read why it was refused; a
+    # content type the app gave for its stream must not label the JSON error.
+    app_headers = {
+        "access-control-allow-origin": "https://app.example",
+        "x-request-id": "req-9",
+        "content-type": "text/event-stream",
+    }
+
+    async def empty() -> AsyncIterator[Event]:
+        return
+        yield
+
+    async def endpoint(request: Request) -> EventStreamResponse:
+        if request.query_params.get("empty"):
+            return EventStreamResponse(empty(), headers=app_headers, empty_status=204)
+        return EventStreamResponse(rejecting, headers=app_headers)
+
+    with serve(route_app(endpoint)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=CLIENT_TIMEOUT) as client:
+            refused = await client.get("/stream")
+            nothing = await client.get("/stream", params={"empty": "1"})
+    assert refused.status_code == 429
+    assert refused.headers["content-type"] == "application/json"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert nothing.status_code == 204
+    assert "content-type" not in nothing.headers
+    for answer in (refused, nothing):
+        assert answer.headers["access-control-allow-origin"] == "https://app.example"
+        assert answer.headers["x-request-id"] == "req-9"
+
+
 @pytest.mark.parametrize(
     ("producer", "error"),
     [

@@ -30,7 +30,7 @@ table's), asked of the store without subscribing (see docs/resume.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Unpack
 
 from starlette.requests import Request
@@ -56,8 +56,19 @@ __all__ = ["cancel_response", "hub_routes", "subscription_response"]
 logger = logging.getLogger("essessey.sse")
 
 
-def _json_error(status: int, error_type: str, message: str) -> Response:
-    return Response(error_body(error_type, message), status, media_type="application/json")
+def _json_error(
+    status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    # The app's headers go on a refusal too (a CORS header lets a cross-origin client
+    # read it), all but those describing a body: this one is JSON.
+    kept = {
+        name: value
+        for name, value in (headers or {}).items()
+        if name.lower() not in ("content-type", "content-length")
+    }
+    return Response(
+        error_body(error_type, message), status, headers=kept, media_type="application/json"
+    )
 
 
 class _Subscription:
@@ -120,23 +131,24 @@ async def subscription_response(
     ``retry``, ``send_timeout``, ``max_queue``, ``max_batch_bytes``, ``shutdown_retry``
     (:class:`SSEOptions`). A resume with nothing more to send, its turn over, is a 204.
     """
+    headers = options.get("headers")
     given = request.headers.get("last-event-id")
     if given is None:
         given = request.query_params.get("last_event_id")
     if not is_stream_id(stream_id):
-        return _json_error(400, "invalid_request_error", "invalid stream id")
+        return _json_error(400, "invalid_request_error", "invalid stream id", headers)
     try:
         last_event_id = resume_point(given)
     except ValueError as exc:
-        return _json_error(400, "invalid_request_error", str(exc))
+        return _json_error(400, "invalid_request_error", str(exc), headers)
     access: Access = "resume" if last_event_id is not None else "read"
     allowed = await check_access(hub, request, stream_id, access, logger)
     if allowed is None:
-        return _json_error(503, "api_error", CHECK_FAILED)
+        return _json_error(503, "api_error", CHECK_FAILED, headers)
     if not allowed:
-        return _json_error(403, "permission_error", f"not allowed to {access} this stream")
+        return _json_error(403, "permission_error", f"not allowed to {access} this stream", headers)
     if request.method == "HEAD":
-        refusal = await _head_refusal(hub, stream_id, last_event_id)
+        refusal = await _head_refusal(hub, stream_id, last_event_id, headers)
         if refusal is not None:
             return refusal
     # A resume with nothing more to send, its turn over: 204, so an EventSource that
@@ -148,7 +160,7 @@ async def subscription_response(
 
 
 async def _head_refusal(
-    hub: StreamHub, stream_id: str, last_event_id: str | None
+    hub: StreamHub, stream_id: str, last_event_id: str | None, headers: Mapping[str, str] | None
 ) -> Response | None:
     """For a HEAD, the error a GET would answer before its first event (no such stream,
     a last id not retained), or None when a GET would stream. Asked of the store
@@ -167,8 +179,11 @@ async def _head_refusal(
         if end.status is None:
             # The store is out for now (a GET would end at once, to be made again).
             logger.warning("a HEAD of %s: %s", stream_id, type(exc).__name__)
-            return _json_error(503, "api_error", "the event store is unavailable; try again")
-        return _json_error(end.status, end.error_type, end.message or f"no stream {stream_id!r}")
+            return _json_error(
+                503, "api_error", "the event store is unavailable; try again", headers
+            )
+        message = end.message or f"no stream {stream_id!r}"
+        return _json_error(end.status, end.error_type, message, headers)
     return None
 
 

@@ -75,6 +75,9 @@ logger = logging.getLogger("essessey.sse")
 # dispatches on (httpx-sse and decoders built like it turn a blank line after a
 # field-only block into an empty event). Written only between whole events.
 _PING: Final = b": ping\n"
+_BODY_HEADERS: Final = frozenset((b"content-type", b"content-length"))
+"""Headers that describe a body: an error or empty answer sets its own."""
+
 _SSE_HEADERS: Final = (
     (b"cache-control", b"no-cache"),
     # nginx buffers proxied responses unless told not to; a stream must not be buffered.
@@ -569,6 +572,11 @@ class EventStreamResponse(Response):
         self.max_queue = max_queue
         self.max_batch_bytes = max_batch_bytes
         self.init_headers(headers)
+        # The app's own headers (CORS, a request id) go on an error or empty answer too:
+        # without them a cross-origin client cannot even read why it was refused.
+        self._app_headers = [
+            (name, value) for name, value in self.raw_headers if name not in _BODY_HEADERS
+        ]
         self.raw_headers.extend(h for h in _SSE_HEADERS if h[0] not in dict(self.raw_headers))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -685,7 +693,13 @@ class EventStreamResponse(Response):
             and not (outbox.started or outbox.sending or outbox.held)
         ):
             outbox.ended = True
-            await send({"type": "http.response.start", "status": self.empty_status, "headers": []})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.empty_status,
+                    "headers": self._app_headers,
+                }
+            )
             await send({"type": "http.response.body", "body": b""})
             return
         tail = b""
@@ -707,6 +721,7 @@ class EventStreamResponse(Response):
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    *self._app_headers,
                 ],
             }
         )
