@@ -83,6 +83,7 @@ from starlette.websockets import WebSocket
 
 import essessey
 from essessey.bindings.nats import NATSSink, subscribe_stream
+from essessey.bindings.nats._nats_py import flush_connection
 from essessey.bindings.sse import EventStreamResponse, subscription_response
 from essessey.bindings.ws import websocket_subscription
 
@@ -678,7 +679,7 @@ async def nats_publisher_main(url: str) -> None:
         await msg.respond(orjson.dumps({"heap": heap_bytes()}))
 
     await nc.subscribe(NATS_HEAP, cb=heap)
-    await nc.flush()
+    await flush_connection(nc)  # nats-py's flush() can overtake the SUB
     try:
         await stop.wait()
     finally:
@@ -1290,7 +1291,7 @@ async def nats_round(
 
     try:
         await asyncio.gather(*(subscribe_one(k) for k in range(streams)))
-        await nc.flush()
+        await flush_connection(nc)  # every SUB at the server before the producers start
         prepared = await target.request(
             {
                 "op": "prepare",

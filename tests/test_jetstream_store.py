@@ -37,6 +37,7 @@ from essessey import (
 )
 from essessey.bindings.nats import CONTROL_HEADER, JetStreamEventStore, _jetstream
 from essessey.bindings.nats._jetstream import _ack_fields, _position
+from essessey.bindings.nats._nats_py import flush_connection
 from essessey.bindings.nats._nats_py import ready_push_subscription as _ready_subscription
 from tests.clients import collect, delta, fill, wait_until
 from tests.nats_server import NatsServer
@@ -132,7 +133,7 @@ async def test_bad_options_raise(options: dict[str, Any], message: str) -> None:
 async def test_events_go_to_the_subjects_a_plain_subscriber_reads(nats: NatsServer) -> None:
     async with store_on(nats, prefix="app.v1") as store, connected(nats) as plain:
         sub = await plain.subscribe("app.v1.conv-1.>")
-        await plain.flush()
+        await flush_connection(plain)  # nats-py's flush() can overtake the SUB
         await store.open_stream("conv-1")
         stored = await store.append("conv-1", delta(7))
         with anyio.fail_after(WAIT):
