@@ -631,13 +631,13 @@ class NatsPublisher:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 await all_arrived.wait()
-        await self.nc.flush()
+        await flush_connection(self.nc)
         return {"ready": count[0]}
 
     async def go(self) -> dict[str, Any]:
         self.gate.set()
         results = await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.nc.flush()
+        await flush_connection(self.nc)  # the server has every delta before the answer
         self.tasks = []
         failed = [repr(r) for r in results if isinstance(r, BaseException)]
         return {"failed": len(failed), "first_failure": failed[0] if failed else None}
