@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from essessey import Event, InMemorySink, Publisher, StreamRejected, TurnProducer, stream_turn
 from essessey.bindings.sse import EventStreamResponse, SSEDecoder, SSEMessage, encode_many
 from essessey.protocol import Dialect
+from tests.clients import wait_until
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -694,6 +696,42 @@ async def test_an_error_or_empty_answer_keeps_the_app_s_headers() -> None:
     for answer in (refused, nothing):
         assert answer.headers["access-control-allow-origin"] == "https://app.example"
         assert answer.headers["x-request-id"] == "req-9"
+
+
+async def test_the_background_task_runs_after_every_answer() -> None:
+    # As with any Starlette response: cleanup put in `background` runs after a stream,
+    # a refusal, an empty answer and a HEAD alike.
+    ran: list[str] = []
+
+    async def empty() -> AsyncIterator[Event]:
+        return
+        yield
+
+    async def endpoint(request: Request) -> EventStreamResponse:
+        kind = request.query_params["kind"]
+        background = BackgroundTask(ran.append, kind)
+        if kind == "refused":
+            return EventStreamResponse(rejecting, background=background)
+        if kind == "empty":
+            return EventStreamResponse(empty(), background=background, empty_status=204)
+        return EventStreamResponse(whole_turn, background=background)
+
+    with serve(route_app(endpoint)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=CLIENT_TIMEOUT) as client:
+            answers = {
+                kind: await client.get("/stream", params={"kind": kind})
+                for kind in ("stream", "refused", "empty")
+            }
+            answers["head"] = await client.head("/stream", params={"kind": "head"})
+            # A background task runs after the body is sent.
+            await wait_until(lambda: len(ran) == 4, "the four background tasks")
+    assert {kind: answer.status_code for kind, answer in answers.items()} == {
+        "stream": 200,
+        "refused": 429,
+        "empty": 204,
+        "head": 200,
+    }
+    assert sorted(ran) == ["empty", "head", "refused", "stream"]
 
 
 @pytest.mark.parametrize(

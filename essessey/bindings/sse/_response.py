@@ -580,6 +580,13 @@ class EventStreamResponse(Response):
         self.raw_headers.extend(h for h in _SSE_HEADERS if h[0] not in dict(self.raw_headers))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._respond(scope, receive, send)
+        # As for any Starlette response: after whatever answer was sent (a stream, a
+        # refusal, an empty answer, a HEAD's headers), so cleanup put here always runs.
+        if self.background is not None:
+            await self.background()
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method") == "HEAD":
             # Headers only: starting the producer for a body nobody reads would run a
             # whole turn for nothing.
@@ -603,7 +610,6 @@ class EventStreamResponse(Response):
             )
             await send({"type": "http.response.body", "body": self._shutdown_tail})
             return
-        outbox: _Outbox | None = None
         async with connection_tasks() as tasks:
             outbox = _Outbox(self, send, tasks.cancel_scope, scope.get("method", "GET"))
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
@@ -629,8 +635,6 @@ class EventStreamResponse(Response):
                     unwatch()
                 if forget is not None:
                     forget()
-        if self.background is not None and outbox is not None and outbox.started:
-            await self.background()
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:
