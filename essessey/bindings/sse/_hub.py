@@ -45,7 +45,12 @@ from essessey.bindings._asgi import (
     resume_point,
     subscription_end,
 )
-from essessey.bindings.sse._response import EventStreamResponse, SSEOptions, error_body
+from essessey.bindings.sse._response import (
+    EventStreamResponse,
+    SSEOptions,
+    error_body,
+    refusal_headers,
+)
 from essessey.errors import StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
@@ -59,15 +64,11 @@ logger = logging.getLogger("essessey.sse")
 def _json_error(
     status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    # The app's headers go on a refusal too (a CORS header lets a cross-origin client
-    # read it), all but those describing a body: this one is JSON.
-    kept = {
-        name: value
-        for name, value in (headers or {}).items()
-        if name.lower() not in ("content-type", "content-length")
-    }
     return Response(
-        error_body(error_type, message), status, headers=kept, media_type="application/json"
+        error_body(error_type, message),
+        status,
+        headers=refusal_headers(headers),
+        media_type="application/json",
     )
 
 

@@ -91,6 +91,17 @@ _BURST: Final = 0.0005
 held for the next send instead of going out in a send of its own."""
 
 
+def refusal_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The app's ``headers`` that go on a refusal or an empty answer too (a CORS header
+    lets a cross-origin client read it): all but those describing a body, which that
+    answer sets itself."""
+    return {
+        name: value
+        for name, value in (headers or {}).items()
+        if name.lower().encode("latin-1") not in _BODY_HEADERS
+    }
+
+
 def error_body(error_type: str, message: str) -> bytes:
     """The JSON body of an error answered before a stream starts (the Anthropic shape)."""
     return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
