@@ -39,13 +39,13 @@ from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._publishing import Ending, publish_message, require_round
+from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
     CallIds,
     Malformed,
-    arguments_complete,
     as_mapping,
     count,
     has_lone_surrogate,
@@ -56,7 +56,7 @@ from essessey.adapters._values import (
     read_all,
     token_counts,
 )
-from essessey.adapters.rounds import RoundStream, ToolCallRequest
+from essessey.adapters.rounds import RoundStream
 from essessey.errors import ProviderStreamError
 from essessey.protocol import StopReason
 from essessey.publisher import Publisher
@@ -127,12 +127,14 @@ async def stream_round(
     ``rounds.assistant_message`` with the round's tool calls, so results may follow.
 
     Tool calls are keyed by their ``index``. A call's tool_use block opens when the
-    call's name is known (fragments that came before go out with it), in order of first
-    appearance, and its arguments stream as they arrive. While a call's block is open
+    call's name is known, in order of first appearance, and its arguments stream as
+    they arrive, one ``input_json_delta`` per fragment. While a call's block is open
     and its arguments are not yet whole JSON, whatever else comes (another call's
     fragments, as servers that interleave parallel calls send them, or text) is held
-    and goes out, in order, once the call's arguments are whole or the chunks end, so
-    every call's arguments reach the client exactly as the server sent them. (A
+    and goes out, in order, once the call's arguments are whole or the chunks end; a
+    held fragment goes out as its own delta too (as do the fragments that came before
+    its call's name), so every call's arguments reach the client exactly as the server
+    sent them, fragment for fragment. (A
     fragment for a call that was closed with whole JSON arguments cannot go out; it is
     counted in a warning.) Text and reasoning keep their place among the calls: text
     after a call is a block after it. A fragment without an ``index`` is a new call
@@ -151,6 +153,7 @@ async def stream_round(
     A sync iterable is read in the event loop's thread: give it chunks already in memory,
     and a network stream as an async iterable (the SDK's ``AsyncStream``).
     """
+    require_round(rounds)
     reader = _RoundReader(rounds, id_prefix)
     await read_all(chunks, reader.feed, lambda: reader.error is not None)
     result = await reader.finish()
@@ -217,24 +220,15 @@ async def publish(
         if chunk.model or chunk.choice is not None or chunk.error is not None:
             await open_message()
 
-    try:
+    async def read() -> tuple[StreamedRound, Ending]:
         await read_all(chunks, on_chunk, lambda: reader.error is not None)
         if not opened:
             await open_message()
         result = await reader.finish()
-        await rounds.round_end(answer_missing=False)
-        # Any: mypy cannot tell these keyword arguments from stop_sequence.
-        usage: dict[str, Any] = {k: v for k, v in result.usage.items() if k != "output_tokens"}
-        output_tokens = result.usage.get("output_tokens", 0)
-        # Inside the try: a failed epilogue must still end the stream for its clients.
-        if reader.error is None:
-            await publisher.send_stream_epilogue(result.stop_reason, output_tokens, **usage)
-        else:
-            await publisher.send_message_delta(result.stop_reason, output_tokens, **usage)
-            await send_failure(publisher, reader.error)
-    except Exception as exc:
-        await send_failure(publisher, exc)
-        raise
+        # A provider's error still gets the message_delta: the stop reason and usage so far.
+        return result, Ending(result.stop_reason, result.usage, reader.error, True)
+
+    result = await publish_message(publisher, read, rounds=rounds)
     error = reader.error
     return PublishedMessage(
         message_id=message_id,
@@ -450,48 +444,20 @@ def _read_chunk(raw: Any) -> _Chunk:
 # -- publishing one round ------------------------------------------------------------------
 
 
-class _Call:
-    """One tool call of the round, from its first fragment to its block."""
-
-    __slots__ = ("id", "name", "ordinal", "parts", "server_id", "slot")
-
-    def __init__(self, ordinal: int) -> None:
-        self.ordinal = ordinal  # order of first appearance
-        self.slot = -1  # its number in RoundStream once started
-        self.server_id: str | None = None
-        self.name: str | None = None
-        self.id = ""
-        self.parts: list[str] = []
-
-    def complete(self) -> bool:
-        """Whether the arguments so far are whole JSON (so the call may close)."""
-        return arguments_complete(self.parts)
-
-
 class _RoundReader:
     """The state of one round while its chunks are read and published.
 
-    What the model sends goes out in the order it came, live, with one exception: while
-    a tool call's block is open and its arguments are not yet whole JSON, what comes for
-    anything else (another call, text, reasoning) is queued, because some servers
-    interleave the fragments of parallel calls and a call's block cannot reopen once
-    closed. The open call closes as soon as its arguments are whole and something
-    waits; then the queue goes out in order. At the end of the chunks everything left
-    goes out, so no fragment the server sent is lost.
+    What the model sends goes out in the order it came, live, except what waits for an
+    open tool call whose arguments are not whole yet: ``HeldCalls`` (in
+    ``essessey.adapters._tool_calls``) holds it, in arrival order, and publishes it
+    once they are, so that no fragment the server sent is lost.
     """
 
     __slots__ = (
         "_by_key",
-        "_calls",
-        "_first_late",
-        "_ids",
-        "_late_chars",
-        "_live",
-        "_open",
+        "_held",
         "_position",
-        "_queue",
         "_skipped_choices",
-        "_started",
         "_text",
         "_thinking",
         "error",
@@ -503,22 +469,16 @@ class _RoundReader:
 
     def __init__(self, rounds: RoundStream, id_prefix: str) -> None:
         self.rounds = rounds
+        self._position = -1
         # A round's n calls take block indexes from here on and the next round starts
         # at least 2n further, so base + call number never repeats within a message.
-        self._ids = CallIds(id_prefix, rounds.next_index)
-        self._position = -1
-        self._calls: list[_Call] = []
-        self._by_key: dict[object, _Call] = {}
-        self._started: list[_Call] = []
-        self._open: _Call | None = None
-        self._live: list[str] = []  # fragments of the open call not yet published
-        # What waits for the open call to close, in the order it came: output pieces
-        # (True for text, False for reasoning) and calls not yet started.
-        self._queue: list[tuple[bool, str] | _Call] = []
+        ids = CallIds(id_prefix, rounds.next_index)
+        self._held: HeldCalls[tuple[bool, str]] = HeldCalls(
+            rounds, ids, self._output, logger=logger, noun="tool call", where="chunk %d"
+        )
+        self._by_key: dict[object, HeldCall] = {}
         self._text: list[str] = []
         self._thinking: list[str] = []
-        self._late_chars = 0
-        self._first_late = -1
         self._skipped_choices = False
         self.finish_reason: str | None = None
         self.usage: dict[str, int] = {}
@@ -556,12 +516,15 @@ class _RoundReader:
             )
         choice = chunk.choice
         if choice is not None:
-            self._queue.extend(choice.output)
+            for piece in choice.output:
+                self._held.hold(piece)
             for fragment in choice.fragments:
-                self._fragment(fragment)
+                await self._fragment(fragment)
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
-            await self._advance()
+            # Once per chunk: a chunk's fragments for the open call all go out before it
+            # may close for what waits.
+            await self._held.advance()
         if chunk.error is not None:
             logger.warning(
                 "chat completion chunk %d reports an error (%s); the stream ends there",
@@ -572,19 +535,9 @@ class _RoundReader:
 
     async def finish(self) -> StreamedRound:
         """End of the chunks: publish what waits, then declare the round's calls."""
-        await self._advance(final=True)
-        if self._open is not None:
-            for part in self._live:
-                await self.rounds.tool_call_delta(self._open.slot, part)
-            self._live.clear()
-        if self._late_chars:
-            logger.warning(
-                "%d characters of arguments came for tool calls already closed with whole "
-                "JSON arguments (first in chunk %d); they cannot go out",
-                self._late_chars,
-                self._first_late,
-            )
-        requests = [ToolCallRequest(c.id, c.name or "", "".join(c.parts)) for c in self._started]
+        await self._held.advance(final=True)
+        self._held.log_late()
+        requests = self._held.requests()
         await self.rounds.assistant_message(requests)
         calls = [
             PublishedToolCall(r.id, r.name, r.arguments, parse_arguments(r.arguments))
@@ -600,8 +553,18 @@ class _RoundReader:
             model=self.model,
         )
 
-    def _call_for(self, fragment: _Fragment) -> _Call | None:
+    async def _output(self, piece: tuple[bool, str]) -> None:
+        is_text, text = piece
+        if is_text:
+            await self.rounds.delta(text=text)
+            self._text.append(text)
+        else:
+            await self.rounds.delta(reasoning=text)
+            self._thinking.append(text)
+
+    def _call_for(self, fragment: _Fragment) -> HeldCall | None:
         key: object
+        calls = self._held.calls
         if fragment.legacy:
             key = "function_call"
         elif fragment.index is not None:
@@ -610,95 +573,30 @@ class _RoundReader:
             # No index: a known id continues its call, an id or a name starts the next
             # call, and bare arguments continue the last one.
             if fragment.id:
-                for known in self._calls:
-                    if known.server_id == fragment.id:
+                for known in calls:
+                    if known.given_id == fragment.id:
                         return known
             if not (fragment.id or fragment.name):
-                return self._calls[-1] if self._calls else None
+                return calls[-1] if calls else None
             return self._new_call()
         call = self._by_key.get(key)
         if call is None:
             call = self._by_key[key] = self._new_call()
         return call
 
-    def _new_call(self) -> _Call:
-        call = _Call(len(self._calls))
-        self._calls.append(call)
-        self._queue.append(call)
+    def _new_call(self) -> HeldCall:
+        call = HeldCall(len(self._held.calls))
+        self._held.add(call)
         return call
 
-    def _fragment(self, fragment: _Fragment) -> None:
+    async def _fragment(self, fragment: _Fragment) -> None:
         if not (fragment.id or fragment.name or fragment.arguments) and fragment.index is None:
             return
         call = self._call_for(fragment)
         if call is None:
             return
-        if fragment.id and call.server_id is None:
-            call.server_id = fragment.id
+        if fragment.id and call.given_id is None:
+            call.given_id = fragment.id
         if fragment.name and not call.name:
             call.name = fragment.name
-        if not fragment.arguments:
-            return
-        if call is self._open:
-            call.parts.append(fragment.arguments)
-            self._live.append(fragment.arguments)
-        elif call.slot < 0:
-            # Not started yet: it goes out with the call's start.
-            call.parts.append(fragment.arguments)
-        else:
-            if self._first_late < 0:
-                self._first_late = self._position
-            self._late_chars += len(fragment.arguments)
-
-    async def _advance(self, *, final: bool = False) -> None:
-        """Publish what can go out now, in order (everything when ``final``)."""
-        queue = self._queue
-        rounds = self.rounds
-        k = 0
-        while True:
-            open_call = self._open
-            if open_call is not None:
-                # The open call's own fragments go out live, whatever else waits.
-                for part in self._live:
-                    await rounds.tool_call_delta(open_call.slot, part)
-                self._live.clear()
-                if k == len(queue) or not (final or open_call.complete()):
-                    break
-                await rounds.close_block()
-                self._open = None
-            if k == len(queue):
-                break
-            item = queue[k]
-            if isinstance(item, _Call):
-                if not item.name:
-                    if not final:
-                        break  # an unnamed call holds back what came after it
-                    logger.warning(
-                        "tool call %d never got a name; dropped with %d characters of arguments",
-                        item.ordinal,
-                        sum(map(len, item.parts)),
-                    )
-                    k += 1
-                    continue
-                k += 1
-                await self._start(item)
-            else:
-                k += 1
-                is_text, text = item
-                if is_text:
-                    await rounds.delta(text=text)
-                    self._text.append(text)
-                else:
-                    await rounds.delta(reasoning=text)
-                    self._thinking.append(text)
-        del queue[:k]
-
-    async def _start(self, call: _Call) -> None:
-        call.slot = len(self._started)
-        call_id = self._ids.assign(call.server_id, call.slot, f"tool call {call.ordinal}")
-        call.id = call_id
-        await self.rounds.tool_call_start(
-            call.slot, ToolCallRequest(call_id, call.name or "", "".join(call.parts))
-        )
-        self._started.append(call)
-        self._open = call
+        await self._held.fragment(call, fragment.arguments, self._position)
