@@ -56,19 +56,18 @@ positions, types and lengths, never text or arguments.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._publishing import Ending, publish_message, require_round
+from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
     CallIds,
     Malformed,
-    arguments_complete,
     as_mapping,
     count,
     kind,
@@ -83,7 +82,7 @@ from essessey.adapters._values import (
     token_counts,
 )
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
-from essessey.errors import ProviderStreamError, RoundOrderError
+from essessey.errors import ProviderStreamError
 from essessey.protocol import StopReason
 from essessey.publisher import Publisher
 
@@ -219,8 +218,7 @@ async def stream_round(
     ``api_error``) and message, so :func:`~essessey.adapters.stream_rounds` ends the
     turn with that error. What the iterable raises propagates.
     """
-    if not rounds.in_round:
-        raise RoundOrderError("stream_round needs a started round: call round_start first")
+    require_round(rounds)
     reader = _Reader(rounds, id_prefix)
     await read_all(events, reader.feed, lambda: reader.error is not None)
     reader.end_of_events()
@@ -267,29 +265,20 @@ async def publish(
         await rounds.round_start()
 
     reader = _Reader(rounds, f"call_{message_id}_", opener=open_message)
-    try:
+
+    async def read() -> tuple[StreamedResponse, Ending]:
         await read_all(events, reader.feed, lambda: reader.error is not None)
         reader.end_of_events()
-        error = reader.error
-        if error is not None and not (opened or reader.pending):
+        if reader.error is not None and not (opened or reader.pending):
             # Nothing went out, nothing waits: the error alone ends the stream.
-            await send_failure(publisher, error)
             result = reader.summary()
         else:
             result = await reader.finish()
-            await rounds.round_end(answer_missing=False)
-            # Any: mypy cannot tell these keyword arguments from stop_sequence.
-            usage: dict[str, Any] = {k: v for k, v in result.usage.items() if k != "output_tokens"}
-            output_tokens = result.usage.get("output_tokens", 0)
-            # Inside the try: a failed epilogue must still end the stream for its clients.
-            if error is None:
-                await publisher.send_stream_epilogue(result.stop_reason, output_tokens, **usage)
-            else:
-                # The error ends the message: no message_delta, no message_stop.
-                await send_failure(publisher, error)
-    except Exception as exc:
-        await send_failure(publisher, exc)
-        raise
+        # The error ends the message: no message_delta, no message_stop.
+        return result, Ending(result.stop_reason, result.usage, reader.error)
+
+    result = await publish_message(publisher, read, rounds=rounds)
+    error = reader.error
     return PublishedResponse(
         message_id=message_id,
         model=opened[0] if opened else reader.model or model or "",
@@ -633,39 +622,16 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
 
 # -- publishing one response ------------------------------------------------------------
 
-# The place of what has no output_index: after everything that has one.
-_LAST: Final = 2**63
 
+class _Call(HeldCall):
+    """One function call of the response, with the keys its events name it by."""
 
-class _Call:
-    """One function call of the response, from its first event to its block."""
-
-    __slots__ = (
-        "call_id",
-        "done",
-        "id",
-        "item_id",
-        "name",
-        "ordinal",
-        "output_index",
-        "parts",
-        "slot",
-    )
+    __slots__ = ("item_id", "output_index")
 
     def __init__(self, ordinal: int) -> None:
-        self.ordinal = ordinal  # order of first appearance
+        super().__init__(ordinal)
         self.output_index: int | None = None
         self.item_id: str | None = None
-        self.call_id: str | None = None
-        self.name: str | None = None
-        self.parts: list[str] = []  # the argument fragments, as they came
-        self.done = False  # a done event gave its arguments whole: nothing more may come
-        self.slot = -1  # its number in RoundStream once started
-        self.id = ""
-
-    def complete(self) -> bool:
-        """Whether the arguments so far are whole JSON (so the call may close)."""
-        return arguments_complete(self.parts)
 
 
 @dataclass(slots=True)
@@ -683,32 +649,23 @@ def _complete_json(arguments: str) -> bool:
 class _Reader:
     """The state of one response while its events are read and published.
 
-    What the model sends goes out in output order, live, with one exception: while a
-    function call's block is open and its arguments are not yet whole (its done event
-    has not come, and they are not whole JSON), what comes for anything else (another
-    call, text, reasoning) is queued, in output order, because a call's block cannot
-    reopen once closed. The open call closes as soon as its arguments are whole and
-    something waits; then the queue goes out. At the end of the events everything left
-    goes out, so no fragment the provider sent is lost.
+    What the model sends goes out in output order, live, except what waits for an open
+    function call whose arguments are not whole yet (its done event has not come, and
+    they are not whole JSON): ``HeldCalls`` (in ``essessey.adapters._tool_calls``) holds
+    it, in output order, and publishes it once they are, so that no fragment the
+    provider sent is lost.
     """
 
     __slots__ = (
         "_by_index",
         "_by_item",
-        "_calls",
         "_differs",
-        "_first_late",
-        "_ids",
+        "_held",
         "_last_part",
-        "_late_chars",
         "_logged_types",
-        "_open",
         "_opener",
         "_position",
-        "_queue",
         "_received",
-        "_seq",
-        "_started",
         "_text",
         "_thinking",
         "ended",
@@ -731,18 +688,22 @@ class _Reader:
         self.rounds = rounds
         # A round's n calls take block indexes from here on and the next round starts
         # at least 2n further, so base + call number never repeats within a message.
-        self._ids = CallIds(id_prefix, rounds.next_index)
+        ids = CallIds(id_prefix, rounds.next_index)
+        # Held pieces and calls go out in output order (then arrival order).
+        self._held: HeldCalls[_Piece] = HeldCalls(
+            rounds,
+            ids,
+            self._publish,
+            logger=logger,
+            noun="function call",
+            where="event #%d",
+            before_start=self._before_start,
+        )
         # Called once before the first thing goes out (publish sends the preamble).
         self._opener = opener
         self._position = -1
-        self._calls: list[_Call] = []
         self._by_index: dict[int, _Call] = {}
         self._by_item: dict[str, _Call] = {}
-        self._started: list[_Call] = []
-        self._open: _Call | None = None  # the started call whose block is open
-        # What waits for the open call to close, sorted by (output index, arrival).
-        self._queue: list[tuple[tuple[int, int], _Piece | _Call]] = []
-        self._seq = 0
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._text: list[str] = []
@@ -750,8 +711,6 @@ class _Reader:
         # The reasoning part the open thinking block's text came from (None when the
         # last thing published was not reasoning).
         self._last_part: _PartKey | None = None
-        self._late_chars = 0
-        self._first_late = -1
         self._logged_types: set[tuple[str, str]] = set()
         self.ended = False  # a terminal event (or an error) was read
         self.error: ProviderStreamError | None = None
@@ -766,7 +725,7 @@ class _Reader:
     @property
     def pending(self) -> bool:
         """Whether anything read waits to go out."""
-        return bool(self._queue)
+        return self._held.pending
 
     async def feed(self, raw: Any) -> None:
         """Read the next event and publish what it carries."""
@@ -820,14 +779,8 @@ class _Reader:
 
     async def finish(self) -> StreamedResponse:
         """End of the events: publish what waits, then declare the round's calls."""
-        await self._advance(final=True)
-        if self._late_chars:
-            logger.warning(
-                "%d characters of arguments came for function calls already closed "
-                "(first in event #%d); they cannot go out",
-                self._late_chars,
-                self._first_late,
-            )
+        await self._held.advance(final=True)
+        self._held.log_late()
         await self._ready()
         result = self.summary()
         await self.rounds.assistant_message(
@@ -849,7 +802,7 @@ class _Reader:
     def summary(self) -> StreamedResponse:
         """What went out so far."""
         calls = []
-        for call in self._started:
+        for call in self._held.started:
             arguments = "".join(call.parts)
             calls.append(
                 PublishedToolCall(call.id, call.name or "", arguments, parse_arguments(arguments))
@@ -928,8 +881,8 @@ class _Reader:
     async def _item(self, item: _Item, *, done: bool) -> None:
         if isinstance(item, _CallItem):
             call = self._call_for(item.output_index, item.item_id)
-            if item.call_id and call.call_id is None:
-                call.call_id = item.call_id
+            if item.call_id and call.given_id is None:
+                call.given_id = item.call_id
             if item.name and not call.name:
                 call.name = item.name
             if done:
@@ -939,7 +892,7 @@ class _Reader:
                 if item.arguments and not call.parts:
                     await self._fragment(call, item.arguments)
                 else:
-                    await self._advance()
+                    await self._held.advance()
         elif isinstance(item, _ContentItem):
             # An item added says nothing yet (its parts stream); an item done is whole.
             if done:
@@ -948,52 +901,11 @@ class _Reader:
         else:
             self._once("item", item.item_type)
 
-    # -- the queue ---------------------------------------------------------------------
-
-    def _enqueue(self, output_index: int | None, item: _Piece | _Call) -> None:
-        self._seq += 1
-        order = (_LAST if output_index is None else output_index, self._seq)
-        bisect.insort(self._queue, (order, item), key=_order)
-
-    async def _advance(self, *, final: bool = False) -> None:
-        """Publish what can go out now, in order (everything when ``final``)."""
-        queue = self._queue
-        k = 0
-        while k < len(queue):
-            open_call = self._open
-            if open_call is not None:
-                if not (final or open_call.done or open_call.complete()):
-                    break  # its arguments are not whole: it stays open
-                await self.rounds.close_block()
-                self._open = None
-            item = queue[k][1]
-            if isinstance(item, _Call):
-                if not item.name:
-                    if not final:
-                        break  # an unnamed call holds back what comes after it
-                    logger.warning(
-                        "function call %d never got a name; dropped with %d characters of "
-                        "arguments",
-                        item.ordinal,
-                        sum(map(len, item.parts)),
-                    )
-                else:
-                    await self._start(item)
-            else:
-                await self._publish(item)
-            k += 1
-        del queue[:k]
-
     # -- text and reasoning ----------------------------------------------------------
 
     async def _content(self, key: _PartKey, text: str, output_index: int | None) -> None:
-        if not text:
-            return
-        if not self._queue and self._open is None:
-            await self._publish(_Piece(key, text))  # nothing waits: straight out
-            return
-        self._enqueue(output_index, _Piece(key, text))
-        await self._advance()
+        if text:
+            await self._held.put(_Piece(key, text), output_index)
 
     async def _publish(self, piece: _Piece) -> None:
         await self._ready()
@@ -1040,9 +952,8 @@ class _Reader:
         if call is None and item_id:
             call = self._by_item.get(item_id)
         if call is None:
-            call = _Call(len(self._calls))
-            self._calls.append(call)
-            self._enqueue(output_index, call)
+            call = _Call(len(self._held.calls))
+            self._held.add(call, output_index)
         if output_index is not None and call.output_index is None:
             call.output_index = output_index
             self._by_index.setdefault(output_index, call)
@@ -1051,30 +962,18 @@ class _Reader:
             self._by_item.setdefault(item_id, call)
         return call
 
-    def _late(self, text: str) -> None:
-        if self._first_late < 0:
-            self._first_late = self._position
-        self._late_chars += len(text)
-
     async def _fragment(self, call: _Call, text: str) -> None:
         if not text:
             return
-        if call.done or (call.slot >= 0 and call is not self._open):
-            self._late(text)  # its block is closed (or its arguments were given whole)
-            return
-        if call is self._open:
-            await self.rounds.tool_call_delta(call.slot, text)
-            call.parts.append(text)
-        else:
-            call.parts.append(text)  # held: it goes out with the call's start
-        if self._queue:
-            await self._advance()
+        await self._held.fragment(call, text, self._position)
+        if self._held.pending:
+            await self._held.advance()
 
     async def _call_done(self, call: _Call, full: str) -> None:
         if not call.done:
             await self._settle_arguments(call, full)
             call.done = True
-        await self._advance()
+        await self._held.advance()
 
     async def _settle_arguments(self, call: _Call, full: str) -> None:
         """Reconcile the fragments with the done value (see :func:`stream_round`)."""
@@ -1082,14 +981,9 @@ class _Reader:
         if not full or full == got:
             return
         if full.startswith(got):
-            # The fragments left the rest out (or there were none): one more fragment.
-            rest = full[len(got) :]
-            if call is self._open:
-                await self.rounds.tool_call_delta(call.slot, rest)
-            elif call.slot >= 0:
-                self._late(rest)  # closed already, with whole JSON arguments
-                return
-            call.parts.append(rest)
+            # The fragments left the rest out (or there were none): one more fragment
+            # (one that cannot go out when the call closed already, with whole JSON).
+            await self._held.fragment(call, full[len(got) :], self._position)
             return
         if _complete_json(got):
             logger.info(
@@ -1117,19 +1011,7 @@ class _Reader:
                 len(full),
             )
 
-    async def _start(self, call: _Call) -> None:
+    async def _before_start(self) -> None:
         await self._ready()
-        call.slot = len(self._started)
-        call_id = self._ids.assign(call.call_id, call.slot, f"function call {call.ordinal}")
-        call.id = call_id
-        await self.rounds.tool_call_start(call.slot, ToolCallRequest(call_id, call.name or ""))
-        self._started.append(call)
-        self._open = call
+        # A call's block closes any thinking block: reasoning after it opens a new one.
         self._last_part = None
-        # The fragments held while the calls before it streamed, each as it came.
-        for part in call.parts:
-            await self.rounds.tool_call_delta(call.slot, part)
-
-
-def _order(entry: tuple[tuple[int, int], _Piece | _Call]) -> tuple[int, int]:
-    return entry[0]
