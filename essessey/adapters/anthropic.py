@@ -39,12 +39,12 @@ from essessey import protocol
 from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._publishing import publish_message, require_round
 from essessey.adapters._values import fits_count, has_lone_surrogate, replace_surrogates
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import (
     ProtocolError,
     ProviderStreamError,
-    RoundOrderError,
     SerializationError,
 )
 from essessey.protocol import BlockType, DeltaType, EventType
@@ -773,8 +773,7 @@ async def stream_round(
     event or its stream ends before ``message_stop``; what the iterable raises
     propagates. Either way the round is left as it was when the stream stopped.
     """
-    if not rounds.in_round:
-        raise RoundOrderError("stream_round needs a started round: call round_start first")
+    require_round(rounds)
     reader = _Reader(rounds, own=False)
     await reader.run(events)
     return reader.finish()
@@ -806,18 +805,20 @@ async def publish(
     """
     rounds = RoundStream(publisher)
     reader = _Reader(rounds, own=True, stream_id=stream_id)
-    try:
+
+    async def read() -> tuple[StreamedMessage, None]:
         await rounds.round_start()
         try:
             await reader.run(events)
         except ProviderStreamError as exc:
             await _publish_error(publisher, reader, exc)
-    except Exception as exc:
-        if not reader.complete:
-            await send_failure(publisher, exc, what="the provider stream failed")
-        raise
-    # The round is not ended: round_end would answer the calls it has no results for.
-    return reader.finish()
+        # The provider's own frame events ended the message (or its error did); the
+        # round is not ended: round_end would answer the calls it has no results for.
+        return reader.finish(), None
+
+    return await publish_message(
+        publisher, read, complete=lambda: reader.complete, what="the provider stream failed"
+    )
 
 
 async def _publish_error(publisher: Publisher, reader: _Reader, exc: ProviderStreamError) -> None:
