@@ -1,11 +1,15 @@
-"""Views of a published stream that the adapter tests read their asserts from."""
+"""Views of a published stream that the adapter tests read their asserts from, and the
+interleaved tool calls both OpenAI adapters' tests feed them."""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import strategies as st
 
 from essessey import Event
 
@@ -36,3 +40,132 @@ def starts(events: list[Event]) -> list[tuple[int, str]]:
 def log_text(caplog: pytest.LogCaptureFixture) -> str:
     """Every captured log message, one per line (to look for content that leaked)."""
     return "\n".join(record.getMessage() for record in caplog.records)
+
+
+def tool_use_blocks(events: list[Event]) -> list[tuple[int, str, str, list[str]]]:
+    """(index, id, name, its input_json_delta fragments in order) of every tool_use block."""
+    found: dict[int, tuple[int, str, str, list[str]]] = {}
+    for event in events:
+        payload = orjson.loads(event.data)
+        if event.event == "content_block_start" and payload["content_block"]["type"] == "tool_use":
+            block = payload["content_block"]
+            found[payload["index"]] = (payload["index"], block["id"], block["name"], [])
+        elif event.event == "content_block_delta" and payload["index"] in found:
+            found[payload["index"]][3].append(payload["delta"]["partial_json"])
+    return list(found.values())
+
+
+# -- interleaved parallel tool calls ------------------------------------------------------
+
+# Whole JSON objects with nothing after their last brace, so no proper prefix of one is
+# whole JSON: a call's block may only close at its last fragment. Braces inside strings
+# and escapes test that nothing counts them naively.
+CALL_ARGUMENTS = (
+    "{}",
+    '{"city": "São Paulo", "unit": "celsius"}',
+    '{"q": "naïve \\"quote\\"", "n": [1, 2.5, null]}',
+    '{"deep": {"a": {"b": []}}, "s": "}{]["}',
+)
+
+
+@dataclass(frozen=True)
+class Interleaving:
+    """Parallel tool calls whose fragments arrive in turns.
+
+    Call ``k`` (numbered by first appearance) has the arguments ``arguments[k]``, sent
+    as the fragments ``pieces[k]``; ``sequence`` is the order they arrive in, each
+    ``(k, fragment, first)`` with ``first`` true for the call's first fragment.
+    """
+
+    arguments: list[str]
+    pieces: list[list[str]]
+    sequence: list[tuple[int, str, bool]]
+
+
+def _pieces(text: str, cuts: list[int]) -> list[str]:
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@st.composite
+def interleavings(draw: st.DrawFn, max_calls: int = 4) -> Interleaving:
+    """N calls' arguments, each cut into non-empty fragments, arriving in any order (each
+    call's own fragments in their order)."""
+    texts = draw(st.lists(st.sampled_from(CALL_ARGUMENTS), min_size=1, max_size=max_calls))
+    pieces = [_pieces(t, draw(st.lists(st.integers(1, 60), max_size=8))) for t in texts]
+    labels = draw(st.permutations([k for k, parts in enumerate(pieces) for _ in parts]))
+    # Renumber by first appearance: the order the calls' blocks open in.
+    order = list(dict.fromkeys(labels))
+    number = {old: new for new, old in enumerate(order)}
+    pieces = [pieces[old] for old in order]
+    sent = [0] * len(pieces)
+    sequence = []
+    for old in labels:
+        k = number[old]
+        sequence.append((k, pieces[k][sent[k]], sent[k] == 0))
+        sent[k] += 1
+    return Interleaving([texts[old] for old in order], pieces, sequence)
+
+
+def expected_tool_blocks(calls: Interleaving, first_index: int = 0) -> list[Any]:
+    """What :func:`tool_use_blocks` must read for ``calls`` published with the ids
+    ``call_k`` and names ``fk``: every call's block in order, one delta per fragment as
+    it was sent, however the fragments were interleaved."""
+    return [(first_index + k, f"call_{k}", f"f{k}", parts) for k, parts in enumerate(calls.pieces)]
+
+
+def chat_chunks(calls: Interleaving) -> list[dict[str, Any]]:
+    """``calls`` as chat-completions chunks: one fragment a chunk, keyed by ``index``; a
+    call's first fragment names it (id ``call_k``, name ``fk``)."""
+    chunks: list[dict[str, Any]] = []
+    for k, piece, first in calls.sequence:
+        call: dict[str, Any] = {"index": k, "function": {"arguments": piece}}
+        if first:
+            call.update(id=f"call_{k}", type="function")
+            call["function"]["name"] = f"f{k}"
+        chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return [{"model": "test-model", **chunk} for chunk in chunks]
+
+
+def responses_events(calls: Interleaving) -> list[dict[str, Any]]:
+    """``calls`` as Responses API events, valid for the SDK: a call's item is added at its
+    first fragment (``output_index`` ``k``, call id ``call_k``, name ``fk``), its done
+    events come after every fragment, then ``response.completed``."""
+    response = {
+        "id": "resp_t",
+        "object": "response",
+        "created_at": 1,
+        "model": "test-model",
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {**response, "status": "in_progress"}}
+    ]
+
+    def item(k: int, arguments: str, status: str) -> dict[str, Any]:
+        return {
+            "id": f"fc_{k}",
+            "type": "function_call",
+            "call_id": f"call_{k}",
+            "name": f"f{k}",
+            "arguments": arguments,
+            "status": status,
+        }
+
+    for k, piece, first in calls.sequence:
+        if first:
+            added = {"output_index": k, "item": item(k, "", "in_progress")}
+            events.append({"type": "response.output_item.added", **added})
+        delta = {"item_id": f"fc_{k}", "output_index": k, "delta": piece}
+        events.append({"type": "response.function_call_arguments.delta", **delta})
+    for k, arguments in enumerate(calls.arguments):
+        done = {"item_id": f"fc_{k}", "output_index": k, "arguments": arguments}
+        events.append({"type": "response.function_call_arguments.done", **done})
+        finished = {"output_index": k, "item": item(k, arguments, "completed")}
+        events.append({"type": "response.output_item.done", **finished})
+    events.append({"type": "response.completed", "response": {**response, "status": "completed"}})
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]

@@ -36,8 +36,10 @@ from essessey.adapters import RoundStream, ToolCallRequest, stream_rounds
 from essessey.adapters.openai import map_stop_reason, publish, stream_round
 from essessey.bindings.sse import EventStreamResponse
 from essessey.protocol import Dialect
+from tests.adapter_views import Interleaving, chat_chunks, expected_tool_blocks, interleavings
 from tests.adapter_views import blocks as _blocks
 from tests.adapter_views import log_text as _log_text
+from tests.adapter_views import tool_use_blocks as _tool_use_blocks
 from tests.servers import serve
 
 MARKER = "SECRET-PAYLOAD-0a1c"
@@ -758,6 +760,59 @@ def test_any_chunk_boundaries_give_the_same_content(
     assert [c.arguments for c in parsed.tool_calls] == _ARGS
     assert [c.input for c in message.tool_calls] == [json.loads(a) for a in _ARGS]
     assert parsed.stop_reason == "tool_use"
+
+
+# -- interleaved parallel calls ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_held_fragments_go_out_one_delta_each(dialect: Dialect) -> None:
+    chunks = [
+        _chunk(tool_calls=[_call(0, id="call_0", name="f0", arguments='{"a":')]),
+        _chunk(tool_calls=[_call(1, id="call_1", name="f1", arguments='{"b":')]),
+        _chunk(tool_calls=[_call(1, arguments=" 2")]),
+        _chunk(tool_calls=[_call(0, arguments=" 1}")]),
+        _chunk(tool_calls=[_call(1, arguments="}")], finish_reason="tool_calls"),
+    ]
+    message, events = await _publish(chunks, dialect)
+    assert check(events) == []
+    # Call 1's first two fragments waited for call 0's arguments to be whole; they go
+    # out as sent, one delta each, not joined into one.
+    assert _tool_use_blocks(events) == [
+        (0, "call_0", "f0", ['{"a":', " 1}"]),
+        (1, "call_1", "f1", ['{"b":', " 2", "}"]),
+    ]
+    assert [c.input for c in message.tool_calls] == [{"a": 1}, {"b": 2}]
+
+
+@pytest.mark.anyio
+async def test_fragments_before_the_name_go_out_one_delta_each() -> None:
+    _, events = await _publish(_load("late_name.json"))
+    assert check(events) == []
+    assert [parts for *_, parts in _tool_use_blocks(events)] == [
+        ['{"id"', ": 7", "}"],
+        ['{"id": 8}'],
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(calls=interleavings(), dialect=st.sampled_from(DIALECTS))
+def test_any_interleaving_of_parallel_calls_reassembles_each_call(
+    calls: Interleaving, dialect: Dialect
+) -> None:
+    message, events = anyio.run(lambda: _publish(chat_chunks(calls), dialect))
+    assert check(events) == []
+    # Every call's block carries its own fragments, each as its own delta in the order
+    # sent, however they were interleaved (the same shape as the Responses adapter's).
+    assert _tool_use_blocks(events) == expected_tool_blocks(calls)
+    parsed = reassemble_events(events)
+    assert [c.arguments for c in parsed.tool_calls] == calls.arguments
+    assert [(c.id, c.input) for c in message.tool_calls] == [
+        (f"call_{k}", json.loads(a)) for k, a in enumerate(calls.arguments)
+    ]
+    assert parsed.stop_reason == "tool_use"
+    assert parsed.complete
 
 
 # -- no SDK needed --------------------------------------------------------------------------
