@@ -68,7 +68,8 @@ def _order(entry: tuple[tuple[int, int], object]) -> tuple[int, int]:
 class HeldCalls(Generic[P]):
     """The tool calls of one round and what waits for the open one to close.
 
-    ``P`` is the adapter's piece of text or reasoning; ``emit`` publishes one. ``noun``
+    ``P`` is the adapter's piece of text or reasoning; ``emit`` publishes one. A call
+    without an id (or with one used before) gets ``f"{id_prefix}{n}"``. ``noun``
     names a call in log lines (``"tool call"``), ``where`` a provider position
     (``"chunk %d"``); the lines go to the adapter's ``logger`` and carry counts and
     lengths only. ``before_start`` runs before each call's block opens.
@@ -94,7 +95,7 @@ class HeldCalls(Generic[P]):
     def __init__(
         self,
         rounds: RoundStream,
-        ids: CallIds,
+        id_prefix: str,
         emit: Callable[[P], Awaitable[None]],
         *,
         logger: logging.Logger,
@@ -106,7 +107,9 @@ class HeldCalls(Generic[P]):
         self.calls: list[HeldCall] = []  # every call seen, in order of first appearance
         self.started: list[HeldCall] = []  # the calls whose block opened, in order
         self.open: HeldCall | None = None  # the started call whose block is open
-        self._ids = ids
+        # A round's n calls take block indexes from here on and the next round starts
+        # at least 2n further, so base + call number never repeats within a message.
+        self._ids = CallIds(id_prefix, rounds.next_index)
         self._emit = emit
         self._before_start = before_start
         self._logger = logger

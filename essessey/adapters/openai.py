@@ -44,7 +44,6 @@ from essessey.adapters._message import PublishedMessage, PublishedToolCall, pars
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
-    CallIds,
     Malformed,
     as_mapping,
     count,
@@ -122,8 +121,9 @@ async def stream_round(
 ) -> StreamedRound:
     """Publish one model response's chunks into the open round of ``rounds``.
 
-    The caller owns the round: it calls ``round_start`` before, and sends tool results
-    and calls ``round_end`` after. When the chunks end, this calls
+    The caller owns the round: it calls ``round_start`` before (outside a started round
+    this raises :class:`~essessey.RoundOrderError` before reading a chunk), and sends
+    tool results and calls ``round_end`` after. When the chunks end, this calls
     ``rounds.assistant_message`` with the round's tool calls, so results may follow.
 
     Tool calls are keyed by their ``index``. A call's tool_use block opens when the
@@ -470,11 +470,8 @@ class _RoundReader:
     def __init__(self, rounds: RoundStream, id_prefix: str) -> None:
         self.rounds = rounds
         self._position = -1
-        # A round's n calls take block indexes from here on and the next round starts
-        # at least 2n further, so base + call number never repeats within a message.
-        ids = CallIds(id_prefix, rounds.next_index)
         self._held: HeldCalls[tuple[bool, str]] = HeldCalls(
-            rounds, ids, self._output, logger=logger, noun="tool call", where="chunk %d"
+            rounds, id_prefix, self._output, logger=logger, noun="tool call", where="chunk %d"
         )
         self._by_key: dict[object, HeldCall] = {}
         self._text: list[str] = []

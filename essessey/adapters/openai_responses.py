@@ -66,7 +66,6 @@ from essessey.adapters._message import PublishedMessage, PublishedToolCall, pars
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
-    CallIds,
     Malformed,
     as_mapping,
     count,
@@ -686,13 +685,10 @@ class _Reader:
         opener: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.rounds = rounds
-        # A round's n calls take block indexes from here on and the next round starts
-        # at least 2n further, so base + call number never repeats within a message.
-        ids = CallIds(id_prefix, rounds.next_index)
         # Held pieces and calls go out in output order (then arrival order).
         self._held: HeldCalls[_Piece] = HeldCalls(
             rounds,
-            ids,
+            id_prefix,
             self._publish,
             logger=logger,
             noun="function call",
