@@ -11,7 +11,7 @@ import orjson
 import pytest
 from hypothesis import strategies as st
 
-from essessey import Event
+from essessey import Event, check, reassemble_events
 
 
 def payloads(events: list[Event]) -> list[dict[str, Any]]:
@@ -107,11 +107,23 @@ def interleavings(draw: st.DrawFn, max_calls: int = 4) -> Interleaving:
     return Interleaving([texts[old] for old in order], pieces, sequence)
 
 
-def expected_tool_blocks(calls: Interleaving, first_index: int = 0) -> list[Any]:
-    """What :func:`tool_use_blocks` must read for ``calls`` published with the ids
-    ``call_k`` and names ``fk``: every call's block in order, one delta per fragment as
-    it was sent, however the fragments were interleaved."""
-    return [(first_index + k, f"call_{k}", f"f{k}", parts) for k, parts in enumerate(calls.pieces)]
+def assert_each_call_whole(calls: Interleaving, message: Any, events: list[Event]) -> None:
+    """Assert that ``calls``, published as one message (ids ``call_k``, names ``fk``),
+    came out right: a valid stream in which every call's block carries its own fragments,
+    each as its own delta in the order sent, however they were interleaved, and each
+    call's arguments whole. ``message`` is what the adapter's ``publish`` returned."""
+    # Not a test module, so pytest does not rewrite these asserts: each says what it saw.
+    violations = check(events)
+    assert violations == [], violations
+    blocks = tool_use_blocks(events)
+    assert blocks == [(k, f"call_{k}", f"f{k}", p) for k, p in enumerate(calls.pieces)], blocks
+    parsed = reassemble_events(events)
+    arguments = [c.arguments for c in parsed.tool_calls]
+    assert arguments == calls.arguments, arguments
+    returned = [(c.id, c.input) for c in message.tool_calls]
+    assert returned == [(f"call_{k}", orjson.loads(a)) for k, a in enumerate(calls.arguments)]
+    assert parsed.stop_reason == "tool_use", parsed.stop_reason
+    assert parsed.complete
 
 
 def chat_chunks(calls: Interleaving) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from essessey.adapters import RoundStream, ToolCallRequest, stream_rounds
 from essessey.adapters.openai import map_stop_reason, publish, stream_round
 from essessey.bindings.sse import EventStreamResponse
 from essessey.protocol import Dialect
-from tests.adapter_views import Interleaving, chat_chunks, expected_tool_blocks, interleavings
+from tests.adapter_views import Interleaving, assert_each_call_whole, chat_chunks, interleavings
 from tests.adapter_views import blocks as _blocks
 from tests.adapter_views import log_text as _log_text
 from tests.adapter_views import tool_use_blocks as _tool_use_blocks
@@ -802,17 +802,8 @@ def test_any_interleaving_of_parallel_calls_reassembles_each_call(
     calls: Interleaving, dialect: Dialect
 ) -> None:
     message, events = anyio.run(lambda: _publish(chat_chunks(calls), dialect))
-    assert check(events) == []
-    # Every call's block carries its own fragments, each as its own delta in the order
-    # sent, however they were interleaved (the same shape as the Responses adapter's).
-    assert _tool_use_blocks(events) == expected_tool_blocks(calls)
-    parsed = reassemble_events(events)
-    assert [c.arguments for c in parsed.tool_calls] == calls.arguments
-    assert [(c.id, c.input) for c in message.tool_calls] == [
-        (f"call_{k}", json.loads(a)) for k, a in enumerate(calls.arguments)
-    ]
-    assert parsed.stop_reason == "tool_use"
-    assert parsed.complete
+    # The same shape as the Responses adapter's for the same interleaving.
+    assert_each_call_whole(calls, message, events)
 
 
 # -- no SDK needed --------------------------------------------------------------------------

@@ -48,13 +48,12 @@ from essessey.bindings.sse import EventStreamResponse
 from essessey.protocol import Dialect
 from tests.adapter_views import (
     Interleaving,
-    expected_tool_blocks,
+    assert_each_call_whole,
     interleavings,
     responses_events,
 )
 from tests.adapter_views import blocks as _blocks
 from tests.adapter_views import log_text as _log_text
-from tests.adapter_views import tool_use_blocks as _tool_use_blocks
 from tests.servers import serve
 
 MARKER = "SECRET-PAYLOAD-7f3e"  # in the fixtures' skipped events, and in test payloads
@@ -1328,17 +1327,8 @@ def test_any_interleaving_of_parallel_calls_reassembles_each_call(
     for event in events:
         EVENTS.validate_python(event)  # what the SDK would yield
     message, published = anyio.run(lambda: _publish(events, dialect))
-    assert check(published) == []
-    # Every call's block carries its own fragments, each as its own delta in the order
-    # sent, however they were interleaved (the same shape as the chat adapter's).
-    assert _tool_use_blocks(published) == expected_tool_blocks(calls)
-    parsed = reassemble_events(published)
-    assert [c.arguments for c in parsed.tool_calls] == calls.arguments
-    assert [(c.id, c.input) for c in message.tool_calls] == [
-        (f"call_{k}", json.loads(a)) for k, a in enumerate(calls.arguments)
-    ]
-    assert parsed.stop_reason == "tool_use"
-    assert parsed.complete
+    # The same shape as the chat adapter's for the same interleaving.
+    assert_each_call_whole(calls, message, published)
 
 
 # -- no SDK needed ----------------------------------------------------------------------------
