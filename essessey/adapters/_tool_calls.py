@@ -219,6 +219,7 @@ class HeldCalls(Generic[P]):
         await self.rounds.tool_call_start(call.slot, ToolCallRequest(call.id, call.name or ""))
         self.started.append(call)
         self.open = call
-        # What was held for it, each fragment as its own delta (see the module's words).
+        # What was held for it, each fragment as its own delta, as the provider sent it
+        # (the module docstring says why they are not joined).
         for part in call.parts:
             await self.rounds.tool_call_delta(call.slot, part)
