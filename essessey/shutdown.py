@@ -34,6 +34,12 @@ up, and the hub, left in the lifespan, is never reached. So:
 - :func:`detect_uvicorn_shutdown` turns detection off (or tunes its interval), process
   wide: for an app whose streams must run to their end (bound the wait with uvicorn's
   ``timeout_graceful_shutdown``), or one that calls :func:`begin_shutdown` itself.
+- A long-lived response of the app's own learns of the shutdown as the bindings do:
+  :func:`on_shutdown` registers a callback (what the SSE response and the WebSocket
+  endpoint use: no task per connection), :func:`wait_for_shutdown` waits for it, and
+  :func:`shutting_down` asks.
+
+Everything here runs on the event loop's thread, on asyncio (or uvloop), as essessey does.
 """
 
 from __future__ import annotations
@@ -41,14 +47,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Final
 
 import anyio
 
-__all__ = ["begin_shutdown", "detect_uvicorn_shutdown", "shutting_down", "wait_for_shutdown"]
+__all__ = [
+    "begin_shutdown",
+    "detect_uvicorn_shutdown",
+    "on_shutdown",
+    "shutting_down",
+    "wait_for_shutdown",
+]
 
 logger = logging.getLogger("essessey.shutdown")
 
@@ -76,24 +87,12 @@ class _LoopState:
         self.watcher: asyncio.Task[None] | None = None
 
 
-_states: weakref.WeakKeyDictionary[object, _LoopState] = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _current_loop() -> object:
-    """The running event loop (asyncio), or trio's token for the running trio run."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        trio = sys.modules.get("trio")
-        if trio is not None:
-            try:
-                return trio.lowlevel.current_trio_token()
-            except RuntimeError:
-                pass
-        raise RuntimeError("no event loop is running in this thread") from None
-
-
-def _state_of(loop: object) -> _LoopState:
+def _state_of(loop: asyncio.AbstractEventLoop) -> _LoopState:
     state = _states.get(loop)
     if state is None:
         state = _states[loop] = _LoopState()
@@ -137,8 +136,8 @@ async def _watch(state: _LoopState) -> None:
         state.watcher = None
 
 
-def _ensure_watcher(state: _LoopState, loop: object) -> None:
-    if state.watcher is None and _Settings.detect and isinstance(loop, asyncio.AbstractEventLoop):
+def _ensure_watcher(state: _LoopState, loop: asyncio.AbstractEventLoop) -> None:
+    if state.watcher is None and _Settings.detect:
         # A task of the loop, not of any one stream: it outlives the stream that started
         # it, and ends by itself once no stream is open (the loop holds it meanwhile).
         state.watcher = loop.create_task(_watch(state), name="essessey-shutdown-watcher")
@@ -153,7 +152,7 @@ def begin_shutdown(loop: asyncio.AbstractEventLoop | None = None) -> None:
     detected without it). With ``loop``, it may be called from another thread.
     """
     if loop is None:
-        _fire(_state_of(_current_loop()))
+        _fire(_state_of(asyncio.get_running_loop()))
         return
     try:
         running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -168,10 +167,10 @@ def begin_shutdown(loop: asyncio.AbstractEventLoop | None = None) -> None:
 def shutting_down() -> bool:
     """Whether the server of the running event loop is shutting down: :func:`begin_shutdown`
     was called, or uvicorn's shutdown is detected (when detection is on)."""
-    state = _state_of(_current_loop())
+    state = _state_of(asyncio.get_running_loop())
     # While streams are open their watcher looks every interval (detection lags by up to
-    # that anyway); reading the handlers costs some 15 us (signal.getsignal tries, and
-    # fails, to make an enum of a bound method), too much for every stream that opens.
+    # that anyway); reading the handlers is slow (signal.getsignal tries, and fails, to
+    # make an enum of a bound method), too slow for every stream that opens.
     if not state.fired and _Settings.detect and state.watcher is None and _server_is_exiting():
         _fire(state)
     return state.fired
@@ -179,8 +178,8 @@ def shutting_down() -> bool:
 
 async def wait_for_shutdown() -> None:
     """Return once the server of the running event loop is shutting down (at once when it
-    already is). A long-lived response of an app's own can wait on it; the SSE response
-    and the WebSocket endpoint use :func:`on_shutdown` instead."""
+    already is). A long-lived response of an app's own can wait on it; one that would
+    rather not keep a task waiting registers a callback with :func:`on_shutdown`."""
     shutdown = anyio.Event()
     forget = on_shutdown(shutdown.set)
     try:
@@ -190,12 +189,16 @@ async def wait_for_shutdown() -> None:
 
 
 def on_shutdown(callback: Callable[[], None]) -> Callable[[], None]:
-    """Call ``callback`` (at once when already) once the server of the running event
-    loop shuts down; returns the function that cancels it. The callback runs in the
-    loop's thread and must not block: what the SSE response and the WebSocket endpoint
-    use instead of a task per connection waiting on :func:`wait_for_shutdown`, which is
-    built on it."""
-    loop = _current_loop()
+    """Call ``callback`` once the server of the running event loop shuts down (at once,
+    before returning, when it already is); returns the function that cancels the call
+    (safe to call more than once, and after the callback ran).
+
+    The callback runs in the loop's thread, from whatever fired the shutdown, and must
+    not block or raise (an exception is logged and the other callbacks still run): set
+    an event, cancel a scope. The SSE response and the WebSocket endpoint use it instead
+    of a task per connection waiting on :func:`wait_for_shutdown`, which is built on it.
+    """
+    loop = asyncio.get_running_loop()
     state = _state_of(loop)
     if state.fired:
         callback()

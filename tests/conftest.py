@@ -16,8 +16,8 @@ from tests.nats_server import NatsServer, nats_server
 
 @pytest.fixture
 def anyio_backend() -> str:
-    # The library is asyncio-first; running every async test on trio too would
-    # double the suite without exercising anything the core depends on.
+    # essessey runs on asyncio only (trio is not supported): anyio's pytest plugin
+    # would otherwise run every async test on each backend it finds installed.
     return "asyncio"
 
 

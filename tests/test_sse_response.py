@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from essessey import Event, InMemorySink, Publisher, StreamRejected, TurnProducer, stream_turn
 from essessey.bindings.sse import EventStreamResponse, SSEDecoder, SSEMessage, encode_many
 from essessey.protocol import Dialect
-from tests.clients import wait_until
+from essessey.testing import wait_until
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -817,20 +817,3 @@ async def test_a_batch_of_deltas_is_framed_as_its_events_in_one_send() -> None:
     assert recorder.body == encode_many(await published(produce))
     counts = [body.count(b"event: content_block_delta") for body in recorder.bodies]
     assert max(counts) == 50  # the 50 deltas went out in one send
-
-
-async def test_without_a_line_watch_the_response_keeps_its_own_deadlines(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # On a loop without the shared line watch (not asyncio), the flusher keeps the
-    # keep-alive deadline itself: pings while the producer is quiet, then the events.
-    import essessey.bindings.sse._response as response_module
-
-    monkeypatch.setattr(response_module, "watch_line", lambda line: None)
-    interval = 0.05
-    recorder = Recorder()
-    await call(EventStreamResponse(late_turn, ping_interval=interval), recorder)
-    first_event = next(i for i, b in enumerate(recorder.bodies) if b"event:" in b)
-    assert first_event >= 2
-    assert all(body == PING for body in recorder.bodies[:first_event])
-    assert b"message_stop" in recorder.body

@@ -3,9 +3,10 @@
 One definition each of what both need: the ``authorize`` check (:func:`check_access`),
 the resume point a client asks for (:func:`resume_point`), what a subscription's end
 means to a client (:func:`subscription_end`: an HTTP status for SSE, a close code for
-WebSocket), a task group whose failure reaches the caller as the exception itself
-(:func:`task_group`), and one timer task per event loop for every connection's keep-alive
-and stalled-send deadlines (:func:`watch_line`). What reaches into the server itself (an
+WebSocket), a connection's helper tasks whose failure reaches the caller as the exception
+itself (:func:`connection_tasks`), and one timer task per event loop for every
+connection's keep-alive and stalled-send deadlines (:func:`watch_line`). All of it runs
+on asyncio (or uvloop), as essessey does. What reaches into the server itself (an
 abort, a write straight to the transport) is in ``essessey.bindings._server``.
 """
 
@@ -24,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
 import anyio
-import anyio.lowlevel
-from anyio.abc import TaskGroup
 
 from essessey._ids import is_event_id
 from essessey.errors import (
@@ -51,7 +50,6 @@ __all__ = [
     "connection_tasks",
     "resume_point",
     "subscription_end",
-    "task_group",
     "watch_line",
 ]
 
@@ -209,26 +207,6 @@ class SubscriptionCount:
         totals.subscribers[self._transport] -= 1
 
 
-@asynccontextmanager
-async def task_group() -> AsyncIterator[TaskGroup]:
-    """An anyio task group whose failure reaches the caller as the exception itself.
-
-    A task group wraps what its tasks raise in an ExceptionGroup; an app (and Starlette's
-    error handling, and a test's ``pytest.raises``) wants the one exception it would
-    have seen from a plain call. A group of several is raised as it is.
-    """
-    try:
-        async with anyio.create_task_group() as tasks:
-            yield tasks
-    except BaseExceptionGroup as group:
-        error: BaseException = group
-        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-            error = error.exceptions[0]
-        if error is group:
-            raise
-        raise error from error.__cause__
-
-
 class ConnectionTasks(Protocol):
     """The helper tasks of one connection (its flusher, its watch for the client
     leaving, a ping) beside its body, which runs in the request's own task."""
@@ -244,10 +222,11 @@ class ConnectionTasks(Protocol):
 
 
 class _LoopTasks:
-    """Helpers as plain tasks of the asyncio loop: an anyio task group, its tasks and its
-    cancellation cost about five times as much per connection (0.19 ms against 0.035 ms
-    for two helpers here), which every stream pays at its start and end. A helper that
-    fails cancels the body, and :func:`connection_tasks` raises its exception."""
+    """Helpers as plain tasks of the asyncio loop, not an anyio task group: a task group,
+    its tasks and its cancellation cost several times as much per connection, which every
+    stream pays at its start and end. A helper that fails cancels the body, and
+    :func:`connection_tasks` raises its exception as itself (a task group would wrap it
+    in an ExceptionGroup)."""
 
     __slots__ = ("_loop", "_tasks", "cancel_scope", "closed", "failure")
 
@@ -286,39 +265,12 @@ async def _run(func: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, .
     await func(*args)
 
 
-class _GroupTasks:
-    """Helpers in an anyio task group (any loop but asyncio's: trio)."""
-
-    __slots__ = ("_group",)
-
-    def __init__(self, group: TaskGroup) -> None:
-        self._group = group
-
-    @property
-    def cancel_scope(self) -> anyio.CancelScope:
-        return self._group.cancel_scope
-
-    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        self._group.start_soon(func, *args)
-
-
 @asynccontextmanager
 async def connection_tasks() -> AsyncIterator[ConnectionTasks]:
     """A connection's helper tasks and the cancel scope of its body: on leaving, the
     helpers still running are cancelled (the body's own end is not waited on by them);
     a helper's failure cancels the body and is raised here as the exception itself."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    if loop is None:
-        async with task_group() as group:
-            try:
-                yield _GroupTasks(group)
-            finally:
-                group.cancel_scope.cancel()
-        return
-    tasks = _LoopTasks(loop)
+    tasks = _LoopTasks(asyncio.get_running_loop())
     try:
         with tasks.cancel_scope:
             yield tasks
@@ -369,13 +321,8 @@ _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _BacklogGate] = (
 
 async def backlog_turn() -> None:
     """Wait for this connection's next turn at backlog work (see :data:`EVENTS_PER_TURN`):
-    on asyncio one backlogged connection goes on per turn of the loop; elsewhere a plain
-    checkpoint."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        await anyio.lowlevel.checkpoint()
-        return
+    one backlogged connection goes on per turn of the loop."""
+    loop = asyncio.get_running_loop()
     gate = _gates.get(loop)
     if gate is None:
         gate = _gates[loop] = _BacklogGate(loop)
@@ -442,13 +389,10 @@ _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LineWatch] = (
 )
 
 
-def watch_line(line: WatchedLine) -> Callable[[], None] | None:
+def watch_line(line: WatchedLine) -> Callable[[], None]:
     """Have ``line`` checked by its loop's line watch; returns the function that stops
-    it, or None when the loop is not asyncio's (the caller then keeps its own timer)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    it."""
+    loop = asyncio.get_running_loop()
     watch = _watches.get(loop)
     if watch is None:
         watch = _watches[loop] = _LineWatch()

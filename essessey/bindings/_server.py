@@ -7,8 +7,8 @@ a WebSocket frame without the server's per-message work (:func:`body_writer`,
 for either, so both find the connection the way uvicorn runs an app: the current task is
 its ``run_asgi``, whose ``self`` (the request's cycle) holds the connection's
 ``transport``. Everything here is duck typed (uvicorn is never imported) and checked
-before it is used; anything unexpected (another server, a loop other than asyncio, a
-middleware that wraps ``send``) means "not found", and the bindings go through ASGI as
+before it is used; anything unexpected (another server, a middleware that wraps
+``send``) means "not found", and the bindings go through ASGI as
 any app does. tests/test_server_reach.py fails loudly, under every HTTP and WebSocket
 implementation uvicorn is run with in the tests, when one of these stops being found.
 """
@@ -31,10 +31,7 @@ logger = logging.getLogger("essessey.bindings")
 
 def _current_cycle() -> Any:
     """uvicorn's cycle (its per-request object) for the current task, or None."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no asyncio loop running (trio)
-        return None
+    task = asyncio.current_task()
     frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
     return frame.f_locals.get("self") if frame is not None else None
 
@@ -59,8 +56,8 @@ def connection_aborter() -> Callable[[], bool]:
     ASGI has no way to say "abort". uvicorn closes the transport when the app returns,
     and an asyncio transport closes gracefully: it waits for its buffer to drain, which a
     client that stopped reading never lets happen, so the socket, its kernel buffers and
-    the unsent bytes would stay until that client leaves. Elsewhere (another server, a
-    loop other than asyncio) the function does nothing. Nothing is aborted while the
+    the unsent bytes would stay until that client leaves. Under another server the function
+    does nothing. Nothing is aborted while the
     buffer is empty: such a connection closes by itself (and with HTTP/2 it may carry
     other streams).
     """

@@ -122,8 +122,8 @@ class _Outbox:
     The flusher task writes what is held when nobody else will (a producer that held
     events and then went quiet), sends the keep-alive comment when it is due and ends the
     body when the server shuts down. The deadlines (the keep-alive, a send stalled past
-    ``send_timeout``) are kept by the event loop's line watch, which calls :meth:`check`
-    (on a loop without one, the flusher keeps them itself): no timer is set per send.
+    ``send_timeout``) are kept by the event loop's line watch, which calls :meth:`check`:
+    no timer is set per send.
     """
 
     __slots__ = (
@@ -147,7 +147,6 @@ class _Outbox:
         "sending",
         "started",
         "stopping",
-        "watched",
     )
 
     def __init__(
@@ -170,7 +169,6 @@ class _Outbox:
         self._idle: anyio.Event | None = None  # set when a send ends and nothing is held
         self._flusher_wake: anyio.Event | None = None
         self._ping_due = False
-        self.watched = False  # the loop's line watch keeps this response's deadlines
         self.sending = False
         self.started = False
         self.ended = False
@@ -371,8 +369,6 @@ class _Outbox:
         """Write what is held when nobody else will; keep the stream alive; watch for a
         stalled send; end the body when the server shuts down."""
         response = self._response
-        ping = response.ping_interval or math.inf
-        timeout = response.send_timeout if response.send_timeout is not None else math.inf
         while not self.ended:
             if self.stopping and not self.sending:
                 # Held events are dropped: the client resumes from the last one it got
@@ -395,11 +391,7 @@ class _Outbox:
                 except _Ended:
                     return
                 continue
-            # Without a line watch on this loop (not asyncio), the flusher keeps the
-            # deadlines itself; with one, the watch calls check() and wakes it.
-            now = time.monotonic()
-            if not self.watched and self.check(now) is None:
-                return
+            # The line watch keeps the deadlines: it calls check(), which wakes this.
             if self._ping_due and not self.sending:
                 self._ping_due = False
                 try:
@@ -408,12 +400,7 @@ class _Outbox:
                     return
                 continue
             wake = self._flusher_wake = anyio.Event()
-            if self.watched:
-                await wake.wait()
-                continue
-            wait = (self.send_began + timeout if self.sending else self.last_sent + ping) - now
-            with anyio.move_on_after(max(min(wait, timeout), 0)):
-                await wake.wait()
+            await wake.wait()
 
     def check(self, now: float) -> float | None:
         """The line watch's look at this response (see ``essessey.bindings._asgi``): end
@@ -625,7 +612,6 @@ class EventStreamResponse(Response):
             outbox = _Outbox(self, send, tasks.cancel_scope, scope.get("method", "GET"))
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
             unwatch = watch_line(outbox)
-            outbox.watched = unwatch is not None
             tasks.start_soon(outbox.flusher)
             # A callback, not a task per response waiting for the shutdown.
             forget = on_shutdown(outbox.stop) if self.shutdown_retry is not None else None
@@ -642,8 +628,7 @@ class EventStreamResponse(Response):
                 with contextlib.suppress(_Ended):
                     await self._finish(send, outbox, failure)
             finally:
-                if unwatch is not None:
-                    unwatch()
+                unwatch()
                 if forget is not None:
                     forget()
 

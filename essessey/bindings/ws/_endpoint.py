@@ -188,8 +188,6 @@ async def websocket_subscription(
         line.tasks = tasks
         tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
         unwatch = watch_line(line)
-        if unwatch is None:
-            tasks.start_soon(line.watch)  # no line watch on this loop: a timer of its own
         # A callback, not a task per connection waiting for the shutdown.
         forget = on_shutdown(line.stop)
         try:
@@ -197,8 +195,7 @@ async def websocket_subscription(
             # from here: at a model's pace an event costs one send and no task switch.
             await _follow(hub, stream_id, last_event_id, line, ending)
         finally:
-            if unwatch is not None:
-                unwatch()
+            unwatch()
             forget()
     if line.stalled and line.abort():
         # A send stalled (the watchdog cut it): a close frame would wait behind frames the
@@ -307,7 +304,6 @@ class _Line:
         "_ping",
         "_pinging",
         "_timeout",
-        "_wake",
         "abort",
         "cancel",
         "direct",
@@ -345,7 +341,6 @@ class _Line:
         self.last_sent = self.opened = time.monotonic()
         self.sent_any = False
         self._idle: anyio.Event | None = None  # set when a send ends
-        self._wake: anyio.Event | None = None  # wakes the watchdog early
 
     def deliver(self, event: Event) -> bool:
         """Write ``event``'s frame now, straight to the transport, when the line is free;
@@ -441,15 +436,6 @@ class _Line:
             await self.send(_PING_BYTES)
         finally:
             self._pinging = False
-
-    async def watch(self) -> None:
-        """The timer of a loop without a line watch (not asyncio): :meth:`check` at
-        each deadline."""
-        while True:
-            at = self.check(time.monotonic())
-            if at is None:
-                return
-            await anyio.sleep(max(min(at - time.monotonic(), self._timeout), 0))
 
     def stop(self) -> None:
         """The server is shutting down: close with 1012, never cutting a send (a frame
