@@ -1,7 +1,7 @@
 """The hub: turns run apart from the connections that watch them.
 
 A producer runs as a task of the hub, not of a request, so a dropped connection never
-stops a turn. Its events go into an :class:`~essessey.store.EventStore`, and every
+stops a turn. Its events go into an :class:`~essessey.stores.EventStore`, and every
 subscriber follows the store: replay after its last event id, then live events, with no
 gap and no duplicate at the seam because both come from one ordered log.
 
@@ -63,7 +63,14 @@ from essessey.event import Event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, StopReason
 from essessey.publisher import Publisher, TurnProducer
-from essessey.store import Deliver, EventStore, InMemoryEventStore
+from essessey.stores import (
+    AppendsWithoutWaiting,
+    Deliver,
+    DeliversInAppend,
+    EventStore,
+    InMemoryEventStore,
+    SharedEventStore,
+)
 
 __all__ = ["Access", "Authorize", "StreamHub", "TurnProducer"]
 
@@ -85,28 +92,24 @@ DEFAULT_SHUTDOWN_GRACE: Final = 20.0
 
 class _HubSink:
     """The sink of a running turn: appends to the store (as the turn's lease holder, on a
-    store with leases), remembers the last event."""
+    shared store), remembers the last event."""
 
     __slots__ = (
-        "_append_as",
         "_append_nowait",
         "_holder",
+        "_shared",
         "_store",
         "_stream_id",
         "last_was_error",
         "stop_reason",
     )
 
-    def __init__(self, store: EventStore, stream_id: str, holder: str) -> None:
-        self._store = store
+    def __init__(self, hub: StreamHub, stream_id: str, holder: str) -> None:
+        self._store = hub.store
+        self._shared = hub.shared_store
+        self._append_nowait = hub.append_nowait
         self._stream_id = stream_id
         self._holder = holder
-        self._append_nowait: Callable[[str, Event], Event] | None = getattr(
-            store, "append_nowait", None
-        )
-        self._append_as: Callable[[str, Event, str], Awaitable[Event]] | None = getattr(
-            store, "append_as", None
-        )
         self.last_was_error = False
         self.stop_reason: str | None = None  # of the last message_delta, for the metrics
 
@@ -119,9 +122,9 @@ class _HubSink:
                 self.stop_reason = reason if isinstance(reason, str) else None
 
     async def emit(self, event: Event) -> None:
-        append_as = self._append_as
-        if append_as is not None:
-            await append_as(self._stream_id, event, self._holder)
+        shared = self._shared
+        if shared is not None:
+            await shared.append_as(self._stream_id, event, self._holder)
         else:
             await self._store.append(self._stream_id, event)
         self._note(event)
@@ -143,6 +146,33 @@ class _Turn:
     # Its lease on a store with leases (a Redis store shared by replicas): who holds the
     # stream while the turn runs, so no other replica starts one on it.
     holder: str = field(default_factory=lambda: secrets.token_hex(8))
+
+
+async def _leave(tasks: TaskGroup, exc: BaseException) -> None:
+    """Leave the hub's task group as ``exc`` (raised in the ``async with`` body, or a
+    cancellation while draining) leaves it.
+
+    anyio's task group wraps such an exception in an ``ExceptionGroup``, so an
+    ``except MessagesNotRetained:`` around the ``async with`` would never match. The
+    turns' own tasks never raise (each turn catches and logs its failures), so a group
+    holding only ``exc`` is ``exc``: the caller raises it unwrapped. Anything else in it
+    is a bug of the hub's, raised as the group so it is not lost.
+    """
+    try:
+        await tasks.__aexit__(type(exc), exc, exc.__traceback__)
+    except BaseExceptionGroup as group:
+        if _only(group) is not exc:
+            raise
+
+
+def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception ``group`` holds (in nested groups too), or None."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup):
+        if len(inner.exceptions) != 1:
+            return None
+        inner = inner.exceptions[0]
+    return inner
 
 
 class StreamHub:
@@ -171,6 +201,23 @@ class StreamHub:
         self.shutdown_grace = shutdown_grace
         self._closing = False
         self.store: EventStore = store if store is not None else InMemoryEventStore()
+        if not isinstance(self.store, EventStore):
+            raise TypeError(
+                f"{type(self.store).__name__} is not an EventStore (see essessey.stores)"
+            )
+        # What the store can do beyond the contract, learnt once (see essessey.stores).
+        self.shared_store: SharedEventStore | None = (
+            self.store if isinstance(self.store, SharedEventStore) else None
+        )
+        """The store as a :class:`~essessey.stores.SharedEventStore` (leases, cancel
+        from any replica), or None when replicas do not share it."""
+        self.append_nowait: Callable[[str, Event], Event] | None = (
+            self.store.append_nowait if isinstance(self.store, AppendsWithoutWaiting) else None
+        )
+        """The store's append as a plain call, when it has one."""
+        self._delivering: DeliversInAppend | None = (
+            self.store if isinstance(self.store, DeliversInAppend) else None
+        )
         self.dialect: Dialect = dialect
         self.max_lag = max_lag
         self.max_subscribers = max_subscribers
@@ -208,9 +255,12 @@ class StreamHub:
         for turn in list(self._turns.values()):
             turn.scope.cancel()
         if interrupted is not None:
-            await tasks.__aexit__(type(interrupted), interrupted, interrupted.__traceback__)
+            await _leave(tasks, interrupted)
             raise interrupted
-        return await tasks.__aexit__(exc_type, exc, tb)
+        if exc is None:
+            return await tasks.__aexit__(None, None, None)
+        await _leave(tasks, exc)
+        return None  # the body's own exception goes on as it was raised
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncGenerator[None, None]:
@@ -268,9 +318,10 @@ class StreamHub:
         turn = _Turn(anyio.CancelScope())
         self._turns[stream_id] = turn
         try:
-            claim = getattr(self.store, "claim_turn", None)
-            if claim is not None:
-                await claim(stream_id, turn.holder)  # StreamBusy while another replica runs it
+            shared = self.shared_store
+            if shared is not None:
+                # StreamBusy while another replica runs it
+                await shared.claim_turn(stream_id, turn.holder)
             else:
                 await self.store.open_stream(stream_id)
             await tasks.start(self._run, stream_id, producer, turn)
@@ -292,18 +343,18 @@ class StreamHub:
         *,
         task_status: TaskStatus[None],
     ) -> None:
-        sink = _HubSink(self.store, stream_id, turn.holder)
+        sink = _HubSink(self, stream_id, turn.holder)
+        shared = self.shared_store
         publisher = Publisher(sink, dialect=self.dialect, strict=True)
         unwatch: Callable[[], None] | None = None
-        watch_cancel = getattr(self.store, "watch_cancel", None)
-        if watch_cancel is not None:
+        if shared is not None:
             # A cancel asked on another replica reaches this turn.
-            unwatch = await watch_cancel(stream_id, turn.scope.cancel)
+            unwatch = await shared.watch_cancel(stream_id, turn.scope.cancel)
         turn.started = True
         totals.turns_running += 1
         task_status.started()
-        if hasattr(self.store, "keep_running") and self._tasks is not None:
-            self._tasks.start_soon(self._keep_lease, stream_id, turn)
+        if shared is not None and self._tasks is not None:
+            self._tasks.start_soon(self._keep_lease, shared, stream_id, turn)
         failed = False
         cut = False  # cancelled from outside the turn: the hub left with an exception
         try:
@@ -341,19 +392,18 @@ class StreamHub:
                 totals.turns_finished[outcome] += 1
                 self._forget(stream_id, turn)
 
-    async def _keep_lease(self, stream_id: str, turn: _Turn) -> None:
+    async def _keep_lease(self, store: SharedEventStore, stream_id: str, turn: _Turn) -> None:
         """Renew the turn's lease a few times per ``running_ttl`` while it runs; when it
         is lost (not renewed in time: another replica may run the stream now), cancel
         the turn, whose writes the store refuses from then on."""
-        keep_running = getattr(self.store, "keep_running")  # noqa: B009 - checked by the caller
-        interval = float(getattr(self.store, "running_ttl", 30.0)) / 3
+        interval = store.running_ttl / 3
         while not turn.done.is_set():
             with anyio.move_on_after(interval):
                 await turn.done.wait()
             if turn.done.is_set():
                 return
             try:
-                held = await keep_running(stream_id, turn.holder)
+                held = await store.keep_running(stream_id, turn.holder)
             except Exception as exc:  # the store is down: try again, the lease may hold
                 logger.warning(
                     "could not renew the lease of %s (%s)", stream_id, type(exc).__name__
@@ -383,9 +433,9 @@ class StreamHub:
             logger.warning("ending the turn on stream %s timed out", stream_id)
         with anyio.move_on_after(_END_TIMEOUT):
             try:
-                release = getattr(self.store, "release_turn", None)
-                if release is not None:
-                    await release(stream_id, turn.holder)
+                shared = self.shared_store
+                if shared is not None:
+                    await shared.release_turn(stream_id, turn.holder)
                 else:
                     await self.store.close_stream(stream_id)
             except Exception:
@@ -423,10 +473,10 @@ class StreamHub:
         there, and this returns True once it has."""
         turn = self._turns.get(stream_id)
         if turn is None:
-            request_cancel = getattr(self.store, "request_cancel", None)
-            if request_cancel is None:
+            shared = self.shared_store
+            if shared is None:
                 return False
-            return bool(await request_cancel(stream_id))
+            return await shared.request_cancel(stream_id)
         turn.scope.cancel()
         await turn.done.wait()
         return True
@@ -470,14 +520,9 @@ class StreamHub:
         count = self._subscribers.get(stream_id, 0)
         if count >= self.max_subscribers:
             raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
-        store = self.store
-        if (
-            deliver is not None
-            and isinstance(store, InMemoryEventStore)
-            # A subclass that reads its stream its own way (wraps follow) keeps it.
-            and type(store).follow is InMemoryEventStore.follow
-        ):
-            events = store.follow_delivering(
+        delivering = self._delivering
+        if deliver is not None and delivering is not None:
+            events = delivering.follow_delivering(
                 stream_id, last_event_id, max_lag=self.max_lag, deliver=deliver
             )
         else:

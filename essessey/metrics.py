@@ -26,10 +26,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from essessey.store import InMemoryEventStore
+from typing import Any, Protocol
 
 __all__ = ["totals"]
 
@@ -65,11 +62,26 @@ class _Totals:
 totals = _Totals()
 """The process's counts (read them in tests; OpenTelemetry reads them when it collects)."""
 
-_stores: weakref.WeakSet[InMemoryEventStore] = weakref.WeakSet()
+
+class HeldCounts(Protocol):
+    """What a store reports to ``essessey.store.*``: what it holds right now."""
+
+    @property
+    def held_events(self) -> int:
+        """How many events the store holds."""
+        ...
+
+    @property
+    def held_bytes(self) -> int:
+        """What its events hold, as its byte budgets count them."""
+        ...
+
+
+_stores: weakref.WeakSet[HeldCounts] = weakref.WeakSet()
 _first_event: Any = None  # the histogram, once OpenTelemetry is there
 
 
-def watch_store(store: InMemoryEventStore) -> None:
+def watch_store(store: HeldCounts) -> None:
     """Count what ``store`` holds in ``essessey.store.*``."""
     _stores.add(store)
 

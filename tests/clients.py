@@ -4,15 +4,14 @@ or a hub in-process; every wait is bounded by ``WAIT``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import httpx
-import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-from essessey import Event, EventStore, EventType
+from essessey import Event
 from essessey.bindings.sse import connect
 from essessey.bindings.ws import WebSocketSource
 from tests.processes import WAIT
@@ -57,28 +56,7 @@ async def read_ws(
 # -- stores and hubs, read in-process -----------------------------------------------------
 
 
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Yield to other tasks until ``condition()`` holds; fail, naming ``what``, after WAIT
-    seconds."""
-    for _ in range(int(WAIT / 0.001)):  # a state to poll, not an event to wait on
-        if condition():
-            return
-        await anyio.sleep(0.001)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
     """Append every event of ``events`` to ``into`` (a task reading a follow)."""
     async for event in events:
         into.append(event)
-
-
-def delta(n: int) -> Event:
-    """The ``n``-th of a stream's numbered events (their data tells them apart)."""
-    return Event(EventType.CONTENT_BLOCK_DELTA, b'{"n":%d}' % n)
-
-
-async def fill(store: EventStore, stream_id: str, count: int, first: int = 0) -> list[Event]:
-    """Append ``count`` numbered events (from ``first``) to ``stream_id``, one by one; the
-    stored events, ids set."""
-    return [await store.append(stream_id, delta(n)) for n in range(first, first + count)]

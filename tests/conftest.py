@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import essessey.store
+import essessey.stores._memory
 from tests.nats_server import NatsServer, nats_server
 
 
@@ -42,8 +42,10 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """The in-memory store's clock, moved by hand (``clock.now += seconds``)."""
     fake = Clock()
-    # Only essessey.store's name ``time`` is replaced: the event loop keeps real time.
-    monkeypatch.setattr(essessey.store, "time", types.SimpleNamespace(monotonic=fake.monotonic))
+    # Only the in-memory store module's name ``time`` is replaced: the event loop keeps real time.
+    monkeypatch.setattr(
+        essessey.stores._memory, "time", types.SimpleNamespace(monotonic=fake.monotonic)
+    )
     return fake
 
 

@@ -15,6 +15,7 @@ from essessey import (
     EventType,
     InMemoryEventStore,
     InMemorySink,
+    MessagesNotRetained,
     Publisher,
     StopReason,
     StreamBusy,
@@ -28,7 +29,7 @@ from essessey import (
     stream_turn,
 )
 from essessey.hub import Access
-from tests.clients import wait_until
+from essessey.testing import wait_until
 from tests.conftest import Clock
 from tests.processes import WAIT
 
@@ -616,3 +617,93 @@ async def test_start_refuses_a_stream_id_no_client_could_read(stream_id: str) ->
             await hub.start(stream_id, Scripted(stream_id))
         assert not hub.running(stream_id)
         assert not await hub.store.exists(stream_id)
+
+
+# -- what the hub learns of its store, and what it raises ----------------------------------
+
+
+class _ContractOnly:
+    """A store with the contract's methods and nothing more (an app's own store): the
+    hub must run turns on it without any of the optional capabilities."""
+
+    def __init__(self) -> None:
+        self._inner = InMemoryEventStore()
+        self.append = self._inner.append
+        self.since = self._inner.since
+        self.follow = self._inner.follow
+        self.open_stream = self._inner.open_stream
+        self.close_stream = self._inner.close_stream
+        self.clear = self._inner.clear
+        self.exists = self._inner.exists
+
+
+async def test_a_store_with_only_the_contract_runs_turns() -> None:
+    store = _ContractOnly()
+    hub = StreamHub(store)  # type: ignore[arg-type]  # structurally an EventStore
+    assert hub.shared_store is None
+    assert hub.append_nowait is None
+    async with hub:
+
+        async def turn(publisher: Any) -> None:
+            await publisher.send_stream_preamble("msg_1", "s", "m")
+            await publisher.send_stream_epilogue("end_turn", 1)
+
+        await hub.start("s", turn)
+        await hub.wait("s")
+        with anyio.fail_after(WAIT):
+            names = [event.event async for event in hub.subscribe("s")]
+    assert names[0] == "message_start"
+    assert names[-1] == "message_stop"
+
+
+async def test_the_in_memory_store_is_learnt_as_appending_without_waiting() -> None:
+    store = InMemoryEventStore()
+    hub = StreamHub(store)
+    assert hub.shared_store is None
+    assert hub.append_nowait == store.append_nowait
+
+
+def test_a_store_without_the_contract_is_refused_at_once() -> None:
+    with pytest.raises(TypeError, match="not an EventStore"):
+        StreamHub(object())  # type: ignore[arg-type]
+
+
+async def test_an_exception_in_the_hub_s_body_is_raised_as_itself() -> None:
+    with pytest.raises(MessagesNotRetained) as caught:
+        async with StreamHub():
+            raise MessagesNotRetained("nothing whole")
+    assert not isinstance(caught.value, BaseExceptionGroup)
+
+
+async def test_an_exception_in_the_hub_s_body_with_turns_running_is_raised_as_itself() -> None:
+    ended = anyio.Event()
+
+    async def turn(publisher: Any) -> None:
+        await publisher.send_stream_preamble("msg_1", "s", "m")
+        try:
+            await anyio.sleep(WAIT)
+        finally:
+            ended.set()
+
+    async def run() -> None:
+        async with StreamHub() as hub:
+            await hub.start("s", turn)
+            raise KeyError("the app's own")
+
+    with pytest.raises(KeyError):
+        await run()
+    assert ended.is_set()  # the turn was cancelled on the way out
+
+
+async def test_an_exception_in_the_lifespan_is_raised_as_itself() -> None:
+    hub = StreamHub()
+    with pytest.raises(ValueError, match="startup failed"):
+        async with hub.lifespan(object()):
+            raise ValueError("startup failed")
+
+
+async def test_a_cancelled_hub_body_is_still_a_cancellation() -> None:
+    with anyio.move_on_after(0.01) as scope:
+        async with StreamHub():
+            await anyio.sleep(WAIT)
+    assert scope.cancelled_caught

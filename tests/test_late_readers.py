@@ -28,12 +28,11 @@ from essessey import (
 from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.sse import hub_routes
 from essessey.bindings.ws import ws_route
-from tests.clients import delta
+from essessey.testing import delta, start, stop
 from tests.hub_app import make_hub_app
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 from tests.servers import serve
-from tests.test_store import start, stop
 
 RETAINED = 200
 LONG = 300  # deltas in a message: longer than what is retained

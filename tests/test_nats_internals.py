@@ -32,7 +32,7 @@ from essessey.bindings.nats._nats_py import (
     header_block,
     queued_messages,
 )
-from tests.clients import delta
+from essessey.testing import delta
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 

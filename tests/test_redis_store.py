@@ -14,13 +14,13 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio as aioredis
+from essessey.bindings.redis import RedisEventStore
 
 from essessey import (
     Event,
     SubscriberLagged,
 )
-from essessey.bindings.redis import RedisEventStore
-from tests.clients import delta
+from essessey.testing import delta
 from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
 

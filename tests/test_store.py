@@ -1,12 +1,12 @@
-"""InMemoryEventStore beyond the conformance suite every store passes
-(tests/test_store_conformance.py, which owns the ids, the unknown and foreign ids, the
-reference model of eviction, the running-turn rules and the byte budget per stream): its
-clock-driven expiry, its bounds' details, follow() and the delivery in the append."""
+"""InMemoryEventStore beyond the conformance suite every store passes (essessey.testing,
+run on every store by tests/test_store_conformance.py, which owns the ids, the unknown and
+foreign ids, the reference model of eviction, the running-turn rules and the byte budget
+per stream): its clock-driven expiry, its bounds' details, follow() and the delivery in
+the append."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -24,36 +24,12 @@ from essessey import (
     SubscriberLagged,
     UnknownEventId,
 )
-from tests.clients import collect, delta, fill, wait_until
+from essessey.testing import delta, epoch, fill, seq, start, stop, wait_until
+from tests.clients import collect
 from tests.conftest import Clock
 from tests.processes import WAIT
 
 pytestmark = pytest.mark.anyio
-
-"""Seconds any single wait in these tests may take before the test fails."""
-
-
-def start(n: int = 0) -> Event:
-    return Event(EventType.MESSAGE_START, b'{"m":%d}' % n)
-
-
-def stop() -> Event:
-    return Event(EventType.MESSAGE_STOP, b'{"type":"message_stop"}')
-
-
-def seq(event_id: str | None) -> int:
-    """The sequence part of an id: what a test may look at, never a client."""
-    assert event_id is not None
-    epoch, dash, number = event_id.rpartition("-")
-    assert dash
-    assert epoch
-    assert number.isdigit()
-    return int(number)
-
-
-def epoch(event_id: str | None) -> str:
-    assert event_id is not None
-    return event_id.rpartition("-")[0]
 
 
 def bare(events: list[Event]) -> list[tuple[str, bytes]]:
@@ -120,32 +96,6 @@ async def test_since_the_last_id_is_empty_and_known() -> None:
 
 
 # -- unknown ids ------------------------------------------------------------------------
-
-
-BOGUS_IDS: dict[str, Callable[[str, int], str]] = {
-    "empty": lambda e, n: "",
-    "garbage": lambda e, n: "garbage",
-    "dash": lambda e, n: "-",
-    "no-epoch": lambda e, n: "-1",
-    "bare-number": lambda e, n: "1",
-    "no-sequence": lambda e, n: f"{e}-",
-    "letters": lambda e, n: f"{e}-x",
-    "trailing-letter": lambda e, n: f"{e}-1x",
-    "plus-sign": lambda e, n: f"{e}-+1",
-    "minus-sign": lambda e, n: f"{e}--1",
-    "space": lambda e, n: f"{e}- 1",
-    "leading-zero": lambda e, n: f"{e}-01",  # not the spelling the store issued
-    "zero": lambda e, n: f"{e}-0",  # never issued
-    "superscript-digit": lambda e, n: f"{e}-\u00b2",  # a "digit" int() refuses
-    "arabic-indic-digit": lambda e, n: f"{e}-\u0661",  # one int() accepts
-    "not-issued-yet": lambda e, n: f"{e}-{n + 1}",
-    "huge": lambda e, n: f"{e}-{10**40}",
-    "beyond-int64": lambda e, n: f"{e}-{2**63}",
-    "epoch-suffixed": lambda e, n: f"{e}x-1",
-    "epoch-prefixed": lambda e, n: f"x{e}-1",
-    "other-epoch": lambda e, n: f"{'0' * len(e) if e != '0' * len(e) else '1' * len(e)}-1",
-    "newline": lambda e, n: f"{e}-1\n",
-}
 
 
 async def test_an_id_from_before_the_stream_expired_is_unknown(clock: Clock) -> None:

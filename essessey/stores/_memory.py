@@ -1,12 +1,9 @@
-"""Event stores: where a stream's events wait for the clients that resume it.
+"""The in-memory event store: one process's streams, bounded in count, bytes and age.
 
-An event gets its id when it enters a stream's store. Ids are ``<epoch>-<sequence>``:
-the sequence counts up per stream, and the epoch changes whenever the stream is created
-anew (first event, after a clear, after it expired), so an id from before a reset can
-never be mistaken for a position in the new stream. Clients treat ids as opaque.
-
-``since`` answers ``known=False`` whenever it cannot replay everything after an id
-without a gap: the caller must not guess.
+Ids are ``<epoch>-<sequence>``: the sequence counts up per stream, and the epoch changes
+whenever the stream is created anew (first event, after a clear, after it expired), so an
+id from before a reset can never be mistaken for a position in the new stream. The rules
+every store keeps are declared in :mod:`essessey.stores` (docs/resume.md).
 """
 
 from __future__ import annotations
@@ -17,11 +14,9 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from itertools import islice
-from typing import Final, Protocol, TypeAlias, runtime_checkable
-
-import anyio
+from typing import Final
 
 from essessey import metrics
 from essessey._ids import parse_event_id
@@ -35,65 +30,13 @@ from essessey.errors import (
 )
 from essessey.event import Event
 from essessey.protocol import EventType
+from essessey.stores._contract import Deliver
 
-__all__ = ["EventStore", "InMemoryEventStore"]
+__all__ = ["InMemoryEventStore"]
 
-logger = logging.getLogger("essessey.store")
+logger = logging.getLogger("essessey.stores")
 
 _new_event: Final = tuple.__new__
-
-
-@runtime_checkable
-class EventStore(Protocol):
-    """What a :class:`~essessey.StreamHub` needs from a store of events."""
-
-    async def append(self, stream_id: str, event: Event) -> Event:
-        """Store ``event`` at the end of the stream (creating it if needed) and return it
-        with its id set. Wakes the stream's followers."""
-        ...
-
-    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
-        """The events after ``last_event_id`` (all retained ones when None), and whether
-        that id is known: False means no gap-free replay exists, and the list is empty."""
-        ...
-
-    def follow(
-        self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
-    ) -> AsyncIterator[Event]:
-        """Replay the events after ``last_event_id``, then yield new ones as they are
-        appended, until the stream is closed and drained.
-
-        Without a last id it starts at the oldest message still retained whole. It raises
-        :class:`StreamNotFound`, :class:`UnknownEventId`, :class:`SubscriberLagged` (more
-        than ``max_lag`` of the events appended since it started are waiting for it, or
-        its position was evicted) or :class:`StreamReset` (cleared or dropped meanwhile).
-        The backlog it replays on starting does not count towards ``max_lag``, so a
-        follower that resumes by id after being ended for lag always makes progress."""
-        ...
-
-    async def open_stream(self, stream_id: str) -> None:
-        """Create the stream if needed and mark it open, so subscribers can wait for its
-        first event (a turn that has started but not yet emitted)."""
-        ...
-
-    async def close_stream(self, stream_id: str) -> None:
-        """Say that no more events are coming for now: followers end once drained. An
-        ``append`` reopens the stream."""
-        ...
-
-    async def clear(self, stream_id: str) -> None:
-        """Forget the stream; ids from it become unknown."""
-        ...
-
-    async def exists(self, stream_id: str) -> bool:
-        """Whether the stream is retained."""
-        ...
-
-
-Deliver: TypeAlias = Callable[[Event], bool]
-"""A reader's way to take an event in the writer's own append: True when it took the
-event (written to its connection, or held for its next write), False when it cannot now
-(then its follower wakes and reads the event as usual). It must not raise or wait."""
 
 
 class _Follower:
@@ -109,15 +52,12 @@ class _Follower:
     def __init__(self, cursor: int, deliver: Deliver | None) -> None:
         self.cursor = cursor  # the sequence of the next event this follower reads
         self.deliver = deliver
-        self.signal: asyncio.Future[None] | anyio.Event | None = None
+        self.signal: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
         signal = self.signal
-        if isinstance(signal, asyncio.Future):
-            if not signal.done():
-                signal.set_result(None)
-        elif signal is not None:
-            signal.set()
+        if signal is not None and not signal.done():
+            signal.set_result(None)
 
 
 class _Stream:
@@ -153,8 +93,8 @@ class _Stream:
         self.running = False
         self.updated = time.monotonic()
         # The followers waiting for the next change, each with its own wake-up (an
-        # asyncio future on asyncio, the cheapest there is; an anyio Event on any other
-        # backend), so a follower cancelled while it waits cancels nobody else's wait.
+        # asyncio future, the cheapest there is), so a follower cancelled while it
+        # waits cancels nobody else's wait.
         self.waiters: list[_Follower] = []
 
     def event_at(self, seq: int) -> Event:
@@ -197,18 +137,7 @@ class _Stream:
     async def wait(self, follower: _Follower) -> None:
         """Until the next change the follower must read itself (an append it did not
         take, a close, a drop)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # not asyncio (trio): anyio's portable event
-            event = anyio.Event()
-            follower.signal = event
-            self.waiters.append(follower)
-            try:
-                await event.wait()
-            finally:
-                self._forget(follower)
-            return
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         follower.signal = future
         self.waiters.append(follower)
         try:
@@ -238,7 +167,8 @@ def _cost(data: bytes) -> int:
 
 
 class InMemoryEventStore:
-    """An :class:`EventStore` in this process's memory, bounded in count and in bytes.
+    """An :class:`~essessey.stores.EventStore` in this process's memory, bounded in count
+    and in bytes.
 
     ``max_events_per_stream`` and ``max_bytes_per_stream`` (a stream's oldest events are
     evicted first), ``max_streams`` and ``max_bytes`` for the whole store (the finished
@@ -463,9 +393,9 @@ class InMemoryEventStore:
         self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
     ) -> AsyncIterator[Event]:
         """Replay, then live events, until the stream is closed and drained."""
-        return self.follow_delivering(stream_id, last_event_id, max_lag=max_lag)
+        return self._follow(stream_id, last_event_id, max_lag, None)
 
-    async def follow_delivering(
+    def follow_delivering(
         self,
         stream_id: str,
         last_event_id: str | None = None,
@@ -478,8 +408,20 @@ class InMemoryEventStore:
 
         For a reader whose connection can take an event without waiting (essessey's SSE
         subscription response): the events reach it in the same order, none twice and
-        none skipped, whichever way each one goes.
+        none skipped, whichever way each one goes. A subclass that reads its streams its
+        own way (overrides :meth:`follow`) is read through its ``follow``.
         """
+        if type(self).follow is not InMemoryEventStore.follow:
+            return self.follow(stream_id, last_event_id, max_lag=max_lag)
+        return self._follow(stream_id, last_event_id, max_lag, deliver)
+
+    async def _follow(
+        self,
+        stream_id: str,
+        last_event_id: str | None,
+        max_lag: int | None,
+        deliver: Deliver | None,
+    ) -> AsyncIterator[Event]:
         stream = self._get(stream_id)
         if stream is None:
             raise StreamNotFound(f"no stream {stream_id!r}")

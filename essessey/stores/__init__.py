@@ -1,0 +1,38 @@
+"""Event stores: where a stream's events wait for the clients that resume it.
+
+The contract (what a :class:`~essessey.StreamHub` asks of a store, and the optional
+capabilities it looks for once) and the in-memory store live here; the stores that
+replicas share are subpackages, each on its extra:
+
+- :class:`InMemoryEventStore`: one process (no extra).
+- :mod:`essessey.stores.redis`: ``RedisEventStore`` on Redis Streams (``essessey[redis]``).
+- :mod:`essessey.stores.jetstream`: ``JetStreamEventStore`` on NATS JetStream
+  (``essessey[nats]``).
+
+To write a store of your own, implement :class:`EventStore` (and
+:class:`SharedEventStore` for one that replicas share) and run
+:mod:`essessey.testing`'s conformance suite against it; docs/resume.md has the table.
+"""
+
+from __future__ import annotations
+
+from essessey._public import set_public_module
+from essessey.stores._contract import (
+    AppendsWithoutWaiting,
+    Deliver,
+    DeliversInAppend,
+    EventStore,
+    SharedEventStore,
+)
+from essessey.stores._memory import InMemoryEventStore
+
+__all__ = [
+    "AppendsWithoutWaiting",
+    "Deliver",
+    "DeliversInAppend",
+    "EventStore",
+    "InMemoryEventStore",
+    "SharedEventStore",
+]
+
+set_public_module(__name__, globals(), __all__)
