@@ -539,9 +539,8 @@ class StreamHub:
             try:
                 # Closed now, not whenever the garbage collector finalises it: a store's
                 # follower may hold a subscription of its own.
-                aclose = getattr(events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                if isinstance(events, AsyncGenerator):
+                    await events.aclose()
             finally:
                 remaining = self._subscribers[stream_id] - 1
                 if remaining:

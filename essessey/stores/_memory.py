@@ -80,7 +80,7 @@ class _Stream:
         # object the garbage collector tracks is made per event kept. (As Events, a
         # tuple subclass the collector never stops tracking, a million retained events
         # made every full collection walk a million objects, and every append brought the
-        # next collection nearer: at a few hundred paced streams, a 60-100 ms pause.)
+        # next collection nearer: at a few hundred paced streams, a pause a reader sees.)
         self.names: deque[str] = deque(maxlen=capacity)
         self.datas: deque[bytes] = deque(maxlen=capacity)
         self.first_seq = 1  # the sequence of names[0] and datas[0]
@@ -154,11 +154,10 @@ class _Stream:
 
 
 _EVENT_OVERHEAD: Final = 180
-"""Bytes an event counts against the byte budgets beyond its data: what it cost the store
-when it kept each event as a tuple with its id string (143 + 33 bytes measured on CPython
-3.11 for a text delta). Kept as two deque slots now, an event costs less (the data's
-bytes object header and 16 bytes), so the budgets hold more than they promise, never
-less; the Redis store counts the same, so one budget means one thing on either."""
+"""Bytes an event counts against the byte budgets beyond its data: at least what the store
+spends on keeping it (two deque slots and the data's bytes object), so the budgets hold
+more than they promise, never less. The Redis and JetStream stores count the same, so one
+budget means one thing on every store."""
 
 
 def _cost(data: bytes) -> int:
