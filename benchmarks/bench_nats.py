@@ -48,16 +48,12 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 import essessey
-from essessey.bindings.nats import (
-    HEADER_EVENT_ID,
-    JetStreamEventStore,
-    NATSSink,
-    subscribe_stream,
-)
 
 # Not exported: the one place that reaches into nats-py (see its docstring); a benchmark
 # needs the same certainty that a subscription reached the server before it publishes.
-from essessey.bindings.nats._nats_py import flush_connection
+from essessey._nats_py import flush_connection
+from essessey.bindings.nats import HEADER_EVENT_ID, NATSSink, subscribe_stream
+from essessey.stores.jetstream import JetStreamEventStore
 
 TARGET_RATIO = 0.7
 """Each library path must reach this share of its raw nats-py baseline's events/s."""

@@ -82,8 +82,8 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 import essessey
+from essessey._nats_py import flush_connection
 from essessey.bindings.nats import NATSSink, subscribe_stream
-from essessey.bindings.nats._nats_py import flush_connection
 from essessey.bindings.sse import EventStreamResponse, subscription_response
 from essessey.bindings.ws import websocket_subscription
 

@@ -51,9 +51,9 @@ from bench_store import (
 from starlette.applications import Starlette
 
 import essessey
-from essessey.bindings.nats import JetStreamEventStore
-from essessey.bindings.redis import RedisEventStore
 from essessey.bindings.sse import hub_routes
+from essessey.stores.jetstream import JetStreamEventStore
+from essessey.stores.redis import RedisEventStore
 
 BACKENDS = ("memory", "redis", "jetstream")
 STARTUP_TIMEOUT = 60.0

@@ -13,7 +13,8 @@ Where a name lives, the one rule:
   :mod:`essessey.reassemble` (the records a reassembled stream is made of, ``Reassembler``),
   :mod:`essessey.check` (``ProtocolChecker``, ``Rule``, ``Violation``),
   :mod:`essessey.shutdown` (ending open streams when the server stops),
-  :mod:`essessey.event` (``Source``, ``EventBatch``), :mod:`essessey.adapters` and its
+  :mod:`essessey.event` (``Source``, ``EventBatch``, and the capabilities a sink may
+  declare: ``NowaitSink``, ``BatchSink``), :mod:`essessey.adapters` and its
   provider modules, and each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``,
   ``.nats``, ``.redis``).
 - ``essessey.check`` and ``essessey.reassemble`` here are the functions; their modules'
@@ -55,7 +56,7 @@ from essessey.memory import InMemorySink, MultiSink, SliceSource
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
 from essessey.publisher import Publisher
 from essessey.reassemble import ParsedStream, reassemble, reassemble_events
-from essessey.store import EventStore, InMemoryEventStore
+from essessey.stores import EventStore, InMemoryEventStore
 from essessey.streamers import (
     BlockStreamer,
     LineStreamer,

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_check
 
 import orjson
 
-__all__ = ["Event", "EventBatch", "Sink", "Source"]
+__all__ = ["BatchSink", "Event", "EventBatch", "NowaitSink", "Sink", "Source"]
 
 
 class Event(NamedTuple):
@@ -84,17 +84,46 @@ class Sink(Protocol):
     """Where a Publisher writes events. Implementations must be safe to call from
     concurrent tasks and must raise when an event cannot be delivered.
 
-    A sink may also offer ``emit_nowait(event) -> bool``: deliver the event at once and
-    return True, or return False (having done nothing) when it would have to wait. A
-    Publisher uses it when present, because most events of a turn then skip a
-    coroutine; ``emit`` stays the method every sink must have. And it may offer
-    ``async emit_many(events)``: deliver a sequence of events in order, as ``emit`` would
-    one by one (a Publisher's batched methods hand it an :class:`EventBatch`, so an SSE
-    response can write them in one send).
+    ``emit`` is the one method every sink must have. A sink may declare two more
+    capabilities, each a Protocol of its own: :class:`NowaitSink` (an event taken without
+    waiting) and :class:`BatchSink` (a sequence of events taken at once). A Publisher
+    looks for them once, on the sink's class, when it is built.
     """
 
     async def emit(self, event: Event) -> None:
         """Deliver one event, or raise."""
+        ...
+
+
+@runtime_checkable
+class NowaitSink(Sink, Protocol):
+    """A sink that can take an event without waiting.
+
+    A Publisher whose sink's class has ``emit_nowait`` calls it first for every event
+    and awaits ``emit`` only when it returned False: most events of a turn then skip a
+    coroutine. The class must define the method (the Publisher checks the class, once,
+    not each instance).
+    """
+
+    def emit_nowait(self, event: Event) -> bool:
+        """Deliver ``event`` at once and return True, or return False, having done
+        nothing, when it would have to wait (the caller then awaits ``emit``). Raises
+        as ``emit`` would when the event cannot be delivered."""
+        ...
+
+
+@runtime_checkable
+class BatchSink(Sink, Protocol):
+    """A sink that takes a sequence of events at once.
+
+    A Publisher's batched methods (``send_content_block_deltas_text`` and the like) hand
+    it one :class:`EventBatch` instead of calling ``emit`` per event, so an SSE response
+    can write them in one send. The class must define the method (checked once, on the
+    class, as for :class:`NowaitSink`).
+    """
+
+    async def emit_many(self, events: Sequence[Event]) -> None:
+        """Deliver ``events`` in order, as ``emit`` would one by one, or raise."""
         ...
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 import orjson
 
@@ -18,7 +18,7 @@ from essessey import protocol
 from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
-from essessey.event import Event, EventBatch, Sink
+from essessey.event import BatchSink, Event, EventBatch, NowaitSink, Sink
 from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
 
 __all__ = ["Publisher", "TurnProducer"]
@@ -91,9 +91,14 @@ class Publisher:
         self._block_types: dict[int, str] = {}
         self._input_tokens = 0
         self._thinking_field = protocol.thinking_delta_field(dialect)
-        self._emit_nowait: Callable[[Event], bool] | None = getattr(sink, "emit_nowait", None)
-        self._emit_many: Callable[[EventBatch], Awaitable[None]] | None = getattr(
-            sink, "emit_many", None
+        # The sink's capabilities, learnt once from its class (an ABC check, cached per
+        # class): each event then calls the bound method stored here, or emit.
+        kind = type(sink)
+        self._emit_nowait: Callable[[Event], bool] | None = (
+            cast(NowaitSink, sink).emit_nowait if issubclass(kind, NowaitSink) else None
+        )
+        self._emit_many: Callable[[EventBatch], Awaitable[None]] | None = (
+            cast(BatchSink, sink).emit_many if issubclass(kind, BatchSink) else None
         )
         self._thinking_template = _delta_template(DeltaType.THINKING, self._thinking_field)
 

@@ -32,13 +32,8 @@ import nats
 from nats.aio.client import Client
 
 import essessey
-from essessey.bindings.nats import (
-    JetStreamEventStore,
-    NATSSink,
-    NATSSource,
-    subscribe_all,
-    subscribe_stream,
-)
+from essessey.bindings.nats import NATSSink, NATSSource, subscribe_all, subscribe_stream
+from essessey.stores.jetstream import JetStreamEventStore
 
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 

@@ -47,11 +47,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from essessey import Publisher, StreamBusy, StreamHub
-from essessey.bindings.nats import JetStreamEventStore
-from essessey.bindings.redis import RedisEventStore
 from essessey.bindings.sse import hub_routes
 from essessey.bindings.ui import ui_chat_routes
 from essessey.bindings.ws import ws_route
+from essessey.stores.jetstream import JetStreamEventStore
+from essessey.stores.redis import RedisEventStore
 from tests.chaos_app import build_script, play
 from tests.ui_app import agent_turn
 
@@ -109,11 +109,12 @@ class _CountRetries(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if message.endswith("retrying"):
-            kind = "publish" if message.startswith("publish") else "request"
+            # The retry policy names the subject of a publish ("... request on <subject>").
+            kind = "publish" if " request on " in message else "request"
             stats[f"store_{kind}_retries"] += 1
 
 
-_store_logger = logging.getLogger("essessey.bindings.nats.jetstream")
+_store_logger = logging.getLogger("essessey.stores.jetstream")
 _store_logger.addHandler(_CountRetries(logging.DEBUG))
 _store_logger.addHandler(logging.StreamHandler())  # WARNING and above, on stderr
 _store_logger.setLevel(logging.DEBUG)

@@ -35,14 +35,14 @@ from essessey import (
     reassemble_events,
     stream_turn,
 )
-from essessey.bindings.nats import CONTROL_HEADER, JetStreamEventStore, _jetstream
-from essessey.bindings.nats._jetstream import _ack_fields, _position
-from essessey.bindings.nats._nats_py import flush_connection
-from essessey.bindings.nats._nats_py import ready_push_subscription as _ready_subscription
-from tests.clients import collect, delta, fill, wait_until
+from essessey._nats_py import flush_connection
+from essessey._nats_py import ready_push_subscription as _ready_subscription
+from essessey.stores.jetstream import CONTROL_HEADER, JetStreamEventStore, _reader, _writer
+from essessey.stores.jetstream._reader import Reader, ack_fields, position
+from essessey.testing import BOGUS_IDS, delta, fill, seq, start, stop, wait_until
+from tests.clients import collect
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
-from tests.test_store import BOGUS_IDS, seq, start, stop
 
 pytestmark = pytest.mark.anyio
 
@@ -321,7 +321,7 @@ def publishing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     installed: _nats_py.direct_jetstream_publish) or ``js.publish`` (as when they are
     absent)."""
     if request.param == "js.publish":
-        monkeypatch.setattr(_jetstream, "direct_jetstream_publish", lambda nc: None)
+        monkeypatch.setattr(_writer, "direct_jetstream_publish", lambda nc: None)
     return str(request.param)
 
 
@@ -342,7 +342,7 @@ class LostAcks:
         self.lose = lose
         self.msg_ids: list[str] = []
         self.seqs: list[int] = []
-        direct = store._direct
+        direct = store._writer.direct
         if direct is not None:
 
             async def publish_direct(subject: str, payload: bytes, block: bytes) -> int | None:
@@ -351,9 +351,9 @@ class LostAcks:
                 assert seq is not None
                 return self._acked(seq)
 
-            monkeypatch.setattr(store, "_direct", publish_direct)
+            monkeypatch.setattr(store._writer, "direct", publish_direct)
         else:
-            publish = store._js.publish
+            publish = store._ctx.js.publish
 
             async def publish_js(subject: str, payload: bytes, **options: Any) -> api.PubAck:
                 self.msg_ids.append(options["headers"]["Nats-Msg-Id"])
@@ -361,7 +361,7 @@ class LostAcks:
                 self._acked(ack.seq)
                 return ack
 
-            monkeypatch.setattr(store._js, "publish", publish_js)
+            monkeypatch.setattr(store._ctx.js, "publish", publish_js)
 
     def _acked(self, seq: int) -> int:
         self.seqs.append(seq)
@@ -375,7 +375,7 @@ async def test_a_retried_publish_is_stored_once(
     nats: NatsServer, monkeypatch: pytest.MonkeyPatch, publishing: str
 ) -> None:
     async with store_on(nats) as store:
-        assert (store._direct is not None) == (publishing == "direct")
+        assert (store._writer.direct is not None) == (publishing == "direct")
         first = await store.append("s", delta(0))
         lossy = LostAcks(store, 2, monkeypatch)
         with anyio.fail_after(WAIT):
@@ -387,7 +387,7 @@ async def test_a_retried_publish_is_stored_once(
         assert lossy.seqs == [seq(retried.id)] * 3
         later = await store.append("s", delta(2))
         assert await store.since("s", None) == ([first, retried, later], True)
-        info = await store._js.stream_info(store.stream)
+        info = await store._ctx.js.stream_info(store.stream)
         assert info.state.messages == 3
 
 
@@ -399,9 +399,9 @@ async def test_a_publish_that_never_succeeds_raises_after_publish_timeout(
         async def unreachable(*args: Any, **options: Any) -> api.PubAck:
             raise nats_errors.TimeoutError
 
-        monkeypatch.setattr(store._js, "publish", unreachable)
-        if store._direct is not None:
-            monkeypatch.setattr(store, "_direct", unreachable)
+        monkeypatch.setattr(store._ctx.js, "publish", unreachable)
+        if store._writer.direct is not None:
+            monkeypatch.setattr(store._writer, "direct", unreachable)
         started = anyio.current_time()
         with anyio.fail_after(WAIT), pytest.raises(JetStreamUnavailable):
             await store.append("s", delta(0))
@@ -636,9 +636,9 @@ ACK_REPLIES = [
 @pytest.mark.parametrize("reply", ACK_REPLIES)
 async def test_the_reply_subject_gives_what_metadata_gives(reply: str) -> None:
     meta = Msg.Metadata._from_reply(reply)
-    assert _ack_fields(reply) == (meta.consumer, meta.sequence.stream, meta.num_pending)
+    assert ack_fields(reply) == (meta.consumer, meta.sequence.stream, meta.num_pending)
     msg = Msg(_client=cast(Any, None), reply=reply)
-    assert _position(msg) == (meta.consumer, meta.sequence.stream, meta.num_pending)
+    assert position(msg) == (meta.consumer, meta.sequence.stream, meta.num_pending)
     assert msg._metadata is None  # read from the tokens: no metadata built
 
 
@@ -661,17 +661,17 @@ async def test_the_reply_subject_gives_what_metadata_gives(reply: str) -> None:
     ],
 )
 async def test_an_unexpected_reply_subject_is_left_to_metadata(reply: str) -> None:
-    assert _ack_fields(reply) is None
+    assert ack_fields(reply) is None
 
 
 async def test_the_position_falls_back_to_metadata() -> None:
     # Digits int() reads but the reply-subject parser refuses: msg.metadata decides.
     msg = Msg(_client=cast(Any, None), reply="$JS.ACK.S.c1.1.\u0664\u0662.7.17.5")
-    assert _position(msg) == ("c1", 42, 5)
+    assert position(msg) == ("c1", 42, 5)
     assert msg._metadata is not None
     for reply in ("", "_INBOX.abc"):  # not a JetStream message: as msg.metadata raises
         with pytest.raises(nats_errors.NotJSMessageError):
-            _position(Msg(_client=cast(Any, None), reply=reply))
+            position(Msg(_client=cast(Any, None), reply=reply))
 
 
 def _internals() -> tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace]:
@@ -722,7 +722,7 @@ def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """How followers take their messages: ``queued`` (nats-py's internals, as installed)
     or ``next_msg`` (as when they are absent). The list counts next_msg calls."""
     if request.param == "next_msg":
-        monkeypatch.setattr(_jetstream, "ready_push_subscription", lambda sub: None)
+        monkeypatch.setattr(_reader, "ready_push_subscription", lambda sub: None)
     calls = [0]
     next_msg = JetStreamContext.PushSubscription.next_msg
 
@@ -787,9 +787,9 @@ async def test_a_reader_keeps_the_subscription_accounts_either_way(
         await store.open_stream("s")
         events = await fill(store, "s", 50)
         await store.close_stream("s")
-        epoch = await store._current_epoch()
+        epoch = await store._ctx.current_epoch()
         assert epoch is not None
-        reader = _jetstream._Reader(store, "s", epoch)
+        reader = Reader(store._ctx, "s", epoch)
         try:
             assert await reader.open(None) == 52
             queued = request.node.callspec.params["reading"] == "queued"
@@ -1020,7 +1020,7 @@ async def test_a_live_reader_resumes_within_2_s_of_a_quick_server_restart(
         await reader.close()
 
 
-# -- the per-stream bounds across processes (see essessey.bindings.nats._bounds) --------------
+# -- the per-stream bounds across processes (see essessey.stores.jetstream._bounds) ------------
 
 
 async def test_a_second_writer_counts_what_the_first_left_before_it_trims(

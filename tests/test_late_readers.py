@@ -25,9 +25,9 @@ from essessey import (
     MessagesNotRetained,
     StreamHub,
 )
-from essessey.bindings.nats import JetStreamEventStore
 from essessey.bindings.sse import hub_routes
 from essessey.bindings.ws import ws_route
+from essessey.stores.jetstream import JetStreamEventStore
 from essessey.testing import delta, start, stop
 from tests.hub_app import make_hub_app
 from tests.nats_server import NatsServer

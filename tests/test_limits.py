@@ -532,7 +532,8 @@ async def test_nats_refuses_an_overlong_token_before_it_can_close_the_connection
 ) -> None:
     import nats as nats_py
 
-    from essessey.bindings.nats import JetStreamEventStore, NATSSink, event_subject
+    from essessey.bindings.nats import NATSSink, event_subject
+    from essessey.stores.jetstream import JetStreamEventStore
 
     too_long = "s" * (MAX_ID_LENGTH + 1)
     with pytest.raises(ValueError, match="1 to 256"):

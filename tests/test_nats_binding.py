@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from essessey import Event, NATSConnectionLost, Publisher
+from essessey._nats_py import flush_connection
 from essessey.bindings.nats import (
     HEADER_EVENT_ID,
     NATSSink,
@@ -31,7 +32,6 @@ from essessey.bindings.nats import (
     subscribe_stream,
 )
 from essessey.bindings.nats import _core as nats_core
-from essessey.bindings.nats._nats_py import flush_connection
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 from tests.test_exactness import publish_seed_turn

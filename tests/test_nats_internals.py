@@ -1,9 +1,9 @@
-"""The nats-py internals essessey's publishing and reading rely on
-(essessey/bindings/nats/_nats_py.py; the JetStream follower's are in
-test_jetstream_store.py), checked
-on the installed nats-py against a real nats-server: each fast path is taken, and does
-what the public call it stands in for does. A nats-py release that changes them fails
-here first, by name, instead of making every reader and producer quietly slower."""
+"""The nats-py internals essessey's publishing and reading rely on (essessey/_nats_py.py,
+shared by the NATS binding and the JetStream store; the JetStream follower's are in
+test_jetstream_store.py), checked on the installed nats-py against a real nats-server:
+each fast path is taken, and does what the public call it stands in for does. A nats-py
+release that changes them fails here first, by name, instead of making every reader and
+producer quietly slower."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from nats.js import errors as js_errors
 from nats.js.client import JetStreamContext
 
 from essessey import Event, Publisher
-from essessey.bindings.nats import JetStreamEventStore, NATSSink, subscribe_stream
-from essessey.bindings.nats._nats_py import (
+from essessey._nats_py import (
     JetStreamPublish,
     direct_jetstream_publish,
     direct_publish,
@@ -32,6 +31,8 @@ from essessey.bindings.nats._nats_py import (
     header_block,
     queued_messages,
 )
+from essessey.bindings.nats import NATSSink, subscribe_stream
+from essessey.stores.jetstream import JetStreamEventStore
 from essessey.testing import delta
 from tests.nats_server import NatsServer
 from tests.processes import WAIT

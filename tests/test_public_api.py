@@ -22,11 +22,12 @@ PUBLIC_PACKAGES = [
     "essessey",
     "essessey.adapters",
     "essessey.bindings.nats",
-    "essessey.bindings.redis",
     "essessey.bindings.sse",
     "essessey.bindings.ui",
     "essessey.bindings.ws",
     "essessey.demo",
+    "essessey.stores.jetstream",
+    "essessey.stores.redis",
 ]
 
 
@@ -129,8 +130,8 @@ async def test_cancel_all_ends_every_running_turn_and_the_hub_runs_on() -> None:
 @pytest.mark.parametrize(
     ("module", "options", "store"),
     [
-        ("essessey.bindings.nats", "JetStreamStoreOptions", "JetStreamEventStore"),
-        ("essessey.bindings.redis", "RedisStoreOptions", "RedisEventStore"),
+        ("essessey.stores.jetstream", "JetStreamStoreOptions", "JetStreamEventStore"),
+        ("essessey.stores.redis", "RedisStoreOptions", "RedisEventStore"),
     ],
 )
 def test_a_store_s_options_type_names_every_constructor_option_with_its_type(

@@ -1011,3 +1011,31 @@ async def test_many_deltas_refused_or_unserialisable_emit_nothing() -> None:
     assert sink.events == before
     await publisher.send_content_block_deltas_text(0, [])
     assert sink.events == before
+
+
+# -- the sink's declared capabilities -----------------------------------------------------
+
+
+def test_the_sinks_declare_their_capabilities_as_protocols() -> None:
+    from essessey.event import BatchSink, NowaitSink
+
+    assert isinstance(InMemorySink(), NowaitSink)
+    assert isinstance(InMemorySink(), BatchSink)
+    assert isinstance(_HalfReadySink(), NowaitSink)
+    assert not isinstance(_HalfReadySink(), BatchSink)
+    assert not isinstance(_OneByOne(), NowaitSink)
+    assert not isinstance(_OneByOne(), BatchSink)
+
+
+@pytest.mark.anyio
+async def test_a_capability_is_learnt_once_from_the_sink_s_class() -> None:
+    """The Publisher binds ``emit_nowait``/``emit_many`` when it is built, from the
+    class: an attribute set on one instance later (or before) is not a declared
+    capability, and no event pays for looking it up."""
+    sink = _OneByOne()
+    taken: list[Event] = []
+    sink.emit_nowait = lambda event: taken.append(event) or True  # type: ignore[attr-defined]
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    assert taken == []
+    assert sink.events[0].event == "message_start"

@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio as aioredis
-from essessey.bindings.redis import RedisEventStore
 
 from essessey import (
     Event,
     SubscriberLagged,
 )
+from essessey.stores.redis import RedisEventStore
 from essessey.testing import delta
 from tests.processes import WAIT
 from tests.redis_server import RedisServer, redis_server
@@ -229,7 +229,7 @@ async def test_a_client_with_a_short_socket_timeout_follows_a_quiet_stream(
                 async for event in store.follow("s"):
                     got.append(event)
 
-            with anyio.fail_after(WAIT), caplog.at_level("WARNING", "essessey.bindings.redis"):
+            with anyio.fail_after(WAIT), caplog.at_level("WARNING", "essessey.stores.redis"):
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(read)
                     await anyio.sleep(1.2)  # quiet: four socket timeouts

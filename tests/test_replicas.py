@@ -3,8 +3,8 @@
 One nats-server (the ``nats`` fixture: JetStream, file storage) or one redis-server (the
 ``broker`` fixture runs the shared tests on both), and two uvicorn processes, A and B, of
 :mod:`tests.replica_app`: each keeps its streams in a
-:class:`~essessey.bindings.nats.JetStreamEventStore` on the same JetStream stream (or a
-:class:`~essessey.bindings.redis.RedisEventStore` on the same redis-server) and runs
+:class:`~essessey.stores.jetstream.JetStreamEventStore` on the same JetStream stream (or a
+:class:`~essessey.stores.redis.RedisEventStore` on the same redis-server) and runs
 its own hub. A turn is the seeded turn of :mod:`tests.chaos_app`, produced on A, paced so
 that it lasts a few seconds. Clients read over SSE with :func:`connect` and, whenever a
 connection ends before the turn does, reconnect with the last id they got

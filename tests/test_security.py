@@ -680,8 +680,9 @@ async def test_nats_and_jetstream_log_no_payload_content(
 ) -> None:
     import nats as nats_py
 
-    from essessey.bindings.nats import JetStreamEventStore, NATSSink, NATSSource
-    from essessey.bindings.nats._nats_py import flush_connection
+    from essessey._nats_py import flush_connection
+    from essessey.bindings.nats import NATSSink, NATSSource
+    from essessey.stores.jetstream import JetStreamEventStore
 
     nc = await nats_py.connect(nats.url)
     try:

@@ -1,5 +1,7 @@
 """Bindings deliver the same events over different transports: SSE, WebSocket, NATS.
 
-Each binding is a subpackage; those that need a third-party library import it only when
-the binding is used, so the core keeps its two dependencies.
+This package holds transports only; the stores that keep streams for resuming (Redis,
+JetStream) are in :mod:`essessey.stores`. Each binding is a subpackage; those that need a
+third-party library import it only when the binding is used, so the core keeps its two
+dependencies.
 """

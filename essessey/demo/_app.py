@@ -61,7 +61,7 @@ from essessey.demo._scenario import (
 from essessey.errors import StoreFull, StoreUnavailable
 from essessey.hub import StreamHub, TurnProducer
 from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown
-from essessey.store import EventStore, InMemoryEventStore
+from essessey.stores import EventStore, InMemoryEventStore
 
 if TYPE_CHECKING:
     import uvicorn
@@ -143,7 +143,7 @@ def _store(
 ) -> tuple[EventStore, Any, Callable[[], Awaitable[None]] | None]:
     """The event store, and for NATS the client to connect and the store's setup."""
     if redis_url is not None:
-        from essessey.bindings.redis import RedisEventStore
+        from essessey.stores.redis import RedisEventStore
 
         return (
             RedisEventStore.from_url(
@@ -169,7 +169,7 @@ def _store(
         return store, None, None
     from nats.aio.client import Client
 
-    from essessey.bindings.nats import JetStreamEventStore
+    from essessey.stores.jetstream import JetStreamEventStore
 
     nc = Client()
     duplicate_window = min(120.0, max_age)  # nats-server wants it within max_age

@@ -1,7 +1,8 @@
 """The NATS binding (extra ``essessey[nats]``, on nats-py): events on subjects
 ``<prefix>.<stream_id>.<event>``, the payload as the message body unchanged and the event
 id in the ``Essessey-Event-Id`` header. Core NATS (:class:`NATSSink`, :class:`NATSSource`)
-is live fan-out without replay; the JetStream backend keeps streams so a reader can
+is live fan-out without replay; the JetStream store
+(:mod:`essessey.stores.jetstream`) keeps streams on the same subjects so a reader can
 resume on any replica.
 """
 
@@ -19,20 +20,10 @@ from essessey.bindings.nats._core import (
     subscribe_all,
     subscribe_stream,
 )
-from essessey.bindings.nats._jetstream import (
-    CONTROL_EVENT,
-    CONTROL_HEADER,
-    JetStreamEventStore,
-    JetStreamStoreOptions,
-)
 
 __all__ = [
-    "CONTROL_EVENT",
-    "CONTROL_HEADER",
     "DEFAULT_PREFIX",
     "HEADER_EVENT_ID",
-    "JetStreamEventStore",
-    "JetStreamStoreOptions",
     "NATSSink",
     "NATSSource",
     "check_token",

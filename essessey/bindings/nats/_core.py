@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from nats import errors as nats_errors
 
 from essessey._ids import MAX_ID_LENGTH, is_token
-from essessey.bindings.nats._nats_py import (
+from essessey._nats_py import (
     EMPTY,
     direct_publish,
     flush_connection,

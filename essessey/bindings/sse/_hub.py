@@ -54,7 +54,7 @@ from essessey.bindings.sse._response import (
 from essessey.errors import StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import Access, StreamHub
-from essessey.store import Deliver
+from essessey.stores import Deliver
 
 __all__ = ["cancel_response", "hub_routes", "subscription_response"]
 
@@ -117,9 +117,7 @@ async def _follow(
         raise StreamRejected(end.status, end.error_type, message) from exc
     finally:
         count.ended(error)
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await events.aclose()
 
 
 async def subscription_response(

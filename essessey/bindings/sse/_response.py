@@ -41,8 +41,16 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, Coroutine, Mapping, Sequence
-from typing import Any, Final, TypedDict
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
+from typing import Any, Final, Protocol, TypedDict, cast, runtime_checkable
 
 import anyio
 import orjson
@@ -66,7 +74,7 @@ from essessey.protocol import Dialect, EventType
 from essessey.publisher import Publisher, TurnProducer
 from essessey.shutdown import on_shutdown, shutting_down
 
-__all__ = ["EventStreamResponse", "SSEOptions"]
+__all__ = ["DeliveringSource", "EventStreamResponse", "SSEOptions"]
 
 logger = logging.getLogger("essessey.sse")
 
@@ -459,7 +467,7 @@ class _OutboxSink:
         return False  # the Publisher calls emit(), which sends it
 
     def deliver(self, event: Event) -> bool:
-        """:meth:`emit_nowait` for a store's append (see ``essessey.store.Deliver``):
+        """:meth:`emit_nowait` for a store's append (see ``essessey.stores.Deliver``):
         False, never an exception, when the event must come through the source."""
         if self._outbox.ended:
             return False
@@ -495,6 +503,28 @@ class _OutboxSink:
         totals.sse_bytes += len(body)
         await outbox.write(body)
         outbox.last_was_error = events[-1].event == EventType.ERROR
+
+
+@runtime_checkable
+class DeliveringSource(Protocol):
+    """A source that can also hand its live events straight to the response.
+
+    The response calls :meth:`deliver_to` once, before it starts iterating, with a
+    function that writes an event to the client at once and returns True, or returns
+    False (having done nothing, never raising) when it cannot: the source then yields
+    that event as usual. An event delivered is not yielded. The hub's subscription
+    (``subscription_response``) is one: a live event reaches the connection in the
+    turn's own append, without waking the response's task. Detected once per response,
+    on the source's class.
+    """
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        """The events not delivered, in order."""
+        ...
+
+    def deliver_to(self, deliver: Callable[[Event], bool]) -> None:
+        """Offer live events to ``deliver`` from now on."""
+        ...
 
 
 class SSEOptions(TypedDict, total=False):
@@ -650,11 +680,10 @@ class EventStreamResponse(Response):
 
     @staticmethod
     async def _drain(source: Source, sink: _OutboxSink) -> None:
-        deliver_to = getattr(source, "deliver_to", None)
-        if callable(deliver_to):
+        if issubclass(type(source), DeliveringSource):
             # A hub subscription: its live events may come straight from the turn's
             # append, in order with those the loop below reads.
-            deliver_to(sink.deliver)
+            cast(DeliveringSource, source).deliver_to(sink.deliver)
         iterator = aiter(source)
         handled = 0
         try:
@@ -671,10 +700,9 @@ class EventStreamResponse(Response):
             # A source parked at a yield would otherwise be finalised only when the
             # garbage collector gets to it, and the response itself may hold it: close
             # it now, on any early end.
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
+            if isinstance(iterator, AsyncGenerator):
                 with anyio.CancelScope(shield=True):
-                    await aclose()
+                    await iterator.aclose()
 
     async def _finish(self, send: Send, outbox: _Outbox, failure: Exception | None) -> None:
         if outbox.ended or outbox.stopping:

@@ -344,7 +344,7 @@ class _Line:
 
     def deliver(self, event: Event) -> bool:
         """Write ``event``'s frame now, straight to the transport, when the line is free;
-        False, having sent nothing, otherwise (see ``essessey.store.Deliver``)."""
+        False, having sent nothing, otherwise (see ``essessey.stores.Deliver``)."""
         ending = self.ending
         direct = self.direct
         if self.sending or ending.shutdown or ending.disconnected or direct is None:

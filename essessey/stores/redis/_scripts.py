@@ -1,4 +1,4 @@
-"""The Lua scripts of :class:`~essessey.bindings.redis.RedisEventStore`: every change to a
+"""The Lua scripts of :class:`~essessey.stores.redis.RedisEventStore`: every change to a
 stream id's keys is one script, so a reader never sees half of one and two replicas never
 interleave inside one.
 

@@ -1,7 +1,7 @@
 """An :class:`~essessey.EventStore` on Redis Streams, shared by replicas.
 
 The keys, the scripts that change them and the notifications are described in
-``essessey.bindings.redis._scripts`` and docs/redis.md. In short: a stream id's events are
+``essessey.stores.redis._scripts`` and docs/redis.md. In short: a stream id's events are
 the entries ``0-1``, ``0-2``, ... of a Redis stream, beside a hash with its epoch and
 bounds; every change is one Lua script, which also publishes a notification on the stream
 id's channel (the event itself, for an append).
@@ -32,15 +32,14 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, TypeVar
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 
 import anyio
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from essessey._ids import is_stream_id, parse_event_id
-from essessey.bindings.redis import _scripts
 from essessey.errors import (
     LeaseLost,
     MessagesNotRetained,
@@ -54,15 +53,17 @@ from essessey.errors import (
 )
 from essessey.event import Event
 from essessey.protocol import EventType
+from essessey.stores._checks import check_positive
+from essessey.stores._retry import RetryPolicy
+from essessey.stores.redis import _scripts
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["RedisEventStore", "RedisStoreOptions"]
 
-logger = logging.getLogger("essessey.bindings.redis")
+logger = logging.getLogger("essessey.stores.redis")
 
-_T = TypeVar("_T")
 
 _EVENT_OVERHEAD: Final = 180
 """What an event counts against the byte budgets beyond its data, as in the in-memory
@@ -74,8 +75,6 @@ _FIRST_PAGE: Final = 16
 _INBOX_LIMIT: Final = 4096
 """Notifications a follower holds before it stops taking them and reads from Redis."""
 
-_MAX_BACKOFF: Final = 1.0
-
 _ABANDONED: Final = (
     b'{"type":"error","error":{"type":"api_error",'
     b'"message":"the replica running the turn stopped"}}'
@@ -86,6 +85,13 @@ _CANCEL_RESEND: Final = 1.0
 """Seconds between requests to cancel while the turn has not ended."""
 
 _RETRYABLE: Final = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _is_retryable(exc: Exception) -> bool:
+    """A failure on the connection (Redis restarting, a timeout): the request may succeed
+    when sent again."""
+    return isinstance(exc, _RETRYABLE)
+
 
 _Arg: TypeAlias = "bytes | str | int"
 
@@ -216,7 +222,7 @@ class _Listener:
         self._start()
         confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
         try:
-            await self._store._retrying(lambda: self._pubsub.subscribe(channel))
+            await self._store._retry.run(lambda _: self._pubsub.subscribe(channel))
             with anyio.fail_after(self._store.retry_timeout):
                 await asyncio.shield(confirmed)
         except BaseException:
@@ -366,12 +372,15 @@ class RedisEventStore:
             raise ValueError("the Redis client must be made with decode_responses=False")
         if not prefix or any(c.isspace() for c in prefix):
             raise ValueError(f"prefix {prefix!r} must be non-empty, without whitespace")
-        if min(max_events_per_stream, max_bytes_per_stream, max_streams) <= 0:
-            raise ValueError(
-                "max_events_per_stream, max_bytes_per_stream and max_streams must be > 0"
-            )
-        if min(max_age, running_ttl, heartbeat, retry_timeout) <= 0:
-            raise ValueError("max_age, running_ttl, heartbeat and retry_timeout must be > 0")
+        check_positive(
+            max_events_per_stream=max_events_per_stream,
+            max_bytes_per_stream=max_bytes_per_stream,
+            max_streams=max_streams,
+            max_age=max_age,
+            running_ttl=running_ttl,
+            heartbeat=heartbeat,
+            retry_timeout=retry_timeout,
+        )
         self.redis = redis
         self.prefix = prefix
         self.max_events_per_stream = max_events_per_stream
@@ -391,6 +400,15 @@ class RedisEventStore:
         self._cancel = redis.register_script(_scripts.CANCEL)
         self._abandon_script = redis.register_script(_scripts.ABANDON)
         self._listener = _Listener(self)
+        self._retry = RetryPolicy(
+            retry_timeout,
+            broker="Redis",
+            retryable=_is_retryable,
+            unavailable=lambda _: RedisUnavailable(
+                f"Redis did not answer within {retry_timeout} s"
+            ),
+            logger=logger,
+        )
         self._token = secrets.token_hex(8)
         self._counter = 0
 
@@ -436,24 +454,6 @@ class RedisEventStore:
     @property
     def _run_ms(self) -> int:
         return max(1, int(self.running_ttl * 1000))
-
-    async def _retrying(self, request: Callable[[], Awaitable[_T]]) -> _T:
-        """``await request()``, again after a connection failure, until
-        ``retry_timeout`` seconds have passed; then :class:`RedisUnavailable`."""
-        deadline = time.monotonic() + self.retry_timeout
-        delay = 0.05
-        while True:
-            try:
-                return await request()
-            except _RETRYABLE as exc:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RedisUnavailable(
-                        f"Redis did not answer within {self.retry_timeout} s"
-                    ) from exc
-                logger.debug("a Redis request failed (%s); retrying", type(exc).__name__)
-                await anyio.sleep(min(delay, remaining))
-                delay = min(delay * 2, _MAX_BACKOFF)
 
     @staticmethod
     def _refused(exc: redis.exceptions.ResponseError, stream_id: str) -> Exception:
@@ -502,7 +502,7 @@ class RedisEventStore:
         ]
         keys = self._keys(stream_id)
         try:
-            reply = await self._retrying(lambda: self._append(keys=keys, args=args))
+            reply = await self._retry.run(lambda _: self._append(keys=keys, args=args))
         except redis.exceptions.ResponseError as exc:
             raise self._refused(exc, stream_id) from None
         return Event(event.event, event.data, f"{reply[0].decode()}-{int(reply[1])}")
@@ -537,7 +537,7 @@ class RedisEventStore:
         ]
         keys = self._keys(stream_id)
         try:
-            await self._retrying(lambda: self._open(keys=keys, args=args))
+            await self._retry.run(lambda _: self._open(keys=keys, args=args))
         except redis.exceptions.ResponseError as exc:
             raise self._refused(exc, stream_id) from None
 
@@ -551,14 +551,14 @@ class RedisEventStore:
         self._check(stream_id)
         keys = self._keys(stream_id)[:3]
         args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms, holder]
-        return bool(await self._retrying(lambda: self._close(keys=keys, args=args)))
+        return bool(await self._retry.run(lambda _: self._close(keys=keys, args=args)))
 
     async def clear(self, stream_id: str) -> None:
         """Forget the stream; its ids become unknown and its followers get StreamReset."""
         self._check(stream_id)
         keys = self._keys(stream_id)
         args: list[_Arg] = [stream_id, self._key_prefix, self._ttl_ms]
-        await self._retrying(lambda: self._clear(keys=keys, args=args))
+        await self._retry.run(lambda _: self._clear(keys=keys, args=args))
 
     async def keep_running(self, stream_id: str, holder: str = "") -> bool:
         """Count a running stream as running for another ``running_ttl`` seconds (and
@@ -567,7 +567,7 @@ class RedisEventStore:
         self._check(stream_id)
         keys = self._keys(stream_id)[:3]
         args: list[_Arg] = [stream_id, self._ttl_ms, self._run_ms, holder]
-        return bool(await self._retrying(lambda: self._keep(keys=keys, args=args)))
+        return bool(await self._retry.run(lambda _: self._keep(keys=keys, args=args)))
 
     async def request_cancel(self, stream_id: str, wait: float = 15.0) -> bool:
         """Ask the replica whose turn holds ``stream_id`` to cancel it, and wait (up to
@@ -581,7 +581,7 @@ class RedisEventStore:
             with anyio.move_on_after(wait):
                 asked_once = False
                 while True:
-                    asked = await self._retrying(lambda: self._cancel(keys=[key], args=args))
+                    asked = await self._retry.run(lambda _: self._cancel(keys=[key], args=args))
                     if not asked:
                         # Nothing holds it: it ended (after our request), or never ran.
                         return asked_once
@@ -617,7 +617,7 @@ class RedisEventStore:
             self.max_bytes_per_stream,
             _EVENT_OVERHEAD,
         ]
-        ended = bool(await self._retrying(lambda: self._abandon_script(keys=keys, args=args)))
+        ended = bool(await self._retry.run(lambda _: self._abandon_script(keys=keys, args=args)))
         if ended:
             logger.warning("the turn on %s lost its replica; ended it with an error", stream_id)
         return ended
@@ -635,7 +635,7 @@ class RedisEventStore:
         costs Redis twice what the same XRANGE does."""
         meta, events = self._key(stream_id, "m"), self._key(stream_id, "e")
 
-        async def read() -> list[Any]:
+        async def read(_: float) -> list[Any]:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.time()
                 pipe.hmget(meta, "epoch", "seq", "first", "closed", "run", "holder")
@@ -643,7 +643,7 @@ class RedisEventStore:
                     pipe.xrange(events, f"(0-{after}", "+", count=count)
                 return await pipe.execute()
 
-        replies = await self._retrying(read)
+        replies = await self._retry.run(read)
         if replies[1][0] is None:
             return None
         return _Snapshot(replies[0], replies[1], replies[2] if count else [])
@@ -653,7 +653,7 @@ class RedisEventStore:
         if not is_stream_id(stream_id):
             return False
         key = self._key(stream_id, "m")
-        return bool(await self._retrying(lambda: self.redis.exists(key)))
+        return bool(await self._retry.run(lambda _: self.redis.exists(key)))
 
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
         """The events after ``last_event_id`` (all retained ones when None) and whether

@@ -6,7 +6,7 @@ any replica. See docs/redis.md.
 from __future__ import annotations
 
 from essessey._public import set_public_module
-from essessey.bindings.redis._store import RedisEventStore, RedisStoreOptions
+from essessey.stores.redis._store import RedisEventStore, RedisStoreOptions
 
 __all__ = ["RedisEventStore", "RedisStoreOptions"]
 

@@ -1,4 +1,4 @@
-"""Turn leases for :class:`~essessey.bindings.nats.JetStreamEventStore`: a turn runs on one
+"""Turn leases for :class:`~essessey.stores.jetstream.JetStreamEventStore`: a turn runs on one
 replica at a time, stops from any, and ends with an error event when its replica dies.
 
 A lease is a key of the KV bucket ``<stream>_LEASES`` (a hash of the stream id: stream ids
@@ -23,32 +23,34 @@ subscribers of the control subject see as JetStream stores it.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import logging
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import anyio
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js import api
 from nats.js.kv import KeyValue
 
 from essessey.errors import LeaseLost, StreamBusy
-from essessey.event import Event
 from essessey.protocol import EventType
+from essessey.stores.jetstream._context import (
+    CLOSE,
+    CONTROL_EVENT,
+    CONTROL_HEADER,
+    HOLDER_HEADER,
+    OPEN,
+    RESET,
+    StoreContext,
+    logger,
+    stream_key,
+)
+from essessey.stores.jetstream._writer import Writer
 
-if TYPE_CHECKING:
-    from essessey.bindings.nats._jetstream import JetStreamEventStore
-
-logger = logging.getLogger("essessey.bindings.nats.jetstream")
-
-HOLDER_HEADER: Final = "Essessey-Holder"
-"""The header of a claimed turn's open marker: who holds it."""
+__all__ = ["ABANDONED", "Leases"]
 
 _MARGIN: Final = 0.2
 """Of ``running_ttl``: how early a holder stops trusting its lease without renewing."""
@@ -68,49 +70,35 @@ class _Held:
     valid_until: float  # time.monotonic()
 
 
-def stream_key(stream_id: str) -> str:
-    """The KV key of a stream id (a hash: stream ids may hold characters keys may not)."""
-    return hashlib.blake2b(stream_id.encode(), digest_size=16).hexdigest()
-
-
-async def open_bucket(store: JetStreamEventStore, name: str, ttl: float) -> KeyValue:
-    """The store's KV bucket ``name`` (one value per key, entries kept ``ttl`` seconds),
-    created when missing, on the store's storage."""
-    js = store._js
-    try:
-        return await js.key_value(name)
-    except nats.js.errors.BucketNotFoundError:
-        storage = api.StorageType.FILE if store.storage == "file" else api.StorageType.MEMORY
-        return await js.create_key_value(bucket=name, ttl=ttl, history=1, storage=storage)
-
-
 class Leases:
-    """The lease side of one :class:`JetStreamEventStore` (see the module docstring)."""
+    """The lease side of one JetStream store (see the module docstring): leases of
+    ``running_ttl`` seconds, on its context, opening and closing turns through its
+    writer."""
 
-    def __init__(self, store: JetStreamEventStore) -> None:
-        self._store = store
+    def __init__(self, ctx: StoreContext, writer: Writer, running_ttl: float) -> None:
+        self._ctx = ctx
+        self._writer = writer
+        self._running_ttl = running_ttl
         self._kv: KeyValue | None = None
         self._held: dict[str, _Held] = {}
         self._reaper = f"reaper-{secrets.token_hex(6)}"
 
     @property
     def bucket(self) -> str:
-        return f"{self._store.stream}_LEASES"
+        """The name of the KV bucket of the leases."""
+        return self._ctx.bucket("LEASES")
 
     async def setup(self) -> None:
         """Create the bucket (or find it)."""
-        self._kv = await open_bucket(self._store, self.bucket, self._store.running_ttl)
+        self._kv = await self._ctx.open_bucket(self.bucket, self._running_ttl)
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            await self._store._ensure()  # which sets the buckets up with the stream
+            await self._ctx.ensure()  # which sets the buckets up with the stream
             if self._kv is None:
                 await self.setup()
         assert self._kv is not None
         return self._kv
-
-    def _cancel_subject(self, stream_id: str) -> str:
-        return f"_essessey_cancel.{self._store.prefix}.{stream_id}"
 
     # -- the holder ------------------------------------------------------------------------
 
@@ -121,7 +109,7 @@ class Leases:
         key = stream_key(stream_id)
         sent = time.monotonic()
         try:
-            revision = await self._store._retrying(lambda _: kv.create(key, holder.encode()))
+            revision = await self._ctx.retrying(lambda _: kv.create(key, holder.encode()))
         except nats.js.errors.KeyWrongLastSequenceError:
             try:
                 entry = await kv.get(key)
@@ -132,10 +120,10 @@ class Leases:
                     f"a turn is running on stream {stream_id!r} on another replica"
                 ) from None
             revision = entry.revision
-        self._held[stream_id] = _Held(holder, revision, sent + self._store.running_ttl)
+        self._held[stream_id] = _Held(holder, revision, sent + self._running_ttl)
         try:
             await self._end_if_abandoned(stream_id)
-            await self._store._open(stream_id, holder)
+            await self._writer.open(stream_id, holder)
         except BaseException:
             await self.release(stream_id, holder, close=False)
             raise
@@ -146,7 +134,7 @@ class Leases:
         held = self._held.get(stream_id)
         if held is None or held.holder != holder:
             raise LeaseLost(f"stream {stream_id!r}: this turn no longer holds the stream")
-        about_to_end = time.monotonic() > held.valid_until - _MARGIN * self._store.running_ttl
+        about_to_end = time.monotonic() > held.valid_until - _MARGIN * self._running_ttl
         if about_to_end and not await self.renew(stream_id, holder):
             raise LeaseLost(f"stream {stream_id!r}: this turn no longer holds the stream")
 
@@ -159,7 +147,7 @@ class Leases:
         key = stream_key(stream_id)
         sent = time.monotonic()
         try:
-            revision = await self._store._retrying(
+            revision = await self._ctx.retrying(
                 lambda _: kv.update(key, held.holder.encode(), last=held.revision)
             )
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -179,7 +167,7 @@ class Leases:
             self._held.pop(stream_id, None)
             return False
         held.revision = max(held.revision, revision)
-        held.valid_until = max(held.valid_until, sent + self._store.running_ttl)
+        held.valid_until = max(held.valid_until, sent + self._running_ttl)
         return True
 
     async def release(self, stream_id: str, holder: str, *, close: bool = True) -> bool:
@@ -188,7 +176,7 @@ class Leases:
         if held is None or held.holder != holder:
             return False
         if close:
-            await self._store._close_marker(stream_id)
+            await self._writer.close(stream_id)
         del self._held[stream_id]
         kv = await self._bucket()
         try:
@@ -208,8 +196,8 @@ class Leases:
         async def handle(msg: Msg) -> None:
             on_cancel()
 
-        nc = self._store.nc
-        sub = await nc.subscribe(self._cancel_subject(stream_id), cb=handle)
+        nc = self._ctx.nc
+        sub = await nc.subscribe(self._ctx.cancel_subject(stream_id), cb=handle)
 
         def unwatch() -> None:
             task = asyncio.get_running_loop().create_task(sub.unsubscribe())
@@ -224,22 +212,22 @@ class Leases:
         stream closed (within ``wait`` seconds), False when no lease is held."""
         kv = await self._bucket()
         try:
-            await self._store._retrying(lambda _: kv.get(stream_key(stream_id)))
+            await self._ctx.retrying(lambda _: kv.get(stream_key(stream_id)))
         except nats.js.errors.KeyNotFoundError:
             return False
         closed = anyio.Event()
 
         async def marker(msg: Msg) -> None:
             headers = msg.headers or {}
-            if headers.get("Essessey-Control") in ("close", "reset"):
+            if headers.get(CONTROL_HEADER) in (CLOSE, RESET):
                 closed.set()
 
-        nc = self._store.nc
-        sub = await nc.subscribe(self._store._control_subject(stream_id), cb=marker)
+        nc = self._ctx.nc
+        sub = await nc.subscribe(self._ctx.control_subject(stream_id), cb=marker)
         try:
             with anyio.move_on_after(wait):
                 while not closed.is_set():
-                    await nc.publish(self._cancel_subject(stream_id), b"")
+                    await nc.publish(self._ctx.cancel_subject(stream_id), b"")
                     with anyio.move_on_after(_CANCEL_RESEND):
                         await closed.wait()
                     if not closed.is_set():
@@ -273,7 +261,7 @@ class Leases:
         try:
             if await self._claimed_and_open(stream_id):
                 await self._finish_abandoned(stream_id)
-                await self._store._close_marker(stream_id)
+                await self._writer.close(stream_id)
         finally:
             try:
                 await kv.delete(key, last=revision)
@@ -284,23 +272,23 @@ class Leases:
         """With the lease held: a turn left open by a holder that died is ended."""
         if await self._claimed_and_open(stream_id):
             await self._finish_abandoned(stream_id)
-            await self._store._close_marker(stream_id)
+            await self._writer.close(stream_id)
 
     async def _claimed_and_open(self, stream_id: str) -> bool:
-        store = self._store
+        ctx = self._ctx
         try:
-            last = await store._js.get_last_msg(store.stream, store._control_subject(stream_id))
+            last = await ctx.js.get_last_msg(ctx.stream, ctx.control_subject(stream_id))
         except nats.js.errors.NotFoundError:
             return False
         headers = last.headers or {}
-        return headers.get("Essessey-Control") == "open" and bool(headers.get(HOLDER_HEADER))
+        return headers.get(CONTROL_HEADER) == OPEN and bool(headers.get(HOLDER_HEADER))
 
     async def _finish_abandoned(self, stream_id: str) -> None:
-        store = self._store
-        last = await store._js.get_last_msg(store.stream, store._filter(stream_id))
+        ctx = self._ctx
+        last = await ctx.js.get_last_msg(ctx.stream, ctx.filter(stream_id))
         name = (last.subject or "").rpartition(".")[2]
-        if name not in (EventType.MESSAGE_STOP, EventType.ERROR, "__control"):
-            await store.append(stream_id, Event(EventType.ERROR, ABANDONED))
+        if name not in (EventType.MESSAGE_STOP, EventType.ERROR, CONTROL_EVENT):
+            await self._writer.append(stream_id, EventType.ERROR, ABANDONED)
         logger.warning("the turn on %s lost its replica; ended it with an error", stream_id)
 
 

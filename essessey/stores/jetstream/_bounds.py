@@ -1,4 +1,4 @@
-"""The per-stream-id bounds of :class:`~essessey.bindings.nats.JetStreamEventStore`: how
+"""The per-stream-id bounds of :class:`~essessey.stores.jetstream.JetStreamEventStore`: how
 many events and bytes one stream id keeps, how many stream ids the store keeps, and that a
 running turn's stream is never dropped to make room.
 
@@ -8,7 +8,7 @@ itself, as the in-memory and Redis stores do:
 
 - **A stream id's events** (``max_events_per_stream``, ``max_bytes_per_stream``). The
   writer knows, per stream id it writes, the sequence and size of each retained event
-  (:class:`_Kept`, read again from the server with a headers-only consumer when another
+  (:class:`Kept`, read again from the server with a headers-only consumer when another
   process wrote since). An append that takes the stream id past a bound purges its oldest
   messages (``purge`` with the stream id's filter and the first sequence to keep), in the
   same call, so a reader never sees more than the bounds. A stream id under its bounds
@@ -38,34 +38,33 @@ last refreshed them, never tighter.
 
 from __future__ import annotations
 
-import logging
 from array import array
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-import nats.errors
 import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from essessey.bindings.nats._leases import open_bucket, stream_key
 from essessey.errors import StoreFull, StreamReset
 from essessey.protocol import EventType
+from essessey.stores.jetstream._context import (
+    CONTROL_EVENT,
+    CONTROL_HEADER,
+    RESET,
+    StoreContext,
+    logger,
+    stream_key,
+)
+from essessey.stores.jetstream._reader import Reader
 
-if TYPE_CHECKING:
-    from essessey.bindings.nats._jetstream import JetStreamEventStore
-
-logger = logging.getLogger("essessey.bindings.nats.jetstream")
-
-PREV_HEADER: Final = "Essessey-Prev"
-"""The header of every message the store writes: the stream sequence of the message of the
-same stream id before it (0 for the first)."""
+__all__ = ["EVENT_OVERHEAD", "Bounds", "Kept"]
 
 _SIZE_HEADER: Final = "Nats-Msg-Size"  # what a headers-only consumer says of each body
 
 EVENT_OVERHEAD: Final = 180
 """Bytes an event counts against ``max_bytes_per_stream`` beyond its data: the in-memory
-store's figure (see ``essessey.store``), so one budget means the same on every store."""
+store's figure (see ``essessey.stores``), so one budget means the same on every store."""
 
 _READ_IDLE: Final = 1.0  # seconds without a message before a read asks the consumer
 
@@ -77,7 +76,7 @@ _MAX_KEPT: Final = 1024
 the server when it is next written."""
 
 
-class _Kept:
+class Kept:
     """What one stream id retains, as its writer knows it: the sequence and counted size
     of each event, oldest first (two integer arrays: nothing the collector tracks)."""
 
@@ -137,33 +136,46 @@ class _Kept:
 
 
 class Bounds:
-    """The bounds of one :class:`JetStreamEventStore` (see the module docstring)."""
+    """The bounds of one JetStream store (see the module docstring), on its context."""
 
-    def __init__(self, store: JetStreamEventStore) -> None:
-        self._store = store
+    def __init__(
+        self,
+        ctx: StoreContext,
+        *,
+        max_events_per_stream: int,
+        max_bytes_per_stream: int,
+        max_streams: int,
+        max_age: float,
+    ) -> None:
+        self._ctx = ctx
+        self._max_events = max_events_per_stream
+        self._max_bytes = max_bytes_per_stream
+        self._max_streams = max_streams
+        self._max_age = max_age
         self._kv: KeyValue | None = None
-        self._kept: dict[str, _Kept] = {}
+        self._kept: dict[str, Kept] = {}
         self._touched: str | None = None  # the stream id whose key this store wrote last
 
     @property
     def bucket(self) -> str:
-        return f"{self._store.stream}_STREAMS"
+        """The name of the KV bucket of the stream ids."""
+        return self._ctx.bucket("STREAMS")
 
     async def setup(self) -> None:
         """Create the bucket (or find it)."""
-        self._kv = await open_bucket(self._store, self.bucket, self._store.max_age)
+        self._kv = await self._ctx.open_bucket(self.bucket, self._max_age)
 
     async def _bucket(self) -> KeyValue:
         kv = self._kv
         if kv is None:
-            await self._store._ensure()  # which sets the buckets up with the stream
-            kv = self._kv or await open_bucket(self._store, self.bucket, self._store.max_age)
+            await self._ctx.ensure()  # which sets the buckets up with the stream
+            kv = self._kv or await self._ctx.open_bucket(self.bucket, self._max_age)
             self._kv = kv
         return kv
 
     # -- a stream id's events ----------------------------------------------------------------
 
-    def kept(self, stream_id: str) -> _Kept | None:
+    def kept(self, stream_id: str) -> Kept | None:
         """What this store knows ``stream_id`` retains, when it is ready to be appended to
         without a request (the hot path)."""
         kept = self._kept.get(stream_id)
@@ -173,7 +185,7 @@ class Bounds:
             return None  # outside a turn: the bucket is told it was updated
         return kept
 
-    async def before_append(self, stream_id: str, name: str) -> _Kept:
+    async def before_append(self, stream_id: str, name: str) -> Kept:
         """:meth:`kept`, made ready: read from the server, admitted to the bucket (which
         may drop another stream id or raise StoreFull), or StreamReset for the tail of a
         message whose running stream was cleared."""
@@ -191,16 +203,14 @@ class Bounds:
             await self._admit(stream_id, kept, running=kept.running)
         return kept
 
-    async def after_append(self, stream_id: str, kept: _Kept, seq: int, size: int) -> None:
+    async def after_append(self, stream_id: str, kept: Kept, seq: int, size: int) -> None:
         """Count the event stored at ``seq`` and purge what it takes past the bounds."""
         kept.add(seq, size + EVENT_OVERHEAD)
-        store = self._store
-        first = kept.trim(store.max_events_per_stream, store.max_bytes_per_stream)
+        ctx = self._ctx
+        first = kept.trim(self._max_events, self._max_bytes)
         if first:
-            await store._retrying(
-                lambda _: store._js.purge_stream(
-                    store.stream, seq=first, subject=store._filter(stream_id)
-                )
+            await ctx.retrying(
+                lambda _: ctx.js.purge_stream(ctx.stream, seq=first, subject=ctx.filter(stream_id))
             )
 
     def marker_stored(self, stream_id: str, seq: int, reset: bool = False) -> None:
@@ -216,10 +226,10 @@ class Bounds:
         kept = self._kept.get(stream_id)
         return kept.last_seq if kept is not None else None
 
-    async def _load(self, stream_id: str) -> _Kept:
+    async def _load(self, stream_id: str) -> Kept:
         """What ``stream_id`` retains, read from the server: its events' sequences and
         sizes through a headers-only consumer (nothing when it has no message)."""
-        kept = _Kept()
+        kept = Kept()
         last_seq = await self._last_seq(stream_id)
         if last_seq:
             await self._read(stream_id, kept, last_seq)
@@ -228,21 +238,18 @@ class Bounds:
 
     async def _last_seq(self, stream_id: str) -> int:
         """The sequence of the stream id's last message on the server (0: none)."""
-        store = self._store
+        ctx = self._ctx
         try:
-            last = await store._retrying(
-                lambda _: store._js.get_last_msg(store.stream, store._filter(stream_id))
+            last = await ctx.retrying(
+                lambda _: ctx.js.get_last_msg(ctx.stream, ctx.filter(stream_id))
             )
         except nats.js.errors.NotFoundError:
             return 0
         return last.seq or 0
 
-    async def _read(self, stream_id: str, kept: _Kept, until: int) -> None:
-        # Imported here: the store's module imports this one.
-        from essessey.bindings.nats._jetstream import CONTROL_EVENT, CONTROL_HEADER
-
-        store = self._store
-        reader = store._reader(stream_id, await store._ensure(), headers_only=True)
+    async def _read(self, stream_id: str, kept: Kept, until: int) -> None:
+        ctx = self._ctx
+        reader = Reader(ctx, stream_id, await ctx.ensure(), headers_only=True)
         try:
             if await reader.open(None) == 0:
                 return
@@ -255,7 +262,7 @@ class Bounds:
                     continue
                 headers = msg.headers or {}
                 if msg.subject[control_at:] == CONTROL_EVENT:
-                    if headers.get(CONTROL_HEADER) == "reset":
+                    if headers.get(CONTROL_HEADER) == RESET:
                         kept.reset()
                     kept.last_seq = reader.seq
                     continue
@@ -267,7 +274,7 @@ class Bounds:
             await reader.close()
         kept.last_seq = max(kept.last_seq, until)
 
-    def _remember(self, stream_id: str, kept: _Kept) -> None:
+    def _remember(self, stream_id: str, kept: Kept) -> None:
         known = self._kept
         known.pop(stream_id, None)
         known[stream_id] = kept
@@ -300,7 +307,7 @@ class Bounds:
         if kept is not None:
             kept.running = False
         kv = await self._bucket()
-        await self._store._retrying(
+        await self._ctx.retrying(
             lambda _: kv.put(stream_key(stream_id), _FINISHED + stream_id.encode())
         )
         self._touched = stream_id
@@ -319,21 +326,21 @@ class Bounds:
 
     # -- the stream ids ----------------------------------------------------------------------
 
-    async def _admit(self, stream_id: str, kept: _Kept, *, running: bool) -> None:
+    async def _admit(self, stream_id: str, kept: Kept, *, running: bool) -> None:
         """Write ``stream_id``'s key (running or finished); a new one past ``max_streams``
         first drops the finished stream id updated longest ago."""
-        store = self._store
+        retrying = self._ctx.retrying
         kv = await self._bucket()
         key = stream_key(stream_id)
         value = (_RUNNING if running else _FINISHED) + stream_id.encode()
         try:
-            await store._retrying(lambda _: kv.create(key, value))
+            await retrying(lambda _: kv.create(key, value))
         except nats.js.errors.KeyWrongLastSequenceError:
-            await store._retrying(lambda _: kv.put(key, value))  # known: updated
+            await retrying(lambda _: kv.put(key, value))  # known: updated
             self._touched = stream_id
         else:
-            status = await store._retrying(lambda _: kv.status())
-            excess = status.values - store.max_streams
+            status = await retrying(lambda _: kv.status())
+            excess = status.values - self._max_streams
             if excess > 0:
                 try:
                     await self._make_room(stream_id, excess)
@@ -345,20 +352,20 @@ class Bounds:
 
     async def _make_room(self, new_id: str, excess: int) -> None:
         """Drop ``excess`` finished stream ids, updated longest ago first."""
-        store = self._store
+        ctx = self._ctx
         kv_stream = f"KV_{self.bucket}"
         subjects = f"$KV.{self.bucket}.>"
         seq = 1
 
         def next_key(_: float) -> Awaitable[api.RawStreamMsg]:
-            return store._js.get_msg(kv_stream, seq, subject=subjects, next=True)
+            return ctx.js.get_msg(kv_stream, seq, subject=subjects, next=True)
 
         while excess > 0:
             try:
-                msg = await store._retrying(next_key)
+                msg = await ctx.retrying(next_key)
             except nats.js.errors.NotFoundError:
                 raise StoreFull(
-                    f"the store holds {store.max_streams} streams whose turns are running; "
+                    f"the store holds {self._max_streams} streams whose turns are running; "
                     "no other can start until one ends"
                 ) from None
             seq = (msg.seq or seq) + 1
@@ -372,18 +379,14 @@ class Bounds:
             excess -= 1
 
     async def _drop(self, stream_id: str) -> None:
-        store = self._store
-        await store._retrying(
-            lambda _: store._js.purge_stream(store.stream, subject=store._filter(stream_id))
-        )
+        ctx = self._ctx
+        await ctx.retrying(lambda _: ctx.js.purge_stream(ctx.stream, subject=ctx.filter(stream_id)))
         await self._remove_key(stream_id)
         self._kept.pop(stream_id, None)
         logger.debug("dropped stream %s (over max_streams)", stream_id)
 
     async def _remove_key(self, stream_id: str) -> None:
-        store = self._store
+        ctx = self._ctx
         subject = f"$KV.{self.bucket}.{stream_key(stream_id)}"
         await self._bucket()
-        await store._retrying(
-            lambda _: store._js.purge_stream(f"KV_{self.bucket}", subject=subject)
-        )
+        await ctx.retrying(lambda _: ctx.js.purge_stream(f"KV_{self.bucket}", subject=subject))
