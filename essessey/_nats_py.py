@@ -421,8 +421,9 @@ def direct_jetstream_publish(nc: Client) -> JetStreamPublish | None:
     instead of its layers; None when this nats-py lacks the state it uses.
 
     ``js.publish`` is ``nc.request`` (three coroutines deep, a ``wait_for``) and then
-    ``json.loads`` and a ``PubAck`` dataclass built by inspecting its fields: about 17 us
-    of the 40 an append costs the client. This registers a future in the client's
+    ``json.loads`` and a ``PubAck`` dataclass built by inspecting its fields, a large
+    part of what an append costs the client (benchmarks/README.md, bench_nats.py, has
+    the figures). This registers a future in the client's
     response map, buffers the HPUB with its reply subject as :func:`direct_publish`
     does, and reads the sequence from the ack with orjson. It sends nothing and returns
     None whenever the public call is needed: before nats-py's first request has made its

@@ -90,7 +90,7 @@ class HeaderLimit:
     answers 403).
 
     uvicorn's h11 parser bounds only a request that is still incomplete: headers that
-    arrive in one segment are read whole, however large (70 KB were), and httptools has
+    arrive in one segment are read whole, however large, and httptools has
     no bound. The app can only refuse them once read; a header-read timeout (against
     slowloris) is not the app's to set: see docs/reliability.md. ``send`` is passed on
     unwrapped, so the bindings' direct writes stay open.

@@ -175,9 +175,10 @@ class SSESource:
 
 
 async def _aclose(iterable: object) -> None:
-    aclose = getattr(iterable, "aclose", None)
-    if aclose is not None:
-        await aclose()
+    # An async generator left at a yield is closed now, not when the garbage collector
+    # gets to it; any other iterable owns its own end.
+    if isinstance(iterable, AsyncGenerator):
+        await iterable.aclose()
 
 
 class SSEEventStream:

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Literal, TypeVar
+from typing import Final, Literal, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -261,7 +261,6 @@ class StoreContext:
         return JetStreamUnavailable(f"{failed} within {self.publish_timeout} s")
 
 
-def reconnects(nc: Any) -> int:
+def reconnects(nc: Client) -> int:
     """How often ``nc`` has reconnected (nats-py's public ``stats``)."""
-    stats = getattr(nc, "stats", None)
-    return int(stats.get("reconnects", 0)) if isinstance(stats, dict) else 0
+    return int(nc.stats.get("reconnects", 0))
