@@ -156,6 +156,8 @@ async def test_max_age_with_real_time() -> None:
         {"max_streams": -5},
         {"max_age": 0},
         {"max_age": -0.5},
+        {"max_bytes_per_stream": 0},
+        {"max_bytes": -1},
     ],
 )
 async def test_a_bound_of_zero_or_less_raises(options: dict[str, float]) -> None:

@@ -1,4 +1,4 @@
-"""The constructor checks the stores share, written once so that they agree."""
+"""The constructor checks every store shares, written once so that they agree."""
 
 from __future__ import annotations
 

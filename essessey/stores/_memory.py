@@ -30,6 +30,7 @@ from essessey.errors import (
 )
 from essessey.event import Event
 from essessey.protocol import EventType
+from essessey.stores._checks import check_positive
 from essessey.stores._contract import Deliver
 
 __all__ = ["InMemoryEventStore"]
@@ -194,14 +195,13 @@ class InMemoryEventStore:
         max_bytes_per_stream: int = 32 * 1024 * 1024,
         max_bytes: int = 512 * 1024 * 1024,
     ) -> None:
-        if max_events_per_stream <= 0:
-            raise ValueError("max_events_per_stream must be > 0")
-        if max_bytes_per_stream <= 0 or max_bytes <= 0:
-            raise ValueError("max_bytes_per_stream and max_bytes must be > 0")
-        if max_streams <= 0:
-            raise ValueError("max_streams must be > 0")
-        if max_age <= 0:
-            raise ValueError("max_age must be > 0 seconds")
+        check_positive(
+            max_events_per_stream=max_events_per_stream,
+            max_bytes_per_stream=max_bytes_per_stream,
+            max_bytes=max_bytes,
+            max_streams=max_streams,
+            max_age=max_age,
+        )
         self.max_events_per_stream = max_events_per_stream
         self.max_streams = max_streams
         self.max_age = max_age
