@@ -15,13 +15,17 @@ Where a name lives, the one rule:
   :mod:`essessey.shutdown` (ending open streams when the server stops),
   :mod:`essessey.event` (``Source``, ``EventBatch``, and the capabilities a sink may
   declare: ``NowaitSink``, ``BatchSink``), :mod:`essessey.adapters` and its
-  provider modules, and each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``,
-  ``.nats``, ``.redis``).
+  provider modules, each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``,
+  ``.nats``), the stores' capabilities and backends (:mod:`essessey.stores`,
+  ``.redis``, ``.jetstream``), :mod:`essessey.testing` and :mod:`essessey.demo`.
 - ``essessey.check`` and ``essessey.reassemble`` here are the functions; their modules'
   other names are imported with ``from essessey.check import ...`` and
   ``from essessey.reassemble import ...``.
 - A module whose name starts with ``_`` is private. A public name's ``__module__`` is the
   module the docs import it from, so a ``repr``, a traceback or ``help()`` says that path.
+- A package's names that need an extra's library (the ASGI response and routes need
+  Starlette) are imported on first use, and are in its ``__all__`` and ``dir()`` all the
+  same; ``from package import *`` imports them, so it needs the extra.
 """
 
 from essessey._public import set_public_module

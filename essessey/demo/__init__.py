@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from essessey._public import import_lazily, set_public_module
+from essessey._public import import_lazily, public_dir, set_public_module
 from essessey.demo._scenario import (
     DEFAULT_DELTAS,
     MAX_DELAY_MS,
@@ -22,6 +22,10 @@ from essessey.demo._scenario import (
     agent_turn,
     scenario_script,
 )
+
+if TYPE_CHECKING:
+    from essessey.demo._app import create_app as create_app
+    from essessey.demo._app import serve as serve
 
 # What a test or a load tool needs to start a turn and check what it read (docs/demo.md,
 # "As a load target"): the script of a turn, the producer the app runs, and the bounds of
@@ -39,15 +43,15 @@ __all__ = [
     "serve",
 ]
 
-set_public_module(__name__, globals(), [name for name in __all__ if name in globals()])
-
-if TYPE_CHECKING:
-    from essessey.demo._app import create_app as create_app
-    from essessey.demo._app import serve as serve
+set_public_module(__name__, globals(), __all__)
 
 _NEEDS_SERVER = {"create_app": "_app", "serve": "_app"}
 
 
 def __getattr__(name: str) -> Any:
     # Starlette and uvicorn (the ``server`` extra) are imported when the app is asked for.
-    return import_lazily(__name__, _NEEDS_SERVER, name)
+    return import_lazily(__name__, _NEEDS_SERVER, name, extra="server")
+
+
+def __dir__() -> list[str]:
+    return public_dir(globals(), __all__)

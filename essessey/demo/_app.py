@@ -36,9 +36,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from essessey.bindings.sse._hub import hub_routes, subscription_response
+from essessey import (
+    EventStore,
+    InMemoryEventStore,
+    StoreFull,
+    StoreUnavailable,
+    StreamHub,
+    TurnProducer,
+)
+from essessey.bindings.sse import hub_routes, subscription_response
 from essessey.bindings.ui import ChatRequest, ui_chat_routes
-from essessey.bindings.ws._endpoint import ws_route
+from essessey.bindings.ws import ws_route
 from essessey.demo._http import (
     BadRequest,
     HeaderLimit,
@@ -58,10 +66,7 @@ from essessey.demo._scenario import (
     SCENARIOS,
     agent_turn,
 )
-from essessey.errors import StoreFull, StoreUnavailable
-from essessey.hub import StreamHub, TurnProducer
 from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown
-from essessey.stores import EventStore, InMemoryEventStore
 
 if TYPE_CHECKING:
     import uvicorn

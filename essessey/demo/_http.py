@@ -10,7 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from essessey.bindings.sse._response import error_body
+from essessey.bindings.sse import error_body
 
 
 class BadRequest(Exception):

@@ -35,11 +35,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from essessey.bindings.sse._response import EventStreamResponse
+from essessey import Publisher, StopReason, stream_turn
+from essessey.bindings.sse import EventStreamResponse
 from essessey.demo._http import BadRequest, bad_request_response, read_json
-from essessey.protocol import StopReason
-from essessey.publisher import Publisher
-from essessey.streamers import stream_turn
 
 __all__ = [
     "FORCED_TOOL_WITH_THINKING",

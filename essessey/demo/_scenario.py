@@ -22,9 +22,8 @@ from typing import Any, Final
 import anyio
 import orjson
 
-from essessey.adapters.rounds import ToolCallRequest, stream_rounds
-from essessey.hub import TurnProducer
-from essessey.publisher import Publisher
+from essessey import Publisher, TurnProducer
+from essessey.adapters import ToolCallRequest, stream_rounds
 
 __all__ = [
     "DEFAULT_DELAY_MS",

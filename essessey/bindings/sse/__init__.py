@@ -1,9 +1,11 @@
 """The SSE binding: the WHATWG event stream format, an ASGI response that streams a turn
 to browsers, and a Source that reads any SSE stream back into events.
 
-``encode``/``format_message`` write the format and ``SSEDecoder`` reads it (no
-dependencies). ``EventStreamResponse`` needs the ``server`` extra (Starlette);
-``connect`` needs httpx.
+``encode``/``format_message`` write the format, ``error_body`` the JSON of an error
+answered before a stream, and ``SSEDecoder`` reads it (no dependencies).
+``EventStreamResponse``, ``DeliveringSource``, ``SSEOptions`` and the hub's routes
+(``hub_routes``, ``subscription_response``, ``cancel_response``) need the ``server``
+extra (Starlette) and are imported on first use; ``connect`` needs httpx.
 """
 
 from __future__ import annotations
@@ -11,36 +13,45 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from essessey._ids import MAX_ID_LENGTH, is_event_id, is_stream_id
-from essessey._public import import_lazily, set_public_module
+from essessey._public import import_lazily, public_dir, set_public_module
 from essessey.bindings.sse._decoder import SSEDecoder, SSEMessage
 from essessey.bindings.sse._source import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
-from essessey.bindings.sse._writer import encode, encode_many, format_message
-
-__all__ = [
-    "MAX_ERROR_BODY",
-    "MAX_ID_LENGTH",
-    "SSEDecoder",
-    "SSEEventStream",
-    "SSEMessage",
-    "SSESource",
-    "connect",
-    "encode",
-    "encode_many",
-    "format_message",
-    "is_event_id",
-    "is_stream_id",
-]
-
-set_public_module(__name__, globals(), __all__)
+from essessey.bindings.sse._writer import encode, encode_many, error_body, format_message
 
 if TYPE_CHECKING:
     from essessey.bindings.sse._hub import cancel_response as cancel_response
     from essessey.bindings.sse._hub import hub_routes as hub_routes
     from essessey.bindings.sse._hub import subscription_response as subscription_response
+    from essessey.bindings.sse._response import DeliveringSource as DeliveringSource
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
     from essessey.bindings.sse._response import SSEOptions as SSEOptions
 
+__all__ = [
+    "MAX_ERROR_BODY",
+    "MAX_ID_LENGTH",
+    "DeliveringSource",
+    "EventStreamResponse",
+    "SSEDecoder",
+    "SSEEventStream",
+    "SSEMessage",
+    "SSEOptions",
+    "SSESource",
+    "cancel_response",
+    "connect",
+    "encode",
+    "encode_many",
+    "error_body",
+    "format_message",
+    "hub_routes",
+    "is_event_id",
+    "is_stream_id",
+    "subscription_response",
+]
+
+set_public_module(__name__, globals(), __all__)
+
 _NEEDS_STARLETTE = {
+    "DeliveringSource": "_response",
     "EventStreamResponse": "_response",
     "SSEOptions": "_response",
     "cancel_response": "_hub",
@@ -52,4 +63,8 @@ _NEEDS_STARLETTE = {
 def __getattr__(name: str) -> Any:
     # The ASGI response needs Starlette (the ``server`` extra), so it is imported on
     # first use: the format, the decoder and the source work without it.
-    return import_lazily(__name__, _NEEDS_STARLETTE, name)
+    return import_lazily(__name__, _NEEDS_STARLETTE, name, extra="server")
+
+
+def __dir__() -> list[str]:
+    return public_dir(globals(), __all__)

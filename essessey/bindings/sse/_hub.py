@@ -45,12 +45,8 @@ from essessey.bindings._asgi import (
     resume_point,
     subscription_end,
 )
-from essessey.bindings.sse._response import (
-    EventStreamResponse,
-    SSEOptions,
-    error_body,
-    refusal_headers,
-)
+from essessey.bindings.sse._response import EventStreamResponse, SSEOptions, refusal_headers
+from essessey.bindings.sse._writer import error_body
 from essessey.errors import StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import Access, StreamHub

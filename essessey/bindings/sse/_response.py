@@ -53,7 +53,6 @@ from collections.abc import (
 from typing import Any, Final, Protocol, TypedDict, cast, runtime_checkable
 
 import anyio
-import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -66,7 +65,7 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
-from essessey.bindings.sse._writer import encode, format_message
+from essessey.bindings.sse._writer import encode, error_body, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
 from essessey.metrics import totals
@@ -108,11 +107,6 @@ def refusal_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
         for name, value in (headers or {}).items()
         if name.lower().encode("latin-1") not in _BODY_HEADERS
     }
-
-
-def error_body(error_type: str, message: str) -> bytes:
-    """The JSON body of an error answered before a stream starts (the Anthropic shape)."""
-    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
 
 
 class _Ended(BaseException):

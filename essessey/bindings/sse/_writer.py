@@ -20,9 +20,11 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
+import orjson
+
 from essessey.event import Event
 
-__all__ = ["encode", "encode_many", "format_message"]
+__all__ = ["encode", "encode_many", "error_body", "format_message"]
 
 _LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
 _LINE_BREAK_BYTES: Final = re.compile(rb"\r\n|\r|\n")
@@ -119,3 +121,11 @@ def encode(event: Event) -> bytes:
 def encode_many(events: Iterable[Event]) -> bytes:
     """Frame several events into one byte string, for a single write."""
     return b"".join([encode(event) for event in events])
+
+
+def error_body(error_type: str, message: str) -> bytes:
+    """The JSON body of an error answered before a stream starts, in the shape the SSE
+    response and the hub routes answer with (docs/sse.md, "Error shapes"):
+    ``{"type":"error","error":{"type":error_type,"message":message}}``. For an app's own
+    routes beside them, so that a client reads every refusal alike."""
+    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})

@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings._asgi import CHECK_FAILED, check_access
-from essessey.bindings.sse._response import error_body
+from essessey.bindings.sse._writer import error_body
 from essessey.bindings.ui._encoder import UIMessageEncoder, frame
 from essessey.errors import EssesseyError, StreamBusy
 from essessey.event import Event
