@@ -2,27 +2,30 @@
 
 Each streamer owns one kind of block and an index. It opens its block lazily, on the
 first non-empty chunk (a round with no text of a kind emits no block and uses no
-index), and advances the index only when a block it opened is closed. The turn helper
-(:func:`stream_turn`) owns the shared index across streamers, closes one before the
-next opens (so thinking always closes before text), and always ends the stream.
+index), and advances the index only when a block it opened is closed. Streamers that
+write into one message share a :class:`BlockIndex`. The turn helper (:func:`stream_turn`)
+owns one across its streamers, closes one before the next opens (so thinking always
+closes before text), and always ends the stream.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import anyio
 
 from essessey._failure import send_failure
 from essessey.errors import ProtocolError
-from essessey.protocol import EventType, StopReason
+from essessey.protocol import BlockType, EventType, StopReason
 from essessey.publisher import Publisher
 
 __all__ = [
+    "BlockIndex",
     "BlockStreamer",
     "LineStreamer",
     "TextStreamer",
@@ -39,90 +42,127 @@ NO_RESULT_TEXT = '{"error":"the tool produced no result"}'
 """The result text :meth:`ToolStreamer.close` sends for a call that got no result."""
 
 
-class _Cursor:
-    """The one owner of a message's block indexes: protocol rules 1 to 3, written once.
+class BlockIndex:
+    """The block indexes of one message, shared by the streamers that write into it.
 
-    Every streamer writes its blocks through a cursor: a streamer made on its own has a
-    cursor of its own, the streamers a :class:`Turn` (or a round of
-    :class:`~essessey.adapters.RoundStream`) hands out share one. A block opens at the
-    cursor's index, one block is open at a time, and the index advances only when the
-    open block closes. The bookkeeping changes only after the publisher took the event,
-    so a refused event leaves the index as it was.
+    Protocol rules 1 to 3 live here, written once: a block opens at :attr:`index`, one
+    block is open at a time, and the index advances only when the open block closes.
+    Every streamer writes its blocks through one: a streamer made on its own has a
+    BlockIndex of its own; pass one as ``shared_index=`` to several streamers (as a
+    :class:`Turn` and :class:`~essessey.adapters.RoundStream` do) and their blocks take
+    consecutive indexes, and a streamer refuses to open a block while another one's is
+    open. The bookkeeping changes only after the publisher took the event, so a refused
+    event leaves the index as it was.
     """
 
-    __slots__ = ("holder", "index", "publisher")
+    __slots__ = ("_holder", "_index", "_publisher")
 
     def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
         if start_index < 0:
             raise ValueError("start_index must be >= 0")
-        self.publisher = publisher
-        self.index = start_index
+        self._publisher = publisher
+        # A plain slot, not a property: the streamers read it for every delta.
+        self._index = start_index
         # The streamer whose block is open, or None between blocks.
-        self.holder: object | None = None
+        self._holder: object | None = None
 
-    def _claim(self, holder: object) -> int:
-        if self.holder is not None and self.holder is not holder:
-            raise ProtocolError(
-                f"block {self.index} is still open: close it before another block opens"
-            )
-        return self.index
+    @property
+    def index(self) -> int:
+        """The index the next block opens at (the open block's, while one is open)."""
+        return self._index
 
-    async def open(
-        self, holder: object, send_start: Callable[[Publisher, int], Awaitable[None]]
-    ) -> int:
-        """Open ``holder``'s block at the next index (``send_start`` publishes its start)."""
-        index = self._claim(holder)
-        if self.publisher is not None:
-            await send_start(self.publisher, index)
-        self.holder = holder
-        return index
-
-    async def close(self, holder: object) -> None:
-        """Close ``holder``'s open block and advance the index; nothing when it has none."""
-        if self.holder is not holder:
-            return
-        if self.publisher is not None:
-            await self.publisher.send_content_block_stop(self.index)
-        self.holder = None
-        self.index += 1
-
-    async def whole(
-        self, holder: object, send: Callable[[Publisher, int], Awaitable[None]]
-    ) -> None:
-        """Publish a whole block (start to stop, by ``send``) at the next index."""
-        index = self._claim(holder)
-        if self.publisher is not None:
-            await send(self.publisher, index)
-        self.index = index + 1
+    @property
+    def is_open(self) -> bool:
+        """Whether a block written through this index is open."""
+        return self._holder is not None
 
     async def raw_delta(self, delta: Mapping[str, Any]) -> None:
-        """A delta for the open block, whichever streamer holds it, passed on as given."""
-        if self.holder is None:
+        """Publish ``delta`` as given for the open block, whichever streamer opened it.
+
+        For a delta no streamer models (a provider's ``citations_delta``, its empty
+        chunk). Raises :class:`ProtocolError` when no block is open.
+        """
+        if self._holder is None:
             raise ProtocolError("a delta needs an open block")
-        if self.publisher is not None:
-            await self.publisher.publish(
+        if self._publisher is not None:
+            await self._publisher.publish(
                 EventType.CONTENT_BLOCK_DELTA,
-                {"type": EventType.CONTENT_BLOCK_DELTA, "index": self.index, "delta": dict(delta)},
+                {"type": EventType.CONTENT_BLOCK_DELTA, "index": self._index, "delta": dict(delta)},
             )
+
+    # The streamers of this module are the only writers of blocks: these stay private so
+    # that every block goes through a streamer's checks.
+
+    def _claim(self, holder: object) -> int:
+        if self._holder is not None and self._holder is not holder:
+            raise ProtocolError(
+                f"block {self._index} is still open: close it before another block opens"
+            )
+        return self._index
+
+    async def _start(
+        self, holder: object, send_start: Callable[[Publisher, int], Awaitable[None]]
+    ) -> int:
+        # Open holder's block at the next index (send_start publishes its start).
+        index = self._claim(holder)
+        if self._publisher is not None:
+            await send_start(self._publisher, index)
+        self._holder = holder
+        return index
+
+    async def _stop(self, holder: object) -> None:
+        # Close holder's open block and advance the index; nothing when it has none.
+        if self._holder is not holder:
+            return
+        if self._publisher is not None:
+            await self._publisher.send_content_block_stop(self._index)
+        self._holder = None
+        self._index += 1
+
+    async def _whole(
+        self, holder: object, send: Callable[[Publisher, int], Awaitable[None]]
+    ) -> None:
+        # Publish a whole block (start to stop, by send) at the next index.
+        index = self._claim(holder)
+        if self._publisher is not None:
+            await send(self._publisher, index)
+        self._index = index + 1
+
+
+def _index_for(
+    publisher: Publisher | None, start_index: int, shared_index: BlockIndex | None
+) -> BlockIndex:
+    """A new streamer's BlockIndex: its own at ``start_index``, or the one it shares."""
+    if shared_index is None:
+        return BlockIndex(publisher, start_index)
+    if start_index != 0:
+        raise ValueError(
+            "a streamer that shares a BlockIndex starts at its index: "
+            "give start_index to the BlockIndex"
+        )
+    if shared_index._publisher is not publisher:
+        # Starts and stops would go to one publisher and deltas to another.
+        raise ValueError("a streamer and the BlockIndex it shares must have the same publisher")
+    return shared_index
 
 
 class _BlockStreamer:
     """Shared bookkeeping of the text-like streamers: one block, opened lazily."""
 
-    __slots__ = ("_content_block", "_cursor", "_open", "_parts", "_publisher", "_retired")
+    __slots__ = ("_cursor", "_open", "_parts", "_publisher", "_retired")
 
-    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
-        self._cursor = _Cursor(publisher, start_index)
+    def __init__(
+        self,
+        publisher: Publisher | None,
+        start_index: int = 0,
+        *,
+        shared_index: BlockIndex | None = None,
+    ) -> None:
+        self._cursor = _index_for(publisher, start_index, shared_index)
         self._publisher = publisher
         self._open = False
         self._parts: list[str] = []
         self._retired = False
-        # A start object to publish instead of the dialect's own (a provider's, proxied).
-        self._content_block: Mapping[str, Any] | None = None
-
-    def _share(self, cursor: _Cursor) -> None:
-        # Made by a Turn or a round: its blocks take the shared cursor's indexes.
-        self._cursor = cursor
 
     @property
     def text(self) -> str:
@@ -132,7 +172,7 @@ class _BlockStreamer:
     @property
     def next_index(self) -> int:
         """The next free block index: the start index until a block opened and closed."""
-        return self._cursor.index
+        return self._cursor._index
 
     @property
     def is_open(self) -> bool:
@@ -149,41 +189,40 @@ class _BlockStreamer:
                 # it is delivered after the first delta.
                 with anyio.CancelScope(shield=True):
                     await self._open_block()
-                    await self._send_delta(publisher, self._cursor.index, chunk)
+                    await self._send_delta(publisher, self._cursor._index, chunk)
             else:
-                await self._send_delta(publisher, self._cursor.index, chunk)
+                await self._send_delta(publisher, self._cursor._index, chunk)
         self._parts.append(chunk)
 
-    async def _open_block(self) -> None:
+    async def _open_block(self, content_block: Mapping[str, Any] | None = None) -> None:
+        # content_block: a start object to publish instead of the dialect's own.
         if self._retired:
             # Its Turn has handed this index on to the next streamer: a new block here
             # would reuse that index or overlap that streamer's block.
             raise ProtocolError(
                 f"this {type(self).__name__} was closed by its Turn; ask the Turn for a new one"
             )
-        await self._cursor.open(self, self._start_block)
+        if content_block is None:
+            await self._cursor._start(self, self._send_start)
+        else:
+            await self._cursor._start(
+                self, lambda publisher, index: _send_given_start(publisher, index, content_block)
+            )
         self._open = True
 
-    async def _start_block(self, publisher: Publisher, index: int) -> None:
-        given = self._content_block
-        if given is None:
-            await self._send_start(publisher, index)
-        else:
-            # "type" first, as every other event: publish() would add it last.
-            await publisher.publish(
-                EventType.CONTENT_BLOCK_START,
-                {
-                    "type": EventType.CONTENT_BLOCK_START,
-                    "index": index,
-                    "content_block": dict(given),
-                },
-            )
+    async def _start_given(self, content_block: Mapping[str, Any], block_type: str) -> None:
+        # TextStreamer.start and ThinkingStreamer.start: one block, of the streamer's type.
+        if content_block.get("type") != block_type:
+            raise ValueError(f"a {type(self).__name__} starts a {block_type!r} block")
+        if self._open:
+            raise ProtocolError(f"this {type(self).__name__}'s block is already open")
+        await self._open_block(content_block)
 
     async def close(self) -> None:
         """Close the block if one is open and advance the index; otherwise do nothing."""
         if not self._open:
             return
-        await self._cursor.close(self)
+        await self._cursor._stop(self)
         self._open = False
 
     async def _send_start(self, publisher: Publisher, index: int) -> None:
@@ -193,14 +232,39 @@ class _BlockStreamer:
         await publisher.send_content_block_delta_text(index, chunk)
 
 
+async def _send_given_start(
+    publisher: Publisher, index: int, content_block: Mapping[str, Any]
+) -> None:
+    # "type" first, as every other event: publish() would add it last.
+    await publisher.publish(
+        EventType.CONTENT_BLOCK_START,
+        {
+            "type": EventType.CONTENT_BLOCK_START,
+            "index": index,
+            "content_block": dict(content_block),
+        },
+    )
+
+
 class TextStreamer(_BlockStreamer):
     """Streams answer text as one text block; empty chunks open nothing.
 
     With ``publisher=None`` it only accumulates, which is handy when the same code runs
-    with and without a client.
+    with and without a client. ``shared_index`` makes its blocks take their indexes
+    from a :class:`BlockIndex` other streamers write through too.
     """
 
     __slots__ = ()
+
+    async def start(self, content_block: Mapping[str, Any]) -> None:
+        """Open the text block now, with ``content_block`` as its start object.
+
+        For a proxy that keeps a provider's start object, with fields the dialect's own
+        lacks. Its ``type`` must be ``"text"`` (ValueError otherwise); raises
+        :class:`ProtocolError` when the block is already open. Write the first chunk
+        right after: a block that closes empty shows as an empty card.
+        """
+        await self._start_given(content_block, BlockType.TEXT)
 
     async def write(self, chunk: str) -> None:
         """Append ``chunk``: opens the block on the first non-empty chunk, then a delta."""
@@ -213,8 +277,14 @@ class ThinkingStreamer(_BlockStreamer):
 
     __slots__ = ("_signature",)
 
-    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
-        super().__init__(publisher, start_index)
+    def __init__(
+        self,
+        publisher: Publisher | None,
+        start_index: int = 0,
+        *,
+        shared_index: BlockIndex | None = None,
+    ) -> None:
+        super().__init__(publisher, start_index, shared_index=shared_index)
         self._signature: str | None = None
 
     @property
@@ -227,6 +297,16 @@ class ThinkingStreamer(_BlockStreamer):
         if chunk:
             await self._emit(chunk)
 
+    async def start(self, content_block: Mapping[str, Any]) -> None:
+        """Open the thinking block now, with ``content_block`` as its start object.
+
+        For a proxy that keeps a provider's start object (an Anthropic thinking block's
+        empty ``signature``). Its ``type`` must be ``"thinking"`` (ValueError otherwise);
+        raises :class:`ProtocolError` when the block is already open. Write the first
+        chunk right after: a block that closes empty shows as an empty card.
+        """
+        await self._start_given(content_block, BlockType.THINKING)
+
     async def write_signature(self, signature: str) -> None:
         """Attach a provider's signature to the thinking block (opening it if needed)."""
         if not signature:
@@ -235,7 +315,7 @@ class ThinkingStreamer(_BlockStreamer):
         if publisher is not None:
             if not self._open:
                 await self._open_block()
-            await publisher.send_signature_delta(self._cursor.index, signature)
+            await publisher.send_signature_delta(self._cursor._index, signature)
         self._signature = signature
 
     async def _send_start(self, publisher: Publisher, index: int) -> None:
@@ -262,8 +342,10 @@ class LineStreamer(_BlockStreamer):
         publisher: Publisher | None,
         start_index: int = 0,
         transform: Callable[[str], str] | None = None,
+        *,
+        shared_index: BlockIndex | None = None,
     ) -> None:
-        super().__init__(publisher, start_index)
+        super().__init__(publisher, start_index, shared_index=shared_index)
         self._transform = transform
         self._pending: list[str] = []
 
@@ -315,8 +397,7 @@ class BlockStreamer(_BlockStreamer):
         """Open the block with ``content_block`` as its start object."""
         if self._open:
             raise ProtocolError("this BlockStreamer's block is already open")
-        self._content_block = content_block
-        await self._open_block()
+        await self._open_block(content_block)
 
     async def write(self, delta: Mapping[str, Any]) -> None:
         """Publish one delta object of the open block as it is."""
@@ -370,8 +451,14 @@ class ToolStreamer:
         "_retired",
     )
 
-    def __init__(self, publisher: Publisher | None, start_index: int = 0) -> None:
-        self._cursor = _Cursor(publisher, start_index)
+    def __init__(
+        self,
+        publisher: Publisher | None,
+        start_index: int = 0,
+        *,
+        shared_index: BlockIndex | None = None,
+    ) -> None:
+        self._cursor = _index_for(publisher, start_index, shared_index)
         self._publisher = publisher
         self._calls: list[ToolCall] = []
         self._by_id: dict[str, ToolCall] = {}
@@ -382,9 +469,6 @@ class ToolStreamer:
         self._results_started = False
         self._retired = False
 
-    def _share(self, cursor: _Cursor) -> None:
-        self._cursor = cursor
-
     @property
     def calls(self) -> list[ToolCall]:
         """The round's calls, in the order they started."""
@@ -393,9 +477,29 @@ class ToolStreamer:
         return list(self._calls)
 
     @property
+    def started_calls(self) -> Sequence[ToolCall]:
+        """The calls started so far, in order, as a read-only view that follows new calls.
+
+        Unlike :attr:`calls` it copies nothing, so it suits a check made for every
+        argument fragment. The open call's ``arguments`` are filled in when its block
+        closes (:attr:`calls` joins them at once).
+        """
+        # The list itself, typed read-only: a copy per read would cost what the
+        # view exists to save.
+        return self._calls
+
+    @property
+    def calls_by_id(self) -> Mapping[str, ToolCall]:
+        """The calls started so far by tool_use id, as a read-only live mapping.
+
+        The open call's ``arguments`` are filled in when its block closes.
+        """
+        return MappingProxyType(self._by_id)
+
+    @property
     def next_index(self) -> int:
         """The next free block index."""
-        return self._cursor.index
+        return self._cursor._index
 
     @property
     def open_call(self) -> str | None:
@@ -422,7 +526,7 @@ class ToolStreamer:
         if reason is not None:
             raise ProtocolError(reason)
         await self.end_call()
-        await self._cursor.open(
+        await self._cursor._start(
             self,
             lambda publisher, index: publisher.send_tool_use_start(index, tool_use_id, name),
         )
@@ -442,7 +546,7 @@ class ToolStreamer:
         if not partial_json:
             return
         if self._publisher is not None:
-            await self._publisher.send_tool_input_delta(self._cursor.index, partial_json)
+            await self._publisher.send_tool_input_delta(self._cursor._index, partial_json)
         self._open_parts.append(partial_json)
 
     async def write_result(self, tool_use_id: str, text: str, *, is_error: bool = False) -> None:
@@ -453,7 +557,7 @@ class ToolStreamer:
         if call.result is not None:
             raise ProtocolError(f"tool call {tool_use_id!r} already has a result")
         await self.end_call()
-        await self._cursor.whole(
+        await self._cursor._whole(
             self,
             lambda publisher, index: publisher.send_tool_result_block(
                 index, tool_use_id, text, is_error=is_error
@@ -474,7 +578,7 @@ class ToolStreamer:
         """Close the open call's tool_use block (its arguments are complete), if any."""
         if self._open_id is None:
             return
-        await self._cursor.close(self)
+        await self._cursor._stop(self)
         self._by_id[self._open_id].arguments = "".join(self._open_parts)
         self._open_parts = []
         self._open_id = None
@@ -489,7 +593,7 @@ class Turn:
 
     Get it from :func:`stream_turn`. Asking for a new streamer closes the current one
     first, so one block is open at a time and the next streamer starts at the next free
-    index (all of them write through the Turn's one cursor). A streamer the Turn has
+    index (all of them share the Turn's one :class:`BlockIndex`). A streamer the Turn has
     moved past refuses to open another block (:class:`ProtocolError`): its index now
     belongs to the next streamer. Set :attr:`stop_reason`, :attr:`output_tokens` and
     :attr:`usage` before the block ends to shape the epilogue.
@@ -507,7 +611,7 @@ class Turn:
 
     def __init__(self, publisher: Publisher, start_index: int = 0) -> None:
         self.publisher = publisher
-        self._cursor = _Cursor(publisher, start_index)
+        self._cursor = BlockIndex(publisher, start_index)
         self._current: _Streamer | None = None
         self.stop_reason: str | None = StopReason.END_TURN
         self.stop_sequence: str | None = None
@@ -517,32 +621,34 @@ class Turn:
     @property
     def next_index(self) -> int:
         """The next free block index, counting the current streamer's blocks."""
-        return self._cursor.index
+        return self._cursor._index
 
     async def text(self) -> TextStreamer:
         """Close the current streamer and start a text streamer after it."""
         await self._release()
-        return self._adopt(TextStreamer(self.publisher))
+        return self._adopt(TextStreamer(self.publisher, shared_index=self._cursor))
 
     async def thinking(self) -> ThinkingStreamer:
         """Close the current streamer and start a thinking streamer after it."""
         await self._release()
-        return self._adopt(ThinkingStreamer(self.publisher))
+        return self._adopt(ThinkingStreamer(self.publisher, shared_index=self._cursor))
 
     async def lines(self, transform: Callable[[str], str] | None = None) -> LineStreamer:
         """Close the current streamer and start a line streamer after it."""
         await self._release()
-        return self._adopt(LineStreamer(self.publisher, transform=transform))
+        return self._adopt(
+            LineStreamer(self.publisher, transform=transform, shared_index=self._cursor)
+        )
 
     async def tools(self) -> ToolStreamer:
         """Close the current streamer and start a round of tool calls after it."""
         await self._release()
-        return self._adopt(ToolStreamer(self.publisher))
+        return self._adopt(ToolStreamer(self.publisher, shared_index=self._cursor))
 
     async def block(self) -> BlockStreamer:
         """Close the current streamer and start a pass-through block streamer after it."""
         await self._release()
-        return self._adopt(BlockStreamer(self.publisher))
+        return self._adopt(BlockStreamer(self.publisher, shared_index=self._cursor))
 
     async def close_current(self) -> None:
         """Close the current streamer, if any."""
@@ -556,7 +662,6 @@ class Turn:
             self._current = None
 
     def _adopt(self, streamer: _S) -> _S:
-        streamer._share(self._cursor)
         self._current = streamer
         return streamer
 

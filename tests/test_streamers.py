@@ -698,12 +698,12 @@ async def test_a_pass_through_block_takes_the_next_index_between_the_others() ->
 
 
 @pytest.mark.anyio
-async def test_a_turn_s_streamers_continue_one_cursor_a_standalone_one_has_its_own() -> None:
+async def test_a_turn_s_streamers_share_one_index_a_standalone_one_has_its_own() -> None:
     publisher, sink = _make()
     async with stream_turn(publisher, message_id="m", stream_id="s", model="x") as turn:
         text = await turn.text()
         await text.write("a")
-        # A standalone streamer has its own cursor; the Turn's share one, so a block
+        # A standalone streamer has its own BlockIndex; the Turn's share one, so a block
         # cannot open while another of the same message is open.
         block = BlockStreamer(publisher, 5)
         assert block.next_index == 5
@@ -717,14 +717,13 @@ async def test_a_turn_s_streamers_continue_one_cursor_a_standalone_one_has_its_o
 
 
 @pytest.mark.anyio
-async def test_one_cursor_holds_one_open_block() -> None:
-    from essessey.streamers import _Cursor
+async def test_one_block_index_holds_one_open_block() -> None:
+    from essessey.streamers import BlockIndex
 
     publisher, sink = await _opened()
-    cursor = _Cursor(publisher)
-    first, second = TextStreamer(publisher), ThinkingStreamer(publisher)
-    first._share(cursor)
-    second._share(cursor)
+    shared = BlockIndex(publisher)
+    first = TextStreamer(publisher, shared_index=shared)
+    second = ThinkingStreamer(publisher, shared_index=shared)
     await first.write("a")
     before = list(sink.events)
     with pytest.raises(ProtocolError, match="block 0 is still open"):

@@ -38,12 +38,12 @@ from essessey.protocol import StopReason
 from essessey.publisher import Publisher
 from essessey.streamers import (
     NO_RESULT_TEXT,
+    BlockIndex,
     BlockStreamer,
     TextStreamer,
     ThinkingStreamer,
     ToolCall,
     ToolStreamer,
-    _Cursor,
     refused_call,
 )
 
@@ -127,8 +127,8 @@ class RoundStream:
     every block of the round's model output.
 
     The blocks are written by the streamers (:mod:`essessey.streamers`) through one
-    shared cursor, which owns the indexes; this class owns the round: its phases, its
-    declared calls and the order of their results.
+    shared :class:`~essessey.streamers.BlockIndex`, which owns the indexes; this class
+    owns the round: its phases, its declared calls and the order of their results.
 
     A proxy of a provider's own stream keeps that stream's events as they were with
     :meth:`open_content` (a text or thinking block opened with the provider's start
@@ -149,6 +149,7 @@ class RoundStream:
         "_signature",
         "_text_parts",
         "_thinking_parts",
+        "_tool_calls",
         "_tools",
         "output_tokens",
         "publisher",
@@ -159,7 +160,7 @@ class RoundStream:
 
     def __init__(self, publisher: Publisher, *, start_index: int = 0) -> None:
         self.publisher = publisher
-        self._cursor = _Cursor(publisher, start_index)
+        self._cursor = BlockIndex(publisher, start_index)
         # A free lock is taken without a pass through the loop: acquire() would otherwise
         # yield on every delta, a loop pass per event that a paced turn pays for.
         self._lock = anyio.Lock(fast_acquire=True)
@@ -175,9 +176,10 @@ class RoundStream:
     def _reset_round(self) -> None:
         self._round_start = self._cursor.index
         self._content: _Content | None = None
-        tools = ToolStreamer(self.publisher)
-        tools._share(self._cursor)
+        tools = ToolStreamer(self.publisher, shared_index=self._cursor)
         self._tools = tools
+        # A live view, read once per round: tool_call_delta checks it for every fragment.
+        self._tool_calls = tools.started_calls
         self._declared: list[ToolCallRequest] | None = None
         self._pending_results: dict[int, tuple[str, bool]] = {}
         self._next_result = 0
@@ -248,8 +250,7 @@ class RoundStream:
         async with self._lock:
             self._require_output("block_start")
             await self._close_open()
-            block = BlockStreamer(self.publisher)
-            block._share(self._cursor)
+            block = BlockStreamer(self.publisher, shared_index=self._cursor)
             await block.start(content_block)
             self._content = block
 
@@ -284,14 +285,12 @@ class RoundStream:
         async with self._lock:
             self._require_output("open_content")
             await self._close_open()
-            streamer: _Content = (
-                TextStreamer(self.publisher)
+            streamer = (
+                TextStreamer(self.publisher, shared_index=self._cursor)
                 if block_type == "text"
-                else ThinkingStreamer(self.publisher)
+                else ThinkingStreamer(self.publisher, shared_index=self._cursor)
             )
-            streamer._share(self._cursor)
-            streamer._content_block = content_block
-            await streamer._open_block()
+            await streamer.start(content_block)
             self._content = streamer
 
     async def raw_delta(self, delta: Mapping[str, Any]) -> None:
@@ -302,7 +301,7 @@ class RoundStream:
         block, or to the open tool call, and adds nothing to the round's summary.
         """
         async with self._lock:
-            if self._phase is _Phase.IDLE or self._cursor.holder is None:
+            if self._phase is _Phase.IDLE or not self._cursor.is_open:
                 raise RoundOrderError("raw_delta without an open block")
             await self._cursor.raw_delta(delta)
 
@@ -313,7 +312,7 @@ class RoundStream:
         provider did, so the events in between (pings) keep their order.
         """
         async with self._lock:
-            if self._phase is _Phase.IDLE or self._cursor.holder is None:
+            if self._phase is _Phase.IDLE or not self._cursor.is_open:
                 raise RoundOrderError("close_block without an open block")
             await self._close_open()
 
@@ -345,7 +344,7 @@ class RoundStream:
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
         async with self._lock:
-            calls = self._tools._calls
+            calls = self._tool_calls
             open_id = self._tools.open_call
             open_i = len(calls) - 1 if open_id is not None else -1
             if self._phase is not _Phase.OUTPUT or i != open_i:
@@ -371,7 +370,7 @@ class RoundStream:
                     else "assistant_message outside a round's model output"
                 )
             declared = list(tool_calls)
-            started = self._tools._calls
+            started = self._tool_calls
             if len(started) > len(declared) or any(
                 call.tool_use_id != request.id
                 for call, request in zip(started, declared, strict=False)
@@ -483,8 +482,7 @@ class RoundStream:
         if type(current) is kind:
             return current
         await self._close_open()
-        streamer = kind(self.publisher)
-        streamer._share(self._cursor)
+        streamer = kind(self.publisher, shared_index=self._cursor)
         self._content = streamer
         return streamer
 
@@ -504,11 +502,11 @@ class RoundStream:
         await self._tools.end_call()
 
     def _already_started(self, i: int, call: ToolCallRequest) -> bool:
-        calls = self._tools._calls
+        calls = self._tool_calls
         return i < len(calls) and calls[i].tool_use_id == call.id
 
     def _check_new_call(self, i: int, call: ToolCallRequest) -> None:
-        calls = self._tools._calls
+        calls = self._tool_calls
         if i != len(calls):
             raise RoundOrderError(
                 f"tool call {i} started out of order: the next call is {len(calls)}"
@@ -516,7 +514,7 @@ class RoundStream:
         declared = self._declared
         if declared is not None and (i >= len(declared) or declared[i].id != call.id):
             raise RoundOrderError(f"tool call {i} is not the round's declared call {i}")
-        reason = refused_call(call.id, call.name, self._tools._by_id)
+        reason = refused_call(call.id, call.name, self._tools.calls_by_id)
         if reason is not None:
             raise RoundOrderError(reason)
 
@@ -525,7 +523,7 @@ class RoundStream:
         declared = self._declared
         assert declared is not None
         tools = self._tools
-        for request in declared[len(tools._calls) :]:
+        for request in declared[len(self._tool_calls) :]:
             await self._close_content()
             await tools.start_call(request.id, request.name, request.arguments)
         await tools.end_call()
@@ -537,7 +535,7 @@ class RoundStream:
             await self._close_open()
             await self._announce_declared()
             self._phase = _Phase.RESULTS
-        calls = self._tools._calls
+        calls = self._tool_calls
         while self._next_result in self._pending_results:
             i = self._next_result
             text, is_error = self._pending_results.pop(i)
