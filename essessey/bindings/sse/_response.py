@@ -725,11 +725,14 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.body", "body": b""})
             return
         tail = b""
+        if failure is not None and not isinstance(failure, StreamRejected):
+            # Logged even when the producer sent its own error event (stream_turn does):
+            # the client was told, but the exception would otherwise be seen nowhere.
+            logger.error("the stream failed after it started", exc_info=failure)
         if failure is not None and not outbox.last_was_error:
             if isinstance(failure, StreamRejected):
                 error_type, message = failure.error_type, failure.message
             else:
-                logger.error("the stream failed after it started", exc_info=failure)
                 error_type, message = "api_error", "Internal server error"
             tail = encode(Event(EventType.ERROR, error_body(error_type, message)))
         await outbox.finish(tail)
