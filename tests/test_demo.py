@@ -793,8 +793,9 @@ def _nested(depth: int) -> bytes:
 async def test_a_request_nested_deeper_than_json_can_be_written_back_is_a_400(
     http: httpx.AsyncClient, base: str, field: str, depth: int
 ) -> None:
-    # orjson reads 1,024 levels and writes 255: a body between the two used to reach
-    # the token estimate and answer 500 with a traceback.
+    # orjson reads 1,024 levels but writes 255: a body between the two would pass the
+    # parse and fail at the token estimate, which writes it back, so the depth is
+    # refused up front.
     value = _nested(depth)
     if field == "messages":
         body = b'{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[' + value
@@ -830,9 +831,9 @@ async def test_many_short_turns_do_not_evict_a_running_one(
 ) -> None:
     # A turn that pauses (40 ms after each of its 40-odd deltas: it runs about 2 s, past
     # the short turns, which take a few tens of ms each) while anonymous clients start
-    # many short ones: its stream used to be dropped as the one updated longest ago. Had
-    # it finished first, it would be the oldest finished stream and dropped: the read
-    # below would fail, never pass by accident.
+    # many short ones: a running stream is never the one evicted, however long ago it
+    # was updated. Had it finished first, it would be the oldest finished stream and
+    # dropped: the read below would fail, never pass by accident.
     running = await start(http, small_demo, deltas=20, delay_ms=40)
     started = 0
     for _ in range(400):  # bounded: 20 short turns, each retried while 5 are running
