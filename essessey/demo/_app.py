@@ -145,23 +145,23 @@ def _store(
     max_age: float,
     store_mib: int,
     redis_url: str | None = None,
-) -> tuple[EventStore, Any, Callable[[], Awaitable[None]] | None]:
-    """The event store, and for NATS the client to connect and the store's setup."""
+) -> tuple[
+    EventStore, Any, Callable[[], Awaitable[None]] | None, Callable[[], Awaitable[None]] | None
+]:
+    """The event store; for NATS the client to connect and the store's setup; for Redis
+    how to close the store's own connections."""
     if redis_url is not None:
         from essessey.stores.redis import RedisEventStore
 
-        return (
-            RedisEventStore.from_url(
-                redis_url,
-                prefix=nats_stream.lower(),
-                max_events_per_stream=MAX_DELTAS + 1_000,
-                max_streams=MAX_STREAMS,
-                max_age=max_age,
-                max_bytes_per_stream=min(STREAM_MIB, store_mib) * 1024 * 1024,
-            ),
-            None,
-            None,
+        redis_store = RedisEventStore.from_url(
+            redis_url,
+            prefix=nats_stream.lower(),
+            max_events_per_stream=MAX_DELTAS + 1_000,
+            max_streams=MAX_STREAMS,
+            max_age=max_age,
+            max_bytes_per_stream=min(STREAM_MIB, store_mib) * 1024 * 1024,
         )
+        return redis_store, None, None, redis_store.aclose
     if nats_url is None:
         # Room for the longest turn the demo plays, so any event of it can be resumed.
         store = InMemoryEventStore(
@@ -171,7 +171,7 @@ def _store(
             max_bytes_per_stream=min(STREAM_MIB, store_mib) * 1024 * 1024,
             max_bytes=store_mib * 1024 * 1024,
         )
-        return store, None, None
+        return store, None, None, None
     from nats.aio.client import Client
 
     from essessey.stores.jetstream import JetStreamEventStore
@@ -185,7 +185,7 @@ def _store(
         duplicate_window=duplicate_window,
         publish_timeout=min(30.0, duplicate_window),
     )
-    return jetstream, nc, jetstream.setup
+    return jetstream, nc, jetstream.setup, None
 
 
 async def _nats_error(exc: Exception) -> None:
@@ -246,7 +246,7 @@ def create_app(
         raise TypeError("cors_origins is a list of origins, not one string")
     if nats_url is not None and redis_url is not None:
         raise ValueError("give nats_url or redis_url, not both")
-    store, nc, setup = _store(nats_url, nats_stream, max_age, store_mib, redis_url)
+    store, nc, setup, close = _store(nats_url, nats_stream, max_age, store_mib, redis_url)
     hub = StreamHub(store)
 
     async def page(request: Request) -> Response:
@@ -311,9 +311,8 @@ def create_app(
         finally:
             if nc is not None and not nc.is_closed:
                 await nc.drain()
-            aclose = getattr(store, "aclose", None)
-            if aclose is not None:  # the Redis store's own connections
-                await aclose()
+            if close is not None:  # the Redis store's own connections
+                await close()
 
     middleware = [Middleware(HeaderLimit)]
     if cors_origins:
