@@ -25,6 +25,7 @@ from essessey import InMemoryEventStore, Publisher, StreamHub, reassemble_events
 PUBLIC_PACKAGES = [
     "essessey",
     "essessey.adapters",
+    "essessey.bindings.http",
     "essessey.bindings.nats",
     "essessey.bindings.sse",
     "essessey.bindings.ui",
@@ -39,9 +40,12 @@ LAZY_NAMES = {
     "essessey.bindings.sse": [
         "DeliveringSource",
         "EventStreamResponse",
+        "HubSubscription",
         "SSEOptions",
         "cancel_response",
         "hub_routes",
+        "requested_resume_point",
+        "stream_response",
         "subscription_response",
     ],
     "essessey.bindings.ws": ["PING_FRAME", "websocket_subscription", "ws_route"],

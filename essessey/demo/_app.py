@@ -44,16 +44,17 @@ from essessey import (
     StreamHub,
     TurnProducer,
 )
-from essessey.bindings.sse import hub_routes, subscription_response
-from essessey.bindings.ui import ChatRequest, ui_chat_routes
-from essessey.bindings.ws import ws_route
-from essessey.demo._http import (
-    BadRequest,
-    HeaderLimit,
-    bad_request_response,
-    json_error,
-    read_json,
+from essessey.bindings.http import BadRequest, json_error, read_json
+from essessey.bindings.sse import (
+    ErrorShape,
+    FrameEncoder,
+    error_body,
+    hub_routes,
+    subscription_response,
 )
+from essessey.bindings.ui import ChatRequest, UIMessageEncoder, ui_chat_routes
+from essessey.bindings.ws import ws_route
+from essessey.demo._http import HeaderLimit
 from essessey.demo._messages_api import messages_endpoint
 from essessey.demo._page import FAVICON, PAGE
 from essessey.demo._scenario import (
@@ -66,6 +67,14 @@ from essessey.demo._scenario import (
     SCENARIOS,
     agent_turn,
 )
+from essessey.dialects import agui, chat_completions, responses
+from essessey.dialects.agui import AGUIEncoder, AGUIRunRequest, agui_routes
+from essessey.dialects.chat_completions import (
+    ChatCompletionRequest,
+    ChatCompletionsEncoder,
+    chat_completions_routes,
+)
+from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
 from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown
 
 if TYPE_CHECKING:
@@ -128,15 +137,51 @@ def parse_stream_options(body: Any) -> dict[str, Any]:
     }
 
 
-def chat_turn(chat: ChatRequest) -> TurnProducer:
-    """The scripted turn answering an AI SDK chat request; the body may carry the demo's
-    options (``scenario``, ``deltas``, ``delay_ms``) beside the SDK's own fields."""
-    options = {key: chat.body[key] for key in _OPTIONS if key in chat.body}
+def _turn_in(stream_id: str, body: dict[str, Any]) -> TurnProducer:
+    """The scripted turn on ``stream_id``, with the demo's options (``scenario``,
+    ``deltas``, ``delay_ms``) that ``body`` carries beside a client's own fields;
+    ValueError (the client's 400) for one out of range."""
+    options = {key: body[key] for key in _OPTIONS if key in body}
     try:
         parsed = parse_stream_options(options)
     except BadRequest as exc:
         raise ValueError(str(exc)) from None
-    return agent_turn(chat.id, **parsed)
+    return agent_turn(stream_id, **parsed)
+
+
+def chat_turn(chat: ChatRequest) -> TurnProducer:
+    """The scripted turn answering an AI SDK chat request."""
+    return _turn_in(chat.id, chat.body)
+
+
+def completion_turn(request: ChatCompletionRequest) -> TurnProducer:
+    """The scripted turn answering a Chat Completions request."""
+    return _turn_in(request.id, request.body)
+
+
+def responses_turn(request: ResponsesRequest) -> TurnProducer:
+    """The scripted turn answering a Responses request."""
+    return _turn_in(request.id, request.body)
+
+
+def agui_turn(run: AGUIRunRequest) -> TurnProducer:
+    """The scripted turn answering an AG-UI run (the demo's options in its
+    ``forwardedProps``)."""
+    props = run.body.get("forwardedProps")
+    return _turn_in(run.id, props if isinstance(props, dict) else {})
+
+
+_DIALECT_ENCODERS: Final[dict[str, Callable[[str], tuple[FrameEncoder, ErrorShape]]]] = {
+    "ui": lambda stream_id: (UIMessageEncoder(message_id=stream_id), error_body),
+    "agui": lambda stream_id: (AGUIEncoder(stream_id, stream_id), agui.error_object),
+    "chat-completions": lambda stream_id: (
+        ChatCompletionsEncoder(stream_id, include_usage=True),
+        chat_completions.error_object,
+    ),
+    "responses": lambda stream_id: (ResponsesEncoder(stream_id), responses.error_object),
+}
+"""The dialects ``GET /streams/{id}/as/{dialect}`` serves a stream in: each one's encoder
+for the stream, and its error shape."""
 
 
 def _store(
@@ -257,6 +302,19 @@ def create_app(
             FAVICON, media_type="image/svg+xml", headers={"cache-control": "max-age=86400"}
         )
 
+    async def in_dialect(request: Request) -> Response:
+        """A stream read again from the store in one of the wire dialects (the page's
+        links): the same turn, resumable by ``Last-Event-ID`` in each."""
+        stream_id = request.path_params["stream_id"]
+        make = _DIALECT_ENCODERS.get(request.path_params["dialect"])
+        if make is None:
+            known = ", ".join(_DIALECT_ENCODERS)
+            return json_error(404, "not_found_error", f"no such dialect; known: {known}")
+        encoder, shape = make(stream_id)
+        return await subscription_response(
+            hub, request, stream_id, encoder=encoder, shape=shape, ping_interval=ping_interval
+        )
+
     async def start_stream(request: Request) -> Response:
         try:
             too_large = BadRequest(
@@ -267,7 +325,7 @@ def create_app(
             body = await read_json(request, limit=MAX_STREAMS_BODY, empty={}, too_large=too_large)
             options = parse_stream_options(body)
         except BadRequest as exc:
-            return bad_request_response(exc)
+            return exc.answer()
         stream_id = f"demo_{secrets.token_hex(8)}"
         producer = agent_turn(stream_id, **options)
         try:
@@ -338,9 +396,15 @@ def create_app(
             # retry=1000: an EventSource whose stream was cut reconnects a second later.
             *hub_routes(hub, "/streams", retry=1000, ping_interval=ping_interval),
             ws_route(hub, "/streams/{stream_id}/ws", ping_interval=ping_interval),
+            Route("/streams/{stream_id}/as/{dialect}", in_dialect, methods=["GET"]),
             Route("/v1/messages", messages_endpoint, methods=["POST"]),
             # useChat's default paths: POST /api/chat, GET /api/chat/{id}/stream.
             *ui_chat_routes(hub, chat_turn),
+            # OpenAI's paths: a client's base URL is the demo's /v1.
+            *chat_completions_routes(hub, completion_turn),
+            *responses_routes(hub, responses_turn),
+            # AG-UI: a RunAgentInput, as @ag-ui/client's HttpAgent posts it.
+            *agui_routes(hub, agui_turn),
         ],
         lifespan=lifespan,
     )

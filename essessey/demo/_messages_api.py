@@ -36,8 +36,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from essessey import Publisher, StopReason, stream_turn
+from essessey.bindings.http import BadRequest, read_json
 from essessey.bindings.sse import EventStreamResponse
-from essessey.demo._http import BadRequest, bad_request_response, read_json
 
 __all__ = [
     "FORCED_TOOL_WITH_THINKING",
@@ -386,7 +386,7 @@ async def messages_endpoint(request: Request) -> Response:
         parsed = parse_request(body)
     except BadRequest as exc:
         logger.info("refused a /v1/messages request: %s", exc)
-        return bad_request_response(exc, **headers)
+        return exc.answer(headers)
     reply = build_reply(parsed)
     logger.debug(
         "scripted reply %s: %d thinking and %d text deltas, tool call: %s",

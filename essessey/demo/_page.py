@@ -15,6 +15,8 @@ What it does, and the ids and attributes tests rely on:
   ends), ``.text-block`` (the latest one also has the id ``answer``), ``.tool-card`` with
   ``data-tool-use-id``, ``data-state`` (``running``, ``done``, ``error``), ``.tool-name``,
   ``.tool-input`` and ``.tool-result`` (class ``is-error`` for a failed tool);
+- ``#dialects``: a link per wire dialect (``a[data-dialect]``) to the turn served in it
+  (``/streams/{id}``, ``/streams/{id}/as/{dialect}``);
 - ``window.demoState``: what is shown, as kept in sessionStorage (``streamId``,
   ``lastEventId``, ``events``, ``connections``, ``blocks``, ``done``, ...).
 
@@ -125,6 +127,12 @@ the page and it picks up where it stopped.</p>
   <span>events <span id="event-count">0</span></span>
   <span>connections <span id="connection-count">0</span></span>
 </div>
+<p id="dialects">The same turn as
+  <a data-dialect="sse" href="#">the protocol's SSE</a>,
+  <a data-dialect="ui" href="#">the AI SDK's UI message stream</a>,
+  <a data-dialect="agui" href="#">AG-UI</a>,
+  <a data-dialect="chat-completions" href="#">Chat Completions</a> or
+  <a data-dialect="responses" href="#">Responses</a> events.</p>
 <main id="transcript"></main>
 </div>
 <script>
@@ -189,6 +197,12 @@ function updateControls() {
   dropButton.disabled = !(live && conn !== null);
   cancelButton.disabled = !live;
   $("stream-id").textContent = state ? state.streamId : "-";
+  // Each link reads the turn from the store again, in its dialect.
+  for (const link of document.querySelectorAll("#dialects a")) {
+    const id = state ? encodeURIComponent(state.streamId) : "";
+    link.href = !state ? "#" : link.dataset.dialect === "sse"
+      ? `/streams/${id}` : `/streams/${id}/as/${link.dataset.dialect}`;
+  }
   $("event-count").textContent = state ? state.events : 0;
   $("connection-count").textContent = state ? state.connections : 0;
 }

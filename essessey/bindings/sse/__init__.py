@@ -3,6 +3,9 @@ to browsers, and a Source that reads any SSE stream back into events.
 
 ``encode``/``format_message`` write the format, ``error_body`` the JSON of an error
 answered before a stream, and ``SSEDecoder`` reads it (no dependencies).
+``FrameEncoder`` is what a wire dialect gives the response to be delivered in its own
+frames (``ProtocolFrames`` the protocol's own; ``data_frame`` and ``with_id`` write a
+dialect's frames; docs/dialects.md).
 ``EventStreamResponse``, ``DeliveringSource``, ``SSEOptions`` and the hub's routes
 (``hub_routes``, ``subscription_response``, ``cancel_response``) need the ``server``
 extra (Starlette) and are imported on first use; ``connect`` needs httpx.
@@ -15,12 +18,22 @@ from typing import TYPE_CHECKING, Any
 from essessey._ids import MAX_ID_LENGTH, is_event_id, is_stream_id
 from essessey._public import import_lazily, public_dir, set_public_module
 from essessey.bindings.sse._decoder import SSEDecoder, SSEMessage
+from essessey.bindings.sse._frames import (
+    ErrorShape,
+    FrameEncoder,
+    ProtocolFrames,
+    data_frame,
+    with_id,
+)
 from essessey.bindings.sse._source import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
 from essessey.bindings.sse._writer import encode, encode_many, error_body, format_message
 
 if TYPE_CHECKING:
+    from essessey.bindings.sse._hub import HubSubscription as HubSubscription
     from essessey.bindings.sse._hub import cancel_response as cancel_response
     from essessey.bindings.sse._hub import hub_routes as hub_routes
+    from essessey.bindings.sse._hub import requested_resume_point as requested_resume_point
+    from essessey.bindings.sse._hub import stream_response as stream_response
     from essessey.bindings.sse._hub import subscription_response as subscription_response
     from essessey.bindings.sse._response import DeliveringSource as DeliveringSource
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
@@ -30,7 +43,11 @@ __all__ = [
     "MAX_ERROR_BODY",
     "MAX_ID_LENGTH",
     "DeliveringSource",
+    "ErrorShape",
     "EventStreamResponse",
+    "FrameEncoder",
+    "HubSubscription",
+    "ProtocolFrames",
     "SSEDecoder",
     "SSEEventStream",
     "SSEMessage",
@@ -38,6 +55,7 @@ __all__ = [
     "SSESource",
     "cancel_response",
     "connect",
+    "data_frame",
     "encode",
     "encode_many",
     "error_body",
@@ -45,7 +63,10 @@ __all__ = [
     "hub_routes",
     "is_event_id",
     "is_stream_id",
+    "requested_resume_point",
+    "stream_response",
     "subscription_response",
+    "with_id",
 ]
 
 set_public_module(__name__, globals(), __all__)
@@ -54,7 +75,10 @@ _NEEDS_STARLETTE = {
     "DeliveringSource": "_response",
     "EventStreamResponse": "_response",
     "SSEOptions": "_response",
+    "HubSubscription": "_hub",
     "cancel_response": "_hub",
+    "requested_resume_point": "_hub",
+    "stream_response": "_hub",
     "hub_routes": "_hub",
     "subscription_response": "_hub",
 }

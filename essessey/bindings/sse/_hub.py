@@ -37,48 +37,51 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey._ids import is_stream_id
-from essessey.bindings._asgi import (
-    CHECK_FAILED,
-    SubscriptionCount,
-    check_access,
-    resume_point,
-    subscription_end,
-)
-from essessey.bindings.sse._response import EventStreamResponse, SSEOptions, refusal_headers
+from essessey.bindings._admission import Refusal, admit
+from essessey.bindings._asgi import SubscriptionCount, subscription_end
+from essessey.bindings.http import json_error
+from essessey.bindings.sse._frames import ErrorShape, FrameEncoder
+from essessey.bindings.sse._response import EventStreamResponse, SSEOptions
 from essessey.bindings.sse._writer import error_body
 from essessey.errors import StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
-from essessey.hub import Access, StreamHub
+from essessey.hub import StreamHub
 from essessey.stores import Deliver
 
-__all__ = ["cancel_response", "hub_routes", "subscription_response"]
+__all__ = [
+    "HubSubscription",
+    "cancel_response",
+    "hub_routes",
+    "requested_resume_point",
+    "stream_response",
+    "subscription_response",
+]
 
 logger = logging.getLogger("essessey.sse")
 
 
-def _json_error(
-    status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
-) -> Response:
-    return Response(
-        error_body(error_type, message),
-        status,
-        headers=refusal_headers(headers),
-        media_type="application/json",
-    )
+class HubSubscription:
+    """A response's source: the hub's events for one stream, after ``last_event_id``.
 
+    The response hands it its own delivery (:meth:`deliver_to`) before reading, so a live
+    event can reach the connection in the turn's append, without waking the response's
+    task. With a ``primer`` (the response's dialect encoder) a resume reads the stream
+    from its start and feeds the events up to the last id to the primer, yielding none of
+    them: a dialect's frames depend on what came before (docs/dialects.md)."""
 
-class _Subscription:
-    """A subscription response's source: the hub's events for one stream. The response
-    hands it its own delivery (:meth:`deliver_to`) before reading, so a live event can
-    reach the connection in the turn's append, without waking the response's task."""
+    __slots__ = ("_deliver", "_hub", "_last_event_id", "_primer", "_stream_id")
 
-    __slots__ = ("_deliver", "_hub", "_last_event_id", "_stream_id")
-
-    def __init__(self, hub: StreamHub, stream_id: str, last_event_id: str | None) -> None:
+    def __init__(
+        self,
+        hub: StreamHub,
+        stream_id: str,
+        last_event_id: str | None,
+        primer: FrameEncoder | None = None,
+    ) -> None:
         self._hub = hub
         self._stream_id = stream_id
         self._last_event_id = last_event_id
+        self._primer = primer
         self._deliver: Deliver | None = None
 
     def deliver_to(self, deliver: Deliver) -> None:
@@ -86,16 +89,51 @@ class _Subscription:
         self._deliver = deliver
 
     def __aiter__(self) -> AsyncIterator[Event]:
+        if self._primer is not None and self._last_event_id is not None:
+            return _primed(self._hub, self._stream_id, self._last_event_id, self._primer)
         return _follow(self._hub, self._stream_id, self._last_event_id, self._deliver)
 
 
+async def _primed(
+    hub: StreamHub, stream_id: str, last_event_id: str, primer: FrameEncoder
+) -> AsyncIterator[Event]:
+    # Fed from the start without a live delivery: the events up to the id are history,
+    # read through the follower, and after them the cost of one task switch per event
+    # is the price of a dialect's resume.
+    if not (await hub.store.since(stream_id, last_event_id))[1]:
+        if await hub.store.exists(stream_id):
+            raise _rejected(UnknownEventId(last_event_id), stream_id)
+        raise _rejected(StreamNotFound(stream_id), stream_id)
+    seen = False
+    async for event in _follow(hub, stream_id, None, None, resuming=True):
+        if seen:
+            yield event
+        else:
+            primer.encode(event)
+            seen = event.id == last_event_id
+    if not seen:  # evicted between the check and the read
+        raise _rejected(UnknownEventId(last_event_id), stream_id)
+
+
+def _rejected(exc: Exception, stream_id: str) -> StreamRejected:
+    end = subscription_end(exc)
+    assert end is not None
+    assert end.status is not None
+    return StreamRejected(end.status, end.error_type, end.message or f"no stream {stream_id!r}")
+
+
 async def _follow(
-    hub: StreamHub, stream_id: str, last_event_id: str | None, deliver: Deliver | None
+    hub: StreamHub,
+    stream_id: str,
+    last_event_id: str | None,
+    deliver: Deliver | None,
+    *,
+    resuming: bool = False,
 ) -> AsyncIterator[Event]:
     # Closed as soon as this response ends (the client left), so the hub's subscriber
     # count drops at once rather than when the garbage collector gets to it.
     events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
-    count = SubscriptionCount("sse", last_event_id is not None)
+    count = SubscriptionCount("sse", resuming or last_event_id is not None)
     error: Exception | None = None
     try:
         async for event in events:
@@ -116,46 +154,79 @@ async def _follow(
         await events.aclose()
 
 
+def requested_resume_point(request: Request) -> str | None:
+    """The last event id a request asks to resume after: its ``Last-Event-ID`` header
+    (what an EventSource sends when it reconnects), else its ``last_event_id`` query
+    parameter (for a client that cannot set headers), else None."""
+    given = request.headers.get("last-event-id")
+    if given is None:
+        given = request.query_params.get("last_event_id")
+    return given
+
+
 async def subscription_response(
-    hub: StreamHub, request: Request, stream_id: str, **options: Unpack[SSEOptions]
+    hub: StreamHub,
+    request: Request,
+    stream_id: str,
+    *,
+    encoder: FrameEncoder | None = None,
+    shape: ErrorShape = error_body,
+    **options: Unpack[SSEOptions],
 ) -> Response:
     """An SSE response following ``stream_id`` on ``hub`` for this request, resuming
     after its ``Last-Event-ID`` header or ``last_event_id`` query parameter.
 
+    ``encoder`` writes it in another dialect (:class:`FrameEncoder`; the protocol's own
+    SSE when None), ``shape`` writes the JSON of a refusal in that dialect's error shape.
     ``options`` go to :class:`EventStreamResponse`: ``headers``, ``ping_interval``,
     ``retry``, ``send_timeout``, ``max_queue``, ``max_batch_bytes``, ``shutdown_retry``
     (:class:`SSEOptions`). A resume with nothing more to send, its turn over, is a 204.
     """
     headers = options.get("headers")
-    given = request.headers.get("last-event-id")
-    if given is None:
-        given = request.query_params.get("last_event_id")
-    if not is_stream_id(stream_id):
-        return _json_error(400, "invalid_request_error", "invalid stream id", headers)
-    try:
-        last_event_id = resume_point(given)
-    except ValueError as exc:
-        return _json_error(400, "invalid_request_error", str(exc), headers)
-    access: Access = "resume" if last_event_id is not None else "read"
-    allowed = await check_access(hub, request, stream_id, access, logger)
-    if allowed is None:
-        return _json_error(503, "api_error", CHECK_FAILED, headers)
-    if not allowed:
-        return _json_error(403, "permission_error", f"not allowed to {access} this stream", headers)
+    admitted = await admit(hub, request, stream_id, requested_resume_point(request), logger)
+    if isinstance(admitted, Refusal):
+        return json_error(
+            admitted.status, admitted.error_type, admitted.message, headers, shape=shape
+        )
+    last_event_id = admitted.last_event_id
     if request.method == "HEAD":
-        refusal = await _head_refusal(hub, stream_id, last_event_id, headers)
+        refusal = await _head_refusal(hub, stream_id, last_event_id, headers, shape)
         if refusal is not None:
             return refusal
+    return stream_response(
+        hub, stream_id, last_event_id, encoder=encoder, error_shape=shape, **options
+    )
+
+
+def stream_response(
+    hub: StreamHub,
+    stream_id: str,
+    last_event_id: str | None,
+    *,
+    encoder: FrameEncoder | None = None,
+    error_shape: ErrorShape = error_body,
+    **options: Unpack[SSEOptions],
+) -> EventStreamResponse:
+    """The SSE response of a client already admitted (the checks of
+    :func:`subscription_response` done): ``stream_id`` on ``hub`` after
+    ``last_event_id``, in ``encoder``'s dialect, its errors before the first event in
+    ``error_shape``. For a dialect's route that starts the
+    turn it then streams."""
     # A resume with nothing more to send, its turn over: 204, so an EventSource that
     # reconnects after the end stops instead of looping.
     empty_status = 204 if last_event_id is not None else None
+    source = HubSubscription(hub, stream_id, last_event_id, encoder)
     return EventStreamResponse(
-        _Subscription(hub, stream_id, last_event_id), empty_status=empty_status, **options
+        source, empty_status=empty_status, encoder=encoder, error_shape=error_shape, **options
     )
 
 
 async def _head_refusal(
-    hub: StreamHub, stream_id: str, last_event_id: str | None, headers: Mapping[str, str] | None
+    hub: StreamHub,
+    stream_id: str,
+    last_event_id: str | None,
+    headers: Mapping[str, str] | None,
+    shape: ErrorShape,
 ) -> Response | None:
     """For a HEAD, the error a GET would answer before its first event (no such stream,
     a last id not retained), or None when a GET would stream. Asked of the store
@@ -174,11 +245,10 @@ async def _head_refusal(
         if end.status is None:
             # The store is out for now (a GET would end at once, to be made again).
             logger.warning("a HEAD of %s: %s", stream_id, type(exc).__name__)
-            return _json_error(
-                503, "api_error", "the event store is unavailable; try again", headers
-            )
+            message = "the event store is unavailable; try again"
+            return json_error(503, "api_error", message, headers, shape=shape)
         message = end.message or f"no stream {stream_id!r}"
-        return _json_error(end.status, end.error_type, message, headers)
+        return json_error(end.status, end.error_type, message, headers, shape=shape)
     return None
 
 
@@ -186,15 +256,11 @@ async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> R
     """Cancel the turn running on ``stream_id`` if this request may: 200 with
     ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed, 503 when
     the ``authorize`` hook raised. The request's body is never read."""
-    if not is_stream_id(stream_id):
-        return _json_error(400, "invalid_request_error", "invalid stream id")
-    allowed = await check_access(hub, request, stream_id, "cancel", logger)
-    if allowed is None:
-        return _json_error(503, "api_error", CHECK_FAILED)
-    if not allowed:
-        return _json_error(403, "permission_error", "not allowed to cancel this stream")
+    admitted = await admit(hub, request, stream_id, None, logger, access="cancel")
+    if isinstance(admitted, Refusal):
+        return json_error(admitted.status, admitted.error_type, admitted.message)
     if not await hub.cancel(stream_id):
-        return _json_error(404, "not_found_error", "no turn is running on this stream")
+        return json_error(404, "not_found_error", "no turn is running on this stream")
     return Response(b'{"cancelled":true}', 200, media_type="application/json")
 
 

@@ -65,6 +65,7 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
+from essessey.bindings.sse._frames import ErrorShape, FrameEncoder
 from essessey.bindings.sse._writer import encode, error_body, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
@@ -438,20 +439,28 @@ class _Outbox:
         self._wake_flusher()
 
 
+async def _nothing() -> None:
+    return None
+
+
 class _OutboxSink:
     """The sink a producer writes into: each event framed and handed to the outbox."""
 
-    __slots__ = ("_framed", "_outbox")
+    __slots__ = ("_encode", "_framed", "_outbox")
 
-    def __init__(self, outbox: _Outbox) -> None:
+    def __init__(self, outbox: _Outbox, encoder: FrameEncoder | None) -> None:
         self._outbox = outbox
+        # The protocol's own framing, or a dialect's (one call either way).
+        self._encode: Callable[[Event], bytes] = encode if encoder is None else encoder.encode
         # The last event offered and not taken, framed: emit() then sends these bytes
         # instead of framing the event again.
         self._framed: tuple[Event, bytes] | None = None
 
     def emit_nowait(self, event: Event) -> bool:
         outbox = self._outbox
-        frame = encode(event)
+        frame = self._encode(event)
+        if not frame:
+            return True  # a dialect that writes nothing for this event
         if outbox.offer(frame):
             outbox.last_was_error = event.event == EventType.ERROR
             totals.sse_events += 1
@@ -477,7 +486,9 @@ class _OutboxSink:
         outbox.last_was_error = event.event == EventType.ERROR
         framed = self._framed
         self._framed = None
-        frame = framed[1] if framed is not None and framed[0] is event else encode(event)
+        frame = framed[1] if framed is not None and framed[0] is event else self._encode(event)
+        if not frame:
+            return _nothing()
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
         return outbox.write(frame)
@@ -487,12 +498,18 @@ class _OutboxSink:
         if not events:
             return
         outbox = self._outbox
-        if isinstance(events, EventBatch) and events.name in _BATCH_PREFIXES:
+        if (
+            self._encode is encode
+            and isinstance(events, EventBatch)
+            and events.name in _BATCH_PREFIXES
+        ):
             # One name, no ids, JSON data without line breaks: framed by concatenation.
             prefix = _BATCH_PREFIXES[events.name]
             body = b"".join([prefix + data + b"\n\n" for data in events.datas])
         else:
-            body = b"".join([encode(event) for event in events])
+            body = b"".join([self._encode(event) for event in events])
+        if not body:
+            return
         totals.sse_events += len(events)
         totals.sse_bytes += len(body)
         await outbox.write(body)
@@ -547,6 +564,11 @@ class EventStreamResponse(Response):
     ends; None lets the response run to its end through a shutdown. ``empty_status``
     (say 204) answers a content that ends without an event with that status and no body
     instead of an empty 200 stream: an EventSource stops on a 204 instead of reconnecting.
+    ``encoder`` writes the events in another wire dialect (a
+    :class:`~essessey.bindings.sse.FrameEncoder`, one per response; docs/dialects.md)
+    instead of the protocol's own SSE; everything else is delivered the same way.
+    ``error_shape`` writes the JSON body of an error answered before the first event (the
+    protocol's ``error_body`` by default; a dialect's own error object).
     """
 
     media_type = "text/event-stream"
@@ -567,6 +589,8 @@ class EventStreamResponse(Response):
         background: BackgroundTask | None = None,
         shutdown_retry: int | None = 1000,
         empty_status: int | None = None,
+        encoder: FrameEncoder | None = None,
+        error_shape: ErrorShape = error_body,
     ) -> None:
         if ping_interval < 0:
             raise ValueError("ping_interval must be >= 0 (0 disables the keep-alive)")
@@ -578,6 +602,8 @@ class EventStreamResponse(Response):
         # it alone would be an empty event to some decoders.
         self._retry = format_message(retry=retry)[:-1] if retry is not None else b""
         self.empty_status = empty_status
+        self.encoder = encoder
+        self.error_shape = error_shape
         self.shutdown_retry = shutdown_retry
         self._shutdown_tail = (
             # The field alone (a reader takes it as it parses the line): no block that a
@@ -665,7 +691,7 @@ class EventStreamResponse(Response):
                 return
 
     async def _produce(self, outbox: _Outbox) -> None:
-        sink = _OutboxSink(outbox)
+        sink = _OutboxSink(outbox, self.encoder)
         content = self.content
         if isinstance(content, AsyncIterable):
             await self._drain(content, sink)
@@ -724,21 +750,26 @@ class EventStreamResponse(Response):
             )
             await send({"type": "http.response.body", "body": b""})
             return
-        tail = b""
         if failure is not None and not isinstance(failure, StreamRejected):
             # Logged even when the producer sent its own error event (stream_turn does):
             # the client was told, but the exception would otherwise be seen nowhere.
             logger.error("the stream failed after it started", exc_info=failure)
+        encoder = self.encoder
         if failure is not None and not outbox.last_was_error:
             if isinstance(failure, StreamRejected):
                 error_type, message = failure.error_type, failure.message
             else:
                 error_type, message = "api_error", "Internal server error"
-            tail = encode(Event(EventType.ERROR, error_body(error_type, message)))
+            if encoder is None:
+                tail = encode(Event(EventType.ERROR, error_body(error_type, message)))
+            else:
+                tail = encoder.fail(error_type, message)
+        else:
+            tail = b"" if encoder is None else encoder.finish()
         await outbox.finish(tail)
 
     async def _send_error(self, send: Send, status: int, error_type: str, message: str) -> None:
-        body = error_body(error_type, message)
+        body = self.error_shape(error_type, message)
         await send(
             {
                 "type": "http.response.start",

@@ -2,8 +2,11 @@
 
 One turn is one assistant UI message: ``start`` (with the first message's id, so a
 replay of the same turn names the same message and the client replaces it instead of
-adding a second), then one step per protocol message (``start-step`` ... ``finish-step``),
-then ``finish`` and ``data: [DONE]``. Inside a step:
+adding a second), then one step per model round (``start-step`` ... ``finish-step``), as
+the AI SDK's own ``streamText`` writes it, then ``finish`` and ``data: [DONE]``. A round
+is a protocol message, or, in a message that holds several (``stream_rounds``), what
+comes up to its tool results: a block after a round's results opens the next step.
+Inside a step:
 
 - a text block is ``text-start`` / ``text-delta`` / ``text-end``, a thinking block
   ``reasoning-start`` / ``reasoning-delta`` / ``reasoning-end`` (a signature has no UI
@@ -35,6 +38,7 @@ from typing import Any, Final
 
 import orjson
 
+from essessey.bindings.sse._frames import with_id
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
@@ -83,7 +87,8 @@ class UIMessageEncoder:
 
     Call :meth:`feed` with each event and write what it returns; :meth:`close` returns
     the end (``finish`` or ``abort``, then ``[DONE]``) once the events have ended. An
-    encoder serves one turn.
+    encoder serves one turn. It is a :class:`~essessey.bindings.sse.FrameEncoder` too
+    (:meth:`encode`, :meth:`finish`, :meth:`fail`), so the SSE response delivers it.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class UIMessageEncoder:
         self.message_id = message_id
         self._step = 0  # protocol messages seen
         self._in_step = False
+        self._after_results = False  # the step's last block was a tool result
         self._blocks: dict[int, _Block] = {}
         self._stop_reason: str | None = None
         self._ended = False  # an error chunk was written: nothing more is
@@ -126,6 +132,21 @@ class UIMessageEncoder:
         except (KeyError, TypeError, ValueError) as exc:
             logger.warning("skipped a %s event: %s", name, type(exc).__name__)
             return []
+
+    def encode(self, event: Event) -> bytes:
+        """:meth:`feed`'s lines joined, the last with the event's ``id:``, so a client
+        that reconnects with it resumes after this event (docs/dialects.md)."""
+        return with_id(self.feed(event), event.id)
+
+    def finish(self) -> bytes:
+        """:meth:`close`."""
+        return self.close()
+
+    def fail(self, error_type: str, message: str) -> bytes:
+        """An ``error`` chunk with ``message``, then ``[DONE]``."""
+        self._ended = True
+        self._in_step = False
+        return frame({"type": "error", "errorText": message}) + DONE
 
     def close(self) -> bytes:
         """The stream's end: ``finish`` with the mapped finish reason (``abort`` for a
@@ -190,12 +211,23 @@ class UIMessageEncoder:
             out.append(frame({"type": "start", "messageId": self.message_id}))
         self._step += 1
         self._in_step = True
+        self._after_results = False
         self._blocks.clear()
         out.append(frame({"type": "start-step"}))
         return out
 
     def _block_start(self, index: int, content: dict[str, Any]) -> list[bytes]:
         kind = content.get("type")
+        out: list[bytes] = []
+        if kind == BlockType.TOOL_RESULT:
+            self._after_results = True
+        elif self._after_results:
+            # The next model round of the same message: a step of its own.
+            self._after_results = False
+            out += [frame({"type": "finish-step"}), frame({"type": "start-step"})]
+        return out + self._open_block(index, kind, content)
+
+    def _open_block(self, index: int, kind: object, content: dict[str, Any]) -> list[bytes]:
         block_id = f"{self._step}-{index}"
         if kind == BlockType.TEXT:
             self._blocks[index] = _Block(kind, block_id, content)

@@ -4,40 +4,52 @@
   app's ``turn(chat)`` gives the producer of the answer; it runs on the hub, under a
   stream id of its own (``<chat id>~<random>``), and the response streams it as UI message
   chunks. A dropped connection never stops it.
-- ``GET {path}/{chat_id}/stream``: the AI SDK's reconnect. The chat's last turn, running
-  or finished, replayed from its start and then followed live (the SDK replaces the
-  message it has with the replay, which names the same message id); 204 when the chat has
-  no turn the store still holds.
+- ``GET {path}/{chat_id}/stream``: the AI SDK's reconnect. The chat's running turn,
+  replayed from its start and then followed live (the SDK replaces the message it has
+  with the replay, which names the same message id), or from after its ``Last-Event-ID``
+  when the client sends one; 204 when the chat has no running turn, as the AI SDK's
+  resume contract expects (its own server forgets the active stream when it finishes,
+  and an app that saved the finished message would otherwise show it twice).
+  ``replay_finished=True`` replays a finished turn too, for an app that keeps no
+  messages.
 - ``POST {path}/{chat_id}/stop``: cancels the chat's running turn (the SDK's ``stop()``
   only drops the connection, which a resumable stream outlives); 204, or 404 when
   nothing runs.
 
-Which turn a chat is on is one small event per turn in the stream ``<chat id>~turns``, so
-any replica with the same store finds it. Bad requests get a 400 JSON error, refusals of
-``authorize`` (asked with the chat id: ``read`` to start a turn, ``resume`` to
-reconnect, ``cancel`` to stop) a 403, a chat whose turn is already running a 409.
+Which turn a chat is on is one small event per turn in the stream ``<chat id>~turns``,
+and one more when it finishes, so any replica with the same store finds it. A UI stream
+is delivered as every stream is (the SSE response's pings, shutdown hand-off, stalled
+client timeout and bounds), each frame group with its event's ``id:``.
+
+Bad requests get a 400 JSON error, refusals of ``authorize`` (asked with the chat id:
+``read`` to start a turn, ``resume`` to reconnect, ``cancel`` to stop) a 403, a chat
+whose turn is already running a 409.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
+import anyio
 import orjson
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
-from essessey.bindings._asgi import CHECK_FAILED, check_access
-from essessey.bindings.sse._writer import error_body
-from essessey.bindings.ui._encoder import UIMessageEncoder, frame
-from essessey.errors import EssesseyError, StreamBusy
+from essessey.bindings._admission import Refusal, admit
+from essessey.bindings.http import BadRequest, json_error, read_body
+from essessey.bindings.sse._hub import requested_resume_point, stream_response
+from essessey.bindings.sse._response import SSEOptions
+from essessey.bindings.ui._encoder import UIMessageEncoder
+from essessey.errors import StreamBusy
 from essessey.event import Event
 from essessey.hub import Access, StreamHub, TurnProducer
+from essessey.publisher import Publisher
 
 __all__ = [
     "UI_MESSAGE_STREAM_HEADERS",
@@ -61,6 +73,7 @@ TRIGGERS: Final = frozenset({"submit-message", "regenerate-message"})
 DEFAULT_MAX_BODY: Final = 4 * 1024 * 1024
 _TURNS: Final = "~turns"
 _TURN_EVENT: Final = "turn"
+_FINISHED_EVENT: Final = "finished"
 _MAX_CHAT_ID: Final = MAX_ID_LENGTH - len(_TURNS)
 
 
@@ -80,14 +93,6 @@ class ChatRequest:
 TurnFactory = Callable[[ChatRequest], "TurnProducer | Awaitable[TurnProducer]"]
 """``turn(chat) -> producer``: the answer to a chat request, as a hub producer; a
 ``ValueError`` it raises (options of the app's own that are wrong) is the client's 400."""
-
-
-class _BadRequest(Exception):
-    pass
-
-
-def _json_error(status: int, error_type: str, message: str) -> Response:
-    return Response(error_body(error_type, message), status, media_type="application/json")
 
 
 def _is_chat_id(value: object) -> bool:
@@ -123,51 +128,41 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     return ChatRequest(str(chat_id), messages, trigger, message_id, body)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise _BadRequest(f"the body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _BadRequest(f"the body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _ui_stream(hub: StreamHub, turn_id: str) -> AsyncIterator[bytes]:
+def _streaming(
+    hub: StreamHub, turn_id: str, last_event_id: str | None, options: SSEOptions
+) -> Response:
+    delivery: SSEOptions = {**options}
+    delivery["headers"] = {**UI_MESSAGE_STREAM_HEADERS, **(options.get("headers") or {})}
     encoder = UIMessageEncoder(message_id=turn_id)
-    events = hub.subscribe(turn_id)
-    try:
-        async for event in events:
-            lines = encoder.feed(event)
-            if lines:
-                yield b"".join(lines)
-            if encoder.ended:
-                break
-    except EssesseyError as exc:  # lagged, reset: the client may reconnect
-        logger.info("a UI stream of %s ended early (%s)", turn_id, type(exc).__name__)
-        yield frame({"type": "error", "errorText": "the stream was interrupted; reconnect"})
-        return
-    finally:
-        await events.aclose()
-    yield encoder.close()
+    return stream_response(hub, turn_id, last_event_id, encoder=encoder, **delivery)
 
 
-def _streaming(hub: StreamHub, turn_id: str) -> Response:
-    return StreamingResponse(
-        _ui_stream(hub, turn_id), media_type="text/event-stream", headers=UI_MESSAGE_STREAM_HEADERS
-    )
+def _announced(hub: StreamHub, chat_id: str, turn_id: str, producer: TurnProducer) -> TurnProducer:
+    """``producer``, then a mark in the chat's turns that its turn finished (on the
+    replica it ran on, whichever serves the reconnect)."""
+
+    async def run(publisher: Publisher) -> None:
+        try:
+            await producer(publisher)
+        finally:
+            # Shielded: a cancelled turn is finished too, and its mark must be written.
+            with anyio.CancelScope(shield=True):
+                finished = Event(_FINISHED_EVENT, turn_id.encode())
+                await hub.store.append(chat_id + _TURNS, finished)
+
+    return run
 
 
-async def _last_turn(hub: StreamHub, chat_id: str) -> str | None:
+async def _last_turn(hub: StreamHub, chat_id: str) -> tuple[str, bool] | None:
+    """The chat's last turn the store holds, and whether it finished."""
     events, known = await hub.store.since(chat_id + _TURNS, None)
     if not known or not events:
         return None
-    turn_id = events[-1].data.decode()
-    return turn_id if await hub.store.exists(turn_id) else None
+    last = events[-1]
+    turn_id = last.data.decode()
+    if not await hub.store.exists(turn_id):
+        return None
+    return turn_id, last.event == _FINISHED_EVENT
 
 
 def ui_chat_routes(
@@ -176,68 +171,79 @@ def ui_chat_routes(
     *,
     path: str = "/api/chat",
     max_body: int = DEFAULT_MAX_BODY,
+    replay_finished: bool = False,
+    **options: Unpack[SSEOptions],
 ) -> Sequence[BaseRoute]:
     """Starlette routes for ``useChat``'s default transport at ``path`` (see the module
     docstring): ``POST {path}``, ``GET {path}/{chat_id}/stream``, ``POST
-    {path}/{chat_id}/stop``. ``max_body`` bounds a chat request's bytes."""
+    {path}/{chat_id}/stop``. ``max_body`` bounds a chat request's bytes;
+    ``replay_finished`` makes the reconnect replay a finished turn instead of a 204;
+    ``options`` go to the SSE response (:class:`~essessey.bindings.sse.SSEOptions`)."""
     if max_body <= 0:
         raise ValueError("max_body must be > 0")
+    headers = options.get("headers")
 
-    async def allowed(request: Request, chat_id: str, access: Access) -> Response | None:
-        verdict = await check_access(hub, request, chat_id, access, logger)
-        if verdict is None:
-            return _json_error(503, "api_error", CHECK_FAILED)
-        if not verdict:
-            return _json_error(403, "permission_error", "not allowed")
-        return None
+    async def admitted(
+        request: Request, chat_id: str, access: Access, last_event_id: str | None = None
+    ) -> Response | str | None:
+        """The refusal's answer, or the resume point allowed."""
+        verdict = await admit(hub, request, chat_id, last_event_id, logger, access=access)
+        if isinstance(verdict, Refusal):
+            return json_error(verdict.status, verdict.error_type, verdict.message, headers)
+        return verdict.last_event_id
 
     async def chat(request: Request) -> Response:
         try:
-            chat_request = parse_chat_request(await _read_body(request, max_body))
-        except (ValueError, _BadRequest) as exc:
-            return _json_error(400, "invalid_request_error", str(exc))
-        except ClientDisconnect:
-            return Response(status_code=400)
-        refused = await allowed(request, chat_request.id, "read")
-        if refused is not None:
+            chat_request = parse_chat_request(await read_body(request, max_body))
+        except BadRequest as exc:
+            return exc.answer(headers)
+        except ValueError as exc:
+            return json_error(400, "invalid_request_error", str(exc), headers)
+        refused = await admitted(request, chat_request.id, "read")
+        if isinstance(refused, Response):
             return refused
         try:
             made = turn(chat_request)
             producer = made if callable(made) else await made
         except ValueError as exc:  # the app's own options, refused
-            return _json_error(400, "invalid_request_error", str(exc))
+            return json_error(400, "invalid_request_error", str(exc), headers)
         turn_id = f"{chat_request.id}~{secrets.token_hex(8)}"
         try:
-            await hub.start(turn_id, producer)
+            await hub.start(turn_id, _announced(hub, chat_request.id, turn_id, producer))
         except StreamBusy:
-            return _json_error(409, "invalid_request_error", "a turn is running on this chat")
+            message = "a turn is running on this chat"
+            return json_error(409, "invalid_request_error", message, headers)
         await hub.store.append(chat_request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
-        return _streaming(hub, turn_id)
+        return _streaming(hub, turn_id, None, options)
 
-    async def chat_in_path(request: Request, access: Access) -> tuple[str, Response | None]:
-        """The path's chat id, and the answer when it is bad or not allowed."""
+    async def chat_in_path(
+        request: Request, access: Access, last_event_id: str | None = None
+    ) -> tuple[str, Response | str | None]:
+        """The path's chat id, and the answer when it is bad or not allowed (else the
+        resume point allowed)."""
         chat_id = request.path_params["chat_id"]
         if not _is_chat_id(chat_id):
-            return chat_id, _json_error(400, "invalid_request_error", "bad chat id")
-        return chat_id, await allowed(request, chat_id, access)
+            return chat_id, json_error(400, "invalid_request_error", "bad chat id", headers)
+        return chat_id, await admitted(request, chat_id, access, last_event_id)
 
     async def reconnect(request: Request) -> Response:
-        chat_id, refused = await chat_in_path(request, "resume")
-        if refused is not None:
-            return refused
-        turn_id = await _last_turn(hub, chat_id)
-        if turn_id is None:
-            return Response(status_code=204)
-        return _streaming(hub, turn_id)
+        given = requested_resume_point(request)
+        chat_id, verdict = await chat_in_path(request, "resume", given)
+        if isinstance(verdict, Response):
+            return verdict
+        last = await _last_turn(hub, chat_id)
+        if last is None or (last[1] and not replay_finished):
+            return Response(status_code=204, headers=headers)
+        return _streaming(hub, last[0], verdict, options)
 
     async def stop(request: Request) -> Response:
-        chat_id, refused = await chat_in_path(request, "cancel")
-        if refused is not None:
-            return refused
-        turn_id = await _last_turn(hub, chat_id)
-        if turn_id is None or not await hub.cancel(turn_id):
-            return _json_error(404, "not_found_error", "no turn is running on this chat")
-        return Response(status_code=204)
+        chat_id, verdict = await chat_in_path(request, "cancel")
+        if isinstance(verdict, Response):
+            return verdict
+        last = await _last_turn(hub, chat_id)
+        if last is None or not await hub.cancel(last[0]):
+            return json_error(404, "not_found_error", "no turn is running on this chat", headers)
+        return Response(status_code=204, headers=headers)
 
     return [
         Route(path, chat, methods=["POST"]),

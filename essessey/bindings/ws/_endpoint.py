@@ -69,14 +69,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey import metrics
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
+from essessey.bindings._admission import Refusal, admit
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     ConnectionTasks,
     SubscriptionCount,
     backlog_turn,
-    check_access,
     connection_tasks,
-    resume_point,
     subscription_end,
     watch_line,
 )
@@ -84,7 +83,7 @@ from essessey.bindings._server import FrameWriter, connection_aborter, frame_wri
 from essessey.bindings.ws._frame import encode_frame, frame_bytes
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event
-from essessey.hub import Access, StreamHub
+from essessey.hub import StreamHub
 from essessey.metrics import totals
 from essessey.protocol import EventType
 from essessey.shutdown import on_shutdown, shutting_down
@@ -164,19 +163,11 @@ async def websocket_subscription(
         except ValueError as exc:
             await _close(websocket, CloseCode.BAD_REQUEST, str(exc))
             return
-    try:
-        last_event_id = resume_point(last_event_id)
-    except ValueError as exc:
-        await _close(websocket, CloseCode.BAD_REQUEST, str(exc))
+    admitted = await admit(hub, websocket, stream_id, last_event_id, logger)
+    if isinstance(admitted, Refusal):
+        await _close(websocket, admitted.close_code, admitted.message)
         return
-    access: Access = "resume" if last_event_id is not None else "read"
-    allowed = await check_access(hub, websocket, stream_id, access, logger)
-    if allowed is None:
-        await _close(websocket, CloseCode.TRY_AGAIN_LATER, "could not check access; try later")
-        return
-    if not allowed:
-        await _close(websocket, CloseCode.FORBIDDEN, f"not allowed to {access} this stream")
-        return
+    last_event_id = admitted.last_event_id
     if shutting_down():
         # Opened while the server shuts down: the client reconnects, elsewhere.
         await _close(websocket, CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")

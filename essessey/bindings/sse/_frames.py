@@ -1,0 +1,107 @@
+"""What a wire dialect is to the SSE response: an encoder of protocol events into its own
+frames (docs/dialects.md).
+
+A dialect (the AI SDK's UI message stream, AG-UI, OpenAI's Chat Completions or Responses
+events) reads the same turn as the protocol's own SSE, in frames of its own. The SSE
+response delivers any of them the same way (pings, the shutdown hand-off, the stalled
+client timeout, the byte bounds); all a dialect supplies is a :class:`FrameEncoder`.
+
+Why each rule:
+
+- An encoder is stateful and serves one response: a dialect's frame often depends on
+  what came before (which message is open, a tool call's index).
+- The frames an event becomes end with that event's ``id:`` (when it has one), and only
+  the last one carries it: a client that lost the connection part-way through an event's
+  frames resumes from the event before, so it is sent whole again rather than cut.
+- The ids are the protocol's own, whatever cursor the dialect also has, so a dialect
+  resumes with ``Last-Event-ID`` on any replica like the protocol's SSE does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Protocol, TypeAlias, runtime_checkable
+
+from essessey.bindings.sse._writer import encode, error_body
+from essessey.event import Event
+from essessey.protocol import EventType
+
+__all__ = ["ErrorShape", "FrameEncoder", "ProtocolFrames", "data_frame", "with_id"]
+
+_FORBIDDEN: Final = (b"\r", b"\n", b"\0")
+
+ErrorShape: TypeAlias = Callable[[str, str], bytes]
+"""``shape(error_type, message) -> body``: the JSON a dialect answers an error with
+before a stream starts (``error_body``, the protocol's, by default)."""
+
+
+@runtime_checkable
+class FrameEncoder(Protocol):
+    """One response's protocol events, in order, as a dialect's SSE frames."""
+
+    def encode(self, event: Event) -> bytes:
+        """The frames for ``event`` (``b""`` when it writes none), the last of them with
+        the event's ``id:`` when it has one."""
+        ...
+
+    def finish(self) -> bytes:
+        """The frames that end a stream whose events all came (a dialect's own end, such
+        as ``data: [DONE]``); ``b""`` for none."""
+        ...
+
+    def fail(self, error_type: str, message: str) -> bytes:
+        """The frames that tell the client the stream failed after it started, its end
+        included (:meth:`finish` is not called after it)."""
+        ...
+
+
+class ProtocolFrames:
+    """The protocol's own SSE: each event as one message, named by its type."""
+
+    __slots__ = ()
+
+    def encode(self, event: Event) -> bytes:
+        """``encode(event)`` of ``essessey.bindings.sse``."""
+        return encode(event)
+
+    def finish(self) -> bytes:
+        """Nothing: the protocol's turn ends with its own events."""
+        return b""
+
+    def fail(self, error_type: str, message: str) -> bytes:
+        """An ``error`` event with the error's type and message."""
+        return encode(Event(EventType.ERROR, error_body(error_type, message)))
+
+
+def with_id(frames: list[bytes], event_id: str | None) -> bytes:
+    """``frames`` (whole SSE messages) joined, the last one given the ``id:`` line of
+    ``event_id`` when there is one; ``b""`` for no frames. ValueError for an id holding a
+    line break or NUL."""
+    if not frames:
+        return b""
+    if event_id:
+        id_bytes = event_id.encode()
+        if any(char in id_bytes for char in _FORBIDDEN):
+            raise ValueError("an SSE id must not contain CR, LF or NUL")
+        frames[-1] = b"id: " + id_bytes + b"\n" + frames[-1]
+    return b"".join(frames)
+
+
+def data_frame(data: bytes, *, id: str | None = None, event: str | None = None) -> bytes:
+    """One SSE message whose data is one line of JSON (``data`` as orjson writes it):
+    ``id:`` and ``event:`` first when given. ValueError when any of them holds a line
+    break or NUL, which would end the message early."""
+    head = b""
+    if id:
+        id_bytes = id.encode()
+        if any(char in id_bytes for char in _FORBIDDEN):
+            raise ValueError("an SSE id must not contain CR, LF or NUL")
+        head = b"id: " + id_bytes + b"\n"
+    if event is not None:
+        name = event.encode()
+        if any(char in name for char in _FORBIDDEN):
+            raise ValueError("an SSE event name must not contain CR, LF or NUL")
+        head += b"event: " + name + b"\n"
+    if b"\n" in data or b"\r" in data:
+        raise ValueError("a data frame's data must be one line")
+    return head + b"data: " + data + b"\n\n"

@@ -1,0 +1,311 @@
+"""OpenAI Chat Completions served from the hub: the ``openai`` SDK reads the scripted
+turn (streamed, through the ``stream()`` helper, and whole), a dropped reader resumes by
+``Last-Event-ID``, and this project's own OpenAI adapter reads the served stream back
+into the same turn."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from starlette.applications import Starlette
+
+from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events
+from essessey.adapters import openai as openai_adapter
+from essessey.bindings.sse import SSEDecoder
+from essessey.dialects.chat_completions import (
+    ChatCompletionRequest,
+    ChatCompletionsEncoder,
+    chat_completions_routes,
+)
+from essessey.hub import TurnProducer
+from tests.processes import WAIT
+from tests.scripted_turn import ANSWER, THINKING, scripted_turn
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Weather in Paris and Oslo?"}]
+
+
+def answer(request: ChatCompletionRequest) -> TurnProducer:
+    delay = float(request.body.get("delay_ms", 0)) / 1000
+    if request.body.get("bad_option"):
+        raise ValueError("bad_option is not one the app takes")
+    return scripted_turn(request.id, delay=delay, fail=bool(request.body.get("fail")))
+
+
+@pytest.fixture
+def base_url() -> Iterator[str]:
+    hub = StreamHub()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with hub:
+            yield
+
+    app = Starlette(routes=list(chat_completions_routes(hub, answer)), lifespan=lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url
+
+
+def client(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+async def scripted_events() -> list[Event]:
+    sink = InMemorySink()
+    await scripted_turn("chat")(Publisher(sink))
+    return [Event(e.event, e.data, str(n + 1)) for n, e in enumerate(sink.events)]
+
+
+def chunks_of(body: bytes) -> list[dict[str, Any]]:
+    decoder = SSEDecoder()
+    messages = decoder.feed(body) + decoder.close()
+    datas = [m.data for m in messages]
+    assert datas[-1] == "[DONE]"
+    return [json.loads(d) for d in datas[:-1]]
+
+
+# -- the encoder ----------------------------------------------------------------------------
+
+
+async def test_the_encoder_writes_the_turn_as_chunks_with_the_protocol_s_ids() -> None:
+    events = await scripted_events()
+    encoder = ChatCompletionsEncoder("chatcmpl-1", include_usage=True, created=7)
+    frames = [encoder.encode(e) for e in events]
+    body = b"".join(frames) + encoder.finish()
+    chunks = chunks_of(body)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["id"] == "chatcmpl-1" and c["created"] == 7 for c in chunks)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    reasoning = "".join(
+        c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"]
+    )
+    assert (content, reasoning) == (ANSWER, THINKING)
+    calls = [
+        call
+        for c in chunks
+        if c["choices"]
+        for call in c["choices"][0]["delta"].get("tool_calls", [])
+    ]
+    assert calls[0] == {
+        "index": 0,
+        "id": "call_paris",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    args: dict[int, str] = {}
+    for call in calls:
+        args[call["index"]] = args.get(call["index"], "") + call["function"]["arguments"]
+    assert {i: json.loads(a) for i, a in args.items()} == {
+        0: {"city": "Paris"},
+        1: {"city": "Oslo"},
+    }
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert [f for f in finishes if f] == ["stop"]  # the tool round's stop is not the end
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 28
+    # Every event that wrote a frame ends its frames with its own id.
+    for event, frame in zip(events, frames, strict=True):
+        if frame:
+            last = frame.rstrip(b"\n").split(b"\n\n")[-1]
+            assert last.startswith(b"id: " + event.id.encode() + b"\n"), frame  # type: ignore[union-attr]
+
+
+async def test_an_error_event_is_the_in_band_error_object_then_done() -> None:
+    sink = InMemorySink()
+    await scripted_turn("chat", fail=True)(Publisher(sink))
+    encoder = ChatCompletionsEncoder("chatcmpl-2")
+    body = b"".join(encoder.encode(e) for e in sink.events) + encoder.finish()
+    chunks = chunks_of(body)
+    assert chunks[-1] == {
+        "error": {
+            "message": "the provider is overloaded",
+            "type": "overloaded_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert body.count(b"[DONE]") == 1
+
+
+async def test_unreadable_events_are_skipped_with_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    encoder = ChatCompletionsEncoder("chatcmpl-3")
+    assert encoder.encode(Event("content_block_delta", b"{not json")) == b""
+    assert encoder.encode(Event("message_start", b"[1]")) == b""
+    assert encoder.encode(Event("content_block_start", b'{"index": "x"}')) == b""
+    assert "not JSON" in caplog.text
+    assert "not an object" in caplog.text
+    assert "{not json" not in caplog.text
+
+
+# -- served, read by the openai SDK ----------------------------------------------------------
+
+
+async def test_the_sdk_reads_the_stream_whole(base_url: str) -> None:
+    async with client(base_url) as sdk:
+        stream = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWER
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 28
+    assert chunks[0].id.startswith("chatcmpl-")
+
+
+async def test_the_stream_helper_gives_the_final_message(base_url: str) -> None:
+    async with (
+        client(base_url) as sdk,
+        sdk.chat.completions.stream(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        ) as stream,
+    ):
+        async for _ in stream:
+            pass
+        final = await stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.message.content == ANSWER
+    assert choice.finish_reason == "stop"
+    calls = choice.message.tool_calls or []
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("call_paris", "get_weather", {"city": "Paris"}),
+        ("call_oslo", "get_weather", {"city": "Oslo"}),
+    ]
+    assert final.usage is not None
+    assert final.usage.completion_tokens == 28
+
+
+async def test_a_request_without_stream_gets_the_whole_completion(base_url: str) -> None:
+    async with client(base_url) as sdk:
+        whole = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+        )
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.content == ANSWER
+    assert [c.function.name for c in whole.choices[0].message.tool_calls or []] == [
+        "get_weather",
+        "get_weather",
+    ]
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == 28
+
+
+async def test_an_error_in_the_turn_raises_the_sdk_s_api_error(base_url: str) -> None:
+    async with client(base_url) as sdk:
+        stream = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            extra_body={"fail": True},
+        )
+        with pytest.raises(openai.APIError, match="the provider is overloaded"):
+            async for _ in stream:
+                pass
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"messages": []}', "model"),
+        (b'{"model": "m", "messages": []}', "messages"),
+        (b'{"model": "m", "messages": [{"content": "x"}]}', "messages.0"),
+        (b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}', "stream"),
+        (b'{"model": "m", "messages": [{"role": "user"}], "bad_option": 1}', "bad_option"),
+    ],
+)
+async def test_bad_bodies_get_a_400_in_openai_s_error_shape(
+    base_url: str, body: bytes, message: str
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        response = await http.post(f"{base_url}/v1/chat/completions", content=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert message in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+
+async def test_a_dropped_reader_resumes_after_its_last_id_exactly_once(base_url: str) -> None:
+    request = {"model": "scripted", "messages": MESSAGES, "stream": True, "delay_ms": 20}
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        async with http.stream("POST", f"{base_url}/v1/chat/completions", json=request) as first:
+            location = first.headers["location"]
+            decoder = SSEDecoder()
+            seen: list[Any] = []
+            async for piece in first.aiter_bytes():
+                seen += decoder.feed(piece)
+                if sum(1 for m in seen if m.id) >= 6:
+                    break  # the client drops mid-turn
+        last_id = [m.id for m in seen if m.id][-1]
+        # Frames after the last id the client holds whole are sent again: cut there.
+        upto = max(i for i, m in enumerate(seen) if m.id == last_id)
+        before = [m.data for m in seen[: upto + 1]]
+        rest = await http.get(f"{base_url}{location}", headers={"last-event-id": last_id})
+        assert rest.status_code == 200, rest.text
+        whole = await http.get(f"{base_url}{location}")
+    resumed = before + [m.data for m in SSEDecoder().feed(rest.content)]
+    full = [m.data for m in SSEDecoder().feed(whole.content)]
+    assert resumed == full
+    assert resumed[-1] == "[DONE]"
+
+
+async def test_an_unknown_last_id_is_a_410_in_openai_s_shape(base_url: str) -> None:
+    request = {"model": "scripted", "messages": MESSAGES, "stream": True}
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        first = await http.post(f"{base_url}/v1/chat/completions", json=request)
+        location = first.headers["location"]
+        gone = await http.get(f"{base_url}{location}", headers={"last-event-id": "999999-0"})
+        missing = await http.get(f"{base_url}/v1/chat/completions/chatcmpl-none")
+    assert gone.status_code == 410, gone.text
+    assert gone.json()["error"]["type"] == "resume_unavailable"
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found_error"
+
+
+# -- read back by this project's own adapter ------------------------------------------------
+
+
+async def test_the_openai_adapter_reads_the_served_stream_back_into_the_turn(
+    base_url: str,
+) -> None:
+    async with client(base_url) as sdk:
+        stream = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        sink = InMemorySink()
+        await openai_adapter.publish(
+            Publisher(sink), stream, message_id="msg_back", stream_id="back"
+        )
+    back = reassemble_events(sink.events)
+    original = reassemble_events(await scripted_events())
+    assert back.text == original.text == ANSWER
+    assert back.thinking == original.thinking
+    assert [(c.tool_use_id, c.name, c.params) for c in back.tool_calls] == [
+        (c.tool_use_id, c.name, c.params) for c in original.tool_calls
+    ]
+    assert back.stop_reason == "end_turn"

@@ -1,0 +1,252 @@
+"""OpenAI Responses served from the hub: the ``openai`` SDK reads the scripted turn (every
+event validated as a ``ResponseStreamEvent``), a reader that dropped resumes with
+``responses.retrieve(id, stream=True, starting_after=N)``, and this project's own
+Responses adapter reads the served stream back into the same turn."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+from starlette.applications import Starlette
+
+from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events
+from essessey.adapters import openai_responses
+from essessey.bindings.sse import SSEDecoder
+from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
+from essessey.hub import TurnProducer
+from tests.processes import WAIT
+from tests.scripted_turn import ANSWER, THINKING, scripted_turn
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+
+
+def answer(request: ResponsesRequest) -> TurnProducer:
+    delay = float(request.body.get("delay_ms", 0)) / 1000
+    return scripted_turn(request.id, delay=delay, fail=bool(request.body.get("fail")))
+
+
+@pytest.fixture
+def base_url() -> Iterator[str]:
+    hub = StreamHub()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with hub:
+            yield
+
+    app = Starlette(routes=list(responses_routes(hub, answer)), lifespan=lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url
+
+
+def client(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+async def scripted_events(*, fail: bool = False) -> list[Event]:
+    sink = InMemorySink()
+    await scripted_turn("resp", fail=fail)(Publisher(sink))
+    return [Event(e.event, e.data, str(n + 1)) for n, e in enumerate(sink.events)]
+
+
+def events_of(body: bytes) -> list[dict[str, Any]]:
+    decoder = SSEDecoder()
+    messages = decoder.feed(body) + decoder.close()
+    out = []
+    for message in messages:
+        data = json.loads(message.data)
+        assert message.event == data["type"]
+        out.append(data)
+    return out
+
+
+def normalized(event: Any) -> dict[str, Any]:
+    """``event`` as a dict, without the time each request's encoder stamps."""
+    dumped: dict[str, Any] = event.model_dump()
+    if "response" in dumped:
+        dumped["response"].pop("created_at")
+    return dumped
+
+
+# -- the encoder ----------------------------------------------------------------------------
+
+
+async def test_every_event_validates_and_numbers_count_up_from_zero() -> None:
+    encoder = ResponsesEncoder("resp_1", created_at=5)
+    body = b"".join(encoder.encode(e) for e in await scripted_events()) + encoder.finish()
+    events = events_of(body)
+    for event in events:
+        STREAM_EVENT.validate_python(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    thinking = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert (text, thinking) == (ANSWER, THINKING)
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == [
+        "reasoning",
+        "message",
+        "function_call",
+        "function_call",
+        "function_call_output",
+        "function_call_output",
+        "message",
+    ]
+    outputs = [item for item in final["output"] if item["type"] == "function_call_output"]
+    assert [(o["call_id"], o["output"], o.get("is_error")) for o in outputs] == [
+        ("call_paris", '{"temp_c":18}', None),
+        ("call_oslo", "station offline", True),
+    ]
+    assert final["usage"]["output_tokens"] == 28
+    assert [i["output_index"] for i in events if i["type"] == "response.output_item.done"] == list(
+        range(7)
+    )
+
+
+async def test_starting_after_writes_only_the_events_after_that_number() -> None:
+    events = await scripted_events()
+    whole = ResponsesEncoder("resp_2", created_at=5)
+    every = events_of(b"".join(whole.encode(e) for e in events) + whole.finish())
+    for n in (0, 5, len(every) - 2, len(every) - 1):
+        later = ResponsesEncoder("resp_2", created_at=5, starting_after=n)
+        rest = events_of(b"".join(later.encode(e) for e in events) + later.finish())
+        assert rest == every[n + 1 :]
+
+
+async def test_an_error_is_an_error_event_then_response_failed() -> None:
+    encoder = ResponsesEncoder("resp_3")
+    body = b"".join(encoder.encode(e) for e in await scripted_events(fail=True))
+    body += encoder.finish()
+    events = events_of(body)
+    for event in events:
+        STREAM_EVENT.validate_python(event)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["message"] == "the provider is overloaded"
+
+
+# -- served, read by the openai SDK ----------------------------------------------------------
+
+
+async def test_the_sdk_reads_the_stream_and_its_final_response(base_url: str) -> None:
+    async with client(base_url) as sdk:
+        stream = await sdk.responses.create(model="scripted", input="Weather?", stream=True)
+        events = [event async for event in stream]
+        async with sdk.responses.stream(model="scripted", input="Weather?") as helper:
+            async for _ in helper:
+                pass
+            final = await helper.get_final_response()
+    assert events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.output_text == ANSWER
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert [(c.call_id, json.loads(c.arguments)) for c in calls] == [
+        ("call_paris", {"city": "Paris"}),
+        ("call_oslo", {"city": "Oslo"}),
+    ]
+
+
+async def test_a_dropped_stream_resumes_with_starting_after_exactly_once(base_url: str) -> None:
+    async with client(base_url) as sdk:
+        stream = await sdk.responses.create(
+            model="scripted",
+            input="Weather?",
+            stream=True,
+            background=True,
+            extra_body={"delay_ms": 20},
+        )
+        seen = []
+        async for event in stream:
+            seen.append(event)
+            if len(seen) == 9:
+                break  # the client drops mid-turn
+        await stream.close()
+        response_id = seen[0].response.id  # type: ignore[union-attr]
+        rest = await sdk.responses.retrieve(
+            response_id, stream=True, starting_after=seen[-1].sequence_number
+        )
+        tail = [event async for event in rest]
+        replay = await sdk.responses.retrieve(response_id, stream=True)
+        every = [event async for event in replay]
+        stored = await sdk.responses.retrieve(response_id)
+    numbers = [e.sequence_number for e in seen + tail]
+    assert numbers == list(range(len(every)))
+    assert [normalized(e) for e in seen + tail] == [normalized(e) for e in every]
+    assert stored.status == "completed"
+    assert stored.output_text == ANSWER
+
+
+async def test_background_answers_at_once_in_progress(base_url: str) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        body = {"model": "m", "input": "x", "background": True, "delay_ms": 50}
+        started = await http.post(f"{base_url}/v1/responses", json=body)
+        assert started.status_code == 200, started.text
+        assert started.json()["status"] == "in_progress"
+        response_id = started.json()["id"]
+        streamed = await http.get(
+            f"{base_url}/v1/responses/{response_id}", params={"stream": "true"}
+        )
+    assert events_of(streamed.content)[-1]["type"] == "response.completed"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/v1/responses", b"{not json", 400, "not valid JSON"),
+        ("/v1/responses", b'{"input": "x"}', 400, "model"),
+        ("/v1/responses", b'{"model": "m"}', 400, "input"),
+        ("/v1/responses", b'{"model": "m", "input": "x", "stream": 1}', 400, "stream"),
+    ],
+)
+async def test_bad_requests_get_openai_s_error_shape(
+    base_url: str, path: str, body: bytes, status: int, message: str
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        response = await http.post(f"{base_url}{path}", content=body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+
+
+async def test_retrieving_an_unknown_response_or_number_is_refused(base_url: str) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        missing = await http.get(f"{base_url}/v1/responses/resp_none")
+        missing_stream = await http.get(
+            f"{base_url}/v1/responses/resp_none", params={"stream": "true"}
+        )
+        bad = await http.get(
+            f"{base_url}/v1/responses/resp_none", params={"stream": "true", "starting_after": "x"}
+        )
+    assert missing.status_code == missing_stream.status_code == 404
+    assert missing_stream.json()["error"]["type"] == "not_found_error"
+    assert bad.status_code == 400
+
+
+# -- read back by this project's own adapter ------------------------------------------------
+
+
+async def test_the_responses_adapter_reads_the_served_stream_back(base_url: str) -> None:
+    async with client(base_url) as sdk:
+        stream = await sdk.responses.create(model="scripted", input="Weather?", stream=True)
+        sink = InMemorySink()
+        await openai_responses.publish(
+            Publisher(sink), stream, message_id="msg_back", stream_id="back"
+        )
+    back = reassemble_events(sink.events)
+    original = reassemble_events(await scripted_events())
+    assert back.text == original.text == ANSWER
+    assert back.thinking == original.thinking
+    assert [(c.tool_use_id, c.name, c.params) for c in back.tool_calls] == [
+        (c.tool_use_id, c.name, c.params) for c in original.tool_calls
+    ]
