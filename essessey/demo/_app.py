@@ -67,14 +67,16 @@ from essessey.demo._scenario import (
     SCENARIOS,
     agent_turn,
 )
-from essessey.dialects import agui, chat_completions, responses
 from essessey.dialects.agui import AGUIEncoder, AGUIRunRequest, agui_routes
+from essessey.dialects.agui import error_object as agui_error
 from essessey.dialects.chat_completions import (
     ChatCompletionRequest,
     ChatCompletionsEncoder,
     chat_completions_routes,
 )
+from essessey.dialects.chat_completions import error_object as chat_completions_error
 from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
+from essessey.dialects.responses import error_object as responses_error
 from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown
 
 if TYPE_CHECKING:
@@ -173,12 +175,12 @@ def agui_turn(run: AGUIRunRequest) -> TurnProducer:
 
 _DIALECT_ENCODERS: Final[dict[str, Callable[[str], tuple[FrameEncoder, ErrorShape]]]] = {
     "ui": lambda stream_id: (UIMessageEncoder(message_id=stream_id), error_body),
-    "agui": lambda stream_id: (AGUIEncoder(stream_id, stream_id), agui.error_object),
+    "agui": lambda stream_id: (AGUIEncoder(stream_id, stream_id), agui_error),
     "chat-completions": lambda stream_id: (
         ChatCompletionsEncoder(stream_id, include_usage=True),
-        chat_completions.error_object,
+        chat_completions_error,
     ),
-    "responses": lambda stream_id: (ResponsesEncoder(stream_id), responses.error_object),
+    "responses": lambda stream_id: (ResponsesEncoder(stream_id), responses_error),
 }
 """The dialects ``GET /streams/{id}/as/{dialect}`` serves a stream in: each one's encoder
 for the stream, and its error shape."""

@@ -10,3 +10,5 @@ protocol's own SSE: pings, shutdown hand-off, stalled-client timeout, resume by
 
 The AI SDK's UI message stream is :mod:`essessey.bindings.ui`.
 """
+
+__all__: list[str] = []  # each dialect is imported from its own module

@@ -18,7 +18,7 @@ resumes (AG-UI's own encoder writes no ids). The mapping:
 - a tool use: ``TOOL_CALL_START`` / ``_ARGS`` / ``_END``; a tool result:
   ``TOOL_CALL_RESULT`` at its stop, its start (``is_error`` with it) as ``rawEvent``;
 - any other block (a server tool's, citations, a type this module does not know): a
-  ``CUSTOM`` event ``essessey.block`` at its stop, with the block and its deltas;
+  ``CUSTOM`` event ``essessey-block`` at its stop, with the block and its deltas;
 - the turn's end: ``RUN_FINISHED`` with the turn's usage; an ``error`` event, or a
   cancelled turn, ``RUN_ERROR`` (code: the error's type, or ``CANCELLED``).
 """
@@ -63,7 +63,7 @@ __all__ = [
 
 logger = logging.getLogger("essessey.dialects.agui")
 
-BLOCK_EVENT: Final = "essessey.block"
+BLOCK_EVENT: Final = "essessey-block"
 """The name of the ``CUSTOM`` event that carries a block AG-UI has no events for."""
 
 DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024

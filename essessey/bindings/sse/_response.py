@@ -458,7 +458,15 @@ class _OutboxSink:
 
     def emit_nowait(self, event: Event) -> bool:
         outbox = self._outbox
-        frame = self._encode(event)
+        framed = self._framed
+        if framed is not None and framed[0] == event:
+            # Offered again (a store's delivery refused it, and the source now yields
+            # it, read again from the store: equal, not the same object): a dialect's
+            # encoder is stateful and must see each event once.
+            frame = framed[1]
+            self._framed = None
+        else:
+            frame = self._encode(event)
         if not frame:
             return True  # a dialect that writes nothing for this event
         if outbox.offer(frame):
