@@ -84,8 +84,17 @@ from starlette.websockets import WebSocket
 import essessey
 from essessey._nats_py import flush_connection
 from essessey.bindings.nats import NATSSink, subscribe_stream
-from essessey.bindings.sse import EventStreamResponse, subscription_response
+from essessey.bindings.sse import (
+    EventStreamResponse,
+    FrameEncoder,
+    stream_response,
+    subscription_response,
+)
+from essessey.bindings.ui import UIMessageEncoder
 from essessey.bindings.ws import websocket_subscription
+from essessey.dialects.agui import AGUIEncoder
+from essessey.dialects.chat_completions import ChatCompletionsEncoder
+from essessey.dialects.responses import ResponsesEncoder
 
 try:
     import uvloop
@@ -103,11 +112,26 @@ HUB_WS = "essessey-hub-ws"
 RAW_WS = "raw-ws"
 ESSESSEY_NATS = "essessey-nats"
 RAW_NATS = "raw-nats"
-VARIANTS = [RAW_SSE, STARLETTE, FASTAPI, ESSESSEY_SSE, HUB_SSE, HUB_WS, RAW_WS]
+HUB_UI = "essessey-hub-ui"
+HUB_AGUI = "essessey-hub-agui"
+HUB_CHAT = "essessey-hub-chat"
+HUB_RESPONSES = "essessey-hub-responses"
+DIALECT_VARIANTS = [HUB_UI, HUB_AGUI, HUB_CHAT, HUB_RESPONSES]
+VARIANTS = [
+    RAW_SSE,
+    STARLETTE,
+    FASTAPI,
+    ESSESSEY_SSE,
+    HUB_SSE,
+    *DIALECT_VARIANTS,
+    HUB_WS,
+    RAW_WS,
+]
 NATS_VARIANTS = [ESSESSEY_NATS, RAW_NATS]
 ALL_VARIANTS = VARIANTS + NATS_VARIANTS
 KIND = {
     **dict.fromkeys((RAW_SSE, STARLETTE, FASTAPI, ESSESSEY_SSE, HUB_SSE), "sse"),
+    **dict.fromkeys(DIALECT_VARIANTS, "sse"),
     HUB_WS: "ws",
     RAW_WS: "ws",
     ESSESSEY_NATS: "nats",
@@ -124,6 +148,17 @@ LABELS = {
     RAW_WS: "bare ASGI WebSocket, one websocket.send per delta",
     ESSESSEY_NATS: "essessey Publisher(NATSSink) -> subscribe_stream",
     RAW_NATS: "raw nats-py publish -> callback subscription",
+    HUB_UI: "the same hub turn as the AI SDK's UI message stream",
+    HUB_AGUI: "the same hub turn as AG-UI events",
+    HUB_CHAT: "the same hub turn as Chat Completions chunks",
+    HUB_RESPONSES: "the same hub turn as Responses events",
+}
+# A dialect's text-delta frame (its mark) and the key whose string value is the text.
+DIALECT_DELTAS: dict[str, tuple[bytes, bytes]] = {
+    HUB_UI: (b'"type":"text-delta"', b'"delta":"'),
+    HUB_AGUI: (b'"type":"TEXT_MESSAGE_CONTENT"', b'"delta":"'),
+    HUB_CHAT: (b'"delta":{"content":"', b'"content":"'),
+    HUB_RESPONSES: (b"event: response.output_text.delta\n", b'"delta":"'),
 }
 
 FLAVOURS: dict[str, tuple[str, str]] = {
@@ -170,15 +205,16 @@ SSE_HEADERS = [
 ]
 
 
-def delta_text(frame: bytes) -> int:
-    """The publish time a delta carries: the digits after its last ``"text":"``."""
-    start = frame.rfind(TEXT_KEY) + len(TEXT_KEY)
+def delta_text(frame: bytes, key: bytes = TEXT_KEY) -> int:
+    """The publish time a delta carries: the digits after its last ``key`` (``"text":"``
+    in the protocol's frames)."""
+    start = frame.rfind(key) + len(key)
     return int(frame[start : frame.index(b'"', start)])
 
 
-def delta_template(frame: bytes) -> bytes:
+def delta_template(frame: bytes, key: bytes = TEXT_KEY) -> bytes:
     """A delta's bytes with its publish time replaced by ``<ns>``, to compare variants."""
-    start = frame.rfind(TEXT_KEY) + len(TEXT_KEY)
+    start = frame.rfind(key) + len(key)
     return frame[:start] + b"<ns>" + frame[frame.index(b'"', start) :]
 
 
@@ -389,6 +425,18 @@ def build_app(max_streams: int) -> Callable[[Scope, Receive, Send], Awaitable[No
         response = await subscription_response(hub, request, stream_id)
         await response(scope, receive, send)
 
+    def hub_dialect(
+        encoder: Callable[[str], FrameEncoder],
+    ) -> Callable[[Scope, Receive, Send, Params], Awaitable[None]]:
+        """The hub turn of ``hub_sse``, delivered in another dialect."""
+
+        async def handler(scope: Scope, receive: Receive, send: Send, p: Params) -> None:
+            stream_id = await start_turn(p)
+            response = stream_response(hub, stream_id, None, encoder=encoder(stream_id))
+            await response(scope, receive, send)
+
+        return handler
+
     async def hub_ws(scope: Scope, receive: Receive, send: Send, p: Params) -> None:
         websocket = WebSocket(scope, receive, send)
         await websocket_subscription(hub, websocket, await start_turn(p))
@@ -423,6 +471,10 @@ def build_app(max_streams: int) -> Callable[[Scope, Receive, Send], Awaitable[No
         "/" + ESSESSEY_SSE: essessey_sse,
         "/" + HUB_SSE: hub_sse,
         "/" + HUB_WS: hub_ws,
+        "/" + HUB_UI: hub_dialect(lambda sid: UIMessageEncoder(message_id=sid)),
+        "/" + HUB_AGUI: hub_dialect(lambda sid: AGUIEncoder(sid, sid)),
+        "/" + HUB_CHAT: hub_dialect(lambda sid: ChatCompletionsEncoder(sid)),
+        "/" + HUB_RESPONSES: hub_dialect(lambda sid: ResponsesEncoder(sid)),
         "/" + RAW_WS: raw_ws,
     }
 
@@ -766,16 +818,18 @@ class StreamClient(asyncio.Protocol):
             self.error = self.error or f"closed before the response head ({exc!r})"
         self.finish()
 
+    key = TEXT_KEY  # where a delta's frame holds its publish time
+
     def record(self, now: int, frame: bytes) -> None:
         sink = self.sink
-        published = delta_text(frame)
+        published = delta_text(frame, self.key)
         sink.latencies.append(now - published)
         if not self.received:
             self.first_published = published
         self.last_published = published
         self.received += 1
         if sink.capture:
-            sink.samples.add(delta_template(frame))
+            sink.samples.add(delta_template(frame, self.key))
 
     def finish(self) -> None:
         if not self.done.done():
@@ -798,12 +852,13 @@ class StreamClient(asyncio.Protocol):
 class SSEClient(StreamClient):
     """HTTP/1.1 GET, a chunked body of SSE frames: split on blank lines, count the deltas."""
 
-    def __init__(self, path: str, port: int, sink: RoundSink) -> None:
+    def __init__(self, path: str, port: int, sink: RoundSink, mark: bytes = SSE_DELTA_MARK) -> None:
         request = (
             f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nAccept: text/event-stream\r\n"
             "Cache-Control: no-cache\r\nConnection: close\r\n\r\n"
         ).encode()
         super().__init__(request, sink)
+        self.mark = mark  # what a delta's frame holds
         self.chunked = False
         self.chunk_left = 0  # payload bytes of the current chunk still to come
         self.skip = 0  # bytes of a chunk's closing CRLF still to skip
@@ -862,8 +917,9 @@ class SSEClient(StreamClient):
         text = self.text + data if self.text else data
         frames = text.split(b"\n\n")
         self.text = frames.pop()
+        mark = self.mark
         for frame in frames:
-            if SSE_DELTA_MARK in frame:
+            if mark in frame:
                 self.record(now, frame)
 
 
@@ -1133,15 +1189,18 @@ async def http_round(
     loop = asyncio.get_running_loop()
     round_id = secrets.token_hex(4)
     sink = RoundSink(capture)
-    client_class = WSClient if KIND[variant] == "ws" else SSEClient
-    clients = [
-        client_class(
-            f"/{variant}?{Params(round_id, k, deltas, interval, k * interval / streams).query()}",
-            port,
-            sink,
-        )
-        for k in range(streams)
-    ]
+    clients: list[StreamClient] = []
+    for k in range(streams):
+        path = f"/{variant}?{Params(round_id, k, deltas, interval, k * interval / streams).query()}"
+        if KIND[variant] == "ws":
+            clients.append(WSClient(path, port, sink))
+        elif variant in DIALECT_DELTAS:
+            mark, key = DIALECT_DELTAS[variant]
+            client = SSEClient(path, port, sink, mark)
+            client.key = key
+            clients.append(client)
+        else:
+            clients.append(SSEClient(path, port, sink))
     result = Round(variant, round_no, streams, deltas, interval, streams * deltas)
     gc.collect()
     heap_before = await server_heap(port)
@@ -1358,7 +1417,11 @@ def check_samples(result: Round) -> str | None:
     """Whether the variant sent the same delta bytes as every other (ids aside)."""
     kind = KIND[result.variant]
     for sample in result.samples:
-        if kind == "sse":
+        if result.variant in DIALECT_DELTAS:
+            # Another dialect's frame: its own bytes, holding the same text.
+            if DIALECT_DELTAS[result.variant][0].decode() not in sample or "<ns>" not in sample:
+                return sample
+        elif kind == "sse":
             body = sample.split("\n", 1)[1] if sample.startswith("id: ") else sample
             if body != SSE_SAMPLE:
                 return sample
@@ -1643,7 +1706,7 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
     )
     print()
     header = (
-        f"{'variant':<17} {'rnd':>3} {'srv us/delta':>12} {'srv %':>6} {'pace':>5} "
+        f"{'variant':<22} {'rnd':>3} {'srv us/delta':>12} {'srv %':>6} {'pace':>5} "
         f"{'setup us/conn':>13} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'RSS KiB/c':>9} {'heap KiB/c':>10} "
         f"{'lost':>6} {'cli us/delta':>12} {'cli %':>6} {'nats-srv us/d':>13}"
@@ -1666,14 +1729,14 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
     print()
     print(f"median of {args.rounds} round(s) per variant (x raw: vs raw-sse, raw-ws or raw-nats):")
     print(
-        f"{'variant':<17} {'srv us/delta':>12} {'x raw':>6} {'x sse-starl.':>12} {'pace':>5} "
+        f"{'variant':<22} {'srv us/delta':>12} {'x raw':>6} {'x sse-starl.':>12} {'pace':>5} "
         f"{'setup us/conn':>13} {'p50 ms':>7} {'p99 ms':>7} {'RSS KiB/c':>9} "
         f"{'heap KiB/c':>10} {'lost':>6} {'cli us/delta':>12}  what"
     )
     for variant, row in summary.items():
         lost = f"{row['lost']}" if not row["lost"] else f"{row['lost']}!!"
         print(
-            f"{variant:<17} {fmt(row['server_cpu_us_per_delta'], 1):>12} "
+            f"{variant:<22} {fmt(row['server_cpu_us_per_delta'], 1):>12} "
             f"{fmt(row['x_raw'], 2):>6} {fmt(row['x_sse_starlette'], 2):>12} "
             f"{fmt_share(row['pace']):>5} "
             f"{fmt(row['setup_cpu_us_per_connection'], 0):>13} {fmt(row['p50_ms'], 2):>7} "
@@ -1681,6 +1744,16 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
             f"{fmt(row['heap_kib_per_connection'], 1):>10} {lost:>6} "
             f"{fmt(row['client_cpu_us_per_delta'], 1):>12}  {LABELS[variant]}"
         )
+    hub = summary.get(HUB_SSE, {}).get("server_cpu_us_per_delta")
+    dialects = [v for v in DIALECT_VARIANTS if v in summary]
+    if hub and dialects:
+        print()
+        print(f"dialects: server CPU per delta x {HUB_SSE} (the same turn; target <= 1.3):")
+        for variant in dialects:
+            cpu = summary[variant]["server_cpu_us_per_delta"]
+            ratio = cpu / hub if cpu is not None else None
+            verdict = "met" if ratio is not None and ratio <= 1.3 else "MISSED"
+            print(f"  {variant:<24} {fmt(cpu, 1):>6} us/delta  {fmt(ratio, 2):>5}x  {verdict}")
     if report["sweep"]:
         print()
         print(
@@ -1689,7 +1762,7 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
             f"{args.sweep_min_pace * 100:g}% and 0 lost (steps up to {args.max_streams}):"
         )
         print(
-            f"{'variant':<17} {'max K ok':>9} {'p99 ms':>7} {'pace':>5} {'srv %':>6} "
+            f"{'variant':<22} {'max K ok':>9} {'p99 ms':>7} {'pace':>5} {'srv %':>6} "
             f"{'cli %':>6}   {'first miss':>10} {'on':>9} {'p99 ms':>7} {'pace':>5} "
             f"{'lost':>6} {'srv %':>6} {'cli %':>6}"
         )

@@ -34,23 +34,46 @@ from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
 import essessey
-from essessey.bindings.sse import EventStreamResponse, SSEDecoder
+from essessey.bindings.sse import EventStreamResponse, FrameEncoder, SSEDecoder
+from essessey.bindings.ui import UIMessageEncoder
+from essessey.dialects.agui import AGUIEncoder
+from essessey.dialects.chat_completions import ChatCompletionsEncoder
+from essessey.dialects.responses import ResponsesEncoder
 
 ESSESSEY = "essessey"
 STARLETTE = "sse-starlette"
 RAW = "raw per-event"
+# The same turn in the other wire dialects, through the same response (docs/dialects.md).
+DIALECTS: dict[str, tuple[Callable[[], FrameEncoder], bytes]] = {
+    "ui": (lambda: UIMessageEncoder(message_id="turn"), b"data: [DONE]"),
+    "agui": (lambda: AGUIEncoder("thread", "run"), b'"RUN_FINISHED"'),
+    "chat-completions": (lambda: ChatCompletionsEncoder("chatcmpl-1"), b"data: [DONE]"),
+    "responses": (lambda: ResponsesEncoder("resp_1"), b"response.completed"),
+}
 VARIANTS: dict[str, str] = {
     ESSESSEY: "/essessey",
     STARLETTE: "/sse-starlette",
     RAW: "/raw",
+    **{name: "/" + name for name in DIALECTS},
 }
-# sse-starlette ends its lines with CRLF by default; the other two write LF.
-SEPARATORS: dict[str, bytes] = {ESSESSEY: b"\n\n", STARLETTE: b"\r\n\r\n", RAW: b"\n\n"}
+# sse-starlette ends its lines with CRLF by default; the others write LF.
+SEPARATORS: dict[str, bytes] = {
+    ESSESSEY: b"\n\n",
+    STARLETTE: b"\r\n\r\n",
+    RAW: b"\n\n",
+    **dict.fromkeys(DIALECTS, b"\n\n"),
+}
 LABELS: dict[str, str] = {
     ESSESSEY: "essessey EventStreamResponse",
     STARLETTE: "sse-starlette EventSourceResponse",
     RAW: "raw ASGI, one event per send",
+    "ui": "essessey, as the UI message stream",
+    "agui": "essessey, as AG-UI events",
+    "chat-completions": "essessey, as Chat Completions chunks",
+    "responses": "essessey, as Responses events",
 }
+TARGET_DIALECT_VS_ESSESSEY = 1.3
+"""A dialect's server CPU per protocol event, at most this many times the protocol's."""
 
 TARGET_VS_STARLETTE = 5.0
 TARGET_VS_RAW = 1.0
@@ -100,6 +123,9 @@ def build_app(deltas: int) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         path = scope["path"]
         if path == VARIANTS[ESSESSEY]:
             await EventStreamResponse(produce)(scope, receive, send)
+        elif path[1:] in DIALECTS:
+            encoder = DIALECTS[path[1:]][0]()
+            await EventStreamResponse(produce, encoder=encoder)(scope, receive, send)
         elif path == VARIANTS[STARLETTE]:
             await EventSourceResponse(starlette_events())(scope, receive, send)
         elif path == VARIANTS[RAW]:
@@ -139,12 +165,22 @@ async def read_stream(client: httpx.AsyncClient, url: str, separator: bytes) -> 
     return frames, size
 
 
-async def verify(client: httpx.AsyncClient, base_url: str, deltas: int) -> int:
-    """Check, before timing, that every endpoint streams the same events."""
+async def verify(
+    client: httpx.AsyncClient, base_url: str, deltas: int
+) -> tuple[int, dict[str, int]]:
+    """Check, before timing, that every endpoint streams the same events (each dialect
+    its whole turn, to its own end); the turn's events, and each dialect's frames."""
     expected = [(e.event, e.json()) for e in await recorded_turn(make_chunks(deltas))]
+    frames: dict[str, int] = {}
     for variant, path in VARIANTS.items():
         response = await client.get(base_url + path)
         response.raise_for_status()
+        if variant in DIALECTS:
+            body = response.content
+            if DIALECTS[variant][1] not in body.rstrip().rsplit(b"\n\n", 1)[-1]:
+                raise SystemExit(f"{variant} did not stream the turn to its end")
+            frames[variant] = body.count(b"\n\n")
+            continue
         decoder = SSEDecoder()
         messages = decoder.feed(response.content) + decoder.close()
         got = [(message.event, orjson.loads(message.data)) for message in messages]
@@ -152,7 +188,7 @@ async def verify(client: httpx.AsyncClient, base_url: str, deltas: int) -> int:
             raise SystemExit(f"{variant} streamed different events from the recorded turn")
         if essessey.check([essessey.Event(name, orjson.dumps(data)) for name, data in got]):
             raise SystemExit(f"{variant} streamed events that break the protocol")
-    return len(expected)
+    return len(expected), frames
 
 
 async def timed_run(
@@ -185,7 +221,7 @@ async def measure(
     pid = server.process.pid
     limits = httpx.Limits(max_connections=max(client_counts), max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
-        expected = await verify(client, base_url, deltas)
+        expected, dialect_frames = await verify(client, base_url, deltas)
         best: dict[tuple[str, int], tuple[float, int, int]] = {}
         # Server CPU summed over every run: the clock ticks in 10 ms steps, too coarse
         # for one short run. It shows which side a variant is limited by.
@@ -198,7 +234,8 @@ async def measure(
                     gc.collect()
                     url = base_url + VARIANTS[variant]
                     cpu_before = process_cpu_seconds(pid)
-                    run = await timed_run(client, url, SEPARATORS[variant], clients, expected)
+                    frames = dialect_frames.get(variant, expected)
+                    run = await timed_run(client, url, SEPARATORS[variant], clients, frames)
                     cpu_after = process_cpu_seconds(pid)
                     key = (variant, clients)
                     if cpu_before is None or cpu_after is None:
@@ -208,19 +245,24 @@ async def measure(
                     if key not in best or run[0] < best[key][0]:
                         best[key] = run
 
+    # Per event of the turn (a dialect writes frames of its own, more or fewer): every
+    # variant streams the same turn, so the figures compare.
     results = [
         {
             "variant": variant,
             "clients": clients,
             "best_seconds": seconds,
-            "events": events,
+            "events": expected * clients,
             "bytes": size,
-            "events_per_second": events / seconds,
-            "server_cpu_us_per_event": _per_event_us(server_cpu[variant, clients], events, repeat),
+            "events_per_second": expected * clients / seconds,
+            "server_cpu_us_per_event": _per_event_us(
+                server_cpu[variant, clients], expected * clients, repeat
+            ),
         }
-        for (variant, clients), (seconds, events, size) in best.items()
+        for (variant, clients), (seconds, _frames, size) in best.items()
     ]
-    rate = {key: events / seconds for key, (seconds, events, _size) in best.items()}
+    rate = {key: expected * key[1] / seconds for key, (seconds, _f, _s) in best.items()}
+    cpu = {(r["variant"], r["clients"]): r["server_cpu_us_per_event"] for r in results}
     targets = []
     for clients in client_counts:
         for other, minimum in ((STARLETTE, TARGET_VS_STARLETTE), (RAW, TARGET_VS_RAW)):
@@ -235,7 +277,23 @@ async def measure(
                         "met": ratio >= minimum,
                     }
                 )
+    dialect_targets = []
+    for clients in client_counts:
+        base = cpu.get((ESSESSEY, clients))
+        for variant in DIALECTS:
+            own = cpu.get((variant, clients))
+            if base and own is not None:
+                dialect_targets.append(
+                    {
+                        "clients": clients,
+                        "variant": variant,
+                        "ratio": own / base,
+                        "max_ratio": TARGET_DIALECT_VS_ESSESSEY,
+                        "met": own / base <= TARGET_DIALECT_VS_ESSESSEY,
+                    }
+                )
     return {
+        "dialect_targets": dialect_targets,
         "deltas": deltas,
         "events_per_stream": expected,
         "repeat": repeat,
@@ -283,6 +341,12 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             f"{target['clients']} client(s): essessey / {target['versus']} = "
             f"{target['ratio']:.2f} (target >= {target['min_ratio']:g}: {verdict})"
+        )
+    for target in report["dialect_targets"]:
+        verdict = "met" if target["met"] else "NOT met"
+        print(
+            f"{target['clients']} client(s): server CPU per event, {target['variant']} / "
+            f"essessey = {target['ratio']:.2f} (target <= {target['max_ratio']:g}: {verdict})"
         )
 
 

@@ -42,7 +42,7 @@ from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse._frames import with_id
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.errors import StreamBusy
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -70,6 +70,8 @@ DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 """Bytes of one block held until its stop (a tool result, a block carried whole)."""
 
 _REDACTED: Final = "redacted_thinking"
+_TEXT_CONTENT: Final = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":%b,"delta":%b}\n\n'
+"""A text delta's frame, as :func:`_frame` writes it, with its id and text filled in."""
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -90,11 +92,12 @@ def _frame(event: dict[str, Any]) -> bytes:
 
 
 class _Block:
-    __slots__ = ("deltas", "id", "kind", "parts", "signature", "size", "start")
+    __slots__ = ("deltas", "id", "id_json", "kind", "parts", "signature", "size", "start")
 
     def __init__(self, kind: str, block_id: str, start: dict[str, Any]) -> None:
         self.kind = kind
         self.id = block_id
+        self.id_json = orjson.dumps(block_id)  # for the frames spliced without a dict
         self.start = start
         self.parts: list[str] = []
         self.deltas: list[Any] = []
@@ -136,6 +139,15 @@ class AGUIEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
+        if event.event == EventType.CONTENT_BLOCK_DELTA and self._step:
+            text = text_delta(payload)
+            if text is not None:
+                block = self._blocks.get(text[0])
+                if block is not None and block.kind == BlockType.TEXT:
+                    if not text[1]:
+                        return b""  # AG-UI refuses an empty delta
+                    frame = _TEXT_CONTENT % (block.id_json, orjson.dumps(text[1]))
+                    return with_id([frame], event.id)
         try:
             return with_id(self._frames(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

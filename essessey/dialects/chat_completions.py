@@ -43,7 +43,7 @@ from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse._frames import with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.event import Event
 from essessey.hub import StreamHub
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
@@ -76,6 +76,9 @@ FINISH_REASONS: Final[dict[str, str]] = {
     "refusal": "content_filter",
 }
 """Stop reasons and the ``finish_reason`` each maps to; any other is ``stop``."""
+
+
+_NO_BLOCK: Final = ("", -1)
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -116,6 +119,7 @@ class ChatCompletionsEncoder:
         self._ended = False  # an error was written: nothing more is
         self._prompt_tokens = 0
         self._completion_tokens = 0
+        self._content_head: bytes | None = None  # a content chunk up to its text
 
     # -- FrameEncoder --------------------------------------------------------------------
 
@@ -126,6 +130,10 @@ class ChatCompletionsEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
+        if event.event == EventType.CONTENT_BLOCK_DELTA:
+            text = text_delta(payload)
+            if text is not None and self._blocks.get(text[0], _NO_BLOCK)[0] == BlockType.TEXT:
+                return with_id([self._content_frame(orjson.dumps(text[1]))], event.id)
         try:
             return with_id(self._chunks(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -151,6 +159,15 @@ class ChatCompletionsEncoder:
         return b"data: " + error_object(error_type, message) + b"\n\n" + DONE
 
     # -- the events ----------------------------------------------------------------------
+
+    def _content_frame(self, token: bytes) -> bytes:
+        """``_chunk({"content": text})``, given the text as JSON (``token``)."""
+        head = self._content_head
+        if head is None:
+            head = self._content_head = (
+                self._chunk({"content": ""}).split(b'"content":""', 1)[0] + b'"content":'
+            )
+        return head + token + b'},"finish_reason":null}]}\n\n'
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         return _frame(
@@ -208,6 +225,7 @@ class ChatCompletionsEncoder:
         model = message.get("model")
         if isinstance(model, str) and model:
             self.model = model
+            self._content_head = None
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def _block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:

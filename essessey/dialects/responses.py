@@ -46,7 +46,7 @@ from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse._frames import with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.event import Event
 from essessey.hub import StreamHub
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
@@ -69,6 +69,14 @@ DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 whole)."""
 
 
+_TEXT_DELTA: Final = (
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","sequence_number":%d,"item_id":%b,'
+    b'"output_index":%d,"content_index":0,"delta":%b,"logprobs":[]}\n\n'
+)
+"""A text delta's event, as ``_emit`` writes it, with its number, item and text filled in."""
+
+
 def error_object(error_type: str, message: str) -> bytes:
     """The JSON of an error as OpenAI answers one (``{"error": {...}}``)."""
     return orjson.dumps(
@@ -77,11 +85,22 @@ def error_object(error_type: str, message: str) -> bytes:
 
 
 class _Item:
-    __slots__ = ("block", "deltas", "id", "kind", "output_index", "parts", "signature", "size")
+    __slots__ = (
+        "block",
+        "deltas",
+        "id",
+        "id_json",
+        "kind",
+        "output_index",
+        "parts",
+        "signature",
+        "size",
+    )
 
     def __init__(self, kind: str, item_id: str, output_index: int, block: dict[str, Any]) -> None:
         self.kind = kind
         self.id = item_id
+        self.id_json = orjson.dumps(item_id)  # for the frames spliced without a dict
         self.output_index = output_index
         self.block = block
         self.parts: list[str] = []
@@ -137,6 +156,19 @@ class ResponsesEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
+        if event.event == EventType.CONTENT_BLOCK_DELTA:
+            text = text_delta(payload)
+            if text is not None:
+                item = self._items.get(text[0])
+                if item is not None and item.kind == BlockType.TEXT:
+                    self._hold(item, text[1])
+                    number = self.sequence_number
+                    self.sequence_number += 1
+                    if number <= self.starting_after:
+                        return b""
+                    token = orjson.dumps(text[1])
+                    frame = _TEXT_DELTA % (number, item.id_json, item.output_index, token)
+                    return with_id([frame], event.id)
         try:
             return with_id(self._frames(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -20,7 +20,7 @@ Why each rule:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from essessey.bindings.sse._writer import encode, error_body
 from essessey.event import Event
@@ -28,7 +28,13 @@ from essessey.protocol import EventType
 
 __all__ = ["ErrorShape", "FrameEncoder", "ProtocolFrames", "data_frame", "with_id"]
 
-_FORBIDDEN: Final = (b"\r", b"\n", b"\0")
+
+def _forbidden_in(value: bytes) -> bool:
+    """Whether ``value`` holds CR, LF or NUL, each of which would end an SSE line early."""
+    # The bytes as ints: an int is looked for with one memchr, a one-byte bytes needle
+    # with the general search, several times slower (and an id is checked per event).
+    return 10 in value or 13 in value or 0 in value
+
 
 ErrorShape: TypeAlias = Callable[[str, str], bytes]
 """``shape(error_type, message) -> body``: the JSON a dialect answers an error with
@@ -81,7 +87,7 @@ def with_id(frames: list[bytes], event_id: str | None) -> bytes:
         return b""
     if event_id:
         id_bytes = event_id.encode()
-        if any(char in id_bytes for char in _FORBIDDEN):
+        if _forbidden_in(id_bytes):
             raise ValueError("an SSE id must not contain CR, LF or NUL")
         frames[-1] = b"id: " + id_bytes + b"\n" + frames[-1]
     return b"".join(frames)
@@ -94,14 +100,14 @@ def data_frame(data: bytes, *, id: str | None = None, event: str | None = None) 
     head = b""
     if id:
         id_bytes = id.encode()
-        if any(char in id_bytes for char in _FORBIDDEN):
+        if _forbidden_in(id_bytes):
             raise ValueError("an SSE id must not contain CR, LF or NUL")
         head = b"id: " + id_bytes + b"\n"
     if event is not None:
         name = event.encode()
-        if any(char in name for char in _FORBIDDEN):
+        if _forbidden_in(name):
             raise ValueError("an SSE event name must not contain CR, LF or NUL")
         head += b"event: " + name + b"\n"
-    if b"\n" in data or b"\r" in data:
+    if 10 in data or 13 in data:
         raise ValueError("a data frame's data must be one line")
     return head + b"data: " + data + b"\n\n"

@@ -65,7 +65,7 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
-from essessey.bindings.sse._frames import ErrorShape, FrameEncoder
+from essessey.bindings.sse._frames import ErrorShape, FrameEncoder, ProtocolFrames
 from essessey.bindings.sse._writer import encode, error_body, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
@@ -94,6 +94,7 @@ _SSE_HEADERS: Final = (
 # The frame head of each event a Publisher batches (its data is JSON from orjson: no
 # line break in it, so one data line).
 _BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: b"event: content_block_delta\ndata: "}
+_PROTOCOL_FRAMES: Final = ProtocolFrames()
 _BURST: Final = 0.0005
 """Seconds after a send within which the next event is taken for part of a burst: it is
 held for the next send instead of going out in a send of its own."""
@@ -762,18 +763,15 @@ class EventStreamResponse(Response):
             # Logged even when the producer sent its own error event (stream_turn does):
             # the client was told, but the exception would otherwise be seen nowhere.
             logger.error("the stream failed after it started", exc_info=failure)
-        encoder = self.encoder
+        frames = self.encoder if self.encoder is not None else _PROTOCOL_FRAMES
         if failure is not None and not outbox.last_was_error:
             if isinstance(failure, StreamRejected):
                 error_type, message = failure.error_type, failure.message
             else:
                 error_type, message = "api_error", "Internal server error"
-            if encoder is None:
-                tail = encode(Event(EventType.ERROR, error_body(error_type, message)))
-            else:
-                tail = encoder.fail(error_type, message)
+            tail = frames.fail(error_type, message)
         else:
-            tail = b"" if encoder is None else encoder.finish()
+            tail = frames.finish()
         await outbox.finish(tail)
 
     async def _send_error(self, send: Send, status: int, error_type: str, message: str) -> None:

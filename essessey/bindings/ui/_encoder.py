@@ -39,6 +39,7 @@ from typing import Any, Final
 import orjson
 
 from essessey.bindings.sse._frames import with_id
+from essessey.dialects._payload import text_delta
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
@@ -62,6 +63,8 @@ DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 """Bytes of one tool call's input, tool result or unknown block held until its stop."""
 
 _DATA_PART: Final = "data-essessey-block"
+_TEXT_DELTA: Final = b'data: {"type":"text-delta","id":%b,"delta":%b}\n\n'
+"""A text delta's chunk, as :func:`frame` writes it, with its id and text filled in."""
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -71,11 +74,12 @@ def frame(chunk: dict[str, Any]) -> bytes:
 
 
 class _Block:
-    __slots__ = ("content", "held", "id", "kind", "size", "skipped")
+    __slots__ = ("content", "held", "id", "id_json", "kind", "size", "skipped")
 
     def __init__(self, kind: str, block_id: str, content: dict[str, Any]) -> None:
         self.kind = kind
         self.id = block_id
+        self.id_json = orjson.dumps(block_id)  # for the frames spliced without a dict
         self.content = content
         self.held: list[Any] = []  # fragments (tool input, result) or deltas (unknown)
         self.size = 0
@@ -127,6 +131,12 @@ class UIMessageEncoder:
         if not isinstance(payload, dict):
             logger.warning("skipped a %s event: its payload is not an object", name)
             return []
+        if name == EventType.CONTENT_BLOCK_DELTA and self._in_step:
+            text = text_delta(payload)
+            if text is not None:
+                block = self._blocks.get(text[0])
+                if block is not None and block.kind == BlockType.TEXT:
+                    return [_TEXT_DELTA % (block.id_json, orjson.dumps(text[1]))]
         try:
             return self._feed(name, payload)
         except (KeyError, TypeError, ValueError) as exc:
