@@ -47,14 +47,25 @@ class EventBatch(Sequence[Event]):
 
     A sequence of :class:`Event` like any list, built on demand; a sink that frames
     events (an SSE response) may read ``name`` and ``datas`` instead and skip building
-    an Event per item.
+    an Event per item. A batch of text deltas of one block also says which block
+    (``block_index``) and holds the ``texts`` its datas were made from, so a sink that writes
+    another dialect need not decode them again.
     """
 
-    __slots__ = ("datas", "name")
+    __slots__ = ("block_index", "datas", "name", "texts")
 
-    def __init__(self, name: str, datas: list[bytes]) -> None:
+    def __init__(
+        self,
+        name: str,
+        datas: list[bytes],
+        *,
+        block_index: int | None = None,
+        texts: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.datas = datas
+        self.block_index = block_index
+        self.texts = texts
 
     def __len__(self) -> int:
         return len(self.datas)

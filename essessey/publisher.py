@@ -294,7 +294,7 @@ class Publisher:
                 self._block_types.get(index),
                 sum(map(len, chunks)),
             )
-        events = EventBatch(EventType.CONTENT_BLOCK_DELTA, datas)
+        events = EventBatch(EventType.CONTENT_BLOCK_DELTA, datas, block_index=index, texts=chunks)
         emit_many = self._emit_many
         if emit_many is not None:
             await emit_many(events)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from essessey import Event
-from essessey.bindings.sse import FrameEncoder
+from essessey.bindings.sse import FrameEncoder, TextBatchEncoder
 from essessey.bindings.ui import UIMessageEncoder
 from essessey.dialects._payload import text_delta
 from essessey.dialects.agui import AGUIEncoder
@@ -108,3 +108,20 @@ def test_a_text_delta_s_frame_is_what_the_general_path_writes(
 )
 def test_only_a_text_delta_takes_the_quick_path(payload: dict[str, Any]) -> None:
     assert text_delta(payload) is None
+
+
+@pytest.mark.parametrize("dialect", ENCODERS)
+@settings(max_examples=100, deadline=None)
+@given(texts=st.lists(st.text(), max_size=6))
+def test_a_batch_of_text_deltas_is_written_as_one_by_one(dialect: str, texts: list[str]) -> None:
+    batched, single = ENCODERS[dialect](), ENCODERS[dialect]()
+    for event in opening():
+        batched.encode(event)
+        single.encode(event)
+    assert isinstance(batched, TextBatchEncoder)
+    one_by_one = b"".join(single.encode(Event("content_block_delta", canonical(t))) for t in texts)
+    assert batched.encode_texts(0, texts) == one_by_one
+    assert batched.encode_texts(7, texts) is None  # no such block: each event on its own
+    # Both carry on alike afterwards (a Responses batch counted its sequence numbers).
+    after = Event("content_block_delta", canonical("next"))
+    assert batched.encode(after) == single.encode(after)

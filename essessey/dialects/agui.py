@@ -154,6 +154,15 @@ class AGUIEncoder:
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return b""
 
+    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
+        """One ``TEXT_MESSAGE_CONTENT`` per text of block ``index`` (empty ones left
+        out); None when that is not an open text block."""
+        block = self._blocks.get(index) if self._step and not self._ended else None
+        if block is None or block.kind != BlockType.TEXT:
+            return None
+        dumps, block_id = orjson.dumps, block.id_json
+        return b"".join([_TEXT_CONTENT % (block_id, dumps(text)) for text in texts if text])
+
     def finish(self) -> bytes:
         """``RUN_FINISHED`` if no message ended the run yet."""
         if self._ended:

@@ -140,6 +140,14 @@ class ChatCompletionsEncoder:
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return b""
 
+    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
+        """One content chunk per text of block ``index``; None when that is not an open
+        text block."""
+        if self._ended or self._blocks.get(index, _NO_BLOCK)[0] != BlockType.TEXT:
+            return None
+        frame, dumps = self._content_frame, orjson.dumps
+        return b"".join([frame(dumps(text)) for text in texts])
+
     def finish(self) -> bytes:
         """The finish reason (if no message gave it yet), the usage chunk when asked
         for, then ``[DONE]``."""

@@ -175,6 +175,22 @@ class ResponsesEncoder:
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return b""
 
+    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
+        """One ``response.output_text.delta`` per text of block ``index``; None when
+        that is not an open text block."""
+        item = None if self._ended else self._items.get(index)
+        if item is None or item.kind != BlockType.TEXT:
+            return None
+        frames = []
+        dumps, item_id, output = orjson.dumps, item.id_json, item.output_index
+        for text in texts:
+            self._hold(item, text)
+            number = self.sequence_number
+            self.sequence_number += 1
+            if number > self.starting_after:
+                frames.append(_TEXT_DELTA % (number, item_id, output, dumps(text)))
+        return b"".join(frames)
+
     def finish(self) -> bytes:
         """The response's end if no message ended it yet."""
         if self._ended:

@@ -22,6 +22,7 @@ from essessey.bindings.sse._frames import (
     ErrorShape,
     FrameEncoder,
     ProtocolFrames,
+    TextBatchEncoder,
     data_frame,
     with_id,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "SSEMessage",
     "SSEOptions",
     "SSESource",
+    "TextBatchEncoder",
     "cancel_response",
     "connect",
     "data_frame",

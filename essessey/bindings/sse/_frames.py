@@ -19,14 +19,21 @@ Why each rule:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from essessey.bindings.sse._writer import encode, error_body
 from essessey.event import Event
 from essessey.protocol import EventType
 
-__all__ = ["ErrorShape", "FrameEncoder", "ProtocolFrames", "data_frame", "with_id"]
+__all__ = [
+    "ErrorShape",
+    "FrameEncoder",
+    "ProtocolFrames",
+    "TextBatchEncoder",
+    "data_frame",
+    "with_id",
+]
 
 
 def _forbidden_in(value: bytes) -> bool:
@@ -61,6 +68,20 @@ class FrameEncoder(Protocol):
         ...
 
 
+@runtime_checkable
+class TextBatchEncoder(FrameEncoder, Protocol):
+    """An encoder that writes many text deltas of one block at once: a Publisher's
+    batched deltas (an :class:`~essessey.event.EventBatch` with ``texts``) then skip the
+    event each would be read from. Detected once per response, on the encoder's class."""
+
+    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
+        """The frames of one text delta per text, for block ``index`` (no ids: a batch
+        has none), as :meth:`encode` would write them one by one; None, having done
+        nothing, when it cannot (the block is not an open text block): each event then
+        goes through :meth:`encode`."""
+        ...
+
+
 class ProtocolFrames:
     """The protocol's own SSE: each event as one message, named by its type."""
 
@@ -85,11 +106,16 @@ def with_id(frames: list[bytes], event_id: str | None) -> bytes:
     line break or NUL."""
     if not frames:
         return b""
+    last = frames[-1]
     if event_id:
         id_bytes = event_id.encode()
-        if _forbidden_in(id_bytes):
+        # Inline, as in _forbidden_in: this runs for every event a dialect writes.
+        if 10 in id_bytes or 13 in id_bytes or 0 in id_bytes:
             raise ValueError("an SSE id must not contain CR, LF or NUL")
-        frames[-1] = b"id: " + id_bytes + b"\n" + frames[-1]
+        last = b"id: " + id_bytes + b"\n" + last
+    if len(frames) == 1:
+        return last
+    frames[-1] = last
     return b"".join(frames)
 
 

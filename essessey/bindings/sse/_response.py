@@ -65,7 +65,12 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
-from essessey.bindings.sse._frames import ErrorShape, FrameEncoder, ProtocolFrames
+from essessey.bindings.sse._frames import (
+    ErrorShape,
+    FrameEncoder,
+    ProtocolFrames,
+    TextBatchEncoder,
+)
 from essessey.bindings.sse._writer import encode, error_body, format_message
 from essessey.errors import StreamRejected
 from essessey.event import Event, EventBatch, Source
@@ -447,12 +452,17 @@ async def _nothing() -> None:
 class _OutboxSink:
     """The sink a producer writes into: each event framed and handed to the outbox."""
 
-    __slots__ = ("_encode", "_framed", "_outbox")
+    __slots__ = ("_encode", "_encode_texts", "_framed", "_outbox")
 
     def __init__(self, outbox: _Outbox, encoder: FrameEncoder | None) -> None:
         self._outbox = outbox
         # The protocol's own framing, or a dialect's (one call either way).
         self._encode: Callable[[Event], bytes] = encode if encoder is None else encoder.encode
+        self._encode_texts: Callable[[int, Sequence[str]], bytes | None] | None = (
+            cast(TextBatchEncoder, encoder).encode_texts
+            if encoder is not None and issubclass(type(encoder), TextBatchEncoder)
+            else None
+        )
         # The last event offered and not taken, framed: emit() then sends these bytes
         # instead of framing the event again.
         self._framed: tuple[Event, bytes] | None = None
@@ -516,7 +526,15 @@ class _OutboxSink:
             prefix = _BATCH_PREFIXES[events.name]
             body = b"".join([prefix + data + b"\n\n" for data in events.datas])
         else:
-            body = b"".join([self._encode(event) for event in events])
+            texts = None
+            if (
+                self._encode_texts is not None
+                and isinstance(events, EventBatch)
+                and events.texts is not None
+                and events.block_index is not None
+            ):
+                texts = self._encode_texts(events.block_index, events.texts)
+            body = texts if texts is not None else b"".join([self._encode(e) for e in events])
         if not body:
             return
         totals.sse_events += len(events)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
@@ -147,6 +148,16 @@ class UIMessageEncoder:
         """:meth:`feed`'s lines joined, the last with the event's ``id:``, so a client
         that reconnects with it resumes after this event (docs/dialects.md)."""
         return with_id(self.feed(event), event.id)
+
+    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
+        """One ``text-delta`` chunk per text of block ``index`` (a
+        :class:`~essessey.bindings.sse.TextBatchEncoder`); None when that is not an
+        open text block."""
+        block = self._blocks.get(index) if self._in_step and not self._ended else None
+        if block is None or block.kind != BlockType.TEXT:
+            return None
+        dumps, block_id = orjson.dumps, block.id_json
+        return b"".join([_TEXT_DELTA % (block_id, dumps(text)) for text in texts])
 
     def finish(self) -> bytes:
         """:meth:`close`."""
