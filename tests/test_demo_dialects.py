@@ -1,0 +1,165 @@
+"""The demo serves its scripted turn in every dialect, at the paths each dialect's clients
+use by default: the openai SDK reads Chat Completions and Responses from its /v1, an
+AG-UI run is a POST /agui, any stream reads again as each dialect, and no bad body gets a
+500."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from essessey.bindings.sse import SSEDecoder
+from essessey.demo import create_app
+from tests.processes import WAIT
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+HI = [{"role": "user", "content": "Weather in Paris and Tokyo?"}]
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with serve(create_app(), lifespan="on") as url:
+        yield url
+
+
+def sdk(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+async def test_chat_completions_streamed_and_whole(base_url: str) -> None:
+    async with sdk(base_url) as client:
+        async with client.chat.completions.stream(
+            model="demo",
+            messages=HI,  # type: ignore[arg-type]
+            extra_body={"deltas": 5},
+        ) as stream:
+            async for _ in stream:
+                pass
+            final = await stream.get_final_completion()
+        whole = await client.chat.completions.create(
+            model="demo",
+            messages=HI,  # type: ignore[arg-type]
+            extra_body={"deltas": 5},
+        )
+    for completion in (final, whole):
+        message = completion.choices[0].message
+        assert message.content
+        cities = [json.loads(c.function.arguments)["city"] for c in message.tool_calls or []]
+        assert cities == ["Paris", "Tokyo"]
+    assert whole.object == "chat.completion"
+
+
+async def test_responses_in_the_background_resume_after_a_sequence_number(
+    base_url: str,
+) -> None:
+    async with sdk(base_url) as client:
+        stream = await client.responses.create(
+            model="demo",
+            input="Weather?",
+            stream=True,
+            background=True,
+            extra_body={"deltas": 20, "delay_ms": 10},
+        )
+        first = []
+        async for event in stream:
+            first.append(event)
+            if len(first) == 6:
+                break
+        await stream.close()
+        response_id = first[0].response.id  # type: ignore[union-attr]
+        rest = await client.responses.retrieve(
+            response_id, stream=True, starting_after=first[-1].sequence_number
+        )
+        tail = [event async for event in rest]
+    numbers = [e.sequence_number for e in first + tail]
+    assert numbers == list(range(len(numbers)))
+    assert tail[-1].type == "response.completed"
+
+
+async def test_an_agui_run_streams_to_run_finished(base_url: str) -> None:
+    run = {
+        "threadId": "t",
+        "runId": "r",
+        "messages": [],
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {"deltas": 5},
+    }
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        response = await http.post(f"{base_url}/agui", json=run)
+    decoder = SSEDecoder()
+    kinds = [json.loads(m.data)["type"] for m in decoder.feed(response.content) + decoder.close()]
+    assert (kinds[0], kinds[-1]) == ("RUN_STARTED", "RUN_FINISHED")
+    assert kinds.count("TOOL_CALL_RESULT") == 2
+
+
+@pytest.mark.parametrize(
+    ("dialect", "end"),
+    [
+        ("ui", b"data: [DONE]"),
+        ("agui", b'"RUN_FINISHED"'),
+        ("chat-completions", b"data: [DONE]"),
+        ("responses", b"response.completed"),
+    ],
+)
+async def test_a_stream_reads_again_in_each_dialect(
+    base_url: str, dialect: str, end: bytes
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        started = await http.post(f"{base_url}/streams", json={"deltas": 5})
+        stream_id = started.json()["stream_id"]
+        again = await http.get(f"{base_url}/streams/{stream_id}/as/{dialect}")
+        page = await http.get(f"{base_url}/")
+    assert again.status_code == 200, again.text
+    assert end in again.content.rstrip().rsplit(b"\n\n", 1)[-1]
+    assert f'data-dialect="{dialect}"' in page.text  # the page links the turn in it
+
+
+async def test_an_unknown_dialect_is_a_404(base_url: str) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        started = await http.post(f"{base_url}/streams", json={"deltas": 5})
+        stream_id = started.json()["stream_id"]
+        response = await http.get(f"{base_url}/streams/{stream_id}/as/klingon")
+    assert response.status_code == 404
+    assert "known: ui, agui, chat-completions, responses" in response.json()["error"]["message"]
+
+
+BAD_BODIES = [
+    b"",
+    b"{not json",
+    b"[]",
+    b"null",
+    b'"text"',
+    b'{"model": 1}',
+    b'{"model": "m", "messages": {}, "input": 5}',
+    b'{"threadId": [], "runId": {}, "messages": null}',
+    # Valid for each dialect but for the demo's own option, out of range.
+    b'{"model": "m", "messages": [{"role": "user"}], "input": "x", "deltas": -1, '
+    b'"threadId": "t", "runId": "bad-deltas", "forwardedProps": {"deltas": -1}}',
+    b"[" * 300 + b"]" * 300,
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/agui"])
+@pytest.mark.parametrize("body", BAD_BODIES)
+async def test_bad_bodies_are_a_400_in_the_dialect_s_shape(
+    base_url: str, path: str, body: bytes
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        response = await http.post(
+            f"{base_url}{path}", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()
+    if path == "/agui":
+        assert error["type"] == "RUN_ERROR"
+        assert error["message"]
+    else:
+        assert set(error["error"]) == {"message", "type", "param", "code"}
