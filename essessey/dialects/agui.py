@@ -38,11 +38,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._admission import Refusal, admit
-from essessey.bindings.http import BadRequest, json_error, read_json
+from essessey.bindings.http import json_error
 from essessey.bindings.sse._frames import with_id
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
 from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._routes import make_producer, read_request
 from essessey.errors import StreamBusy
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -449,12 +450,11 @@ def agui_routes(
         return json_error(status, error_type, message, headers, shape=error_object)
 
     async def run(request: Request) -> Response:
-        try:
-            parsed = parse_run_agent_input(await read_json(request, limit=max_body))
-        except BadRequest as exc:
-            return exc.answer(headers, shape=error_object)
-        except ValueError as exc:
-            return refuse(400, "invalid_request_error", str(exc))
+        parsed = await read_request(
+            request, parse_run_agent_input, limit=max_body, shape=error_object, headers=headers
+        )
+        if isinstance(parsed, Response):
+            return parsed
         given = requested_resume_point(request)
         verdict = await admit(hub, request, parsed.id, given, logger)
         if isinstance(verdict, Refusal):
@@ -462,8 +462,7 @@ def agui_routes(
         encoder = AGUIEncoder(parsed.thread_id, parsed.run_id)
         if verdict.last_event_id is None and not await hub.store.exists(parsed.id):
             try:
-                made = turn(parsed)
-                producer = made if callable(made) else await made
+                producer = await make_producer(turn, parsed)
             except ValueError as exc:  # the app's own options, refused
                 return refuse(400, "invalid_request_error", str(exc))
             # Posted twice at once: the second reads the first's run.

@@ -42,11 +42,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._admission import Refusal, admit
-from essessey.bindings.http import BadRequest, json_error, read_json
+from essessey.bindings.http import json_error
 from essessey.bindings.sse._frames import with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
 from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
@@ -562,22 +563,20 @@ def responses_routes(
 
     async def create(request: Request) -> Response:
         response_id = f"resp_{secrets.token_hex(12)}"
-        try:
-            body = await read_json(request, limit=max_body)
-            parsed = parse_responses_request(body, response_id)
-        except BadRequest as exc:
-            return exc.answer(headers, shape=error_object)
-        except ValueError as exc:
-            return refuse(400, "invalid_request_error", str(exc))
-        verdict = await admit(hub, request, response_id, None, logger)
-        if isinstance(verdict, Refusal):
-            return refuse(verdict.status, verdict.error_type, verdict.message)
-        try:
-            made = turn(parsed)
-            producer = made if callable(made) else await made
-        except ValueError as exc:  # the app's own options, refused
-            return refuse(400, "invalid_request_error", str(exc))
-        await hub.start(response_id, producer)
+        parsed = await read_request(
+            request,
+            lambda body: parse_responses_request(body, response_id),
+            limit=max_body,
+            shape=error_object,
+            headers=headers,
+        )
+        if isinstance(parsed, Response):
+            return parsed
+        refused = await start_turn(
+            hub, request, response_id, turn, parsed, shape=error_object, headers=headers, log=logger
+        )
+        if refused is not None:
+            return refused
         if parsed.stream:
             encoder = ResponsesEncoder(response_id, model=parsed.model)
             return stream_response(
