@@ -818,18 +818,18 @@ class StreamClient(asyncio.Protocol):
             self.error = self.error or f"closed before the response head ({exc!r})"
         self.finish()
 
-    key = TEXT_KEY  # where a delta's frame holds its publish time
+    text_key = TEXT_KEY  # where a delta's frame holds its publish time
 
     def record(self, now: int, frame: bytes) -> None:
         sink = self.sink
-        published = delta_text(frame, self.key)
+        published = delta_text(frame, self.text_key)
         sink.latencies.append(now - published)
         if not self.received:
             self.first_published = published
         self.last_published = published
         self.received += 1
         if sink.capture:
-            sink.samples.add(delta_template(frame, self.key))
+            sink.samples.add(delta_template(frame, self.text_key))
 
     def finish(self) -> None:
         if not self.done.done():
@@ -1197,7 +1197,7 @@ async def http_round(
         elif variant in DIALECT_DELTAS:
             mark, key = DIALECT_DELTAS[variant]
             client = SSEClient(path, port, sink, mark)
-            client.key = key
+            client.text_key = key
             clients.append(client)
         else:
             clients.append(SSEClient(path, port, sink))
