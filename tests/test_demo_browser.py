@@ -235,3 +235,32 @@ async def test_a_failed_tool_is_shown_as_an_error(base: str) -> None:
             f'.tool-card[data-tool-use-id="{script.tools[1].tool_use_id}"] .tool-result'
         )
         assert await failed.get_attribute("class") == "tool-result is-error"
+
+
+async def test_the_dialect_links_open_the_turn_in_each_dialect(base: str) -> None:
+    async with browser_page(base) as page:
+        await page.fill("#delay", "0")
+        await page.fill("#deltas", str(DELTAS))
+        await page.click("#start")
+        await wait_until_done(page)
+        stream_id = await page.evaluate("window.demoState.streamId")
+        # Each link, fetched by the page itself: the same turn, to its dialect's end.
+        ends = await page.evaluate(
+            """async () => {
+                const out = {};
+                for (const link of document.querySelectorAll("#dialects a")) {
+                    const body = await (await fetch(link.href)).text();
+                    out[link.dataset.dialect] = [new URL(link.href).pathname,
+                                                 body.trim().split("\\n\\n").pop()];
+                }
+                return out;
+            }"""
+        )
+    assert ends["sse"][0] == f"/streams/{stream_id}"
+    assert "message_stop" in ends["sse"][1]
+    assert ends["ui"][1] == "data: [DONE]"
+    assert '"RUN_FINISHED"' in ends["agui"][1]
+    assert ends["chat-completions"][1] == "data: [DONE]"
+    assert "response.completed" in ends["responses"][1]
+    for dialect in ("ui", "agui", "chat-completions", "responses"):
+        assert ends[dialect][0] == f"/streams/{stream_id}/as/{dialect}"
