@@ -4,6 +4,7 @@ scripted OpenAI-compatible model, proxied as essessey SSE); and each one as a sc
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -453,6 +454,44 @@ async def test_openai_proxy_runs_as_a_script() -> None:
     parsed = essessey.reassemble_events(events)
     assert parsed.text == "Let me search for that."
     assert parsed.tool_calls[0].params == {"query": "Hello"}
+
+
+@pytest.mark.anyio
+async def test_dialects_app_serves_one_turn_in_every_dialect() -> None:
+    import openai
+
+    answer = load_example("dialects_app").ANSWER
+    with run_script("dialects_app") as base_url:
+        async with openai.AsyncOpenAI(
+            base_url=f"{base_url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            completion = await client.chat.completions.create(
+                model="any", messages=[{"role": "user", "content": "Hi"}]
+            )
+            response = await client.responses.create(model="any", input="Hi")
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+            run = {"threadId": "t", "runId": "r", "messages": []}
+            agui = await http.post("/agui", json=run)
+            chat = {"id": "c1", "messages": [{"role": "user", "parts": []}]}
+            ui = await http.post("/api/chat", json=chat)
+            stream_id = completion.id
+            events = await read_sse(http, f"/streams/{stream_id}")
+    assert (completion.choices[0].message.content or "").strip() == answer
+    assert response.output_text.strip() == answer
+    agui_text = "".join(
+        json.loads(m.data).get("delta", "")
+        for m in SSEDecoder().feed(agui.content)
+        if json.loads(m.data)["type"] == "TEXT_MESSAGE_CONTENT"
+    )
+    assert agui_text.strip() == answer
+    ui_text = "".join(
+        json.loads(m.data).get("delta", "")
+        for m in SSEDecoder().feed(ui.content)
+        if m.data != "[DONE]" and json.loads(m.data)["type"] == "text-delta"
+    )
+    assert ui_text.strip() == answer
+    assert essessey.check(events) == []
+    assert essessey.reassemble_events(events).text.strip() == answer
 
 
 # -- the README's "A FastAPI backend in 20 lines" -----------------------------------------
