@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from essessey import Event
 from essessey.bindings.sse import FrameEncoder, TextBatchEncoder
 from essessey.bindings.ui import UIMessageEncoder
-from essessey.dialects._payload import text_delta
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
@@ -95,19 +94,6 @@ def test_a_text_delta_s_frame_is_what_the_general_path_writes(
         head = f"id: 1-{n}\n" + (f"event: {name}\n" if name else "")
         assert frame == head.encode() + b"data: " + orjson.dumps(body) + b"\n\n"
         assert json.loads(frame.split(b"data: ", 1)[1]) == body
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta"}},
-        {"type": "content_block_delta", "index": "0", "delta": {"type": "text_delta", "text": "a"}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 1}},
-        {"type": "content_block_delta", "index": 0, "delta": "text"},
-    ],
-)
-def test_only_a_text_delta_takes_the_quick_path(payload: dict[str, Any]) -> None:
-    assert text_delta(payload) is None
 
 
 @pytest.mark.parametrize("dialect", ENCODERS)

@@ -1,6 +1,6 @@
 """Reading a protocol event's payload for a dialect encoder: the one place that decides
 what an encoder does with an event it cannot read (skipped, with a log line naming the
-event type and the length, never the content), and the quick look at a text delta."""
+event type and the length, never the content)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import orjson
 
 from essessey.event import Event
 
-__all__ = ["read_payload", "text_delta"]
+__all__ = ["read_payload"]
 
 
 def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
@@ -25,16 +25,3 @@ def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
         log.warning("skipped a %s event: its payload is not an object", event.event)
         return None
     return payload
-
-
-def text_delta(payload: dict[str, Any]) -> tuple[int, str] | None:
-    """The block index and the text of a ``content_block_delta`` payload that is a text
-    delta; None for any other. Most of a turn's events are text deltas, and a dialect
-    only moves the text into a frame of its own: this spares them the general dispatch."""
-    delta = payload.get("delta")
-    if type(delta) is not dict or delta.get("type") != "text_delta":
-        return None
-    index, text = payload.get("index"), delta.get("text")
-    if type(index) is not int or type(text) is not str:
-        return None
-    return index, text

@@ -39,10 +39,10 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._frames import with_id
+from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import read_payload
 from essessey.dialects._routes import make_producer, read_request
 from essessey.errors import StreamBusy
 from essessey.event import Event
@@ -73,6 +73,11 @@ DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 _REDACTED: Final = "redacted_thinking"
 _TEXT_CONTENT: Final = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":%b,"delta":%b}\n\n'
 """A text delta's frame, as :func:`_frame` writes it, with its id and text filled in."""
+# The quick path's names, module globals rather than class attributes looked up per call.
+_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
+_TEXT: Final = BlockType.TEXT
+_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
+_dumps: Final = orjson.dumps
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -140,15 +145,18 @@ class AGUIEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
-        if event.event == EventType.CONTENT_BLOCK_DELTA and self._step:
-            text = text_delta(payload)
-            if text is not None:
-                block = self._blocks.get(text[0])
-                if block is not None and block.kind == BlockType.TEXT:
-                    if not text[1]:
+        if event.event == _DELTA and self._step:
+            # Most of a turn's events are text deltas: written here, without the
+            # dispatch and its calls.
+            delta = payload.get("delta")
+            if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
+                block = self._blocks.get(payload.get("index"))  # type: ignore[arg-type]
+                text = delta.get("text")
+                if block is not None and block.kind == _TEXT and text.__class__ is str:
+                    if not text:
                         return b""  # AG-UI refuses an empty delta
-                    frame = _TEXT_CONTENT % (block.id_json, orjson.dumps(text[1]))
-                    return with_id([frame], event.id)
+                    frame = _TEXT_CONTENT % (block.id_json, _dumps(text))
+                    return id_line(event.id) + frame if event.id else frame
         try:
             return with_id(self._frames(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -38,10 +38,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings.sse._frames import with_id
+from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import read_payload
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -78,6 +78,11 @@ FINISH_REASONS: Final[dict[str, str]] = {
 
 
 _NO_BLOCK: Final = ("", -1)
+# The quick path's names, module globals rather than class attributes looked up per call.
+_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
+_TEXT: Final = BlockType.TEXT
+_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
+_dumps: Final = orjson.dumps
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -129,10 +134,16 @@ class ChatCompletionsEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
-        if event.event == EventType.CONTENT_BLOCK_DELTA:
-            text = text_delta(payload)
-            if text is not None and self._blocks.get(text[0], _NO_BLOCK)[0] == BlockType.TEXT:
-                return with_id([self._content_frame(orjson.dumps(text[1]))], event.id)
+        if event.event == _DELTA:
+            # Most of a turn's events are text deltas: written here, without the
+            # dispatch and its calls.
+            delta = payload.get("delta")
+            if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
+                kind = self._blocks.get(payload.get("index"), _NO_BLOCK)[0]  # type: ignore[arg-type]
+                text = delta.get("text")
+                if kind == _TEXT and text.__class__ is str:
+                    frame = self._content_frame(_dumps(text))
+                    return id_line(event.id) + frame if event.id else frame
         try:
             return with_id(self._chunks(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -43,10 +43,10 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._frames import with_id
+from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import read_payload
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -76,6 +76,11 @@ _TEXT_DELTA: Final = (
     b'"output_index":%d,"content_index":0,"delta":%b,"logprobs":[]}\n\n'
 )
 """A text delta's event, as ``_emit`` writes it, with its number, item and text filled in."""
+# The quick path's names, module globals rather than class attributes looked up per call.
+_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
+_TEXT: Final = BlockType.TEXT
+_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
+_dumps: Final = orjson.dumps
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -157,19 +162,22 @@ class ResponsesEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
-        if event.event == EventType.CONTENT_BLOCK_DELTA:
-            text = text_delta(payload)
-            if text is not None:
-                item = self._items.get(text[0])
-                if item is not None and item.kind == BlockType.TEXT:
-                    self._hold(item, text[1])
+        if event.event == _DELTA:
+            # Most of a turn's events are text deltas: written here, without the
+            # dispatch and its calls.
+            delta = payload.get("delta")
+            if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
+                item = self._items.get(payload.get("index"))  # type: ignore[arg-type]
+                text = delta.get("text")
+                if item is not None and item.kind == _TEXT and text.__class__ is str:
+                    self._hold(item, text)
                     number = self.sequence_number
                     self.sequence_number += 1
                     if number <= self.starting_after:
                         return b""
-                    token = orjson.dumps(text[1])
+                    token = _dumps(text)
                     frame = _TEXT_DELTA % (number, item.id_json, item.output_index, token)
-                    return with_id([frame], event.id)
+                    return id_line(event.id) + frame if event.id else frame
         try:
             return with_id(self._frames(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

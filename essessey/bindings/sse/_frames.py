@@ -32,6 +32,7 @@ __all__ = [
     "ProtocolFrames",
     "TextBatchEncoder",
     "data_frame",
+    "id_line",
     "with_id",
 ]
 
@@ -100,6 +101,16 @@ class ProtocolFrames:
         return encode(Event(EventType.ERROR, error_body(error_type, message)))
 
 
+def id_line(event_id: str) -> bytes:
+    """``id: <event_id>`` and its line end, to go before an event's last frame.
+    ValueError for an id holding CR, LF or NUL."""
+    id_bytes = event_id.encode()
+    # Inline, as in _forbidden_in: this runs for every event a dialect writes.
+    if 10 in id_bytes or 13 in id_bytes or 0 in id_bytes:
+        raise ValueError("an SSE id must not contain CR, LF or NUL")
+    return b"id: " + id_bytes + b"\n"
+
+
 def with_id(frames: list[bytes], event_id: str | None) -> bytes:
     """``frames`` (whole SSE messages) joined, the last one given the ``id:`` line of
     ``event_id`` when there is one; ``b""`` for no frames. ValueError for an id holding a
@@ -108,11 +119,7 @@ def with_id(frames: list[bytes], event_id: str | None) -> bytes:
         return b""
     last = frames[-1]
     if event_id:
-        id_bytes = event_id.encode()
-        # Inline, as in _forbidden_in: this runs for every event a dialect writes.
-        if 10 in id_bytes or 13 in id_bytes or 0 in id_bytes:
-            raise ValueError("an SSE id must not contain CR, LF or NUL")
-        last = b"id: " + id_bytes + b"\n" + last
+        last = id_line(event_id) + last
     if len(frames) == 1:
         return last
     frames[-1] = last

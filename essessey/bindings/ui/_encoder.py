@@ -39,8 +39,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.bindings.sse._frames import with_id
-from essessey.dialects._payload import text_delta
+from essessey.bindings.sse._frames import id_line, with_id
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
@@ -66,6 +65,12 @@ DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 _DATA_PART: Final = "data-essessey-block"
 _TEXT_DELTA: Final = b'data: {"type":"text-delta","id":%b,"delta":%b}\n\n'
 """A text delta's chunk, as :func:`frame` writes it, with its id and text filled in."""
+# The quick path's names, module globals rather than class attributes looked up per call.
+_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
+_TEXT: Final = BlockType.TEXT
+_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
+_loads: Final = orjson.loads
+_dumps: Final = orjson.dumps
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -132,12 +137,6 @@ class UIMessageEncoder:
         if not isinstance(payload, dict):
             logger.warning("skipped a %s event: its payload is not an object", name)
             return []
-        if name == EventType.CONTENT_BLOCK_DELTA and self._in_step:
-            text = text_delta(payload)
-            if text is not None:
-                block = self._blocks.get(text[0])
-                if block is not None and block.kind == BlockType.TEXT:
-                    return [_TEXT_DELTA % (block.id_json, orjson.dumps(text[1]))]
         try:
             return self._feed(name, payload)
         except (KeyError, TypeError, ValueError) as exc:
@@ -147,6 +146,21 @@ class UIMessageEncoder:
     def encode(self, event: Event) -> bytes:
         """:meth:`feed`'s lines joined, the last with the event's ``id:``, so a client
         that reconnects with it resumes after this event (docs/dialects.md)."""
+        if event.event == _DELTA and self._in_step and not self._ended:
+            # Most of a turn's events are text deltas: written here, without feed's
+            # dispatch and its calls (what is not one goes through feed, read again).
+            try:
+                payload = _loads(event.data)
+            except orjson.JSONDecodeError:
+                payload = None
+            if payload.__class__ is dict:
+                delta = payload.get("delta")
+                if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
+                    block = self._blocks.get(payload.get("index"))  # type: ignore[arg-type]
+                    text = delta.get("text")
+                    if block is not None and block.kind == _TEXT and text.__class__ is str:
+                        frame = _TEXT_DELTA % (block.id_json, _dumps(text))
+                        return id_line(event.id) + frame if event.id else frame
         return with_id(self.feed(event), event.id)
 
     def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
