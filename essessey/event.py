@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_check
 
 import orjson
 
-__all__ = ["BatchSink", "Event", "EventBatch", "NowaitSink", "Sink", "Source"]
+__all__ = ["BatchSink", "Event", "EventBatch", "NowaitSink", "Sink", "Source", "TextDeltaSink"]
 
 
 class Event(NamedTuple):
@@ -120,6 +120,22 @@ class NowaitSink(Sink, Protocol):
         """Deliver ``event`` at once and return True, or return False, having done
         nothing, when it would have to wait (the caller then awaits ``emit``). Raises
         as ``emit`` would when the event cannot be delivered."""
+        ...
+
+
+@runtime_checkable
+class TextDeltaSink(NowaitSink, Protocol):
+    """A sink that takes a text delta with its block index and text beside the event.
+
+    A Publisher whose sink's class has ``emit_text_nowait`` calls it, instead of
+    ``emit_nowait``, for each text delta it sends one by one: a sink that writes the turn
+    in another form (an SSE response in another wire dialect) then need not decode the
+    event's JSON to find the text. It answers as ``emit_nowait`` does.
+    """
+
+    def emit_text_nowait(self, event: Event, index: int, text: str) -> bool:
+        """``emit_nowait(event)``, told that ``event`` is a text delta of ``text`` for the
+        block at ``index``."""
         ...
 
 

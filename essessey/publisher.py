@@ -18,7 +18,7 @@ from essessey import protocol
 from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
-from essessey.event import BatchSink, Event, EventBatch, NowaitSink, Sink
+from essessey.event import BatchSink, Event, EventBatch, NowaitSink, Sink, TextDeltaSink
 from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
 
 __all__ = ["Publisher", "TurnProducer"]
@@ -76,6 +76,7 @@ class Publisher:
         "_dialect",
         "_emit_many",
         "_emit_nowait",
+        "_emit_text_nowait",
         "_input_tokens",
         "_sink",
         "_thinking_field",
@@ -99,6 +100,9 @@ class Publisher:
         )
         self._emit_many: Callable[[EventBatch], Awaitable[None]] | None = (
             cast(BatchSink, sink).emit_many if issubclass(kind, BatchSink) else None
+        )
+        self._emit_text_nowait: Callable[[Event, int, str], bool] | None = (
+            cast(TextDeltaSink, sink).emit_text_nowait if issubclass(kind, TextDeltaSink) else None
         )
         self._thinking_template = _delta_template(DeltaType.THINKING, self._thinking_field)
 
@@ -181,6 +185,11 @@ class Publisher:
                 len(text),
             )
         event = _new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None))
+        text_nowait = self._emit_text_nowait
+        if text_nowait is not None and template is _TEXT_DELTA:
+            if not text_nowait(event, index, text):
+                await self._sink.emit(event)
+            return
         nowait = self._emit_nowait
         if nowait is None or not nowait(event):
             await self._sink.emit(event)

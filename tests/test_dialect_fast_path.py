@@ -8,17 +8,20 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from essessey import Event
-from essessey.bindings.sse import FrameEncoder, TextBatchEncoder
+from essessey import Event, InMemorySink, Publisher, StopReason
+from essessey.bindings.sse import EventStreamResponse, FrameEncoder, TextBatchEncoder
 from essessey.bindings.ui import UIMessageEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
+from tests.processes import WAIT
+from tests.servers import serve
 
 ENCODERS: dict[str, Callable[[], FrameEncoder]] = {
     "ui": lambda: UIMessageEncoder(message_id="turn"),
@@ -111,3 +114,48 @@ def test_a_batch_of_text_deltas_is_written_as_one_by_one(dialect: str, texts: li
     # Both carry on alike afterwards (a Responses batch counted its sequence numbers).
     after = Event("content_block_delta", canonical("next"))
     assert batched.encode(after) == single.encode(after)
+
+
+@pytest.mark.parametrize("dialect", ENCODERS)
+@settings(max_examples=100, deadline=None)
+@given(texts=st.lists(st.text(), max_size=6))
+def test_a_text_given_as_text_is_written_as_its_event(dialect: str, texts: list[str]) -> None:
+    given_text, read = ENCODERS[dialect](), ENCODERS[dialect]()
+    for event in opening():
+        given_text.encode(event)
+        read.encode(event)
+    assert isinstance(given_text, TextBatchEncoder)
+    for text in texts:
+        event = Event("content_block_delta", canonical(text))
+        assert given_text.encode_text(0, text) == read.encode(event)
+    assert given_text.encode_text(3, "x") is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", ENCODERS)
+async def test_a_producer_s_response_in_a_dialect_is_its_events_encoded(dialect: str) -> None:
+    # Through a real server: the Publisher hands each text delta's text to the
+    # response's sink, and a batch whole; the body is what encoding the events gives.
+    sink = InMemorySink()
+    await produce(Publisher(sink))
+    expected_encoder = ENCODERS[dialect]()
+    expected = b"".join(expected_encoder.encode(e) for e in sink.events)
+    expected += expected_encoder.finish()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await EventStreamResponse(produce, encoder=ENCODERS[dialect]())(scope, receive, send)
+
+    with serve(app) as url:
+        async with httpx.AsyncClient(timeout=WAIT) as http:
+            body = (await http.get(url)).content
+    assert body == expected
+
+
+async def produce(publisher: Publisher) -> None:
+    await publisher.send_stream_preamble("m", "s", "model")
+    await publisher.send_content_block_start_text(0)
+    for word in ("one ", "two ", "", 'quote " and \\ and \u00e9 '):
+        await publisher.send_content_block_delta_text(0, word)
+    await publisher.send_content_block_deltas_text(0, ["three ", "four"])
+    await publisher.send_content_block_stop(0)
+    await publisher.send_stream_epilogue(StopReason.END_TURN, 6)

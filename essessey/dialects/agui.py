@@ -163,6 +163,14 @@ class AGUIEncoder:
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return b""
 
+    def encode_text(self, index: int, text: str) -> bytes | None:
+        """One ``TEXT_MESSAGE_CONTENT`` of ``text`` (nothing for an empty one) for block
+        ``index``; None when that is not an open text block."""
+        block = self._blocks.get(index) if self._step and not self._ended else None
+        if block is None or block.kind != _TEXT:
+            return None
+        return _TEXT_CONTENT % (block.id_json, _dumps(text)) if text else b""
+
     def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
         """One ``TEXT_MESSAGE_CONTENT`` per text of block ``index`` (empty ones left
         out); None when that is not an open text block."""

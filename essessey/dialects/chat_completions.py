@@ -150,6 +150,13 @@ class ChatCompletionsEncoder:
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return b""
 
+    def encode_text(self, index: int, text: str) -> bytes | None:
+        """One content chunk of ``text`` for block ``index``; None when that is not an
+        open text block."""
+        if self._ended or self._blocks.get(index, _NO_BLOCK)[0] != _TEXT:
+            return None
+        return self._content_frame(_dumps(text))
+
     def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
         """One content chunk per text of block ``index``; None when that is not an open
         text block."""

@@ -184,6 +184,19 @@ class ResponsesEncoder:
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return b""
 
+    def encode_text(self, index: int, text: str) -> bytes | None:
+        """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up
+        to ``starting_after``); None when that is not an open text block."""
+        item = None if self._ended else self._items.get(index)
+        if item is None or item.kind != _TEXT:
+            return None
+        self._hold(item, text)
+        number = self.sequence_number
+        self.sequence_number += 1
+        if number <= self.starting_after:
+            return b""
+        return _TEXT_DELTA % (number, item.id_json, item.output_index, _dumps(text))
+
     def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
         """One ``response.output_text.delta`` per text of block ``index``; None when
         that is not an open text block."""

@@ -71,9 +71,17 @@ class FrameEncoder(Protocol):
 
 @runtime_checkable
 class TextBatchEncoder(FrameEncoder, Protocol):
-    """An encoder that writes many text deltas of one block at once: a Publisher's
-    batched deltas (an :class:`~essessey.event.EventBatch` with ``texts``) then skip the
-    event each would be read from. Detected once per response, on the encoder's class."""
+    """An encoder that writes text deltas from their text, without the event: a
+    Publisher's deltas, one by one (``encode_text``) or batched (an
+    :class:`~essessey.event.EventBatch` with ``texts``: ``encode_texts``), then skip
+    decoding the event each would be read from. Detected once per response, on the
+    encoder's class."""
+
+    def encode_text(self, index: int, text: str) -> bytes | None:
+        """The frames of one text delta of ``text`` for block ``index`` (no id), as
+        :meth:`encode` would write its event; None when it cannot (see
+        :meth:`encode_texts`)."""
+        ...
 
     def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
         """The frames of one text delta per text, for block ``index`` (no ids: a batch

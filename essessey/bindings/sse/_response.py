@@ -543,6 +543,34 @@ class _OutboxSink:
         outbox.last_was_error = events[-1].event == EventType.ERROR
 
 
+class _TextOutboxSink(_OutboxSink):
+    """The sink of a response whose dialect writes text deltas from their text (a
+    :class:`TextBatchEncoder`): a Publisher hands it each text delta's text beside the
+    event (``emit_text_nowait``), so the encoder need not decode the event. A class of
+    its own, so that the protocol's responses keep the plain ``emit_nowait`` path."""
+
+    __slots__ = ("_encode_text",)
+
+    def __init__(self, outbox: _Outbox, encoder: TextBatchEncoder) -> None:
+        super().__init__(outbox, encoder)
+        self._encode_text = encoder.encode_text
+
+    def emit_text_nowait(self, event: Event, index: int, text: str) -> bool:
+        frame = self._encode_text(index, text)
+        if frame is None:
+            return self.emit_nowait(event)  # not an open text block: the general path
+        if not frame:
+            return True
+        outbox = self._outbox
+        if outbox.offer(frame):
+            outbox.last_was_error = False
+            totals.sse_events += 1
+            totals.sse_bytes += len(frame)
+            return True
+        self._framed = (event, frame)
+        return False  # the Publisher calls emit(), which sends these bytes
+
+
 @runtime_checkable
 class DeliveringSource(Protocol):
     """A source that can also hand its live events straight to the response.
@@ -718,7 +746,12 @@ class EventStreamResponse(Response):
                 return
 
     async def _produce(self, outbox: _Outbox) -> None:
-        sink = _OutboxSink(outbox, self.encoder)
+        encoder = self.encoder
+        sink = (
+            _TextOutboxSink(outbox, cast(TextBatchEncoder, encoder))
+            if encoder is not None and issubclass(type(encoder), TextBatchEncoder)
+            else _OutboxSink(outbox, encoder)
+        )
         content = self.content
         if isinstance(content, AsyncIterable):
             await self._drain(content, sink)

@@ -163,6 +163,14 @@ class UIMessageEncoder:
                         return id_line(event.id) + frame if event.id else frame
         return with_id(self.feed(event), event.id)
 
+    def encode_text(self, index: int, text: str) -> bytes | None:
+        """One ``text-delta`` chunk of ``text`` for block ``index``; None when that is
+        not an open text block."""
+        block = self._blocks.get(index) if self._in_step and not self._ended else None
+        if block is None or block.kind != _TEXT:
+            return None
+        return _TEXT_DELTA % (block.id_json, _dumps(text))
+
     def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
         """One ``text-delta`` chunk per text of block ``index`` (a
         :class:`~essessey.bindings.sse.TextBatchEncoder`); None when that is not an
