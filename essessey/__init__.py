@@ -14,7 +14,7 @@ Where a name lives, the one rule:
   :mod:`essessey.check` (``ProtocolChecker``, ``Rule``, ``Violation``),
   :mod:`essessey.shutdown` (ending open streams when the server stops),
   :mod:`essessey.event` (``Source``, ``EventBatch``, and the capabilities a sink may
-  declare: ``NowaitSink``, ``BatchSink``), :mod:`essessey.adapters` and its
+  declare: ``NowaitSink``, ``BatchSink``, ``TextDeltaSink``), :mod:`essessey.adapters` and its
   provider modules, each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``,
   ``.nats``), the stores' capabilities and backends (:mod:`essessey.stores`,
   ``.redis``, ``.jetstream``), :mod:`essessey.testing` and :mod:`essessey.demo`.
