@@ -54,7 +54,7 @@ from essessey.bindings.sse import (
 )
 from essessey.bindings.ui import ChatRequest, UIMessageEncoder, ui_chat_routes
 from essessey.bindings.ws import ws_route
-from essessey.demo._http import HeaderLimit
+from essessey.demo._http import HeaderLimit, HostCheck
 from essessey.demo._messages_api import messages_endpoint
 from essessey.demo._page import FAVICON, PAGE
 from essessey.demo._scenario import (
@@ -374,7 +374,7 @@ def create_app(
             if close is not None:  # the Redis store's own connections
                 await close()
 
-    middleware = [Middleware(HeaderLimit)]
+    middleware = [Middleware(HostCheck), Middleware(HeaderLimit)]
     if cors_origins:
         # No credentials: the demo has no cookies or tokens to protect, and a wildcard
         # origin is allowed only without them.
