@@ -670,3 +670,18 @@ def test_any_cut_of_the_content_comes_out_whole(
             assert _payloads(sink.events) == _with_stream_id(events, "conv_1")
 
     anyio.run(main)
+
+
+@pytest.mark.anyio
+async def test_a_ping_after_the_message_stop_is_skipped_with_a_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What the published stream ends with must read as its end: a provider's ping after
+    # the stop (none sends one; the fuzzer did) is not passed on.
+    publisher, sink = _make("anthropic")
+    events = [*_load("two_parallel_tools"), {"type": "ping"}]
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.anthropic"):
+        await publish(publisher, events, stream_id="conv_1")
+    assert sink.events[-1].event == "message_stop"
+    assert check(sink.events) == []
+    assert "(ping): the message already ended" in caplog.text

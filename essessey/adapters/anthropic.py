@@ -208,7 +208,7 @@ class _Reader:
             elif name == EventType.CONTENT_BLOCK_STOP:
                 await self._block_stop(position, payload)
             elif name == EventType.PING:
-                await self._ping()
+                await self._ping(position)
             elif name == EventType.MESSAGE_START:
                 await self._message_start(position, payload)
             elif name == EventType.MESSAGE_DELTA:
@@ -235,7 +235,12 @@ class _Reader:
 
     # -- frame events ----------------------------------------------------------------
 
-    async def _ping(self) -> None:
+    async def _ping(self, position: int) -> None:
+        if self.stage is _Stage.STOPPED:
+            # Nothing follows a message's stop in what it publishes: the stream's end
+            # must read as its end.
+            _skip(position, EventType.PING, "the message already ended")
+            return
         block = self.block
         if block is not None and not block.opened:
             block.held.append(None)
