@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from essessey import Event, InMemorySink, Publisher, StopReason
-from essessey.bindings.sse import EventStreamResponse, FrameEncoder, TextBatchEncoder
+from essessey.bindings.sse import EventStreamResponse, FrameEncoder, TextDeltaEncoder
 from essessey.bindings.ui import UIMessageEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
@@ -107,10 +107,10 @@ def test_a_batch_of_text_deltas_is_written_as_one_by_one(dialect: str, texts: li
     for event in opening():
         batched.encode(event)
         single.encode(event)
-    assert isinstance(batched, TextBatchEncoder)
+    assert isinstance(batched, TextDeltaEncoder)
     one_by_one = b"".join(single.encode(Event("content_block_delta", canonical(t))) for t in texts)
-    assert batched.encode_texts(0, texts) == one_by_one
-    assert batched.encode_texts(7, texts) is None  # no such block: each event on its own
+    assert b"".join(batched.encode_text(0, t) or b"" for t in texts) == one_by_one
+    assert batched.encode_text(7, "x") is None  # no such block: each event on its own
     # Both carry on alike afterwards (a Responses batch counted its sequence numbers).
     after = Event("content_block_delta", canonical("next"))
     assert batched.encode(after) == single.encode(after)
@@ -124,7 +124,7 @@ def test_a_text_given_as_text_is_written_as_its_event(dialect: str, texts: list[
     for event in opening():
         given_text.encode(event)
         read.encode(event)
-    assert isinstance(given_text, TextBatchEncoder)
+    assert isinstance(given_text, TextDeltaEncoder)
     for text in texts:
         event = Event("content_block_delta", canonical(text))
         assert given_text.encode_text(0, text) == read.encode(event)

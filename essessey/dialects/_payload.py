@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 
 from essessey.event import Event
+from essessey.protocol import DeltaType
 
-__all__ = ["read_payload"]
+__all__ = ["read_payload", "text_delta"]
 
 
 def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
@@ -25,3 +26,16 @@ def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
         log.warning("skipped a %s event: its payload is not an object", event.event)
         return None
     return payload
+
+
+def text_delta(payload: dict[str, Any]) -> tuple[int, str] | None:
+    """The block index and the text of a ``content_block_delta`` payload that is a text
+    delta; None for any other. Most of a turn's events are text deltas: an encoder
+    writes them with its ``encode_text``, the rest through its general dispatch."""
+    delta = payload.get("delta")
+    if delta.__class__ is not dict or delta.get("type") != DeltaType.TEXT:
+        return None
+    index, text = payload.get("index"), delta.get("text")
+    if index.__class__ is not int or text.__class__ is not str:
+        return None
+    return index, text

@@ -42,7 +42,7 @@ from essessey.bindings.http import json_error
 from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.dialects._routes import make_producer, read_request
 from essessey.errors import StreamBusy
 from essessey.event import Event
@@ -76,7 +76,6 @@ _TEXT_CONTENT: Final = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":%b,"de
 # The quick path's names, module globals rather than class attributes looked up per call.
 _DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
-_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
 _dumps: Final = orjson.dumps
 
 
@@ -145,18 +144,12 @@ class AGUIEncoder:
         payload = read_payload(event, logger)
         if payload is None:
             return b""
-        if event.event == _DELTA and self._step:
-            # Most of a turn's events are text deltas: written here, without the
-            # dispatch and its calls.
-            delta = payload.get("delta")
-            if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
-                block = self._blocks.get(payload.get("index"))  # type: ignore[arg-type]
-                text = delta.get("text")
-                if block is not None and block.kind == _TEXT and text.__class__ is str:
-                    if not text:
-                        return b""  # AG-UI refuses an empty delta
-                    frame = _TEXT_CONTENT % (block.id_json, _dumps(text))
-                    return id_line(event.id) + frame if event.id else frame
+        if event.event == _DELTA:
+            text = text_delta(payload)
+            if text is not None:
+                frame = self.encode_text(*text)
+                if frame is not None:
+                    return id_line(event.id) + frame if event.id and frame else frame
         try:
             return with_id(self._frames(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -170,15 +163,6 @@ class AGUIEncoder:
         if block is None or block.kind != _TEXT:
             return None
         return _TEXT_CONTENT % (block.id_json, _dumps(text)) if text else b""
-
-    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
-        """One ``TEXT_MESSAGE_CONTENT`` per text of block ``index`` (empty ones left
-        out); None when that is not an open text block."""
-        block = self._blocks.get(index) if self._step and not self._ended else None
-        if block is None or block.kind != BlockType.TEXT:
-            return None
-        dumps, block_id = orjson.dumps, block.id_json
-        return b"".join([_TEXT_CONTENT % (block_id, dumps(text)) for text in texts if text])
 
     def finish(self) -> bytes:
         """``RUN_FINISHED`` if no message ended the run yet."""

@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -81,7 +81,6 @@ _NO_BLOCK: Final = ("", -1)
 # The quick path's names, module globals rather than class attributes looked up per call.
 _DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
-_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
 _dumps: Final = orjson.dumps
 
 
@@ -135,15 +134,11 @@ class ChatCompletionsEncoder:
         if payload is None:
             return b""
         if event.event == _DELTA:
-            # Most of a turn's events are text deltas: written here, without the
-            # dispatch and its calls.
-            delta = payload.get("delta")
-            if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
-                kind = self._blocks.get(payload.get("index"), _NO_BLOCK)[0]  # type: ignore[arg-type]
-                text = delta.get("text")
-                if kind == _TEXT and text.__class__ is str:
-                    frame = self._content_frame(_dumps(text))
-                    return id_line(event.id) + frame if event.id else frame
+            text = text_delta(payload)
+            if text is not None:
+                frame = self.encode_text(*text)
+                if frame is not None:
+                    return id_line(event.id) + frame if event.id and frame else frame
         try:
             return with_id(self._chunks(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -156,14 +151,6 @@ class ChatCompletionsEncoder:
         if self._ended or self._blocks.get(index, _NO_BLOCK)[0] != _TEXT:
             return None
         return self._content_frame(_dumps(text))
-
-    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
-        """One content chunk per text of block ``index``; None when that is not an open
-        text block."""
-        if self._ended or self._blocks.get(index, _NO_BLOCK)[0] != BlockType.TEXT:
-            return None
-        frame, dumps = self._content_frame, orjson.dumps
-        return b"".join([frame(dumps(text)) for text in texts])
 
     def finish(self) -> bytes:
         """The finish reason (if no message gave it yet), the usage chunk when asked

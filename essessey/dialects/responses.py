@@ -46,7 +46,7 @@ from essessey.bindings.http import json_error
 from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -79,7 +79,6 @@ _TEXT_DELTA: Final = (
 # The quick path's names, module globals rather than class attributes looked up per call.
 _DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
-_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
 _dumps: Final = orjson.dumps
 
 
@@ -163,21 +162,11 @@ class ResponsesEncoder:
         if payload is None:
             return b""
         if event.event == _DELTA:
-            # Most of a turn's events are text deltas: written here, without the
-            # dispatch and its calls.
-            delta = payload.get("delta")
-            if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
-                item = self._items.get(payload.get("index"))  # type: ignore[arg-type]
-                text = delta.get("text")
-                if item is not None and item.kind == _TEXT and text.__class__ is str:
-                    self._hold(item, text)
-                    number = self.sequence_number
-                    self.sequence_number += 1
-                    if number <= self.starting_after:
-                        return b""
-                    token = _dumps(text)
-                    frame = _TEXT_DELTA % (number, item.id_json, item.output_index, token)
-                    return id_line(event.id) + frame if event.id else frame
+            text = text_delta(payload)
+            if text is not None:
+                frame = self.encode_text(*text)
+                if frame is not None:
+                    return id_line(event.id) + frame if event.id and frame else frame
         try:
             return with_id(self._frames(event.event, payload), event.id)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -196,22 +185,6 @@ class ResponsesEncoder:
         if number <= self.starting_after:
             return b""
         return _TEXT_DELTA % (number, item.id_json, item.output_index, _dumps(text))
-
-    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
-        """One ``response.output_text.delta`` per text of block ``index``; None when
-        that is not an open text block."""
-        item = None if self._ended else self._items.get(index)
-        if item is None or item.kind != BlockType.TEXT:
-            return None
-        frames = []
-        dumps, item_id, output = orjson.dumps, item.id_json, item.output_index
-        for text in texts:
-            self._hold(item, text)
-            number = self.sequence_number
-            self.sequence_number += 1
-            if number > self.starting_after:
-                frames.append(_TEXT_DELTA % (number, item_id, output, dumps(text)))
-        return b"".join(frames)
 
     def finish(self) -> bytes:
         """The response's end if no message ended it yet."""

@@ -22,7 +22,7 @@ from essessey.bindings.sse._frames import (
     ErrorShape,
     FrameEncoder,
     ProtocolFrames,
-    TextBatchEncoder,
+    TextDeltaEncoder,
     data_frame,
     with_id,
 )
@@ -54,7 +54,7 @@ __all__ = [
     "SSEMessage",
     "SSEOptions",
     "SSESource",
-    "TextBatchEncoder",
+    "TextDeltaEncoder",
     "cancel_response",
     "connect",
     "data_frame",

@@ -19,7 +19,7 @@ Why each rule:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from essessey.bindings.sse._writer import encode, error_body
@@ -30,7 +30,7 @@ __all__ = [
     "ErrorShape",
     "FrameEncoder",
     "ProtocolFrames",
-    "TextBatchEncoder",
+    "TextDeltaEncoder",
     "data_frame",
     "id_line",
     "with_id",
@@ -70,24 +70,16 @@ class FrameEncoder(Protocol):
 
 
 @runtime_checkable
-class TextBatchEncoder(FrameEncoder, Protocol):
-    """An encoder that writes text deltas from their text, without the event: a
-    Publisher's deltas, one by one (``encode_text``) or batched (an
-    :class:`~essessey.event.EventBatch` with ``texts``: ``encode_texts``), then skip
-    decoding the event each would be read from. Detected once per response, on the
-    encoder's class."""
+class TextDeltaEncoder(FrameEncoder, Protocol):
+    """An encoder that writes a text delta from its text, without the event: a
+    Publisher's text deltas, one by one or batched (an
+    :class:`~essessey.event.EventBatch` with ``texts``), then skip decoding the event
+    each would be read from. Detected once per response, on the encoder's class."""
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """The frames of one text delta of ``text`` for block ``index`` (no id), as
-        :meth:`encode` would write its event; None when it cannot (see
-        :meth:`encode_texts`)."""
-        ...
-
-    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
-        """The frames of one text delta per text, for block ``index`` (no ids: a batch
-        has none), as :meth:`encode` would write them one by one; None, having done
-        nothing, when it cannot (the block is not an open text block): each event then
-        goes through :meth:`encode`."""
+        :meth:`encode` would write its event; None, having done nothing, when that is not
+        an open text block (the event then goes through :meth:`encode`)."""
         ...
 
 

@@ -69,7 +69,7 @@ from essessey.bindings.sse._frames import (
     ErrorShape,
     FrameEncoder,
     ProtocolFrames,
-    TextBatchEncoder,
+    TextDeltaEncoder,
 )
 from essessey.bindings.sse._writer import encode, error_body, format_message
 from essessey.errors import StreamRejected
@@ -452,15 +452,15 @@ async def _nothing() -> None:
 class _OutboxSink:
     """The sink a producer writes into: each event framed and handed to the outbox."""
 
-    __slots__ = ("_encode", "_encode_texts", "_framed", "_outbox")
+    __slots__ = ("_encode", "_encode_text", "_framed", "_outbox")
 
     def __init__(self, outbox: _Outbox, encoder: FrameEncoder | None) -> None:
         self._outbox = outbox
         # The protocol's own framing, or a dialect's (one call either way).
         self._encode: Callable[[Event], bytes] = encode if encoder is None else encoder.encode
-        self._encode_texts: Callable[[int, Sequence[str]], bytes | None] | None = (
-            cast(TextBatchEncoder, encoder).encode_texts
-            if encoder is not None and issubclass(type(encoder), TextBatchEncoder)
+        self._encode_text: Callable[[int, str], bytes | None] | None = (
+            cast(TextDeltaEncoder, encoder).encode_text
+            if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
             else None
         )
         # The last event offered and not taken, framed: emit() then sends these bytes
@@ -526,15 +526,24 @@ class _OutboxSink:
             prefix = _BATCH_PREFIXES[events.name]
             body = b"".join([prefix + data + b"\n\n" for data in events.datas])
         else:
-            texts = None
+            frames: list[bytes] = []
+            encode_text = self._encode_text
             if (
-                self._encode_texts is not None
+                encode_text is not None
                 and isinstance(events, EventBatch)
                 and events.texts is not None
                 and events.block_index is not None
             ):
-                texts = self._encode_texts(events.block_index, events.texts)
-            body = texts if texts is not None else b"".join([self._encode(e) for e in events])
+                # A dialect writes a batch's text deltas from their texts; any it cannot
+                # (not an open text block) go through encode, as the rest would.
+                index = events.block_index
+                for text in events.texts:
+                    frame = encode_text(index, text)
+                    if frame is None:
+                        break
+                    frames.append(frame)
+            rest = events[len(frames) :] if frames else events
+            body = b"".join(frames) + b"".join([self._encode(e) for e in rest])
         if not body:
             return
         totals.sse_events += len(events)
@@ -545,18 +554,15 @@ class _OutboxSink:
 
 class _TextOutboxSink(_OutboxSink):
     """The sink of a response whose dialect writes text deltas from their text (a
-    :class:`TextBatchEncoder`): a Publisher hands it each text delta's text beside the
+    :class:`TextDeltaEncoder`): a Publisher hands it each text delta's text beside the
     event (``emit_text_nowait``), so the encoder need not decode the event. A class of
     its own, so that the protocol's responses keep the plain ``emit_nowait`` path."""
 
-    __slots__ = ("_encode_text",)
-
-    def __init__(self, outbox: _Outbox, encoder: TextBatchEncoder) -> None:
-        super().__init__(outbox, encoder)
-        self._encode_text = encoder.encode_text
+    __slots__ = ()
 
     def emit_text_nowait(self, event: Event, index: int, text: str) -> bool:
-        frame = self._encode_text(index, text)
+        encode_text = self._encode_text
+        frame = None if encode_text is None else encode_text(index, text)
         if frame is None:
             return self.emit_nowait(event)  # not an open text block: the general path
         if not frame:
@@ -748,8 +754,8 @@ class EventStreamResponse(Response):
     async def _produce(self, outbox: _Outbox) -> None:
         encoder = self.encoder
         sink = (
-            _TextOutboxSink(outbox, cast(TextBatchEncoder, encoder))
-            if encoder is not None and issubclass(type(encoder), TextBatchEncoder)
+            _TextOutboxSink(outbox, encoder)
+            if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
             else _OutboxSink(outbox, encoder)
         )
         content = self.content

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
 
 from essessey.bindings.sse._frames import id_line, with_id
+from essessey.dialects._payload import read_payload, text_delta
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
@@ -68,8 +68,6 @@ _TEXT_DELTA: Final = b'data: {"type":"text-delta","id":%b,"delta":%b}\n\n'
 # The quick path's names, module globals rather than class attributes looked up per call.
 _DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
-_TEXT_DELTA_TYPE: Final = DeltaType.TEXT
-_loads: Final = orjson.loads
 _dumps: Final = orjson.dumps
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -124,19 +122,12 @@ class UIMessageEncoder:
 
     def feed(self, event: Event) -> list[bytes]:
         """The lines for ``event`` (none for a ping, a signature, a skipped event)."""
-        if self._ended:
+        if self._ended or event.event == EventType.PING:
             return []
-        name = event.event
-        if name == EventType.PING:
-            return []
-        try:
-            payload = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            logger.warning("skipped a %s event of %d bytes: not JSON", name, len(event.data))
-            return []
-        if not isinstance(payload, dict):
-            logger.warning("skipped a %s event: its payload is not an object", name)
-            return []
+        payload = read_payload(event, logger)
+        return [] if payload is None else self._lines(event.event, payload)
+
+    def _lines(self, name: str, payload: dict[str, Any]) -> list[bytes]:
         try:
             return self._feed(name, payload)
         except (KeyError, TypeError, ValueError) as exc:
@@ -146,22 +137,18 @@ class UIMessageEncoder:
     def encode(self, event: Event) -> bytes:
         """:meth:`feed`'s lines joined, the last with the event's ``id:``, so a client
         that reconnects with it resumes after this event (docs/dialects.md)."""
-        if event.event == _DELTA and self._in_step and not self._ended:
-            # Most of a turn's events are text deltas: written here, without feed's
-            # dispatch and its calls (what is not one goes through feed, read again).
-            try:
-                payload = _loads(event.data)
-            except orjson.JSONDecodeError:
-                payload = None
-            if payload.__class__ is dict:
-                delta = payload.get("delta")
-                if delta.__class__ is dict and delta.get("type") == _TEXT_DELTA_TYPE:
-                    block = self._blocks.get(payload.get("index"))  # type: ignore[arg-type]
-                    text = delta.get("text")
-                    if block is not None and block.kind == _TEXT and text.__class__ is str:
-                        frame = _TEXT_DELTA % (block.id_json, _dumps(text))
-                        return id_line(event.id) + frame if event.id else frame
-        return with_id(self.feed(event), event.id)
+        if self._ended or event.event == EventType.PING:
+            return b""
+        payload = read_payload(event, logger)
+        if payload is None:
+            return b""
+        if event.event == _DELTA:
+            text = text_delta(payload)
+            if text is not None:
+                frame = self.encode_text(*text)
+                if frame is not None:
+                    return id_line(event.id) + frame if event.id and frame else frame
+        return with_id(self._lines(event.event, payload), event.id)
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``text-delta`` chunk of ``text`` for block ``index``; None when that is
@@ -170,16 +157,6 @@ class UIMessageEncoder:
         if block is None or block.kind != _TEXT:
             return None
         return _TEXT_DELTA % (block.id_json, _dumps(text))
-
-    def encode_texts(self, index: int, texts: Sequence[str]) -> bytes | None:
-        """One ``text-delta`` chunk per text of block ``index`` (a
-        :class:`~essessey.bindings.sse.TextBatchEncoder`); None when that is not an
-        open text block."""
-        block = self._blocks.get(index) if self._in_step and not self._ended else None
-        if block is None or block.kind != BlockType.TEXT:
-            return None
-        dumps, block_id = orjson.dumps, block.id_json
-        return b"".join([_TEXT_DELTA % (block_id, dumps(text)) for text in texts])
 
     def finish(self) -> bytes:
         """:meth:`close`."""
