@@ -126,6 +126,38 @@ async def test_starting_after_writes_only_the_events_after_that_number() -> None
         assert rest == every[n + 1 :]
 
 
+@pytest.mark.parametrize("quick", [True, False], ids=["encode_text", "encode"])
+def test_text_past_max_buffer_still_streams_and_its_done_events_hold_what_fit(
+    quick: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    encoder = ResponsesEncoder("resp_b", created_at=5, max_buffer=10)
+    body = encoder.encode(Event("message_start", b'{"type":"message_start","message":{}}'))
+    body += encoder.encode(
+        Event(
+            "content_block_start",
+            b'{"type":"content_block_start","index":0,"content_block":{"type":"text"}}',
+        )
+    )
+    for text in ("abcdef", "ghijkl", "mnopqr"):
+        if quick:
+            frame = encoder.encode_text(0, text)
+            assert frame is not None
+        else:
+            delta = {"type": "text_delta", "text": text}
+            data = {"type": "content_block_delta", "index": 0, "delta": delta}
+            frame = encoder.encode(Event("content_block_delta", json.dumps(data).encode()))
+        body += frame
+    body += encoder.encode(Event("content_block_stop", b'{"type":"content_block_stop","index":0}'))
+    events = events_of(body)
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == ["abcdef", "ghijkl", "mnopqr"]  # every delta goes out
+    done = [e for e in events if e["type"] == "response.output_text.done"]
+    assert [e["text"] for e in done] == ["abcdef"]  # what fit in max_buffer
+    warnings = [r for r in caplog.records if "passed 10 bytes" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "ghijkl" not in caplog.text  # lengths and types in the log, never the text
+
+
 async def test_an_error_is_an_error_event_then_response_failed() -> None:
     encoder = ResponsesEncoder("resp_3")
     body = b"".join(encoder.encode(e) for e in await scripted_events(fail=True))

@@ -72,13 +72,13 @@ whole)."""
 
 _TEXT_DELTA: Final = (
     b"event: response.output_text.delta\n"
-    b'data: {"type":"response.output_text.delta","sequence_number":%d,"item_id":%b,'
-    b'"output_index":%d,"content_index":0,"delta":%b,"logprobs":[]}\n\n'
+    b'data: {"type":"response.output_text.delta","sequence_number":%%d,"item_id":%b,'
+    b'"output_index":%d,"content_index":0,"delta":%%b,"logprobs":[]}\n\n'
 )
-"""A text delta's event, as ``_emit`` writes it, with its number, item and text filled in."""
+"""A text delta's event, as ``_emit`` writes it: filled once per text item with its id
+and index (``_Item.text_frame``), then per delta with its number and text."""
 # The quick path's names, module globals rather than class attributes looked up per call.
 _DELTA: Final = EventType.CONTENT_BLOCK_DELTA
-_TEXT: Final = BlockType.TEXT
 _dumps: Final = orjson.dumps
 
 
@@ -100,6 +100,7 @@ class _Item:
         "parts",
         "signature",
         "size",
+        "text_frame",
     )
 
     def __init__(self, kind: str, item_id: str, output_index: int, block: dict[str, Any]) -> None:
@@ -112,6 +113,10 @@ class _Item:
         self.deltas: list[dict[str, Any]] = []
         self.signature: str | None = None
         self.size = 0
+        # A text item's delta frame, all but the number and the text filled in.
+        self.text_frame = (
+            _TEXT_DELTA % (self.id_json, output_index) if kind == BlockType.TEXT else None
+        )
 
 
 class ResponsesEncoder:
@@ -177,14 +182,20 @@ class ResponsesEncoder:
         """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up
         to ``starting_after``); None when that is not an open text block."""
         item = None if self._ended else self._items.get(index)
-        if item is None or item.kind != _TEXT:
+        if item is None or (frame := item.text_frame) is None:
             return None
-        self._hold(item, text)
+        size = item.size + len(text)
+        if size <= self.max_buffer:
+            # _hold's common case, inline: this runs once per token.
+            item.size = size
+            item.parts.append(text)
+        else:
+            self._hold(item, text)
         number = self.sequence_number
-        self.sequence_number += 1
+        self.sequence_number = number + 1
         if number <= self.starting_after:
             return b""
-        return _TEXT_DELTA % (number, item.id_json, item.output_index, _dumps(text))
+        return frame % (number, _dumps(text))
 
     def finish(self) -> bytes:
         """The response's end if no message ended it yet."""
@@ -335,9 +346,9 @@ class ResponsesEncoder:
         return {"item_id": item.id, "output_index": item.output_index, "content_index": 0, **body}
 
     def _hold(self, item: _Item, text: str) -> bool:
-        item.size += len(text)
-        if item.size > self.max_buffer:
-            if item.size - len(text) <= self.max_buffer:
+        size = item.size = item.size + len(text)
+        if size > self.max_buffer:
+            if size - len(text) <= self.max_buffer:
                 logger.warning(
                     "a %s block passed %d bytes; its done events hold what came before",
                     item.kind,
