@@ -34,6 +34,7 @@ __all__ = [
     "StoreUnavailable",
     "StreamBusy",
     "StreamHTTPError",
+    "StreamInterrupted",
     "StreamNotFound",
     "StreamRejected",
     "StreamReset",
@@ -107,6 +108,15 @@ class StreamRejected(EssesseyError):
         self.status = status
         self.error_type = error_type
         self.message = message
+
+
+class StreamInterrupted(EssesseyError):
+    """Raised by a source of an SSE response to end it early, its turn not over: the
+    store went out of reach, or the subscriber fell behind.
+
+    The response ends its body with nothing more (no error event, no dialect's end, never
+    ``empty_status``), so the client reconnects with its last event id and resumes.
+    """
 
 
 class StreamHTTPError(EssesseyError):

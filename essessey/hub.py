@@ -101,6 +101,7 @@ class _HubSink:
         "_store",
         "_stream_id",
         "last_was_error",
+        "message_open",
         "stop_reason",
     )
 
@@ -111,11 +112,19 @@ class _HubSink:
         self._stream_id = stream_id
         self._holder = holder
         self.last_was_error = False
+        # Whether what the store took so far leaves a message open: the Publisher's
+        # checker counts an event before its write, so a write that failed leaves the
+        # two apart, and only this says whether the turn still needs its end.
+        self.message_open = False
         self.stop_reason: str | None = None  # of the last message_delta, for the metrics
 
     def _note(self, event: Event) -> None:
         name = event.event
         self.last_was_error = name == EventType.ERROR
+        if name == EventType.MESSAGE_START:
+            self.message_open = True
+        elif name == EventType.MESSAGE_STOP or self.last_was_error:
+            self.message_open = False
         if name == EventType.MESSAGE_DELTA:
             with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
                 reason = orjson.loads(event.data)["delta"].get("stop_reason")
@@ -424,16 +433,25 @@ class StreamHub:
         cancelled: bool,
         failed: bool,
     ) -> None:
+        ended = False
         with anyio.move_on_after(_END_TIMEOUT) as ending:
             try:
                 await self._end(publisher, sink, cancelled=cancelled, failed=failed)
+                ended = True
             except Exception:
                 logger.exception("could not end the turn on stream %s", stream_id)
         if ending.cancelled_caught:
             logger.warning("ending the turn on stream %s timed out", stream_id)
+        shared = self.shared_store
+        if shared is not None and not ended:
+            # Its message is still open (the store was out of reach): releasing would
+            # close the stream mid-message, and its readers would take the cut for the
+            # end. Its lease lapses instead, and the store ends the message with an error
+            # event once it is back (docs/resume.md, "Leases").
+            logger.warning("the turn on stream %s is left for its store to end", stream_id)
+            return
         with anyio.move_on_after(_END_TIMEOUT):
             try:
-                shared = self.shared_store
                 if shared is not None:
                     await shared.release_turn(stream_id, turn.holder)
                 else:
@@ -444,10 +462,13 @@ class StreamHub:
     async def _end(
         self, publisher: Publisher, sink: _HubSink, *, cancelled: bool, failed: bool
     ) -> None:
-        checker = publisher.checker
-        in_message = checker is not None and checker.in_message
-        if sink.last_was_error or not in_message:
+        if sink.last_was_error or not sink.message_open:
             return  # already ended (stream_turn sends its own error) or nothing open
+        checker = publisher.checker
+        if checker is None or not checker.in_message:
+            # The Publisher counted an end its store never took (that write failed):
+            # what is stored is still an open message, which a fresh Publisher ends.
+            publisher, checker = Publisher(sink, dialect=self.dialect), None
         try:
             if cancelled and checker is not None:
                 block = checker.open_block

@@ -543,6 +543,7 @@ class EventStoreConformance:
             await store.append_as("s", start(1), "old")
             await anyio.sleep(1.5)  # its lease ran out
             await store.claim_turn("s", "new")
+            assert not await store.keep_running("s", "old")  # taken: not taken back
             with pytest.raises(LeaseLost):
                 await store.append_as("s", delta(1), "old")
             assert not await store.release_turn("s", "old")
@@ -561,7 +562,7 @@ class EventStoreConformance:
     async def test_a_reader_ends_an_abandoned_turn_with_an_error(self) -> None:
         async with (
             self.open_store(name="lease3", running_ttl=1.0, heartbeat=0.2) as writer,
-            self.open_store(name="lease3", heartbeat=0.2) as reader,
+            self.open_store(name="lease3", running_ttl=1.0, heartbeat=0.2) as reader,
         ):
             await writer.claim_turn("s", "dead")
             sent = [
@@ -574,6 +575,50 @@ class EventStoreConformance:
         assert got[:2] == sent
         assert [event.event for event in got[2:]] == [EventType.ERROR]
         assert got[2].json()["error"]["type"] == "api_error"
+
+    @_needs(LEASES)
+    async def test_a_lapsed_lease_nobody_took_is_renewed_by_its_holder(self) -> None:
+        # The broker was out of reach for longer than the lease: nobody could take it.
+        async with self.open_store(running_ttl=1.0) as store:
+            await store.claim_turn("s", "one")
+            sent = [await store.append_as("s", start(1), "one")]
+            await anyio.sleep(1.5)  # its lease lapsed
+            assert await store.keep_running("s", "one")
+            sent.append(await store.append_as("s", delta(1), "one"))
+            sent.append(await store.append_as("s", stop(), "one"))
+            assert await store.release_turn("s", "one")
+            events, _ = await store.since("s", None)
+        assert events == sent  # no error: the turn went on
+
+    @_needs(LEASES)
+    async def test_a_store_that_just_started_takes_no_lapsed_lease_for_abandoned(
+        self,
+    ) -> None:
+        # A store cannot tell a dead holder from one that could not reach the broker
+        # until it has seen the broker answer for a whole running_ttl itself.
+        async with self.open_store(name="lease5", running_ttl=1.0, heartbeat=0.2) as holder:
+            await holder.claim_turn("s", "one")
+            sent = [await holder.append_as("s", start(1), "one")]
+            await anyio.sleep(1.5)  # lapsed
+            async with self.open_store(name="lease5", running_ttl=1.0, heartbeat=0.2) as late:
+                with pytest.raises(StreamBusy):
+                    await late.claim_turn("s", "two")
+                got: list[Event] = []
+
+                async def read() -> None:
+                    async for event in late.follow("s"):
+                        got.append(event)
+
+                with anyio.fail_after(WAIT):
+                    async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(read)
+                        await anyio.sleep(0.6)  # several of the reader's quiet checks
+                        assert await holder.keep_running("s", "one")  # taken back
+                        sent.append(await holder.append_as("s", delta(1), "one"))
+                        sent.append(await holder.append_as("s", stop(), "one"))
+                        assert await holder.release_turn("s", "one")
+                await late.claim_turn("s", "two")  # released: free
+        assert got == sent  # the turn's own end, no error event
 
     @_needs(LEASES)
     async def test_a_cancel_through_another_store_reaches_the_holder(self) -> None:

@@ -1,6 +1,7 @@
 """The one retry loop of the stores that replicas share (Redis, JetStream): a request
 that failed on the connection is made again, with a growing pause, until the store's
-time budget is spent, and then the broker counts as unavailable."""
+time budget is spent, and then the broker counts as unavailable. It also remembers when
+the store last had trouble reaching its broker (see :meth:`RetryPolicy.settled_for`)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class RetryPolicy:
     ``unavailable(label)`` makes. ``broker`` names the broker in the log lines, which go
     to ``logger`` at debug level and never carry a request's content."""
 
-    __slots__ = ("_broker", "_logger", "_retryable", "_unavailable", "timeout")
+    __slots__ = ("_broker", "_logger", "_retryable", "_troubled_at", "_unavailable", "timeout")
 
     def __init__(
         self,
@@ -44,6 +45,24 @@ class RetryPolicy:
         self._retryable = retryable
         self._unavailable = unavailable
         self._logger = logger
+        # A store that just started knows nothing of what its broker went through before:
+        # it counts as the last trouble.
+        self._troubled_at = time.monotonic()
+
+    def note_trouble(self) -> None:
+        """The broker could not be reached just now (a failed request, a lost
+        connection): :meth:`settled_for` counts from here."""
+        self._troubled_at = time.monotonic()
+
+    def settled_for(self, seconds: float) -> bool:
+        """Whether the broker has been reachable, as far as this store saw, for the last
+        ``seconds`` (and the store has been running that long).
+
+        What a lease that ran out means hangs on it: while the broker was away nobody
+        could renew a lease, so one that ran out then says nothing about its holder, who
+        renews it as soon as the broker is back; only a store that has seen the broker
+        work for a whole ``running_ttl`` may take a lapsed lease for a dead holder's."""
+        return time.monotonic() - self._troubled_at >= seconds
 
     async def run(
         self,
@@ -68,6 +87,7 @@ class RetryPolicy:
             except Exception as exc:
                 if not self._retryable(exc):
                     raise
+                self._troubled_at = time.monotonic()
                 if deadline - time.monotonic() <= 0:
                     raise self._unavailable(label) from exc
                 self._logger.debug(

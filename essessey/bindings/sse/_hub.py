@@ -43,7 +43,7 @@ from essessey.bindings.http import json_error
 from essessey.bindings.sse._frames import ErrorShape, FrameEncoder
 from essessey.bindings.sse._response import EventStreamResponse, SSEOptions
 from essessey.bindings.sse._writer import error_body
-from essessey.errors import StreamNotFound, StreamRejected, UnknownEventId
+from essessey.errors import StreamInterrupted, StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import StreamHub
 from essessey.stores import Deliver
@@ -145,8 +145,10 @@ async def _follow(
         if end is None:
             raise
         if end.status is None:
+            # Cut short, the turn not over: the client must come back with its last id,
+            # so never the answer of a finished turn (a 204, or a dialect's end).
             logger.warning("ending a subscription of %s: %s", stream_id, type(exc).__name__)
-            return
+            raise StreamInterrupted(f"{type(exc).__name__}; reconnect with the last id") from exc
         message = end.message or f"no stream {stream_id!r}"
         raise StreamRejected(end.status, end.error_type, message) from exc
     finally:

@@ -7,7 +7,10 @@ it as a bare ASGI app. What it takes care of, and why:
 - The status line waits for the first event. A producer that refuses the stream
   (:class:`~essessey.StreamRejected`) before emitting anything gets a real HTTP error
   with a JSON body, which clients can tell from a stream; after the first event only an
-  ``error`` event can say that something failed.
+  ``error`` event can say that something failed. A source that raises
+  :class:`~essessey.StreamInterrupted` (a hub subscription whose store went out of reach)
+  ends the body with nothing more, even before its first event: no error event, no
+  dialect's end, no ``empty_status``, so the client reconnects with its last id.
 - An event goes out in the producer's own send when nothing else is being written: at a
   model's pace (a token every few tens of milliseconds) each event costs one ASGI send
   and no task switch. Events that come while a send is in progress, or in a burst (one
@@ -72,7 +75,7 @@ from essessey.bindings.sse._frames import (
     TextDeltaEncoder,
 )
 from essessey.bindings.sse._writer import encode, error_body, format_message
-from essessey.errors import StreamRejected
+from essessey.errors import StreamInterrupted, StreamRejected
 from essessey.event import Event, EventBatch, Source
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType
@@ -792,6 +795,11 @@ class EventStreamResponse(Response):
 
     async def _finish(self, send: Send, outbox: _Outbox, failure: Exception | None) -> None:
         if outbox.ended or outbox.stopping:
+            return
+        if isinstance(failure, StreamInterrupted):
+            # The body ends with nothing more (after the retry hint when nothing went out
+            # yet), so the client reconnects with its last id.
+            await outbox.finish(b"")
             return
         if failure is not None and not (outbox.started or outbox.sending or outbox.held):
             outbox.ended = True

@@ -123,6 +123,7 @@ class StoreContext:
     """
 
     __slots__ = (
+        "_reconnects",
         "_retry",
         "_setup",
         "_setup_lock",
@@ -164,6 +165,7 @@ class StoreContext:
             unavailable=self._unavailable,
             logger=logger,
         )
+        self._reconnects = nc.stats["reconnects"]
 
     # -- names -------------------------------------------------------------------------------
 
@@ -244,6 +246,17 @@ class StoreContext:
         ``remaining`` is what is left of that budget (a request may bound its own timeout
         by it); ``recover(exc)`` runs before each new attempt."""
         return await self._retry.run(request, label=subject, recover=recover)
+
+    def settled_for(self, seconds: float) -> bool:
+        """Whether JetStream has been reachable, as far as this store saw, for the last
+        ``seconds`` (see :meth:`RetryPolicy.settled_for`): no request of the store's
+        failed, and the connection has not been away or reconnected since (a follower
+        that only waits makes no request to fail)."""
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects or not self.nc.is_connected:
+            self._reconnects = reconnects
+            self._retry.note_trouble()
+        return self._retry.settled_for(seconds)
 
     def _retryable(self, exc: Exception) -> bool:
         if not is_retryable(exc):

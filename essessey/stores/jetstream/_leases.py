@@ -122,7 +122,14 @@ class Leases:
             revision = entry.revision
         self._held[stream_id] = _Held(holder, revision, sent + self._running_ttl)
         try:
-            await self._end_if_abandoned(stream_id)
+            if await self._claimed_and_open(stream_id):
+                if not self._ctx.settled_for(self._running_ttl):
+                    raise StreamBusy(
+                        f"the lease of the turn on stream {stream_id!r} lapsed while "
+                        "JetStream was out of reach; its replica may take it back"
+                    )
+                await self._finish_abandoned(stream_id)
+                await self._writer.close(stream_id)
             await self._writer.open(stream_id, holder)
         except BaseException:
             await self.release(stream_id, holder, close=False)
@@ -156,18 +163,43 @@ class Leases:
             try:
                 entry = await kv.get(key)
             except nats.js.errors.KeyNotFoundError:
-                entry = None
-            if entry is None or entry.value != held.holder.encode() or entry.revision is None:
+                return await self._take_back(stream_id, held)
+            if entry.value != held.holder.encode() or entry.revision is None:
                 self._held.pop(stream_id, None)
                 return False
             # When that renewal was written is not known here: it sets the deadline.
             held.revision = max(held.revision, entry.revision)
             return True
         except nats.js.errors.KeyNotFoundError:
-            self._held.pop(stream_id, None)
-            return False
+            return await self._take_back(stream_id, held)
         held.revision = max(held.revision, revision)
         held.valid_until = max(held.valid_until, sent + self._running_ttl)
+        return True
+
+    async def _take_back(self, stream_id: str, held: _Held) -> bool:
+        """The lease lapsed unrenewed (JetStream was out of reach, or this replica
+        stalled): take it again when nobody holds it and the stream's last marker is
+        still this turn's open one, so nobody wrote there meanwhile (a claimer or a
+        follower ending it holds the lease while it writes). False, and forgotten,
+        otherwise."""
+        kv = await self._bucket()
+        key = stream_key(stream_id)
+        sent = time.monotonic()
+        try:
+            revision = await self._ctx.retrying(lambda _: kv.create(key, held.holder.encode()))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self._held.pop(stream_id, None)
+            return False  # another holder has it now
+        if not await self._opened_by(stream_id, held.holder):
+            self._held.pop(stream_id, None)
+            try:
+                await kv.delete(key, last=revision)
+            except nats.errors.Error as exc:
+                logger.debug("could not delete the lease of %s: %r", stream_id, exc)
+            return False
+        held.revision = revision
+        held.valid_until = sent + self._running_ttl
+        logger.warning("the lease of %s lapsed with nobody else holding it; taken back", stream_id)
         return True
 
     async def release(self, stream_id: str, holder: str, *, close: bool = True) -> bool:
@@ -244,7 +276,11 @@ class Leases:
 
     async def end_if_abandoned(self, stream_id: str) -> None:
         """From a follower that waited: end the turn of ``stream_id`` if its holder's
-        lease ran out with the stream open (one replica does it)."""
+        lease ran out with the stream open (one replica does it), and this store has
+        seen JetStream answer for a whole ``running_ttl`` (before that, the holder may
+        be alive, about to take its lease back after an outage)."""
+        if not self._ctx.settled_for(self._running_ttl):
+            return
         if not await self._claimed_and_open(stream_id):
             return
         kv = await self._bucket()
@@ -268,20 +304,25 @@ class Leases:
             except nats.errors.Error as exc:
                 logger.debug("could not delete the lease of %s: %r", stream_id, exc)
 
-    async def _end_if_abandoned(self, stream_id: str) -> None:
-        """With the lease held: a turn left open by a holder that died is ended."""
-        if await self._claimed_and_open(stream_id):
-            await self._finish_abandoned(stream_id)
-            await self._writer.close(stream_id)
-
     async def _claimed_and_open(self, stream_id: str) -> bool:
+        """Whether the stream's last marker opened a claimed turn."""
+        return bool(await self._open_holder(stream_id))
+
+    async def _opened_by(self, stream_id: str, holder: str) -> bool:
+        """Whether the stream's last marker opened ``holder``'s turn."""
+        return await self._open_holder(stream_id) == holder
+
+    async def _open_holder(self, stream_id: str) -> str | None:
+        """The holder named by the stream's last marker when it opened a claimed turn."""
         ctx = self._ctx
         try:
             last = await ctx.js.get_last_msg(ctx.stream, ctx.control_subject(stream_id))
         except nats.js.errors.NotFoundError:
-            return False
+            return None
         headers = last.headers or {}
-        return headers.get(CONTROL_HEADER) == OPEN and bool(headers.get(HOLDER_HEADER))
+        if headers.get(CONTROL_HEADER) != OPEN:
+            return None
+        return headers.get(HOLDER_HEADER) or None
 
     async def _finish_abandoned(self, stream_id: str) -> None:
         ctx = self._ctx

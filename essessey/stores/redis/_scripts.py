@@ -21,9 +21,12 @@ Leases. A hub claims a stream id for its turn (``holder`` and ``run``), renews t
 while the turn runs and releases it by closing the stream. While ``run`` lies ahead,
 another holder's claim is refused, and an append or a close that names a holder is refused
 unless it is the current one, so a replica that lost its lease can never write into the
-turn that replaced it. A claim whose ``run`` has passed with the stream still open was
-abandoned (its replica died): the next claim, or a reader that notices, ends the message
-with an error event and closes the stream, in one script, so it happens once.
+turn that replaced it. A claim whose ``run`` has passed with the stream still open lapsed:
+its holder renews it again as long as nobody else took it (it could not reach Redis for a
+while), and the next claim, or a reader that notices, takes it for abandoned (its replica
+died) only once its own store has seen Redis answer for a whole ``running_ttl``; then it
+ends the message with an error event and closes the stream, in one script, so it happens
+once.
 
 Times come from the server's ``TIME``, so the replicas' clocks never need to agree.
 """
@@ -180,16 +183,24 @@ OPEN: Final = (
     + """
 -- KEYS: meta, events, index, tombstone
 -- ARGV: sid, key_prefix, epoch_if_new, ttl_ms, max_streams, run_ms, holder ('': a plain
---       open, no claim), error_data, max_events, max_bytes, overhead
+--       open, no claim), error_data, max_events, max_bytes, overhead, may_end ('1' when
+--       the claimer may take a lapsed lease for a dead holder's, see the store)
 local meta, events, index, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local sid, key_prefix = ARGV[1], ARGV[2]
 local ttl, max_streams, run_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local holder = ARGV[7]
 local now = now_ms()
 if holder ~= '' then
-  local state = redis.call('HMGET', meta, 'run', 'holder')
-  if state[1] and tonumber(state[1]) >= now and state[2] ~= '' and state[2] ~= holder then
+  local state = redis.call('HMGET', meta, 'run', 'holder', 'closed')
+  local other = state[1] and state[2] ~= '' and state[2] ~= holder and state[3] ~= '1'
+  if other and tonumber(state[1]) >= now then
     return redis.error_reply('ESSBUSY a turn is running on the stream elsewhere')
+  end
+  if other and ARGV[12] ~= '1' then
+    -- Lapsed, but this claimer cannot tell a dead holder from one that could not reach
+    -- Redis for a while: the holder may still take it back.
+    return redis.error_reply('ESSBUSY the lease of the turn running on the stream ' ..
+      'lapsed while Redis was out of reach; its replica may take it back')
   end
   abandon(meta, events, key_prefix, sid, now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]),
           tonumber(ARGV[11]))

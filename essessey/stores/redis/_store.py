@@ -275,6 +275,7 @@ class _Listener:
                 logger.warning(
                     "the Redis pub/sub connection failed (%s); reconnecting", type(exc).__name__
                 )
+                self._store._retry.note_trouble()
                 self._resync()
                 await asyncio.sleep(0.2)
                 continue
@@ -534,6 +535,7 @@ class RedisEventStore:
             self.max_events_per_stream,
             self.max_bytes_per_stream,
             _EVENT_OVERHEAD,
+            "1" if self._may_end_lapsed() else "0",
         ]
         keys = self._keys(stream_id)
         try:
@@ -606,6 +608,13 @@ class RedisEventStore:
         watch = _CancelWatch(on_cancel)
         await self._listener.join(stream_id, watch, "k")
         return lambda: self._listener.leave(stream_id, watch, "k")
+
+    def _may_end_lapsed(self) -> bool:
+        """Whether a lease that lapsed may be taken for a dead replica's: only once this
+        store has seen Redis answer for a whole ``running_ttl`` (see
+        :meth:`RetryPolicy.settled_for`); before that its holder may be alive and about
+        to renew it."""
+        return self._retry.settled_for(self.running_ttl)
 
     async def _abandon(self, stream_id: str) -> bool:
         keys = self._keys(stream_id)[:2]
@@ -892,7 +901,7 @@ class _Follower:
             raise SubscriberLagged(
                 f"events after the subscriber's position in {self.stream_id!r} were trimmed"
             )
-        if snap.abandoned and not snap.entries:
+        if snap.abandoned and not snap.entries and self.store._may_end_lapsed():
             # Caught up with a turn whose replica died: end it (once, whoever gets here
             # first); its error event and close arrive as notifications.
             await self.store._abandon(self.stream_id)
