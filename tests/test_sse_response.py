@@ -20,7 +20,15 @@ from starlette.requests import Request
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from essessey import Event, InMemorySink, Publisher, StreamRejected, TurnProducer, stream_turn
+from essessey import (
+    Event,
+    InMemorySink,
+    Publisher,
+    StreamInterrupted,
+    StreamRejected,
+    TurnProducer,
+    stream_turn,
+)
 from essessey.bindings.sse import EventStreamResponse, SSEDecoder, SSEMessage, encode_many
 from essessey.protocol import Dialect
 from essessey.testing import wait_until
@@ -696,6 +704,39 @@ async def test_an_error_or_empty_answer_keeps_the_app_s_headers() -> None:
     for answer in (refused, nothing):
         assert answer.headers["access-control-allow-origin"] == "https://app.example"
         assert answer.headers["x-request-id"] == "req-9"
+
+
+async def test_an_interrupted_source_ends_the_body_for_a_reconnect() -> None:
+    # A hub subscription whose store went out of reach: the client must come back with
+    # its last id, so neither the 204 of a finished turn (an EventSource stops on it)
+    # nor a dialect's end (a client takes it for the whole answer) may go out.
+    from essessey.dialects.chat_completions import ChatCompletionsEncoder
+
+    first = Event("message_start", b'{"type":"message_start","message":{"id":"m"}}', "1")
+
+    async def cut(before_any: bool) -> AsyncIterator[Event]:
+        if not before_any:
+            yield first
+        raise StreamInterrupted("the store went out of reach")
+
+    async def endpoint(request: Request) -> EventStreamResponse:
+        before_any = request.query_params.get("at") == "start"
+        encoder = ChatCompletionsEncoder("chatcmpl-1") if request.query_params.get("chat") else None
+        return EventStreamResponse(cut(before_any), empty_status=204, encoder=encoder, retry=1500)
+
+    with serve(route_app(endpoint)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=CLIENT_TIMEOUT) as client:
+            at_start = await client.get("/stream", params={"at": "start"})
+            mid = await client.get("/stream")
+            chat = await client.get("/stream", params={"chat": "1"})
+    assert at_start.status_code == 200
+    assert at_start.headers["content-type"].startswith("text/event-stream")
+    assert at_start.content == b"retry: 1500\n"  # the hint, no event
+    assert mid.status_code == 200
+    messages = SSEDecoder().feed(mid.content)
+    assert [(m.event, m.id) for m in messages] == [("message_start", "1")]  # no error event
+    assert b"[DONE]" not in chat.content  # no dialect's end
+    assert b"error" not in chat.content
 
 
 async def test_the_background_task_runs_after_every_answer() -> None:

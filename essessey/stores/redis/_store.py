@@ -264,6 +264,7 @@ class _Listener:
         # would take a quiet second for a failed connection.
         socket_timeout = self._store.redis.connection_pool.connection_kwargs.get("socket_timeout")
         wait = min(1.0, socket_timeout / 2) if socket_timeout else 1.0
+        failing = False  # one warning per outage, not one per attempt
         while self._inboxes:
             try:
                 if pubsub.connection is None:
@@ -272,13 +273,17 @@ class _Listener:
                     continue
                 message = await pubsub.get_message(timeout=wait)
             except _RETRYABLE as exc:
-                logger.warning(
+                (logger.debug if failing else logger.warning)(
                     "the Redis pub/sub connection failed (%s); reconnecting", type(exc).__name__
                 )
+                failing = True
                 self._store._retry.note_trouble()
                 self._resync()
                 await asyncio.sleep(0.2)
                 continue
+            if failing:
+                failing = False
+                logger.info("the Redis pub/sub connection is back")
             if message is None:
                 continue
             kind = message["type"]
