@@ -63,6 +63,7 @@ from essessey.event import Event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, StopReason
 from essessey.publisher import Publisher, TurnProducer
+from essessey.snapshot import SnapshotCache, compact
 from essessey.stores import (
     AppendsWithoutWaiting,
     Deliver,
@@ -202,9 +203,12 @@ class StreamHub:
         max_lag: int = 1000,
         max_subscribers: int = 1000,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        snapshot_after: int | None = None,
     ) -> None:
         if max_lag <= 0 or max_subscribers <= 0:
             raise ValueError("max_lag and max_subscribers must be > 0")
+        if snapshot_after is not None and snapshot_after < 0:
+            raise ValueError("snapshot_after must be >= 0, or None for no snapshots")
         if not shutdown_grace >= 0:
             raise ValueError("shutdown_grace must be >= 0")
         self.shutdown_grace = shutdown_grace
@@ -231,6 +235,10 @@ class StreamHub:
         self.max_lag = max_lag
         self.max_subscribers = max_subscribers
         self._authorize = authorize
+        self.snapshot_after = snapshot_after
+        """A subscriber that would be replayed more than this many events gets them as a
+        snapshot (:mod:`essessey.snapshot`); None: never."""
+        self._snapshots = SnapshotCache(self.store) if snapshot_after is not None else None
         self._turns: dict[str, _Turn] = {}
         self._subscribers: dict[str, int] = {}
         self._tasks: TaskGroup | None = None
@@ -521,23 +529,37 @@ class StreamHub:
             await turn.done.wait()
 
     def subscribe(
-        self, stream_id: str, last_event_id: str | None = None
+        self, stream_id: str, last_event_id: str | None = None, *, snapshot: bool = True
     ) -> AsyncGenerator[Event, None]:
         """Replay the stream after ``last_event_id`` (from the oldest whole message when
         None), then follow it live until its turn ends.
+
+        With ``snapshot_after`` set on the hub (and ``snapshot``), a replay of more than
+        that many events comes as a snapshot instead: each run of a block's deltas merged
+        into one, carrying the id of its last delta, so a resume by the last id received
+        stays exact (docs/resume.md, "Snapshots for late readers").
 
         Raises, before any event: :class:`~essessey.StreamNotFound`,
         :class:`~essessey.UnknownEventId`, :class:`~essessey.TooManySubscribers`; and
         :class:`~essessey.SubscriberLagged` when it falls more than ``max_lag`` behind.
         """
-        return self.subscribe_delivering(stream_id, last_event_id, None)
+        return self.subscribe_delivering(stream_id, last_event_id, None, snapshot=snapshot)
 
     async def subscribe_delivering(
-        self, stream_id: str, last_event_id: str | None, deliver: Deliver | None
+        self,
+        stream_id: str,
+        last_event_id: str | None,
+        deliver: Deliver | None,
+        *,
+        snapshot: bool = True,
     ) -> AsyncGenerator[Event, None]:
         """:meth:`subscribe`, offering each live event to ``deliver`` in the turn's own
         append where the store can (see ``InMemoryEventStore.follow_delivering``); what
         it takes is not yielded. For essessey's SSE subscription response."""
+        head: list[Event] = []
+        if snapshot and self.snapshot_after is not None:
+            head, last_event_id = await self._snapshot(stream_id, last_event_id)
+        # Counted after the await above: from here on nothing waits until it is added.
         count = self._subscribers.get(stream_id, 0)
         if count >= self.max_subscribers:
             raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
@@ -550,6 +572,8 @@ class StreamHub:
             events = self.store.follow(stream_id, last_event_id, max_lag=self.max_lag)
         self._subscribers[stream_id] = count + 1
         try:
+            for event in head:
+                yield event
             async for event in events:
                 yield event
         except SubscriberLagged:
@@ -568,6 +592,28 @@ class StreamHub:
                     self._subscribers[stream_id] = remaining
                 else:
                     del self._subscribers[stream_id]
+
+    async def _snapshot(
+        self, stream_id: str, last_event_id: str | None
+    ) -> tuple[list[Event], str | None]:
+        """The snapshot a subscriber starts with (none when its replay would be
+        ``snapshot_after`` events or fewer), and the id it follows on from."""
+        threshold, snapshots = self.snapshot_after, self._snapshots
+        assert threshold is not None  # called only when snapshot_after is set
+        assert snapshots is not None
+        if last_event_id is None:
+            # Joined without an id: the stream's cached snapshot, brought up to date.
+            events, covered = await snapshots.snapshot(stream_id)
+            if covered <= threshold:
+                return [], None
+            totals.snapshots += 1
+            return events, events[-1].id
+        # Far behind: what it misses, compacted (not cached: each resumes elsewhere).
+        missed, known = await self.store.since(stream_id, last_event_id)
+        if not known or len(missed) <= threshold:
+            return [], last_event_id  # the follower replays them (or refuses the id)
+        totals.snapshots += 1
+        return compact(missed), missed[-1].id
 
     async def authorized(self, request: Any, stream_id: str, access: Access) -> bool:
         """Ask the app's ``authorize`` hook; True when the hub has none."""

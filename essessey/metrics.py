@@ -15,7 +15,9 @@ Instruments (meter ``essessey``):
 - ``essessey.events.sent`` and ``essessey.bytes.sent`` (counters, by ``transport``),
 - ``essessey.resumes`` (counter, by ``outcome``: ``replayed``, ``unknown_id``,
   ``nothing_to_resume``),
-- ``essessey.subscribers.lagged`` and ``essessey.sends.stalled`` (counters),
+- ``essessey.subscribers.lagged``, ``essessey.subscribers.snapshots`` (subscribers that
+  started with a snapshot, see :mod:`essessey.snapshot`) and ``essessey.sends.stalled``
+  (counters),
 - ``essessey.first_event.duration`` (histogram, seconds, by ``transport``),
 - ``essessey.store.events`` and ``essessey.store.bytes`` (gauges: what the in-memory
   stores hold).
@@ -37,6 +39,7 @@ class _Totals:
     __slots__ = (
         "lagged",
         "resumes",
+        "snapshots",
         "sse_bytes",
         "sse_events",
         "stalled",
@@ -56,6 +59,7 @@ class _Totals:
         self.websocket_events = self.websocket_bytes = 0
         self.resumes: Counter[str] = Counter()
         self.lagged = 0
+        self.snapshots = 0
         self.stalled = 0
 
 
@@ -150,6 +154,11 @@ def _install() -> None:
         "essessey.subscribers.lagged",
         [one(lambda: totals.lagged)],
         description="subscribers ended for lag",
+    )
+    meter.create_observable_counter(
+        "essessey.subscribers.snapshots",
+        [one(lambda: totals.snapshots)],
+        description="subscribers that started with a snapshot",
     )
     meter.create_observable_counter(
         "essessey.sends.stalled", [one(lambda: totals.stalled)], description="stalled sends reset"

@@ -67,7 +67,10 @@ class HubSubscription:
     event can reach the connection in the turn's append, without waking the response's
     task. With a ``primer`` (the response's dialect encoder) a resume reads the stream
     from its start and feeds the events up to the last id to the primer, yielding none of
-    them: a dialect's frames depend on what came before (docs/dialects.md)."""
+    them: a dialect's frames depend on what came before (docs/dialects.md). Only the
+    protocol's own frames (no primer) start with the hub's snapshot (``snapshot_after``):
+    a dialect counts its own events (Responses' sequence numbers), which a resume must
+    count again the same way."""
 
     __slots__ = ("_deliver", "_hub", "_last_event_id", "_primer", "_stream_id")
 
@@ -91,7 +94,13 @@ class HubSubscription:
     def __aiter__(self) -> AsyncIterator[Event]:
         if self._primer is not None and self._last_event_id is not None:
             return _primed(self._hub, self._stream_id, self._last_event_id, self._primer)
-        return _follow(self._hub, self._stream_id, self._last_event_id, self._deliver)
+        return _follow(
+            self._hub,
+            self._stream_id,
+            self._last_event_id,
+            self._deliver,
+            snapshot=self._primer is None,
+        )
 
 
 async def _primed(
@@ -105,7 +114,7 @@ async def _primed(
             raise _rejected(UnknownEventId(last_event_id), stream_id)
         raise _rejected(StreamNotFound(stream_id), stream_id)
     seen = False
-    async for event in _follow(hub, stream_id, None, None, resuming=True):
+    async for event in _follow(hub, stream_id, None, None, resuming=True, snapshot=False):
         if seen:
             yield event
         else:
@@ -129,10 +138,11 @@ async def _follow(
     deliver: Deliver | None,
     *,
     resuming: bool = False,
+    snapshot: bool,
 ) -> AsyncIterator[Event]:
     # Closed as soon as this response ends (the client left), so the hub's subscriber
     # count drops at once rather than when the garbage collector gets to it.
-    events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
+    events = hub.subscribe_delivering(stream_id, last_event_id, deliver, snapshot=snapshot)
     count = SubscriptionCount("sse", resuming or last_event_id is not None)
     error: Exception | None = None
     try:
