@@ -26,7 +26,8 @@ Environment (all but ``NATS_URL`` or ``REDIS_URL`` optional): ``ESSESSEY_STREAM`
 ``ESSESSEY_HEARTBEAT`` (the followers' idle heartbeat, 1 s), ``ESSESSEY_MAX_AGE``
 (retention, 3600 s), ``ESSESSEY_PUBLISH_TIMEOUT`` (30 s), ``ESSESSEY_DUPLICATE_WINDOW``
 (120 s; nats-server wants it no larger than the max age), ``ESSESSEY_PING`` (the SSE
-keep-alive interval, 1 s).
+keep-alive interval, 1 s), ``ESSESSEY_SNAPSHOT_AFTER`` (the hub's ``snapshot_after``; unset:
+no snapshots).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ else:
         duplicate_window=_env_float("ESSESSEY_DUPLICATE_WINDOW", 120.0),
         running_ttl=_env_float("ESSESSEY_RUNNING_TTL", 10.0),
     )
-hub = StreamHub(store)
+_snapshot_after = os.environ.get("ESSESSEY_SNAPSHOT_AFTER")
+hub = StreamHub(store, snapshot_after=None if _snapshot_after is None else int(_snapshot_after))
 turns: dict[str, TurnState] = {}
 stats: Counter[str] = Counter()
 """NATS connection events and the store's publish retries, for ``/healthz``."""
