@@ -50,6 +50,7 @@ def make_hub_app(
     max_lag: int = 1000,
     max_subscribers: int = 1000,
     extra_routes: Sequence[BaseRoute] = (),
+    snapshot_after: int | None = None,
 ) -> HubApp:
     """A :class:`HubApp` whose hub is served by the routes ``transport(hub)`` returns."""
 
@@ -65,6 +66,7 @@ def make_hub_app(
         authorize=authorize,
         max_lag=max_lag,
         max_subscribers=max_subscribers,
+        snapshot_after=snapshot_after,
     )
 
     async def start_turn(request: Request) -> Response:

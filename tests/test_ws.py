@@ -69,6 +69,7 @@ def make_app(
     store: InMemoryEventStore | None = None,
     max_subscribers: int = 1000,
     extra_routes: list[BaseRoute] | None = None,
+    snapshot_after: int | None = None,
     **options: Any,
 ) -> HubApp:
     return make_hub_app(
@@ -76,6 +77,7 @@ def make_app(
         store=store,
         max_subscribers=max_subscribers,
         extra_routes=extra_routes or (),
+        snapshot_after=snapshot_after,
     )
 
 
@@ -266,6 +268,26 @@ async def test_a_finished_turn_is_replayed_whole_and_an_id_at_its_end_gets_nothi
     assert at_end.code == CloseCode.NORMAL
     assert empty.events == events  # an empty id means from the start
     assert [access for _, _, access in hub_app.asked] == ["read", "resume", "read"]
+
+
+async def test_a_late_reader_gets_a_snapshot_and_resumes_by_its_last_id_exactly() -> None:
+    hub_app = make_app(snapshot_after=10)
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=60)
+            events = await published(http, "s")
+            late = await read(base, "/streams/s/ws")
+            first = await read(base, "/streams/s/ws", stop_after=3)
+            rest = await read(base, f"/streams/s/ws?last_event_id={first.last_id}")
+    assert len(late.events) < len(events) // 4  # the 60 deltas arrive as one
+    assert reassemble_events(late.events).text == reassemble_events(events).text
+    assert check(late.events) == []
+    assert late.events[-1] == events[-1]
+    whole = first.events + rest.events
+    assert reassemble_events(whole).text == reassemble_events(events).text
+    assert check(whole) == []
+    ids = [event.id for event in whole]
+    assert len(set(ids)) == len(ids)  # nothing twice
 
 
 @pytest.mark.parametrize("how", ["query", "first-message"])
