@@ -63,7 +63,7 @@ from essessey.event import Event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, StopReason
 from essessey.publisher import Publisher, TurnProducer
-from essessey.snapshot import SnapshotCache, compact
+from essessey.snapshot import SnapshotCache, compact_yielding
 from essessey.stores import (
     AppendsWithoutWaiting,
     Deliver,
@@ -613,7 +613,7 @@ class StreamHub:
         if not known or len(missed) <= threshold:
             return [], last_event_id  # the follower replays them (or refuses the id)
         totals.snapshots += 1
-        return compact(missed), missed[-1].id
+        return await compact_yielding(missed), missed[-1].id
 
     async def authorized(self, request: Any, stream_id: str, access: Access) -> bool:
         """Ask the app's ``authorize`` hook; True when the hub has none."""

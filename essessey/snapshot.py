@@ -25,13 +25,20 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import orjson
 
 from essessey.event import Event
 from essessey.protocol import DeltaType, EventType
 from essessey.stores import EventStore
 
-__all__ = ["DEFAULT_MAX_DELTA_CHARS", "Compactor", "SnapshotCache", "compact"]
+__all__ = [
+    "DEFAULT_MAX_DELTA_CHARS",
+    "Compactor",
+    "SnapshotCache",
+    "compact",
+    "compact_yielding",
+]
 
 logger = logging.getLogger("essessey.snapshot")
 
@@ -48,6 +55,8 @@ _MERGEABLE: Final[dict[str, str]] = {
     DeltaType.TOOL_RESULT: "text",
 }
 _DELTA_PREFIX: Final = b'{"type":"content_block_delta"'
+_EVENTS_PER_STEP: Final = 500
+"""Events folded between two checkpoints: about a millisecond's work."""
 
 
 class _Run:
@@ -116,6 +125,14 @@ class Compactor:
         run.size += len(text)
         run.last_id = event.id
 
+    async def add_all(self, events: Iterable[Event]) -> None:
+        """:meth:`add` each of ``events``, letting the event loop run other tasks every
+        few hundred: the first snapshot of a long turn takes a while to fold."""
+        for n, event in enumerate(events, 1):
+            self.add(event)
+            if n % _EVENTS_PER_STEP == 0:
+                await anyio.lowlevel.checkpoint()
+
     def events(self) -> list[Event]:
         """The snapshot so far: the events added, each run of deltas merged."""
         if self._run is None:
@@ -152,6 +169,17 @@ def compact(
     compactor = Compactor(max_delta_chars=max_delta_chars)
     for event in events:
         compactor.add(event)
+    return compactor.events()
+
+
+async def compact_yielding(
+    events: Iterable[Event], *, max_delta_chars: int = DEFAULT_MAX_DELTA_CHARS
+) -> list[Event]:
+    """:func:`compact`, letting the event loop run other tasks every so many events: a
+    long turn's first snapshot takes a while to fold, and the live turns of the process
+    must not wait for it."""
+    compactor = Compactor(max_delta_chars=max_delta_chars)
+    await compactor.add_all(events)
     return compactor.events()
 
 
@@ -205,8 +233,7 @@ class SnapshotCache:
                 events, _known = await self._store.since(stream_id, None)
             if compactor.events_added == 0:
                 events = _from_first_message(events)
-            for event in events:
-                compactor.add(event)
+            await compactor.add_all(events)
             return compactor.events(), compactor.events_added
 
     def _new(self) -> Compactor:
