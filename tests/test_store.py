@@ -576,3 +576,44 @@ async def test_retained_events_are_not_walked_by_the_garbage_collector() -> None
     events, _ = await store.since("s", None)
     assert all(type(event) is Event for event in events)  # readers still get Events
     assert bare(events[1:]) == bare([delta(n) for n in range(5_000)])
+
+
+async def test_a_long_since_lets_other_tasks_run_and_reads_up_to_the_head_it_was_asked_at() -> None:
+    # 12,000 events: read in steps (a snapshot's first read of a long turn), so a live
+    # turn appends meanwhile; the read gives the stream as it was when asked.
+    store = InMemoryEventStore(max_events_per_stream=20_000)
+    events = await fill(store, "s", 12_000)
+    appended: list[int] = []
+
+    async def live() -> None:
+        for n in range(3):
+            await store.append("s", delta(20_000 + n))
+            appended.append(n)
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(live)
+        got, known = await store.since("s", None)
+    assert appended  # the live task ran during the read
+    assert known
+    assert got == events  # the 12,000 there when asked, in order, nothing more
+    later, _ = await store.since("s", got[-1].id)
+    assert len(later) == 3  # and a follow-on read gets what came meanwhile
+
+
+async def test_a_long_since_of_a_stream_cleared_meanwhile_gives_what_it_read() -> None:
+    store = InMemoryEventStore(max_events_per_stream=20_000)
+    events = await fill(store, "s", 12_000)
+
+    async def clear() -> None:
+        await anyio.lowlevel.checkpoint()
+        await store.clear("s")
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(clear)
+        got, known = await store.since("s", None)
+    assert known
+    assert 0 < len(got) < len(events)
+    assert got == events[: len(got)]  # a prefix, no gap
+    assert not await store.exists("s")  # and a follower from its last id is told so
+    assert (await store.since("s", got[-1].id)) == ([], False)

@@ -102,11 +102,12 @@ class _Stream:
         offset = seq - self.first_seq
         return _new_event(Event, (self.names[offset], self.datas[offset], f"{self.epoch}-{seq}"))
 
-    def events_from(self, seq: int) -> list[Event]:
-        """Every retained event from ``seq`` on."""
+    def events_from(self, seq: int, end: int | None = None) -> list[Event]:
+        """Every retained event from ``seq`` on (up to ``end``, excluded)."""
         offset = seq - self.first_seq
+        stop = None if end is None else end - self.first_seq
         epoch = self.epoch
-        pairs = zip(islice(self.names, offset, None), islice(self.datas, offset, None), strict=True)
+        pairs = zip(islice(self.names, offset, stop), islice(self.datas, offset, stop), strict=True)
         return [
             _new_event(Event, (name, data, f"{epoch}-{n}"))
             for n, (name, data) in enumerate(pairs, seq)
@@ -154,6 +155,9 @@ class _Stream:
             self.waiters.remove(follower)
 
 
+_SINCE_STEP: Final = 5000
+"""Events :meth:`InMemoryEventStore.since` reads between two turns of the event loop
+(a few milliseconds' work)."""
 _EVENT_OVERHEAD: Final = 180
 """Bytes an event counts against the byte budgets beyond its data: at least what the store
 spends on keeping it (two deque slots and the data's bytes object), so the budgets hold
@@ -376,17 +380,39 @@ class InMemoryEventStore:
         return None
 
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
-        """The events after ``last_event_id`` and whether it is known (see the protocol)."""
+        """The events after ``last_event_id`` and whether it is known (see the protocol).
+
+        A long read goes in steps that let other tasks run; should the stream be cleared,
+        or trimmed past what is still to read, meanwhile, it gives what it read so far
+        (a follower from its last event then finds it gone, as a slow one would)."""
         stream = self._get(stream_id)
         if stream is None:
             return [], False
         if last_event_id is None:
-            return stream.events_from(stream.first_seq), True  # everything retained
-        start = self._start(stream, last_event_id)
-        if start is None:
-            return [], False
-        # islice walks the deque once; indexing it is O(n) away from its ends.
-        return stream.events_from(start), True
+            start = stream.first_seq  # everything retained
+        else:
+            resume_at = self._start(stream, last_event_id)
+            if resume_at is None:
+                return [], False
+            start = resume_at
+        end = stream.next_seq
+        if end - start <= _SINCE_STEP:
+            # islice walks the deque once; indexing it is O(n) away from its ends.
+            return stream.events_from(start), True
+        # A long read (a snapshot's first, of a turn of 100,000 deltas) in steps, so that
+        # the other tasks of the process (the live turns) run between them: up to the
+        # head as it was when asked, as if it had been read at once then.
+        events: list[Event] = []
+        seq = start
+        while seq < end:
+            if self._streams.get(stream_id) is not stream or stream.first_seq > seq:
+                break  # cleared, or trimmed past what is still to read: what was read
+            step = min(seq + _SINCE_STEP, end)
+            events += stream.events_from(seq, step)
+            seq = step
+            if seq < end:
+                await asyncio.sleep(0)
+        return events, True
 
     def follow(
         self, stream_id: str, last_event_id: str | None = None, *, max_lag: int | None = None
