@@ -56,6 +56,7 @@ from collections.abc import (
 from typing import Any, Final, Protocol, TypedDict, cast, runtime_checkable
 
 import anyio
+import anyio.lowlevel
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -309,7 +310,9 @@ class _Outbox:
                     held.clear()
                     self._held_bytes = 0
                 else:
-                    # A batch at a time, so one write stays bounded.
+                    # A batch at a time, so one write stays bounded; with a turn of the
+                    # loop between two, so that a long replay (a snapshot's large deltas)
+                    # does not hold up the other streams' sends until it is all written.
                     size = count = 0
                     while size < limit:
                         size += len(held[count])
@@ -317,6 +320,9 @@ class _Outbox:
                     body = b"".join(held[:count])
                     del held[:count]
                     self._held_bytes -= size
+                    await anyio.lowlevel.checkpoint()
+                    if self.ended:
+                        return
         finally:
             self._sent()
 
