@@ -470,12 +470,15 @@ class StreamHub:
     async def _end(
         self, publisher: Publisher, sink: _HubSink, *, cancelled: bool, failed: bool
     ) -> None:
-        if sink.last_was_error or not sink.message_open:
-            return  # already ended (stream_turn sends its own error) or nothing open
         checker = publisher.checker
-        if checker is None or not checker.in_message:
+        counted_open = checker is not None and checker.in_message
+        if sink.last_was_error or not (sink.message_open or counted_open):
+            return  # already ended (stream_turn sends its own error) or nothing open
+        if not counted_open:
             # The Publisher counted an end its store never took (that write failed):
             # what is stored is still an open message, which a fresh Publisher ends.
+            # (The other way round, a write cancelled in flight, may have been stored:
+            # the Publisher's count is followed, as it always was.)
             publisher, checker = Publisher(sink, dialect=self.dialect), None
         try:
             if cancelled and checker is not None:

@@ -707,3 +707,57 @@ async def test_a_cancelled_hub_body_is_still_a_cancellation() -> None:
         async with StreamHub():
             await anyio.sleep(WAIT)
     assert scope.cancelled_caught
+
+
+class _StoresThenHangs:
+    """An event store (over an in-memory one) whose append of a ``message_start`` is
+    stored and then never returns, as a broker's reply lost in flight: the turn's cancel
+    lands after the store took it."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryEventStore()
+        self.hung = anyio.Event()
+
+    async def append(self, stream_id: str, event: Event) -> Event:
+        stored = await self.inner.append(stream_id, event)
+        if event.event == EventType.MESSAGE_START:
+            self.hung.set()
+            await anyio.sleep_forever()
+        return stored
+
+    async def since(self, stream_id: str, last_event_id: str | None) -> Any:
+        return await self.inner.since(stream_id, last_event_id)
+
+    def follow(self, stream_id: str, last_event_id: str | None = None, **kw: Any) -> Any:
+        return self.inner.follow(stream_id, last_event_id, **kw)
+
+    async def open_stream(self, stream_id: str) -> None:
+        await self.inner.open_stream(stream_id)
+
+    async def close_stream(self, stream_id: str) -> None:
+        await self.inner.close_stream(stream_id)
+
+    async def clear(self, stream_id: str) -> None:
+        await self.inner.clear(stream_id)
+
+    async def exists(self, stream_id: str) -> bool:
+        return await self.inner.exists(stream_id)
+
+
+async def test_a_turn_cancelled_while_its_first_write_is_in_flight_still_ends_its_message() -> None:
+    store = _StoresThenHangs()
+
+    async def produce(publisher: Publisher) -> None:
+        await publisher.send_stream_preamble("m", "s", "model")
+
+    async with StreamHub(store) as hub:
+        await hub.start("s", produce)
+        with anyio.fail_after(WAIT):
+            await store.hung.wait()
+            assert await hub.cancel("s")
+        stored = (await store.since("s", None))[0]
+    # The message_start the store took is ended: the cancelled turn's own end.
+    assert stored[0].event == EventType.MESSAGE_START
+    assert stored[-1].event == EventType.MESSAGE_STOP
+    assert reassemble_events(stored).stop_reason == StopReason.CANCELLED
+    assert check(stored) == []
