@@ -1,18 +1,30 @@
-"""Reading a protocol event's payload for a dialect encoder: the one place that decides
-what an encoder does with an event it cannot read (skipped, with a log line naming the
-event type and the length, never the content)."""
+"""Reading a protocol event for a dialect encoder: the one place that decides what an
+encoder does with an event it cannot read (skipped, with a log line naming the event type
+and the length, never the content), and the one ``encode`` every dialect's encoder runs
+(:func:`encode_event`)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import orjson
 
+from essessey.bindings.sse._frames import id_line, with_id
 from essessey.event import Event
-from essessey.protocol import DeltaType
+from essessey.protocol import DeltaType, EventType
 
-__all__ = ["read_payload", "text_delta"]
+__all__ = ["UNREADABLE", "encode_event", "read_payload", "text_delta"]
+
+UNREADABLE: Final[tuple[type[Exception], ...]] = (
+    KeyError,
+    TypeError,
+    ValueError,
+    AttributeError,
+)
+"""What a dialect's dispatch raises on a payload that is not laid out as the protocol
+says: the event is skipped with a log line."""
 
 
 def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
@@ -39,3 +51,34 @@ def text_delta(payload: dict[str, Any]) -> tuple[int, str] | None:
     if index.__class__ is not int or text.__class__ is not str:
         return None
     return index, text
+
+
+def encode_event(
+    event: Event,
+    log: logging.Logger,
+    encode_text: Callable[[int, str], bytes | None],
+    frames: Callable[[str, dict[str, Any]], list[bytes]],
+    *,
+    unreadable: tuple[type[Exception], ...] = UNREADABLE,
+) -> bytes:
+    """An encoder's ``encode``: nothing for a ping or a payload that is not a JSON
+    object; a text delta through ``encode_text`` when it takes it (an open text block),
+    any other event through ``frames(name, payload)``; the last frame with the event's
+    ``id:``. An event whose dispatch raises one of ``unreadable`` is skipped, logged by
+    its type and the exception's class."""
+    if event.event == EventType.PING:
+        return b""
+    payload = read_payload(event, log)
+    if payload is None:
+        return b""
+    if event.event == EventType.CONTENT_BLOCK_DELTA:
+        text = text_delta(payload)
+        if text is not None:
+            frame = encode_text(*text)
+            if frame is not None:
+                return id_line(event.id) + frame if event.id and frame else frame
+    try:
+        return with_id(frames(event.event, payload), event.id)
+    except unreadable as exc:
+        log.warning("skipped a %s event: %s", event.event, type(exc).__name__)
+        return b""

@@ -39,10 +39,9 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import encode_event
 from essessey.dialects._routes import make_producer, read_request
 from essessey.errors import StreamBusy
 from essessey.event import Event
@@ -74,7 +73,6 @@ _REDACTED: Final = "redacted_thinking"
 _TEXT_CONTENT: Final = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":%b,"delta":%b}\n\n'
 """A text delta's frame, as :func:`_frame` writes it, with its id and text filled in."""
 # The quick path's names, module globals rather than class attributes looked up per call.
-_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
 _dumps: Final = orjson.dumps
 
@@ -139,22 +137,9 @@ class AGUIEncoder:
 
     def encode(self, event: Event) -> bytes:
         """The AG-UI events for ``event``, the last with its ``id:``."""
-        if self._ended or event.event == EventType.PING:
+        if self._ended:
             return b""
-        payload = read_payload(event, logger)
-        if payload is None:
-            return b""
-        if event.event == _DELTA:
-            text = text_delta(payload)
-            if text is not None:
-                frame = self.encode_text(*text)
-                if frame is not None:
-                    return id_line(event.id) + frame if event.id and frame else frame
-        try:
-            return with_id(self._frames(event.event, payload), event.id)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
-            return b""
+        return encode_event(event, logger, self.encode_text, self._frames)
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``TEXT_MESSAGE_CONTENT`` of ``text`` (nothing for an empty one) for block

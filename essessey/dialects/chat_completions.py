@@ -38,10 +38,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import encode_event
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -79,7 +78,6 @@ FINISH_REASONS: Final[dict[str, str]] = {
 
 _NO_BLOCK: Final = ("", -1)
 # The quick path's names, module globals rather than class attributes looked up per call.
-_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
 _dumps: Final = orjson.dumps
 
@@ -128,22 +126,9 @@ class ChatCompletionsEncoder:
 
     def encode(self, event: Event) -> bytes:
         """The chunks for ``event``, the last with its ``id:``."""
-        if self._ended or event.event == EventType.PING:
+        if self._ended:
             return b""
-        payload = read_payload(event, logger)
-        if payload is None:
-            return b""
-        if event.event == _DELTA:
-            text = text_delta(payload)
-            if text is not None:
-                frame = self.encode_text(*text)
-                if frame is not None:
-                    return id_line(event.id) + frame if event.id and frame else frame
-        try:
-            return with_id(self._chunks(event.event, payload), event.id)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
-            return b""
+        return encode_event(event, logger, self.encode_text, self._chunks)
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One content chunk of ``text`` for block ``index``; None when that is not an

@@ -43,10 +43,9 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._frames import id_line, with_id
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import encode_event
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -78,7 +77,6 @@ _TEXT_DELTA: Final = (
 """A text delta's event, as ``_emit`` writes it: filled once per text item with its id
 and index (``_Item.text_frame``), then per delta with its number and text."""
 # The quick path's names, module globals rather than class attributes looked up per call.
-_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _dumps: Final = orjson.dumps
 
 
@@ -161,22 +159,9 @@ class ResponsesEncoder:
 
     def encode(self, event: Event) -> bytes:
         """The events for ``event``, the last with its ``id:``."""
-        if self._ended or event.event == EventType.PING:
+        if self._ended:
             return b""
-        payload = read_payload(event, logger)
-        if payload is None:
-            return b""
-        if event.event == _DELTA:
-            text = text_delta(payload)
-            if text is not None:
-                frame = self.encode_text(*text)
-                if frame is not None:
-                    return id_line(event.id) + frame if event.id and frame else frame
-        try:
-            return with_id(self._frames(event.event, payload), event.id)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
-            return b""
+        return encode_event(event, logger, self.encode_text, self._frames)
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up

@@ -38,8 +38,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.bindings.sse._frames import id_line, with_id
-from essessey.dialects._payload import read_payload, text_delta
+from essessey.dialects._payload import encode_event, read_payload
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
@@ -66,7 +65,6 @@ _DATA_PART: Final = "data-essessey-block"
 _TEXT_DELTA: Final = b'data: {"type":"text-delta","id":%b,"delta":%b}\n\n'
 """A text delta's chunk, as :func:`frame` writes it, with its id and text filled in."""
 # The quick path's names, module globals rather than class attributes looked up per call.
-_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 _TEXT: Final = BlockType.TEXT
 _dumps: Final = orjson.dumps
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
@@ -137,18 +135,9 @@ class UIMessageEncoder:
     def encode(self, event: Event) -> bytes:
         """:meth:`feed`'s lines joined, the last with the event's ``id:``, so a client
         that reconnects with it resumes after this event (docs/dialects.md)."""
-        if self._ended or event.event == EventType.PING:
+        if self._ended:
             return b""
-        payload = read_payload(event, logger)
-        if payload is None:
-            return b""
-        if event.event == _DELTA:
-            text = text_delta(payload)
-            if text is not None:
-                frame = self.encode_text(*text)
-                if frame is not None:
-                    return id_line(event.id) + frame if event.id and frame else frame
-        return with_id(self._lines(event.event, payload), event.id)
+        return encode_event(event, logger, self.encode_text, self._lines, unreadable=())
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``text-delta`` chunk of ``text`` for block ``index``; None when that is
