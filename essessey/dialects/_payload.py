@@ -15,7 +15,14 @@ from essessey.bindings.sse._frames import id_line, with_id
 from essessey.event import Event
 from essessey.protocol import DeltaType, EventType
 
-__all__ = ["UNREADABLE", "encode_event", "read_payload", "text_delta"]
+__all__ = [
+    "UNREADABLE",
+    "encode_event",
+    "input_tokens",
+    "message_delta_totals",
+    "read_payload",
+    "text_delta",
+]
 
 UNREADABLE: Final[tuple[type[Exception], ...]] = (
     KeyError,
@@ -51,6 +58,23 @@ def text_delta(payload: dict[str, Any]) -> tuple[int, str] | None:
     if index.__class__ is not int or text.__class__ is not str:
         return None
     return index, text
+
+
+def message_delta_totals(payload: dict[str, Any]) -> tuple[str | None, int]:
+    """What a ``message_delta`` adds to a dialect's end: its stop reason (None when it
+    names none) and its output tokens (0 when it counts none)."""
+    reason = (payload.get("delta") or {}).get("stop_reason")
+    output = (payload.get("usage") or {}).get("output_tokens")
+    return (
+        reason if isinstance(reason, str) else None,
+        output if isinstance(output, int) else 0,
+    )
+
+
+def input_tokens(message: dict[str, Any]) -> int:
+    """The input tokens a ``message_start``'s message counts (0 when none)."""
+    prompt = (message.get("usage") or {}).get("input_tokens")
+    return prompt if isinstance(prompt, int) else 0
 
 
 def encode_event(

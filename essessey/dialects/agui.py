@@ -41,7 +41,7 @@ from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import json_error
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import encode_event
+from essessey.dialects._payload import encode_event, input_tokens, message_delta_totals
 from essessey.dialects._routes import make_producer, read_request
 from essessey.errors import StreamBusy
 from essessey.event import Event
@@ -188,12 +188,10 @@ class AGUIEncoder:
             return self._block_stop(int(payload["index"]))
         if name == EventType.MESSAGE_DELTA:
             self._delta = payload
-            reason = (payload.get("delta") or {}).get("stop_reason")
-            if isinstance(reason, str):
+            reason, output = message_delta_totals(payload)
+            if reason is not None:
                 self._stop_reason = reason
-            output = (payload.get("usage") or {}).get("output_tokens")
-            if isinstance(output, int):
-                self._output_tokens += output
+            self._output_tokens += output
             return []
         if name == EventType.MESSAGE_STOP:
             step: dict[str, Any] = {"type": "STEP_FINISHED", "stepName": self._step_name()}
@@ -223,9 +221,7 @@ class AGUIEncoder:
         model = message.get("model")
         if isinstance(model, str) and model:
             self._model = model
-        prompt = (message.get("usage") or {}).get("input_tokens")
-        if isinstance(prompt, int):
-            self._input_tokens += prompt
+        self._input_tokens += input_tokens(message)
         return [*frames, _frame({"type": "STEP_STARTED", "stepName": self._step_name()})]
 
     def _block_start(self, index: int, start: dict[str, Any]) -> list[bytes]:

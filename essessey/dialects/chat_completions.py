@@ -40,7 +40,7 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import encode_event
+from essessey.dialects._payload import encode_event, input_tokens, message_delta_totals
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -188,12 +188,10 @@ class ChatCompletionsEncoder:
             self._blocks.pop(int(payload["index"]), None)
             return []
         if name == EventType.MESSAGE_DELTA:
-            reason = (payload.get("delta") or {}).get("stop_reason")
-            if isinstance(reason, str):
+            reason, output = message_delta_totals(payload)
+            if reason is not None:
                 self._stop_reason = reason
-            output = (payload.get("usage") or {}).get("output_tokens")
-            if isinstance(output, int):
-                self._completion_tokens += output
+            self._completion_tokens += output
             return []
         if name == EventType.MESSAGE_STOP:
             if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
@@ -212,10 +210,7 @@ class ChatCompletionsEncoder:
     def _message_start(self, message: dict[str, Any]) -> list[bytes]:
         self._blocks.clear()
         self._stop_reason = None
-        usage = message.get("usage") or {}
-        prompt = usage.get("input_tokens")
-        if isinstance(prompt, int):
-            self._prompt_tokens += prompt
+        self._prompt_tokens += input_tokens(message)
         if self._started:
             return []  # the next round of the same turn: one completion
         self._started = True

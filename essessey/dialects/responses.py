@@ -45,7 +45,7 @@ from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import json_error
 from essessey.bindings.sse._hub import stream_response, subscription_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.dialects._payload import encode_event
+from essessey.dialects._payload import encode_event, input_tokens, message_delta_totals
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -261,12 +261,10 @@ class ResponsesEncoder:
         if name == EventType.CONTENT_BLOCK_STOP:
             return self._block_stop(int(payload["index"]))
         if name == EventType.MESSAGE_DELTA:
-            reason = (payload.get("delta") or {}).get("stop_reason")
-            if isinstance(reason, str):
+            reason, output = message_delta_totals(payload)
+            if reason is not None:
                 self._stop_reason = reason
-            output = (payload.get("usage") or {}).get("output_tokens")
-            if isinstance(output, int):
-                self._output_tokens += output
+            self._output_tokens += output
             return []
         if name == EventType.MESSAGE_STOP:
             if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
@@ -278,9 +276,7 @@ class ResponsesEncoder:
     def _start(self, message: dict[str, Any]) -> list[bytes]:
         self._items.clear()
         self._stop_reason = None
-        prompt = (message.get("usage") or {}).get("input_tokens")
-        if isinstance(prompt, int):
-            self._input_tokens += prompt
+        self._input_tokens += input_tokens(message)
         if self._started:
             return []  # the next round of the same turn: one response
         self._started = True
