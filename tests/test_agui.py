@@ -4,10 +4,9 @@ exactly once, and ``@ag-ui/client``'s ``HttpAgent`` (Node, tests/node) reads a w
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +49,7 @@ def answer(run: AGUIRunRequest) -> TurnProducer:
 def base_url() -> Iterator[str]:
     hub = StreamHub()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with hub:
-            yield
-
-    app = Starlette(routes=list(agui_routes(hub, answer)), lifespan=lifespan)
+    app = Starlette(routes=list(agui_routes(hub, answer)), lifespan=hub.lifespan)
     with serve(app, lifespan="on") as url:
         yield url
 

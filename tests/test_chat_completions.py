@@ -5,9 +5,8 @@ into the same turn."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -44,12 +43,7 @@ def answer(request: ChatCompletionRequest) -> TurnProducer:
 def base_url() -> Iterator[str]:
     hub = StreamHub()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with hub:
-            yield
-
-    app = Starlette(routes=list(chat_completions_routes(hub, answer)), lifespan=lifespan)
+    app = Starlette(routes=list(chat_completions_routes(hub, answer)), lifespan=hub.lifespan)
     with serve(app, lifespan="on") as url:
         yield url
 

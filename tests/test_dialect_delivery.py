@@ -5,11 +5,10 @@ connection reset, one warning), on a real uvicorn server."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -105,11 +104,6 @@ def base_url() -> Iterator[str]:
     hub = StreamHub()
     options: dict[str, Any] = {"ping_interval": PING_INTERVAL, "send_timeout": SEND_TIMEOUT}
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with hub:
-            yield
-
     async def shutdown(request: Request) -> JSONResponse:
         begin_shutdown()
         return JSONResponse({"shutting_down": True})
@@ -121,7 +115,7 @@ def base_url() -> Iterator[str]:
         *responses_routes(hub, responses_turn, **options),
         Route("/shutdown", shutdown, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=hub.lifespan)
     with serve(app, lifespan="on") as url:
         yield url
 
