@@ -12,6 +12,7 @@ import pytest
 
 import essessey.stores._memory
 from tests.nats_server import NatsServer, nats_server
+from tests.redis_server import RedisServer, redis_server
 
 
 @pytest.fixture
@@ -26,6 +27,30 @@ def nats() -> Iterator[NatsServer]:
     """A real nats-server with JetStream, on a free port, stopped after the test."""
     with nats_server() as server:
         yield server
+
+
+def _shared_broker(
+    request: pytest.FixtureRequest, *, appendonly: bool
+) -> Iterator[NatsServer | RedisServer]:
+    if request.param == "nats":
+        yield request.getfixturevalue("nats")
+    else:
+        with redis_server(appendonly=appendonly) as server:
+            yield server
+
+
+@pytest.fixture(params=["nats", "redis"])
+def broker(request: pytest.FixtureRequest) -> Iterator[NatsServer | RedisServer]:
+    """The store replicas share, a test on each: a nats-server with JetStream (file
+    storage), or a redis-server (persistence off)."""
+    yield from _shared_broker(request, appendonly=False)
+
+
+@pytest.fixture(params=["nats", "redis"])
+def durable_broker(request: pytest.FixtureRequest) -> Iterator[NatsServer | RedisServer]:
+    """:func:`broker`, its data surviving a restart: redis-server with ``appendonly
+    yes`` (``appendfsync always``); nats-server's file storage does already."""
+    yield from _shared_broker(request, appendonly=True)
 
 
 class Clock:

@@ -15,7 +15,6 @@ with the store's unavailable error, as docs/nats.md and docs/redis.md say.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import anyio
 import httpx
@@ -24,7 +23,7 @@ import pytest
 from essessey import EventType, check
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisServer
 from tests.test_replicas import (
     Client,
     assert_exact,
@@ -45,17 +44,6 @@ BUDGET = 30.0
 """``publish_timeout`` (the default): the outage is well within it."""
 SHORT_BUDGET = 3.0
 """``publish_timeout`` of the test where the outage outlasts the budget by 5 s."""
-
-
-@pytest.fixture(params=["nats", "redis"])
-def durable_broker(request: pytest.FixtureRequest) -> Iterator[NatsServer | RedisServer]:
-    """A broker whose data survives its restart: nats-server with file storage, or
-    redis-server with ``appendonly yes`` (``appendfsync always``)."""
-    if request.param == "nats":
-        yield request.getfixturevalue("nats")
-    else:
-        with redis_server(appendonly=True) as server:
-            yield server
 
 
 async def outage(server: NatsServer | RedisServer, seconds: float) -> float:

@@ -192,16 +192,6 @@ async def assert_exact(client: Client, seed: int, stream_id: str, stored: list[E
     assert parsed.thinking == "".join(script.thinking)
 
 
-@pytest.fixture(params=["nats", "redis"])
-def broker(request: pytest.FixtureRequest) -> Iterator[NatsServer | RedisServer]:
-    """The store the replicas share: a nats-server with JetStream, or a redis-server."""
-    if request.param == "nats":
-        yield request.getfixturevalue("nats")
-    else:
-        with redis_server() as server:
-            yield server
-
-
 def broker_env(server: NatsServer | RedisServer) -> dict[str, str]:
     if isinstance(server, RedisServer):
         return {"REDIS_URL": server.url}

@@ -20,7 +20,6 @@ from tests.redis_server import RedisServer
 from tests.test_replicas import (
     EVENTS,
     Client,
-    broker,
     read_once,
     read_to_end,
     replicas,
@@ -32,8 +31,6 @@ from tests.test_replicas import (
 from tests.test_snapshot import summary
 
 pytestmark = pytest.mark.anyio
-
-__all__ = ["broker"]  # the fixture, shared with tests/test_replicas.py
 
 SNAPSHOT_AFTER = 20
 
