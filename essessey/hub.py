@@ -599,8 +599,8 @@ class StreamHub:
     async def _snapshot(
         self, stream_id: str, last_event_id: str | None
     ) -> tuple[list[Event], str | None]:
-        """The snapshot a subscriber starts with (none when its replay would be
-        ``snapshot_after`` events or fewer), and the id it follows on from."""
+        """The events a subscriber starts with (a snapshot when its replay would pass
+        ``snapshot_after`` events), and the id it follows on from."""
         threshold, snapshots = self.snapshot_after, self._snapshots
         assert threshold is not None  # called only when snapshot_after is set
         assert snapshots is not None
@@ -613,8 +613,11 @@ class StreamHub:
             return events, events[-1].id
         # Far behind: what it misses, compacted (not cached: each resumes elsewhere).
         missed, known = await self.store.since(stream_id, last_event_id)
-        if not known or len(missed) <= threshold:
-            return [], last_event_id  # the follower replays them (or refuses the id)
+        if not known:
+            return [], last_event_id  # the follower refuses the id
+        if len(missed) <= threshold:
+            # Near enough: what it missed, as it is (read once, not again by the follower).
+            return missed, missed[-1].id if missed else last_event_id
         totals.snapshots += 1
         return await compact_yielding(missed), missed[-1].id
 
