@@ -192,10 +192,7 @@ class Leases:
             return False  # another holder has it now
         if not await self._opened_by(stream_id, held.holder):
             self._held.pop(stream_id, None)
-            try:
-                await kv.delete(key, last=revision)
-            except nats.errors.Error as exc:
-                logger.debug("could not delete the lease of %s: %r", stream_id, exc)
+            await _let_go(kv, stream_id, revision)
             return False
         held.revision = revision
         held.valid_until = sent + self._running_ttl
@@ -210,13 +207,7 @@ class Leases:
         if close:
             await self._writer.close(stream_id)
         del self._held[stream_id]
-        kv = await self._bucket()
-        try:
-            await kv.delete(stream_key(stream_id), last=held.revision)
-        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
-            pass  # expired meanwhile: gone either way
-        except nats.errors.Error as exc:
-            logger.debug("could not delete the lease of %s: %r", stream_id, exc)
+        await _let_go(await self._bucket(), stream_id, held.revision)
         return True
 
     async def watch_cancel(
@@ -299,10 +290,7 @@ class Leases:
                 await self._finish_abandoned(stream_id)
                 await self._writer.close(stream_id)
         finally:
-            try:
-                await kv.delete(key, last=revision)
-            except nats.errors.Error as exc:
-                logger.debug("could not delete the lease of %s: %r", stream_id, exc)
+            await _let_go(kv, stream_id, revision)
 
     async def _claimed_and_open(self, stream_id: str) -> bool:
         """Whether the stream's last marker opened a claimed turn."""
@@ -331,6 +319,18 @@ class Leases:
         if name not in (EventType.MESSAGE_STOP, EventType.ERROR, CONTROL_EVENT):
             await self._writer.append(stream_id, EventType.ERROR, ABANDONED)
         logger.warning("the turn on %s lost its replica; ended it with an error", stream_id)
+
+
+async def _let_go(kv: KeyValue, stream_id: str, revision: int) -> None:
+    """Delete the lease of ``stream_id`` at ``revision``: whoever wrote it last lets it
+    go. One that expired meanwhile is gone either way; any other failure is logged, and
+    the bucket's TTL removes the key."""
+    try:
+        await kv.delete(stream_key(stream_id), last=revision)
+    except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
+        pass
+    except nats.errors.Error as exc:
+        logger.debug("could not delete the lease of %s: %r", stream_id, exc)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
