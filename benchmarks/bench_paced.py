@@ -90,7 +90,7 @@ from essessey.bindings.sse import (
     stream_response,
     subscription_response,
 )
-from essessey.bindings.ui import UIMessageEncoder
+from essessey.dialects.ui import UIMessageEncoder
 from essessey.bindings.ws import websocket_subscription
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder

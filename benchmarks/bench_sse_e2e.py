@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 import essessey
 from essessey.bindings.sse import EventStreamResponse, FrameEncoder, SSEDecoder
-from essessey.bindings.ui import UIMessageEncoder
+from essessey.dialects.ui import UIMessageEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder

@@ -15,7 +15,14 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MAX_ID_LENGTH", "is_event_id", "is_stream_id", "is_token", "parse_event_id"]
+__all__ = [
+    "MAX_ID_LENGTH",
+    "check_token",
+    "is_event_id",
+    "is_stream_id",
+    "is_token",
+    "parse_event_id",
+]
 
 MAX_ID_LENGTH: Final = 256
 """The longest stream id or last event id accepted from a request, in characters (and the
@@ -61,3 +68,22 @@ def parse_event_id(event_id: str, epoch: str) -> int | None:
     ):
         return None
     return int(seq_text)
+
+
+def check_token(value: str, what: str = "token") -> str:
+    """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
+
+    A token is 1 to 256 (``MAX_ID_LENGTH``) printable characters, none of them ``.``,
+    ``*``, ``>`` or whitespace: the rule the SSE and WebSocket endpoints apply to stream ids
+    too. ``what`` names the value in the error ("stream id", "event name").
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"a {what} must be a str, not {type(value).__name__}")
+    if not is_token(value):
+        shown = value if len(value) <= 80 else value[:80] + "…"
+        raise ValueError(
+            f"invalid {what} {shown!r} ({len(value)} characters): a NATS subject token must "
+            f"be 1 to {MAX_ID_LENGTH} printable characters, with no '.', '*', '>' or "
+            "whitespace"
+        )
+    return value

@@ -23,11 +23,12 @@ refuses the event when it would break a rule.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 import orjson
 
+from essessey._public import set_public_module
+from essessey.errors import Violation
 from essessey.event import Event
 from essessey.protocol import DELTA_FOR_BLOCK, BlockType, DeltaType, EventType
 
@@ -53,19 +54,6 @@ class Rule:
     DUPLICATE_TOOL_USE: Final = "duplicate-tool-use"
     DUPLICATE_TOOL_RESULT: Final = "duplicate-tool-result"
     INCOMPLETE: Final = "incomplete"
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One broken rule: where (0-based event position), which event, which rule, what."""
-
-    position: int
-    event: str
-    rule: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"#{self.position} {self.event}: [{self.rule}] {self.detail}"
 
 
 _CONTENT_FIELDS: Final = ("text", "thinking", "signature", "partial_json")
@@ -425,3 +413,8 @@ def check(events: Iterable[Event]) -> list[Violation]:
         found.extend(checker.feed_event(event))
     found.extend(checker.finish())
     return found
+
+
+# Violation is defined beside ProtocolError, which carries it (a lower layer); its public
+# home is here, with the checker that reports it.
+set_public_module(__name__, globals(), ["Violation"])

@@ -11,12 +11,9 @@ however deep the failure happened.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from essessey._logsafe import log_label
-
-if TYPE_CHECKING:
-    from essessey.check import Violation
 
 __all__ = [
     "EssesseyError",
@@ -43,6 +40,22 @@ __all__ = [
     "UnknownEventId",
     "WebSocketClosed",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: where (0-based event position), which event, which rule, what.
+
+    Imported from :mod:`essessey.check`, whose checker reports it; defined here because
+    :class:`ProtocolError` carries it."""
+
+    position: int
+    event: str
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"#{self.position} {self.event}: [{self.rule}] {self.detail}"
 
 
 class EssesseyError(Exception):

@@ -14,7 +14,7 @@ every stream, whichever replica produces it. Routes:
 - ``GET /turns/{stream_id}``: what this replica knows of a turn it started (running, how
   far it got, when it started and finished, in ``time.time()`` seconds);
 - ``GET /healthz``: ``{"ok": true, "nats": <connected>}``;
-- ``POST /api/chat`` and the rest of ``essessey.bindings.ui.ui_chat_routes``, answering
+- ``POST /api/chat`` and the rest of ``essessey.dialects.ui.ui_chat_routes``, answering
   with :mod:`tests.ui_app`'s scripted turn.
 
 With ``REDIS_URL`` set instead, the replicas share a :class:`RedisEventStore` on that
@@ -49,7 +49,7 @@ from starlette.routing import Route
 
 from essessey import Publisher, StreamBusy, StreamHub
 from essessey.bindings.sse import hub_routes
-from essessey.bindings.ui import ui_chat_routes
+from essessey.dialects.ui import ui_chat_routes
 from essessey.bindings.ws import ws_route
 from essessey.stores.jetstream import JetStreamEventStore
 from essessey.stores.redis import RedisEventStore

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from essessey import Event, InMemorySink, Publisher, StopReason
 from essessey.bindings.sse import EventStreamResponse, FrameEncoder, TextDeltaEncoder
-from essessey.bindings.ui import UIMessageEncoder
+from essessey.dialects.ui import UIMessageEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder

@@ -28,7 +28,7 @@ PUBLIC_PACKAGES = [
     "essessey.bindings.http",
     "essessey.bindings.nats",
     "essessey.bindings.sse",
-    "essessey.bindings.ui",
+    "essessey.dialects.ui",
     "essessey.bindings.ws",
     "essessey.demo",
     "essessey.shutdown",

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from essessey import Event, InMemorySink, Publisher, StopReason
-from essessey.bindings.ui import DONE, UIMessageEncoder
+from essessey.dialects.ui import DONE, UIMessageEncoder
 
 
 async def agent_turn(*, dialect: str = "essessey") -> list[Event]:
@@ -133,7 +133,7 @@ def test_bad_input_is_skipped_with_a_reason_and_no_content(
 ) -> None:
     encoder = UIMessageEncoder()
     secret = "do-not-log-me"
-    with caplog.at_level(logging.WARNING, logger="essessey.bindings.ui"):
+    with caplog.at_level(logging.WARNING, logger="essessey.dialects.ui"):
         assert encoder.feed(Event("content_block_delta", secret.encode())) == []
         assert encoder.feed(Event("content_block_delta", b'{"index":0}')) == []  # no message
         encoder.feed(Event("message_start", b'{"type":"message_start","message":{"id":"m"}}'))

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from essessey import Event, StreamHub
-from essessey.bindings.ui import DONE, UIMessageEncoder
+from essessey.dialects.ui import DONE, UIMessageEncoder
 from tests.processes import WAIT
 from tests.servers import serve
 from tests.ui_app import create_app

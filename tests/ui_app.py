@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 
 from essessey import StreamHub
-from essessey.bindings.ui import ChatRequest, ui_chat_routes
+from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.hub import TurnProducer
 from tests.scripted_turn import scripted_turn
 

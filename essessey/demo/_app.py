@@ -10,7 +10,7 @@ Routes (see docs/demo.md for examples):
 - ``POST /streams/{stream_id}/cancel``: stop the turn (it ends with ``cancelled``);
 - ``POST /v1/messages``: an Anthropic Messages API stand-in with a scripted reply;
 - ``POST /api/chat``, ``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``: the
-  same scripted turn for the AI SDK's ``useChat`` (``essessey.bindings.ui``).
+  same scripted turn for the AI SDK's ``useChat`` (``essessey.dialects.ui``).
 
 There is no ``authorize`` hook: the demo's stream ids are random, but whoever has one may
 read or cancel its turn. Serve it on loopback, or behind something that authenticates.
@@ -52,7 +52,7 @@ from essessey.bindings.sse import (
     hub_routes,
     subscription_response,
 )
-from essessey.bindings.ui import ChatRequest, UIMessageEncoder, ui_chat_routes
+from essessey.dialects.ui import ChatRequest, UIMessageEncoder, ui_chat_routes
 from essessey.bindings.ws import ws_route
 from essessey.demo._http import HeaderLimit, HostCheck
 from essessey.demo._messages_api import messages_endpoint

@@ -8,7 +8,7 @@ protocol's own SSE: pings, shutdown hand-off, stalled-client timeout, resume by
 
 - :mod:`essessey.dialects.chat_completions`: OpenAI Chat Completions chunks.
 
-The AI SDK's UI message stream is :mod:`essessey.bindings.ui`.
+The AI SDK's UI message stream is :mod:`essessey.dialects.ui`.
 """
 
 __all__: list[str] = []  # each dialect is imported from its own module

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nats import errors as nats_errors
 
-from essessey._ids import MAX_ID_LENGTH, is_token
+from essessey._ids import check_token
 from essessey._nats_py import (
     EMPTY,
     direct_publish,
@@ -76,25 +76,6 @@ _HEADER_TAIL: Final = b"\r\n\r\n"
 # Building the named tuple through tuple.__new__ skips its argument-parsing __new__ (as
 # the Publisher does): one is built per message received.
 _new_event: Final = tuple.__new__
-
-
-def check_token(value: str, what: str = "token") -> str:
-    """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
-
-    A token is 1 to 256 (``MAX_ID_LENGTH``) printable characters, none of them ``.``,
-    ``*``, ``>`` or whitespace: the rule the SSE and WebSocket endpoints apply to stream ids
-    too. ``what`` names the value in the error ("stream id", "event name").
-    """
-    if not isinstance(value, str):
-        raise TypeError(f"a {what} must be a str, not {type(value).__name__}")
-    if not is_token(value):
-        shown = value if len(value) <= 80 else value[:80] + "…"
-        raise ValueError(
-            f"invalid {what} {shown!r} ({len(value)} characters): a NATS subject token must "
-            f"be 1 to {MAX_ID_LENGTH} printable characters, with no '.', '*', '>' or "
-            "whitespace"
-        )
-    return value
 
 
 def _check_prefix(prefix: str) -> str:

@@ -77,8 +77,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
-from essessey._ids import is_stream_id, is_token, parse_event_id
-from essessey.bindings.nats import check_token
+from essessey._ids import check_token, is_stream_id, is_token, parse_event_id
 from essessey.errors import (
     EssesseyError,
     JetStreamUnavailable,

@@ -11,8 +11,8 @@ from typing import Final
 import nats.errors
 import nats.js.errors
 
+from essessey._ids import check_token
 from essessey._nats_py import direct_jetstream_publish, header_block
-from essessey.bindings.nats import check_token
 from essessey.event import Event
 from essessey.stores.jetstream._bounds import Bounds
 from essessey.stores.jetstream._context import (

@@ -45,7 +45,7 @@ from essessey.bindings._admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_body
 from essessey.bindings.sse._hub import requested_resume_point, stream_response
 from essessey.bindings.sse._response import SSEOptions
-from essessey.bindings.ui._encoder import UIMessageEncoder
+from essessey.dialects.ui._encoder import UIMessageEncoder
 from essessey.errors import StreamBusy
 from essessey.event import Event
 from essessey.hub import Access, StreamHub, TurnProducer
@@ -59,7 +59,7 @@ __all__ = [
     "ui_chat_routes",
 ]
 
-logger = logging.getLogger("essessey.bindings.ui")
+logger = logging.getLogger("essessey.dialects.ui")
 
 UI_MESSAGE_STREAM_HEADERS: Final = {
     "cache-control": "no-cache",

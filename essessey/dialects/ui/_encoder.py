@@ -44,7 +44,7 @@ from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
 __all__ = ["DONE", "FINISH_REASONS", "UIMessageEncoder", "frame"]
 
-logger = logging.getLogger("essessey.bindings.ui")
+logger = logging.getLogger("essessey.dialects.ui")
 
 DONE: Final = b"data: [DONE]\n\n"
 """The line that ends a UI message stream."""

@@ -2,8 +2,8 @@
 (see docs/ui.md)."""
 
 from essessey._public import set_public_module
-from essessey.bindings.ui._encoder import DONE, FINISH_REASONS, UIMessageEncoder, frame
-from essessey.bindings.ui._routes import (
+from essessey.dialects.ui._encoder import DONE, FINISH_REASONS, UIMessageEncoder, frame
+from essessey.dialects.ui._routes import (
     UI_MESSAGE_STREAM_HEADERS,
     ChatRequest,
     TurnFactory,
