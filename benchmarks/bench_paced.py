@@ -90,11 +90,11 @@ from essessey.bindings.sse import (
     stream_response,
     subscription_response,
 )
-from essessey.dialects.ui import UIMessageEncoder
 from essessey.bindings.ws import websocket_subscription
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
+from essessey.dialects.ui import UIMessageEncoder
 
 try:
     import uvloop

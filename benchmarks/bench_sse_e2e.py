@@ -37,10 +37,10 @@ from starlette.types import Receive, Scope, Send
 
 import essessey
 from essessey.bindings.sse import EventStreamResponse, FrameEncoder, SSEDecoder
-from essessey.dialects.ui import UIMessageEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
+from essessey.dialects.ui import UIMessageEncoder
 
 ESSESSEY = "essessey"
 STARLETTE = "sse-starlette"

@@ -146,6 +146,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("it must be a finite number, at least 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``essessey`` argument parser, with its ``demo``, ``tail`` and ``check``
     subcommands; each subcommand's namespace carries its ``handler``."""
@@ -194,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=256,
         help="MiB of events the in-memory store keeps for all turns (default %(default)s)",
+    )
+    demo.add_argument(
+        "--ping-interval",
+        metavar="SECONDS",
+        type=_non_negative_float,
+        default=15.0,
+        help="send a keep-alive on an idle stream after SECONDS; keep it below the idle "
+        "timeout of any proxy in front (default %(default)s; 0 turns it off)",
     )
     demo.add_argument(
         "--metrics",
@@ -332,6 +350,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             cors_origins=args.cors_origins,
             store_mib=args.store_mib,
             metrics=args.metrics,
+            ping_interval=args.ping_interval,
         )
     except KeyboardInterrupt:
         # Ctrl-C is how a demo server is meant to stop, not a failure.

@@ -42,6 +42,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import multiprocessing
+import os
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -56,6 +58,7 @@ from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.errors import (
     EssesseyError,
     StreamBusy,
+    StreamNotFound,
     SubscriberLagged,
     TooManySubscribers,
 )
@@ -183,6 +186,27 @@ def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
             return None
         inner = inner.exceptions[0]
     return inner
+
+
+_warned_worker = False
+
+
+def _warn_if_worker() -> None:
+    """Warn, once per process, when a stream is not found in an in-memory store of a
+    process another started (a server's worker, ``--workers N``): the stream may be held
+    by a sibling worker, which a client reaches at random, and the 404 it gets says
+    nothing of that."""
+    global _warned_worker
+    if _warned_worker or multiprocessing.parent_process() is None:
+        return
+    _warned_worker = True
+    logger.warning(
+        "a stream was not found in this worker's in-memory store (pid %d): if the server "
+        "runs several workers, each keeps streams of its own and a client that reaches "
+        "another worker than its turn's gets 404; run one worker, or give the hub a "
+        "shared store (essessey.stores.redis, essessey.stores.jetstream)",
+        os.getpid(),
+    )
 
 
 class StreamHub:
@@ -582,6 +606,10 @@ class StreamHub:
         except SubscriberLagged:
             totals.lagged += 1
             logger.warning("a subscriber of %s fell behind and was ended", stream_id)
+            raise
+        except StreamNotFound:
+            if isinstance(self.store, InMemoryEventStore):
+                _warn_if_worker()
             raise
         finally:
             try:

@@ -27,8 +27,15 @@ up, and the hub, left in the lifespan, is never reached. So:
   never seen again. Limits: only a server on the main thread is found (signal handlers
   belong to it; uvicorn in another thread installs none), nothing is found when another
   handler replaced uvicorn's, it lags by up to ``interval``, and it needs asyncio (as
-  uvicorn does). Elsewhere (hypercorn, granian, uvicorn in a thread) call
-  :func:`begin_shutdown`. uvicorn is never imported: the handler is read by duck typing.
+  uvicorn does). uvicorn is never imported: the handler is read by duck typing.
+- Or on the signal itself: with the first open stream, a handler is put before the
+  server's own SIGTERM and SIGINT handlers (on the main thread, where a server that stops
+  on a signal installs its handler: uvicorn, granian's workers); it fires the shutdown of
+  every loop with open streams, then runs the server's handler. A signal Python does not
+  handle (its default action, or ignored) is left alone. hypercorn's workers learn of the
+  shutdown from their parent process, not from a signal: with hypercorn, call
+  :func:`begin_shutdown` from the ``shutdown_trigger`` of ``hypercorn.asyncio.serve``
+  (docs/servers.md), as anywhere the server tells the app nothing.
 - Once fired, the signal stays fired for the life of the loop: a stream opened afterwards
   ends at once, and its client reconnects elsewhere.
 - :func:`detect_uvicorn_shutdown` turns detection off (or tunes its interval), process
@@ -47,9 +54,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 import weakref
 from collections.abc import Callable
-from typing import Final
+from types import FrameType
+from typing import Any, Final
 
 import anyio
 
@@ -119,6 +128,8 @@ def _server_is_exiting() -> bool:
             handler = signal.getsignal(sig)
         except (ValueError, OSError):  # pragma: no cover - a platform without it
             continue
+        while isinstance(handler, _Chained):
+            handler = handler.previous  # the server's own, behind essessey's
         server = getattr(handler, "__self__", None)
         if server is not None and getattr(server, "should_exit", False) is True:
             return True
@@ -136,7 +147,51 @@ async def _watch(state: _LoopState) -> None:
         state.watcher = None
 
 
+class _Chained:
+    """A signal handler put before the server's own: it fires the shutdown of every loop
+    with open streams, then runs ``previous`` (the server's handler, which stops it)."""
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: Callable[[int, FrameType | None], Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, signum: int, frame: FrameType | None) -> Any:
+        if _Settings.detect:
+            for loop, state in list(_states.items()):
+                if state.waiters and not state.fired and not loop.is_closed():
+                    # From a signal handler, maybe mid-way through the loop's own code:
+                    # the loop fires it at its next turn, in its own thread.
+                    loop.call_soon_threadsafe(_fire, state)
+        return self.previous(signum, frame)
+
+
+def _chain_signal_handlers() -> None:
+    """Put a handler before the server's own SIGTERM and SIGINT handlers, on the main
+    thread (the only one that may), so that open streams learn of a signal-driven
+    shutdown at once on servers that tell the app nothing before they wait for its
+    responses (granian) and on uvicorn without the poll's lag. A signal without a handler
+    of Python's (the default action, or ignored) is left alone: nothing stops gracefully
+    on it. A server that installs its handler again later is chained again at the next
+    stream."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _SIGNALS:
+        try:
+            previous = signal.getsignal(sig)
+        except (ValueError, OSError):  # pragma: no cover - a platform without it
+            continue
+        if not callable(previous) or isinstance(previous, _Chained):
+            continue
+        try:
+            signal.signal(sig, _Chained(previous))
+        except (ValueError, OSError):  # pragma: no cover - not allowed here
+            continue
+
+
 def _ensure_watcher(state: _LoopState, loop: asyncio.AbstractEventLoop) -> None:
+    if _Settings.detect:
+        _chain_signal_handlers()
     if state.watcher is None and _Settings.detect:
         # A task of the loop, not of any one stream: it outlives the stream that started
         # it, and ends by itself once no stream is open (the loop holds it meanwhile).

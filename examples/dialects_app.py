@@ -30,10 +30,10 @@ from fastapi import FastAPI
 
 from essessey import Publisher, StopReason, StreamHub, TurnProducer
 from essessey.bindings.sse import hub_routes
-from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.dialects.agui import AGUIRunRequest, agui_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest, chat_completions_routes
 from essessey.dialects.responses import ResponsesRequest, responses_routes
+from essessey.dialects.ui import ChatRequest, ui_chat_routes
 
 ANSWER = "Hello from essessey, in whichever format you read."
 

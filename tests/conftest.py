@@ -94,3 +94,57 @@ def node_client() -> Path:
                 ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
             )
     return NODE_DIR / "chat.mjs"
+
+
+# -- the quick run ----------------------------------------------------------------------
+#
+# `pytest -m "not slow"` leaves out what needs a browser, Node, a broker, a server process
+# or many generated examples: the run a change is tried with while it is being made
+# (README, "Running the tests"). The full run (the Quick start command, CI) runs all.
+
+SLOW_MODULES = frozenset(
+    {
+        # headless Chromium
+        "test_demo_browser",
+        "test_pages_browser",
+        "test_sse_browser",
+        "test_ws_browser",
+        "test_no_loops",
+        # Node's AI SDK client
+        "test_ui_node",
+        # brokers (nats-server, redis-server), outages and replicas
+        "test_broker_outage",
+        "test_jetstream_store",
+        "test_nats_binding",
+        "test_nats_internals",
+        "test_redis_store",
+        "test_replicas",
+        "test_snapshot_stores",
+        "test_store_conformance",
+        # servers and apps as processes, signals, load
+        "test_servers",
+        "test_demo",
+        "test_examples",
+        "test_examples_apps",
+        "test_shutdown",
+        "test_chaos",
+        "test_leaks",
+        "test_stalled_clients",
+        "test_benchmarks",
+        # fuzzing and long property runs
+        "test_fuzz",
+        "test_property_roundtrip",
+    }
+)
+"""Test files that are slow as a whole."""
+
+SLOW_FIXTURES = frozenset({"nats", "broker", "durable_broker", "node_client"})
+"""Fixtures that make the test using them slow wherever it is (a broker, Node)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or fixtures & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)

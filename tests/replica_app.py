@@ -49,8 +49,8 @@ from starlette.routing import Route
 
 from essessey import Publisher, StreamBusy, StreamHub
 from essessey.bindings.sse import hub_routes
-from essessey.dialects.ui import ui_chat_routes
 from essessey.bindings.ws import ws_route
+from essessey.dialects.ui import ui_chat_routes
 from essessey.stores.jetstream import JetStreamEventStore
 from essessey.stores.redis import RedisEventStore
 from tests.chaos_app import build_script, play

@@ -688,6 +688,7 @@ def test_demo_calls_serve(
             "cors_origins": [],
             "store_mib": 256,
             "metrics": False,
+            "ping_interval": 15.0,
         }
     ]
     calls.clear()

@@ -21,10 +21,10 @@ from starlette.routing import Route
 
 from essessey import Publisher, StopReason, StreamHub
 from essessey.bindings.sse import SSEDecoder
-from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.dialects.agui import AGUIRunRequest, agui_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest, chat_completions_routes
 from essessey.dialects.responses import ResponsesRequest, responses_routes
+from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.hub import TurnProducer
 from essessey.shutdown import begin_shutdown
 from tests.processes import WAIT

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from essessey import Event, InMemorySink, Publisher, StopReason
 from essessey.bindings.sse import EventStreamResponse, FrameEncoder, TextDeltaEncoder
-from essessey.dialects.ui import UIMessageEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
+from essessey.dialects.ui import UIMessageEncoder
 from tests.processes import WAIT
 from tests.servers import serve
 

@@ -47,8 +47,8 @@ from essessey import (
 from essessey.adapters import stream_rounds
 from essessey.bindings.nats import NATSSink, subscribe_stream
 from essessey.bindings.sse import EventStreamResponse, SSESource, connect, hub_routes
-from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.bindings.ws import WebSocketSink, ws_route
+from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.hub import Access
 from essessey.shutdown import begin_shutdown, on_shutdown
 from essessey.stores import Deliver

@@ -237,6 +237,53 @@ async def test_a_resume_mid_turn_gets_exactly_the_rest(how: str, seen: int) -> N
     assert reassemble_events(first.events + rest.events).text == turn_text(60)
 
 
+async def test_a_resume_that_lands_in_a_pause_gets_its_headers_at_once() -> None:
+    """A proxy with an idle timeout shorter than the keep-alive would answer a resume whose
+    headers wait for the next event with a 504, on which an EventSource gives up: the
+    headers come within RESUME_HEADERS_WITHIN, the events when the turn goes on."""
+    hub_app = make_app(ping_interval=60.0)  # no keep-alive to start the body early
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=20, hold_at=5)
+            await wait_for(hub_app.reached["s"])
+            # message_start, ping, the block's start and 5 deltas: all there is so far.
+            first = await read(http, "/streams/s", stop_after=8)
+            assert first.events[-1].event == EventType.CONTENT_BLOCK_DELTA
+            headers = {**OWNER, "Last-Event-ID": first.last_id}
+            decoder = SSEDecoder()
+            rest: list[Event] = []
+            with anyio.fail_after(WAIT):
+                async with http.stream("GET", "/streams/s", headers=headers) as response:
+                    # The turn is still held: these came without an event.
+                    assert response.status_code == 200
+                    assert response.headers["content-type"] == SSE_CONTENT_TYPE
+                    hub_app.release["s"].set()
+                    async for chunk in response.aiter_raw():
+                        rest += [
+                            Event(m.event, m.data.encode(), m.id or None)
+                            for m in decoder.feed(chunk)
+                        ]
+            events = await published(http, "s")
+    assert first.events + rest == events  # 0 lost, 0 duplicated
+
+
+async def test_a_refused_or_finished_resume_still_answers_before_its_headers() -> None:
+    """Within the wait for the headers, an unknown id is still a 410 and a finished turn
+    with nothing after the id still a 204 (an EventSource stops on both)."""
+    hub_app = make_app(ping_interval=60.0)
+    with serve(hub_app.app, lifespan="on") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=3)
+            events = await published(http, "s")
+            unknown = await read(http, "/streams/s", headers={"Last-Event-ID": "nope-1"})
+            finished = await read(
+                http, "/streams/s", headers={"Last-Event-ID": events[-1].id or ""}
+            )
+    assert unknown.status == 410
+    assert finished.status == 204
+    assert finished.body == b""
+
+
 async def test_the_last_event_id_header_wins_over_the_query_parameter() -> None:
     hub_app = make_app()
     with serve(hub_app.app, lifespan="on") as base:

@@ -3,12 +3,13 @@ the endpoints behind it, and a fake Anthropic Messages API (see docs/demo.md).
 
 :func:`create_app` builds the Starlette app and :func:`serve` runs it under uvicorn; both
 need the ``server`` extra (Starlette, uvicorn), and a NATS URL needs the ``nats`` extra.
-They are imported on first use, so the script (:func:`scenario_script`) is available
+They import it on first use, so the script (:func:`scenario_script`) is available
 without them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from essessey._public import import_lazily, public_dir, set_public_module
@@ -24,8 +25,38 @@ from essessey.demo._scenario import (
 )
 
 if TYPE_CHECKING:
-    from essessey.demo._app import create_app as create_app
     from essessey.demo._app import serve as serve
+
+
+def create_app(
+    *,
+    nats_url: str | None = None,
+    redis_url: str | None = None,
+    nats_stream: str = "ESSESSEY_DEMO",
+    max_age: float = 3600.0,
+    ping_interval: float = 15.0,
+    cors_origins: Sequence[str] = (),
+    store_mib: int = 256,
+    metrics: bool = False,
+) -> Any:
+    """The demo as a Starlette app (the options: docs/demo.md); its lifespan runs the hub.
+
+    A function of this module, not a name imported on first use: servers that take a
+    factory (``hypercorn 'essessey.demo:create_app()'``, ``granian --factory``) look it up
+    in the module's namespace. Starlette is imported when it is called."""
+    from essessey.demo._app import create_app as build
+
+    return build(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        nats_stream=nats_stream,
+        max_age=max_age,
+        ping_interval=ping_interval,
+        cors_origins=cors_origins,
+        store_mib=store_mib,
+        metrics=metrics,
+    )
+
 
 # What a test or a load tool needs to start a turn and check what it read (docs/demo.md,
 # "As a load target"): the script of a turn, the producer the app runs, and the bounds of
@@ -45,7 +76,7 @@ __all__ = [
 
 set_public_module(__name__, globals(), __all__)
 
-_NEEDS_SERVER = {"create_app": "_app", "serve": "_app"}
+_NEEDS_SERVER = {"serve": "_app"}
 
 
 def __getattr__(name: str) -> Any:

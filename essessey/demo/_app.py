@@ -52,7 +52,6 @@ from essessey.bindings.sse import (
     hub_routes,
     subscription_response,
 )
-from essessey.dialects.ui import ChatRequest, UIMessageEncoder, ui_chat_routes
 from essessey.bindings.ws import ws_route
 from essessey.demo._http import HeaderLimit, HostCheck
 from essessey.demo._messages_api import messages_endpoint
@@ -77,6 +76,7 @@ from essessey.dialects.chat_completions import (
 from essessey.dialects.chat_completions import error_object as chat_completions_error
 from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
 from essessey.dialects.responses import error_object as responses_error
+from essessey.dialects.ui import ChatRequest, UIMessageEncoder, ui_chat_routes
 from essessey.shutdown import begin_shutdown, detect_uvicorn_shutdown
 
 if TYPE_CHECKING:
@@ -514,6 +514,7 @@ def serve(
     cors_origins: Sequence[str] = (),
     store_mib: int = STORE_MIB,
     metrics: bool = False,
+    ping_interval: float = 15.0,
 ) -> None:
     """Serve the demo with uvicorn until Ctrl-C or SIGTERM (blocking).
 
@@ -525,8 +526,8 @@ def serve(
     running turns finish within its grace. Then the hub and the NATS connection close.
     Ctrl-C then returns; SIGTERM ends the process by that signal once the shutdown is
     done (uvicorn raises it again). Exits with status 3 when the app cannot start (e.g.
-    NATS unreachable). ``cors_origins``, ``store_mib`` and ``metrics`` go to
-    :func:`create_app`.
+    NATS unreachable). ``cors_origins``, ``store_mib``, ``metrics`` and ``ping_interval``
+    go to :func:`create_app`.
     """
     import uvicorn
 
@@ -537,6 +538,7 @@ def serve(
         cors_origins=cors_origins,
         store_mib=store_mib,
         metrics=metrics,
+        ping_interval=ping_interval,
     )
     config = uvicorn.Config(
         app,

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from essessey.bindings.sse._hub import requested_resume_point as requested_resume_point
     from essessey.bindings.sse._hub import stream_response as stream_response
     from essessey.bindings.sse._hub import subscription_response as subscription_response
+    from essessey.bindings.sse._response import (
+        RESUME_HEADERS_WITHIN as RESUME_HEADERS_WITHIN,
+    )
     from essessey.bindings.sse._response import DeliveringSource as DeliveringSource
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
     from essessey.bindings.sse._response import SSEOptions as SSEOptions
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ERROR_BODY",
     "MAX_ID_LENGTH",
+    "RESUME_HEADERS_WITHIN",
     "DeliveringSource",
     "ErrorShape",
     "EventStreamResponse",
@@ -77,6 +81,7 @@ _NEEDS_STARLETTE = {
     "DeliveringSource": "_response",
     "EventStreamResponse": "_response",
     "SSEOptions": "_response",
+    "RESUME_HEADERS_WITHIN": "_response",
     "HubSubscription": "_hub",
     "cancel_response": "_hub",
     "requested_resume_point": "_hub",

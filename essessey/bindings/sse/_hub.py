@@ -19,8 +19,8 @@ the hook raised       503     ``api_error`` (logged, without the exception's tex
 
 A stream id is 1 to ``MAX_ID_LENGTH`` printable characters without whitespace, ``.``,
 ``*`` or ``>`` (one NATS subject token, so every backend can carry it); a last event id is
-1 to ``MAX_ID_LENGTH`` printable characters. The cancel route never reads the request
-body.
+1 to ``MAX_ID_LENGTH`` printable characters. The cancel route ignores the request body
+(it takes up to 1 KiB of it and leaves a larger one unread).
 
 A subscriber that falls behind is ended without an error event: its client reconnects
 with its last id and carries on. A ``HEAD`` answers the status a ``GET`` starts with (the
@@ -29,11 +29,12 @@ table's), asked of the store without subscribing (see docs/resume.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Unpack
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
@@ -41,7 +42,11 @@ from essessey.bindings._admission import Refusal, admit
 from essessey.bindings._asgi import SubscriptionCount, subscription_end
 from essessey.bindings.http import json_error
 from essessey.bindings.sse._frames import ErrorShape, FrameEncoder
-from essessey.bindings.sse._response import EventStreamResponse, SSEOptions
+from essessey.bindings.sse._response import (
+    RESUME_HEADERS_WITHIN,
+    EventStreamResponse,
+    SSEOptions,
+)
 from essessey.bindings.sse._writer import error_body
 from essessey.errors import StreamInterrupted, StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
@@ -58,6 +63,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("essessey.sse")
+
+_CANCEL_BODY_LIMIT = 1024
+"""Bytes of a cancel request's body taken (and ignored); a larger one is left unread."""
 
 
 class HubSubscription:
@@ -227,6 +235,10 @@ def stream_response(
     # A resume with nothing more to send, its turn over: 204, so an EventSource that
     # reconnects after the end stops instead of looping.
     empty_status = 204 if last_event_id is not None else None
+    if last_event_id is not None:
+        # A resume may land in a pause of its turn: its headers must not wait for the
+        # next event, or a proxy's idle timeout answers for it.
+        options.setdefault("headers_within", RESUME_HEADERS_WITHIN)
     source = HubSubscription(hub, stream_id, last_event_id, encoder)
     return EventStreamResponse(
         source, empty_status=empty_status, encoder=encoder, error_shape=error_shape, **options
@@ -267,13 +279,31 @@ async def _head_refusal(
 async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> Response:
     """Cancel the turn running on ``stream_id`` if this request may: 200 with
     ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed, 503 when
-    the ``authorize`` hook raised. The request's body is never read."""
+    the ``authorize`` hook raised. The request's body means nothing: up to 1 KiB of it is
+    taken, a larger one left unread."""
     admitted = await admit(hub, request, stream_id, None, logger, access="cancel")
     if isinstance(admitted, Refusal):
         return json_error(admitted.status, admitted.error_type, admitted.message)
+    await _take_small_body(request)
     if not await hub.cancel(stream_id):
         return json_error(404, "not_found_error", "no turn is running on this stream")
     return Response(b'{"cancelled":true}', 200, media_type="application/json")
+
+
+async def _take_small_body(request: Request) -> None:
+    """Take a cancel request's body when it is small (it means nothing): an HTTP/2 server
+    may fail the whole connection when a stream it has answered still sends its body's end
+    (hypercorn does). A body announced larger, or that grows past the limit, is left
+    unread: the answer never waits for a client's upload."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not (declared.isdigit() and int(declared) <= _CANCEL_BODY_LIMIT):
+        return
+    taken = 0
+    with contextlib.suppress(ClientDisconnect):
+        async for chunk in request.stream():
+            taken += len(chunk)
+            if taken > _CANCEL_BODY_LIMIT:
+                return
 
 
 def hub_routes(

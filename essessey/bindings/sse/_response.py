@@ -83,7 +83,7 @@ from essessey.protocol import Dialect, EventType
 from essessey.publisher import Publisher, TurnProducer
 from essessey.shutdown import on_shutdown, shutting_down
 
-__all__ = ["DeliveringSource", "EventStreamResponse", "SSEOptions"]
+__all__ = ["RESUME_HEADERS_WITHIN", "DeliveringSource", "EventStreamResponse", "SSEOptions"]
 
 logger = logging.getLogger("essessey.sse")
 
@@ -104,6 +104,10 @@ _SSE_HEADERS: Final = (
 # line break in it, so one data line).
 _BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: b"event: content_block_delta\ndata: "}
 _PROTOCOL_FRAMES: Final = ProtocolFrames()
+RESUME_HEADERS_WITHIN: Final = 0.25
+"""Seconds a resume's response waits for its first event before it sends its headers
+without one: long enough for the store to refuse the id (an HTTP error) or to end a
+finished turn with nothing after it (a 204), far below any proxy's idle timeout."""
 _BURST: Final = 0.0005
 """Seconds after a send within which the next event is taken for part of a burst: it is
 held for the next send instead of going out in a send of its own."""
@@ -152,6 +156,7 @@ class _Outbox:
         "_response",
         "_room",
         "_send",
+        "_start_due",
         "ended",
         "last_sent",
         "last_was_error",
@@ -182,6 +187,7 @@ class _Outbox:
         self._idle: anyio.Event | None = None  # set when a send ends and nothing is held
         self._flusher_wake: anyio.Event | None = None
         self._ping_due = False
+        self._start_due = False  # the headers are due before any event (see headers_within)
         self.sending = False
         self.started = False
         self.ended = False
@@ -348,7 +354,8 @@ class _Outbox:
         try:
             if not self.started:
                 self.started = True
-                metrics.first_event("sse", time.monotonic() - self.opened)
+                if body:
+                    metrics.first_event("sse", time.monotonic() - self.opened)
                 await self._send(
                     {
                         "type": "http.response.start",
@@ -410,6 +417,16 @@ class _Outbox:
                     return
                 continue
             # The line watch keeps the deadlines: it calls check(), which wakes this.
+            if self._start_due and not self.sending:
+                # No event yet, and the headers are due: a proxy waiting for them would
+                # time out the request, and an EventSource gives up on its answer.
+                self._start_due = False
+                if not self.started:
+                    try:
+                        await self._send_all(b"")
+                    except _Ended:
+                        return
+                continue
             if self._ping_due and not self.sending:
                 self._ping_due = False
                 try:
@@ -440,12 +457,19 @@ class _Outbox:
                 return None
             return self.send_began + timeout
         ping = response.ping_interval or math.inf
+        start_due = math.inf
+        if not self.started and response.headers_within is not None:
+            start_due = self.opened + response.headers_within
+            if now >= start_due:
+                self._start_due = True
+                self._wake_flusher()
+                start_due = math.inf
         if now - self.last_sent >= ping:
             # Quiet for ping_interval: a comment keeps proxies from closing it.
             self._ping_due = True
             self._wake_flusher()
-            return now + ping
-        return self.last_sent + ping
+            return min(now + ping, start_due)
+        return min(self.last_sent + ping, start_due)
 
     def stop(self) -> None:
         """The server is shutting down: end with the retry hint after the send in
@@ -620,6 +644,7 @@ class SSEOptions(TypedDict, total=False):
     max_queue: int
     max_batch_bytes: int
     shutdown_retry: int | None
+    headers_within: float | None
 
 
 class EventStreamResponse(Response):
@@ -639,6 +664,12 @@ class EventStreamResponse(Response):
     instead of the protocol's own SSE; everything else is delivered the same way.
     ``error_shape`` writes the JSON body of an error answered before the first event (the
     protocol's ``error_body`` by default; a dialect's own error object).
+    ``headers_within`` (seconds) sends the status line and headers when no event came
+    within it, instead of waiting for the first event: for a resume that may land in a
+    pause of its turn, which a proxy with a short idle timeout would otherwise answer with
+    a 504 (an EventSource then stops for good). An error after that goes out as an error
+    event, and an end with no event as an empty stream. The hub's routes use it on every
+    resume (:data:`RESUME_HEADERS_WITHIN`).
     """
 
     media_type = "text/event-stream"
@@ -661,6 +692,7 @@ class EventStreamResponse(Response):
         empty_status: int | None = None,
         encoder: FrameEncoder | None = None,
         error_shape: ErrorShape = error_body,
+        headers_within: float | None = None,
     ) -> None:
         if ping_interval < 0:
             raise ValueError("ping_interval must be >= 0 (0 disables the keep-alive)")
@@ -671,6 +703,9 @@ class EventStreamResponse(Response):
         # A field of the first event's block, not a block of its own: a blank line after
         # it alone would be an empty event to some decoders.
         self._retry = format_message(retry=retry)[:-1] if retry is not None else b""
+        if headers_within is not None and headers_within < 0:
+            raise ValueError("headers_within must be >= 0, or None to wait for the first event")
+        self.headers_within = headers_within
         self.empty_status = empty_status
         self.encoder = encoder
         self.error_shape = error_shape
