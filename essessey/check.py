@@ -25,12 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeAlias
 
-import orjson
-
 from essessey._public import set_public_module
 from essessey.errors import Violation
 from essessey.event import Event
-from essessey.protocol import DELTA_FOR_BLOCK, BlockType, DeltaType, EventType
+from essessey.protocol import DELTA_FOR_BLOCK, BlockType, DeltaType, EventType, Unreadable, read
 
 __all__ = ["ProtocolChecker", "Rule", "Violation", "check"]
 
@@ -162,13 +160,14 @@ class ProtocolChecker:
 
     def feed_event(self, event: Event) -> list[Violation]:
         """Record an :class:`Event`, parsing its payload; bad JSON is a violation."""
-        try:
-            payload = orjson.loads(event.data)
-        except orjson.JSONDecodeError as exc:
-            position = self._position
-            self._position += 1
-            return [Violation(position, event.event, Rule.PAYLOAD, f"data is not JSON ({exc})")]
-        return self._step(event.event, payload, commit=True)
+        record = read(event)
+        if isinstance(record, Unreadable):
+            if record.payload is None:  # not JSON at all
+                position = self._position
+                self._position += 1
+                return [Violation(position, event.event, Rule.PAYLOAD, record.reason)]
+            return self._step(event.event, record.payload, commit=True)
+        return self._step(event.event, record.payload, commit=True)
 
     def finish(self) -> list[Violation]:
         """The violations of ending the stream here: a message left open."""

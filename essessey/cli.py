@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import anyio
-import orjson
 
 from essessey import __version__
 from essessey.bindings.sse import SSEDecoder, encode
 from essessey.check import ProtocolChecker, Violation, check
 from essessey.errors import SSEDecodeError, StreamHTTPError
 from essessey.event import Event
-from essessey.protocol import EventType
+from essessey.protocol import BlockStart, ErrorRecord, EventType, read
 from essessey.reassemble import Fragment, ParsedStream, Reassembler, reassemble_events
 
 __all__ = [
@@ -693,10 +692,10 @@ class _Renderer:
         # Unknown blocks and delta types are not rendered: the set is open.
 
     def _error(self, event: Event) -> None:
-        try:
-            error = orjson.loads(event.data).get("error")
-            line = f"[error] {error['type']}: {error['message']}"
-        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        record = read(event)
+        if isinstance(record, ErrorRecord):
+            line = f"[error] {record.error_type}: {record.message}"
+        else:
             line = "[error] (an error event without a readable type and message)"
         self._line(line, _RED)
 
@@ -725,11 +724,8 @@ class _Renderer:
 def _start_input(event: Event) -> str:
     """The ``input`` a tool_use block started with, as JSON ("" when empty): a provider
     may send a call whole in its start instead of in fragments."""
-    try:
-        block = orjson.loads(event.data).get("content_block")
-        initial = block.get("input") if isinstance(block, dict) else None
-    except (orjson.JSONDecodeError, AttributeError):
-        return ""
+    record = read(event)
+    initial = record.block.get("input") if isinstance(record, BlockStart) else None
     return json.dumps(initial, ensure_ascii=False) if initial else ""
 
 

@@ -51,7 +51,6 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
 
 import anyio
-import orjson
 from anyio.abc import TaskGroup, TaskStatus
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
@@ -64,7 +63,7 @@ from essessey.errors import (
 )
 from essessey.event import Event
 from essessey.metrics import totals
-from essessey.protocol import Dialect, EventType, StopReason
+from essessey.protocol import Dialect, EventType, MessageDelta, StopReason, read
 from essessey.publisher import Publisher, TurnProducer
 from essessey.snapshot import SnapshotCache, compact_yielding
 from essessey.stores import (
@@ -130,9 +129,9 @@ class _HubSink:
         elif name == EventType.MESSAGE_STOP or self.last_was_error:
             self.message_open = False
         if name == EventType.MESSAGE_DELTA:
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
-                reason = orjson.loads(event.data)["delta"].get("stop_reason")
-                self.stop_reason = reason if isinstance(reason, str) else None
+            record = read(event)
+            if isinstance(record, MessageDelta):
+                self.stop_reason = record.stop_reason
 
     async def emit(self, event: Event) -> None:
         shared = self._shared

@@ -27,7 +27,7 @@ import orjson
 
 from essessey._logsafe import log_label
 from essessey.event import Event, Source
-from essessey.protocol import BlockType, DeltaType, EventType
+from essessey.protocol import BlockType, DeltaType, EventType, Unreadable, read
 
 __all__ = [
     "Fragment",
@@ -508,13 +508,11 @@ class Reassembler:
         name = event.event
         if name == EventType.PING:
             return None  # keep-alive: may carry no data at all
-        try:
-            payload = orjson.loads(event.data)
-        except orjson.JSONDecodeError as exc:
-            _warn(position, name, f"data is not valid JSON (error at char {exc.pos})", event)
-            return None
+        record = read(event)
+        payload = record.payload
         if not isinstance(payload, dict):
-            _warn(position, name, f"payload is a JSON {type(payload).__name__}, not an object")
+            assert isinstance(record, Unreadable)
+            _warn(position, name, record.reason, event if payload is None else None)
             return None
         if name not in EventType.ALL and name in ("", "message"):
             # An SSE frame without an ``event:`` line: the payload names itself.

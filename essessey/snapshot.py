@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.lowlevel
 import orjson
 
 from essessey.event import Event
-from essessey.protocol import DeltaType, EventType
+from essessey.protocol import Delta, DeltaType, EventType, read
 from essessey.stores import EventStore
 
 __all__ = [
@@ -145,19 +145,18 @@ class Compactor:
         anything else (which passes through as it is)."""
         if event.event != EventType.CONTENT_BLOCK_DELTA or not event.data.startswith(_DELTA_PREFIX):
             return None
-        try:
-            payload: Any = orjson.loads(event.data)
-            delta = payload["delta"]
-            field = _MERGEABLE.get(delta["type"])
-            if field is None or set(delta) != {"type", field}:
-                return None  # another type, or one with more in it than its text
-            index, text = payload["index"], delta[field]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        record = read(event)
+        if not isinstance(record, Delta):
             logger.warning("a delta that is not laid out as expected passes through whole")
             return None
-        if not isinstance(index, int) or not isinstance(text, str):
+        delta = record.delta
+        field = _MERGEABLE.get(record.delta_type)
+        if field is None or set(delta) != {"type", field}:
+            return None  # another type, or one with more in it than its text
+        text = delta[field]
+        if not isinstance(text, str):
             return None
-        return index, delta["type"], field, text
+        return record.index, record.delta_type, field, text
 
 
 def compact(

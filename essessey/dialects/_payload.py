@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Final
-
-import orjson
+from typing import Any, Final, cast
 
 from essessey.bindings.sse._frames import id_line, with_id
 from essessey.event import Event
-from essessey.protocol import DeltaType, EventType
+from essessey.protocol import Delta, DeltaType, EventType, Unreadable, read
 
 __all__ = [
     "UNREADABLE",
@@ -36,15 +34,19 @@ says: the event is skipped with a log line."""
 
 def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
     """``event``'s JSON object, or None (logged on ``log``) when it is not one."""
-    try:
-        payload = orjson.loads(event.data)
-    except orjson.JSONDecodeError:
-        log.warning("skipped a %s event of %d bytes: not JSON", event.event, len(event.data))
-        return None
+    record = read(event)
+    payload = record.payload
     if not isinstance(payload, dict):
-        log.warning("skipped a %s event: its payload is not an object", event.event)
+        _log_unreadable(event, cast(Unreadable, record), log)
         return None
     return payload
+
+
+def _log_unreadable(event: Event, record: Unreadable, log: logging.Logger) -> None:
+    if record.payload is None:
+        log.warning("skipped a %s event of %d bytes: not JSON", event.event, len(event.data))
+    else:
+        log.warning("skipped a %s event: %s", event.event, record.reason)
 
 
 def text_delta(payload: dict[str, Any]) -> tuple[int, str] | None:
@@ -92,15 +94,18 @@ def encode_event(
     its type and the exception's class."""
     if event.event == EventType.PING:
         return b""
-    payload = read_payload(event, log)
-    if payload is None:
-        return b""
-    if event.event == EventType.CONTENT_BLOCK_DELTA:
-        text = text_delta(payload)
-        if text is not None:
-            frame = encode_text(*text)
+    record = read(event)
+    if record.__class__ is Delta:
+        delta = record
+        text = delta.text
+        if delta.delta_type == DeltaType.TEXT and text is not None:
+            frame = encode_text(delta.index, text)
             if frame is not None:
                 return id_line(event.id) + frame if event.id and frame else frame
+    payload = record.payload
+    if not isinstance(payload, dict):
+        _log_unreadable(event, cast(Unreadable, record), log)
+        return b""
     try:
         return with_id(frames(event.event, payload), event.id)
     except unreadable as exc:

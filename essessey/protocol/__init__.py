@@ -1,5 +1,6 @@
 """The protocol's vocabulary: event names, block types, delta types, stop reasons, and
-the two dialects' payload shapes.
+the two dialects' payload shapes; and :func:`read`, which gives an event's typed record
+(:mod:`essessey.protocol.records`), parsed once however many readers read it.
 
 Block types, delta types and stop reasons are open sets. The names here are plain
 strings, not a closed enum, so a producer may send a block type this module has never
@@ -10,16 +11,44 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, TypeAlias
 
+from essessey._public import set_public_module
+from essessey.protocol.records import (
+    BlockStart,
+    BlockStop,
+    Delta,
+    ErrorRecord,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    OtherEvent,
+    Ping,
+    Record,
+    Unreadable,
+    read,
+)
+
 __all__ = [
     "ANTHROPIC",
     "DELTA_FOR_BLOCK",
     "DIALECTS",
     "ESSESSEY",
+    "BlockStart",
+    "BlockStop",
     "BlockType",
+    "Delta",
     "DeltaType",
     "Dialect",
+    "ErrorRecord",
     "EventType",
+    "MessageDelta",
+    "MessageStart",
+    "MessageStop",
+    "OtherEvent",
+    "Ping",
+    "Record",
     "StopReason",
+    "Unreadable",
+    "read",
     "text_block_start",
     "thinking_block_start",
     "thinking_delta_field",
@@ -136,3 +165,6 @@ def tool_result_block_start(tool_use_id: str, *, is_error: bool = False) -> dict
     if is_error:
         return {"type": BlockType.TOOL_RESULT, "tool_use_id": tool_use_id, "is_error": True}
     return {"type": BlockType.TOOL_RESULT, "tool_use_id": tool_use_id}
+
+
+set_public_module(__name__, globals(), __all__)

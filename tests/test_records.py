@@ -1,0 +1,273 @@
+"""Reading events (essessey.protocol.read): the record of every protocol event in both
+payload dialects, bad input that never raises, the bounded memo, and "parsed once": however
+many readers read an event (the hub, the checker, the reassembler, the snapshot compactor,
+the dialects' encoders), its JSON is parsed once."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from essessey import Event, InMemorySink, Publisher, StreamHub, check, stream_turn
+from essessey.bindings.sse import FrameEncoder
+from essessey.dialects.agui import AGUIEncoder
+from essessey.dialects.chat_completions import ChatCompletionsEncoder
+from essessey.dialects.responses import ResponsesEncoder
+from essessey.dialects.ui import UIMessageEncoder
+from essessey.protocol import (
+    BlockStart,
+    BlockStop,
+    Delta,
+    ErrorRecord,
+    EventType,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    OtherEvent,
+    Ping,
+    Unreadable,
+    read,
+)
+from essessey.protocol import records as records_module
+from essessey.reassemble import reassemble_events
+from essessey.snapshot import compact
+
+pytestmark = pytest.mark.anyio
+
+
+async def _turn(publisher: Publisher) -> None:
+    await publisher.send_stream_preamble("msg_1", "s", "model-x", input_tokens=7)
+    await publisher.send_content_block_start_thinking(0)
+    await publisher.send_content_block_delta_thinking(0, "hmm")
+    await publisher.send_signature_delta(0, "sig")
+    await publisher.send_content_block_stop(0)
+    await publisher.send_content_block_start_text(1)
+    await publisher.send_content_block_delta_text(1, "Hello")
+    await publisher.send_content_block_stop(1)
+    await publisher.send_tool_use_block(2, "call_1", "get_weather", '{"city":"Paris"}')
+    await publisher.send_tool_result_block(3, "call_1", "sunny", is_error=True)
+    await publisher.send_stream_epilogue("tool_use", 12, cache_read_input_tokens=3)
+
+
+@pytest.mark.parametrize("dialect", ["essessey", "anthropic"])
+async def test_every_protocol_event_reads_to_its_record(dialect: str) -> None:
+    sink = InMemorySink()
+    await _turn(Publisher(sink, dialect=dialect))  # type: ignore[arg-type]
+    records = [read(event) for event in sink.events]
+    kinds = [type(record) for record in records]
+    assert kinds == [
+        MessageStart,
+        Ping,
+        BlockStart,
+        Delta,
+        Delta,
+        BlockStop,
+        BlockStart,
+        Delta,
+        BlockStop,
+        BlockStart,
+        Delta,
+        BlockStop,
+        BlockStart,
+        Delta,
+        BlockStop,
+        MessageDelta,
+        MessageStop,
+    ]
+    start = records[0]
+    assert isinstance(start, MessageStart)
+    assert (start.message_id, start.stream_id, start.model, start.input_tokens) == (
+        "msg_1",
+        "s",
+        "model-x",
+        7,
+    )
+    deltas = [r for r in records if isinstance(r, Delta)]
+    # The content of each delta, whichever field the dialect puts it in.
+    assert [(d.index, d.delta_type, d.text) for d in deltas] == [
+        (0, "thinking_delta", "hmm"),
+        (0, "signature_delta", "sig"),
+        (1, "text_delta", "Hello"),
+        (2, "input_json_delta", '{"city":"Paris"}'),
+        (3, "json_partial", "sunny"),
+    ]
+    tool_use, tool_result = (r for r in records if isinstance(r, BlockStart) and r.index >= 2)
+    assert (tool_use.block_type, tool_use.tool_use_id, tool_use.tool_name) == (
+        "tool_use",
+        "call_1",
+        "get_weather",
+    )
+    assert (tool_result.block_type, tool_result.tool_use_id, tool_result.is_error) == (
+        "tool_result",
+        "call_1",
+        True,
+    )
+    end = records[-2]
+    assert isinstance(end, MessageDelta)
+    assert (end.stop_reason, end.stop_sequence, end.output_tokens) == ("tool_use", None, 12)
+    assert end.usage["cache_read_input_tokens"] == 3
+    for record, event in zip(records, sink.events, strict=True):
+        assert record.name == event.event
+        assert record.payload == orjson.loads(event.data)
+
+
+async def test_an_error_and_a_custom_event_read_to_theirs() -> None:
+    sink = InMemorySink()
+    publisher = Publisher(sink, strict=False)
+    await publisher.send_error("overloaded_error", "busy", request_id="req_1")
+    await publisher.publish("progress", {"step": 3})
+    error, custom = (read(event) for event in sink.events)
+    assert error == ErrorRecord("overloaded_error", "busy", "req_1", error.payload)
+    assert custom == OtherEvent("progress", {"type": "progress", "step": 3})
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON list, not an object"),
+        (b'"text"', "JSON str, not an object"),
+        (b'{"type":"content_block_delta","index":"0","delta":{"type":"text_delta"}}', "laid out"),
+        (b'{"type":"content_block_delta","index":0}', "laid out"),
+        (b'{"type":"content_block_delta","index":0,"delta":[]}', "laid out"),
+    ],
+)
+def test_a_delta_that_is_not_laid_out_as_the_protocol_says_is_unreadable(
+    data: bytes, reason: str
+) -> None:
+    record = read(Event(EventType.CONTENT_BLOCK_DELTA, data))
+    assert isinstance(record, Unreadable)
+    assert reason in record.reason
+    assert "text_delta" not in record.reason  # types and lengths, never the content
+
+
+@given(
+    name=st.sampled_from([*sorted(EventType.ALL), "custom", ""]),
+    data=st.one_of(
+        st.binary(max_size=64),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**63), 2**63 - 1)
+            | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(
+                        ["type", "index", "delta", "text", "message", "error", "usage"]
+                    ),
+                    inner,
+                    max_size=5,
+                )
+            ),
+            max_leaves=12,
+        ).map(orjson.dumps),
+    ),
+)
+def test_any_bytes_under_any_name_read_to_a_record_without_raising(name: str, data: bytes) -> None:
+    record = read(Event(name, data))
+    assert record.name == name
+    if isinstance(record, Unreadable):
+        assert record.reason
+
+
+def test_the_memo_is_bounded() -> None:
+    for i in range(records_module.MEMO_SIZE + 100):
+        read(Event("custom", b'{"i":%d}' % i))
+    assert len(records_module._memo) <= records_module.MEMO_SIZE
+
+
+def test_an_event_read_by_every_reader_is_parsed_once() -> None:
+    events = [
+        Event("message_start", orjson.dumps(_message_start("m-once"))),
+        _event("content_block_start", index=0, content_block={"type": "text"}),
+        _event("content_block_delta", index=0, delta={"type": "text_delta", "text": "once"}),
+        _event("content_block_stop", index=0),
+        _event(
+            "message_delta",
+            delta={"stop_reason": "end_turn", "stop_sequence": None},
+            usage={"output_tokens": 1},
+        ),
+        _event("message_stop"),
+    ]
+    events = [event.with_id(f"1-{i}") for i, event in enumerate(events)]
+    before = records_module.reads.parsed
+    assert check(events) == []
+    assert reassemble_events(events).text == "once"
+    compact(events)
+    for encoder in _encoders():
+        for event in events:
+            encoder.encode(event)
+    # Six events, six readers of each: six parses (the memo may have held some already).
+    assert records_module.reads.parsed - before <= len(events)
+
+
+def _event(name: str, **fields: object) -> Event:
+    return Event(name, orjson.dumps({"type": name, **fields}))
+
+
+def _encoders() -> list[FrameEncoder]:
+    return [
+        UIMessageEncoder(),
+        AGUIEncoder("thread", "run"),
+        ChatCompletionsEncoder("chatcmpl-1"),
+        ResponsesEncoder("resp_1"),
+    ]
+
+
+def _message_start(message_id: str) -> dict[str, object]:
+    return {
+        "type": "message_start",
+        "message": {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": "m",
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        },
+    }
+
+
+async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_once() -> None:
+    """The hub-to-dialect path: the parses per delivered event, with four dialect readers
+    of one turn, are at most one per event (each encoder used to parse every event)."""
+    async with StreamHub() as hub:
+        gate = anyio.Event()
+
+        async def produce(publisher: Publisher) -> None:
+            await gate.wait()
+            async with stream_turn(publisher, message_id="m-hub", stream_id="s", model="m") as turn:
+                text = await turn.text()
+                for i in range(50):
+                    await text.write(f"word{i} ")
+
+        await hub.start("s", produce)
+        encoders = _encoders()
+        delivered = [0] * len(encoders)
+
+        async def follow(position: int) -> None:
+            async for event in hub.subscribe("s"):
+                encoders[position].encode(event)
+                delivered[position] += 1
+
+        before = records_module.reads.parsed
+        async with anyio.create_task_group() as readers:
+            for position in range(len(encoders)):
+                readers.start_soon(follow, position)
+            await anyio.lowlevel.checkpoint()
+            gate.set()
+    parsed = records_module.reads.parsed - before
+    assert delivered[0] > 50
+    assert all(count == delivered[0] for count in delivered)
+    # One parse per distinct event at most, for four readers of each.
+    assert parsed <= delivered[0]
+    share = parsed / sum(delivered)
+    print(f"{parsed} parses for {sum(delivered)} delivered events ({share:.2f} each)")
