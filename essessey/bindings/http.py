@@ -23,9 +23,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from essessey._public import set_public_module
-from essessey.bindings.sse._frames import ErrorShape
+from essessey.bindings.sse._encoder import ErrorShape
+from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import refusal_headers
-from essessey.bindings.sse._writer import error_body
 
 __all__ = ["BadRequest", "ErrorShape", "json_error", "read_body", "read_json"]
 

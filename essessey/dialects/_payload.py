@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from essessey.bindings.sse._frames import id_line, with_id
+from essessey.bindings.sse import id_line, with_id
 from essessey.event import Event
 from essessey.protocol import Delta, DeltaType, EventType, Unreadable, read
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from essessey.bindings._admission import Refusal, admit
+from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse import ErrorShape
 from essessey.hub import StreamHub

@@ -37,10 +37,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings._admission import Refusal, admit
+from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._hub import requested_resume_point, stream_response
-from essessey.bindings.sse._response import SSEOptions
+from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects._payload import encode_event, input_tokens, message_delta_totals
 from essessey.dialects._routes import make_producer, read_request
 from essessey.errors import StreamBusy

@@ -41,10 +41,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings._admission import Refusal, admit
+from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._hub import stream_response, subscription_response
-from essessey.bindings.sse._response import SSEOptions
+from essessey.bindings.sse import SSEOptions, stream_response, subscription_response
 from essessey.dialects._payload import encode_event, input_tokens, message_delta_totals
 from essessey.dialects._routes import read_request, start_turn
 from essessey.event import Event

@@ -1,14 +1,18 @@
 """The SSE binding: the WHATWG event stream format, an ASGI response that streams a turn
 to browsers, and a Source that reads any SSE stream back into events.
 
-``encode``/``format_message`` write the format, ``error_body`` the JSON of an error
-answered before a stream, and ``SSEDecoder`` reads it (no dependencies).
-``FrameEncoder`` is what a wire dialect gives the response to be delivered in its own
-frames (``ProtocolFrames`` the protocol's own; ``data_frame`` and ``with_id`` write a
-dialect's frames; docs/dialects.md).
-``EventStreamResponse``, ``DeliveringSource``, ``SSEOptions`` and the hub's routes
-(``hub_routes``, ``subscription_response``, ``cancel_response``) need the ``server``
-extra (Starlette) and are imported on first use; ``connect`` needs httpx.
+Its modules, by job:
+
+- the wire format, with no dependencies: ``_format`` (``encode``, ``format_message``,
+  ``error_body``: writing the protocol's SSE), ``_decoder`` (``SSEDecoder``: reading any
+  SSE), ``_encoder`` (``FrameEncoder``, what a wire dialect gives the response to be
+  delivered in its own frames; ``ProtocolFrames`` the protocol's own; ``data_frame``,
+  ``with_id`` and ``id_line`` write a dialect's frames: docs/dialects.md);
+- the client, on httpx: ``_client`` (``connect``, ``SSESource``);
+- the server side, on Starlette (the ``server`` extra, imported on first use):
+  ``_response`` (``EventStreamResponse``, ``SSEOptions``) and ``_routes`` (the hub's
+  routes: ``hub_routes``, ``subscription_response``, ``stream_response``,
+  ``cancel_response``, ``requested_resume_point``).
 """
 
 from __future__ import annotations
@@ -17,31 +21,32 @@ from typing import TYPE_CHECKING, Any
 
 from essessey._ids import MAX_ID_LENGTH, is_event_id, is_stream_id
 from essessey._public import import_lazily, public_dir, set_public_module
+from essessey.bindings.sse._client import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
 from essessey.bindings.sse._decoder import SSEDecoder, SSEMessage
-from essessey.bindings.sse._frames import (
+from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,
     ProtocolFrames,
     TextDeltaEncoder,
     data_frame,
+    id_line,
     with_id,
 )
-from essessey.bindings.sse._source import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
-from essessey.bindings.sse._writer import encode, encode_many, error_body, format_message
+from essessey.bindings.sse._format import encode, encode_many, error_body, format_message
 
 if TYPE_CHECKING:
-    from essessey.bindings.sse._hub import HubSubscription as HubSubscription
-    from essessey.bindings.sse._hub import cancel_response as cancel_response
-    from essessey.bindings.sse._hub import hub_routes as hub_routes
-    from essessey.bindings.sse._hub import requested_resume_point as requested_resume_point
-    from essessey.bindings.sse._hub import stream_response as stream_response
-    from essessey.bindings.sse._hub import subscription_response as subscription_response
     from essessey.bindings.sse._response import (
         RESUME_HEADERS_WITHIN as RESUME_HEADERS_WITHIN,
     )
     from essessey.bindings.sse._response import DeliveringSource as DeliveringSource
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
     from essessey.bindings.sse._response import SSEOptions as SSEOptions
+    from essessey.bindings.sse._routes import HubSubscription as HubSubscription
+    from essessey.bindings.sse._routes import cancel_response as cancel_response
+    from essessey.bindings.sse._routes import hub_routes as hub_routes
+    from essessey.bindings.sse._routes import requested_resume_point as requested_resume_point
+    from essessey.bindings.sse._routes import stream_response as stream_response
+    from essessey.bindings.sse._routes import subscription_response as subscription_response
 
 __all__ = [
     "MAX_ERROR_BODY",
@@ -67,6 +72,7 @@ __all__ = [
     "error_body",
     "format_message",
     "hub_routes",
+    "id_line",
     "is_event_id",
     "is_stream_id",
     "requested_resume_point",
@@ -82,12 +88,12 @@ _NEEDS_STARLETTE = {
     "EventStreamResponse": "_response",
     "SSEOptions": "_response",
     "RESUME_HEADERS_WITHIN": "_response",
-    "HubSubscription": "_hub",
-    "cancel_response": "_hub",
-    "requested_resume_point": "_hub",
-    "stream_response": "_hub",
-    "hub_routes": "_hub",
-    "subscription_response": "_hub",
+    "HubSubscription": "_routes",
+    "cancel_response": "_routes",
+    "requested_resume_point": "_routes",
+    "stream_response": "_routes",
+    "hub_routes": "_routes",
+    "subscription_response": "_routes",
 }
 
 

@@ -69,13 +69,13 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
-from essessey.bindings.sse._frames import (
+from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,
     ProtocolFrames,
     TextDeltaEncoder,
 )
-from essessey.bindings.sse._writer import encode, error_body, format_message
+from essessey.bindings.sse._format import encode, error_body, format_message
 from essessey.errors import StreamInterrupted, StreamRejected
 from essessey.event import Event, EventBatch, Source
 from essessey.metrics import totals

@@ -69,7 +69,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey import metrics
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
-from essessey.bindings._admission import Refusal, admit
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     ConnectionTasks,
@@ -80,6 +79,7 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._server import FrameWriter, connection_aborter, frame_writer
+from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.ws._frame import encode_frame, frame_bytes
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event

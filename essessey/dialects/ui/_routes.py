@@ -41,10 +41,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
-from essessey.bindings._admission import Refusal, admit
+from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_body
-from essessey.bindings.sse._hub import requested_resume_point, stream_response
-from essessey.bindings.sse._response import SSEOptions
+from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects.ui._encoder import UIMessageEncoder
 from essessey.errors import StreamBusy
 from essessey.event import Event

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from essessey.bindings.sse._writer import encode, error_body
+from essessey.bindings.sse._format import encode, error_body
 from essessey.event import Event
 from essessey.protocol import EventType
 

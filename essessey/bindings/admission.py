@@ -1,5 +1,6 @@
 """Admitting a client to a stream: the one set of steps every route and endpoint takes
-before it serves a hub's stream, in any transport or dialect.
+before it serves a hub's stream, in any transport or dialect (a dialect's own routes call
+:func:`admit` too: docs/dialects.md).
 
 The steps, in order, and the refusal of each (an HTTP status and error type for a route,
 a close code for a WebSocket):
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from essessey._ids import is_stream_id
+from essessey._public import set_public_module
 from essessey.bindings._asgi import CHECK_FAILED, check_access, resume_point
 from essessey.hub import Access, StreamHub
 
@@ -76,3 +78,6 @@ async def admit(
     if not allowed:
         return Refusal(403, "permission_error", f"not allowed to {access} this stream", 4403)
     return Admission(stream_id, resume, access)
+
+
+set_public_module(__name__, globals(), __all__)

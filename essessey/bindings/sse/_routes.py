@@ -38,16 +38,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings._admission import Refusal, admit
 from essessey.bindings._asgi import SubscriptionCount, subscription_end
+from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._frames import ErrorShape, FrameEncoder
+from essessey.bindings.sse._encoder import ErrorShape, FrameEncoder
+from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import (
     RESUME_HEADERS_WITHIN,
     EventStreamResponse,
     SSEOptions,
 )
-from essessey.bindings.sse._writer import error_body
 from essessey.errors import StreamInterrupted, StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import StreamHub
