@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Protocol
 
 __all__ = ["totals"]
 
@@ -96,103 +96,130 @@ def first_event(transport: str, seconds: float) -> None:
         _first_event.record(seconds, {"transport": transport})
 
 
+_FIRST_EVENT_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+"""Seconds: the bounds of the first-event histogram's buckets."""
+
+
 def _install() -> None:
     global _first_event
     try:
         from opentelemetry import metrics
-        from opentelemetry.metrics import CallbackOptions, Observation
     except ImportError:  # the metrics extra is not installed: plain counts only
         return
-
     meter = metrics.get_meter("essessey")
-
-    def by(counts: Counter[str], key: str) -> Any:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(value, {key: name}) for name, value in counts.items()]
-
-        return observe
-
-    def one(read: Any) -> Any:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(read())]
-
-        return observe
-
-    meter.create_observable_gauge(
-        "essessey.turns.running", [one(lambda: totals.turns_running)], description="turns running"
-    )
-    meter.create_observable_counter(
-        "essessey.turns.finished",
-        [by(totals.turns_finished, "outcome")],
-        description="turns finished, by outcome",
-    )
-    meter.create_observable_gauge(
-        "essessey.subscribers",
-        [by(totals.subscribers, "transport")],
-        description="subscribers connected",
-    )
-
-    def sent(kind: str) -> Any:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [
-                Observation(getattr(totals, f"{transport}_{kind}"), {"transport": transport})
-                for transport in ("sse", "websocket")
-            ]
-
-        return observe
-
-    meter.create_observable_counter(
-        "essessey.events.sent", [sent("events")], description="events sent"
-    )
-    meter.create_observable_counter(
-        "essessey.bytes.sent", [sent("bytes")], unit="By", description="bytes of events sent"
-    )
-    meter.create_observable_counter(
-        "essessey.resumes", [by(totals.resumes, "outcome")], description="resumes, by outcome"
-    )
-    meter.create_observable_counter(
-        "essessey.subscribers.lagged",
-        [one(lambda: totals.lagged)],
-        description="subscribers ended for lag",
-    )
-    meter.create_observable_counter(
-        "essessey.subscribers.snapshots",
-        [one(lambda: totals.snapshots)],
-        description="subscribers that started with a snapshot",
-    )
-    meter.create_observable_counter(
-        "essessey.sends.stalled", [one(lambda: totals.stalled)], description="stalled sends reset"
-    )
-    meter.create_observable_gauge(
-        "essessey.store.events",
-        [one(lambda: sum(store.held_events for store in list(_stores)))],
-        description="events held by the in-memory stores",
-    )
-    meter.create_observable_gauge(
-        "essessey.store.bytes",
-        [one(lambda: sum(store.held_bytes for store in list(_stores)))],
-        unit="By",
-        description="bytes held by the in-memory stores, as their budgets count them",
-    )
+    _observe_turns(meter)
+    _observe_delivery(meter)
+    _observe_stores(meter)
     _first_event = meter.create_histogram(
         "essessey.first_event.duration",
         unit="s",
         description="time from a connection's opening to its first event",
-        explicit_bucket_boundaries_advisory=[
-            0.001,
-            0.0025,
-            0.005,
-            0.01,
-            0.025,
-            0.05,
-            0.1,
-            0.25,
-            0.5,
-            1.0,
-            2.5,
-            5.0,
-            10.0,
-        ],
+        explicit_bucket_boundaries_advisory=list(_FIRST_EVENT_BUCKETS),
+    )
+
+
+def _by(counts: Counter[str], key: str) -> Any:
+    """A callback observing each count of ``counts``, labelled ``key``."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, {key: name}) for name, value in counts.items()]
+
+    return observe
+
+
+def _one(read: Callable[[], int]) -> Any:
+    """A callback observing the one value ``read`` gives."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(read())]
+
+    return observe
+
+
+def _sent(kind: str) -> Any:
+    """A callback observing what each transport sent (``events`` or ``bytes``)."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(getattr(totals, f"{transport}_{kind}"), {"transport": transport})
+            for transport in ("sse", "websocket")
+        ]
+
+    return observe
+
+
+def _observe_turns(meter: Any) -> None:
+    """Turns running and finished."""
+    meter.create_observable_gauge(
+        "essessey.turns.running", [_one(lambda: totals.turns_running)], description="turns running"
+    )
+    meter.create_observable_counter(
+        "essessey.turns.finished",
+        [_by(totals.turns_finished, "outcome")],
+        description="turns finished, by outcome",
+    )
+
+
+def _observe_delivery(meter: Any) -> None:
+    """Subscribers, what was sent to them, resumes, lag, snapshots and stalls."""
+    meter.create_observable_gauge(
+        "essessey.subscribers",
+        [_by(totals.subscribers, "transport")],
+        description="subscribers connected",
+    )
+    meter.create_observable_counter(
+        "essessey.events.sent", [_sent("events")], description="events sent"
+    )
+    meter.create_observable_counter(
+        "essessey.bytes.sent", [_sent("bytes")], unit="By", description="bytes of events sent"
+    )
+    meter.create_observable_counter(
+        "essessey.resumes", [_by(totals.resumes, "outcome")], description="resumes, by outcome"
+    )
+    meter.create_observable_counter(
+        "essessey.subscribers.lagged",
+        [_one(lambda: totals.lagged)],
+        description="subscribers ended for lag",
+    )
+    meter.create_observable_counter(
+        "essessey.subscribers.snapshots",
+        [_one(lambda: totals.snapshots)],
+        description="subscribers that started with a snapshot",
+    )
+    meter.create_observable_counter(
+        "essessey.sends.stalled", [_one(lambda: totals.stalled)], description="stalled sends reset"
+    )
+
+
+def _observe_stores(meter: Any) -> None:
+    """What the in-memory stores hold."""
+    meter.create_observable_gauge(
+        "essessey.store.events",
+        [_one(lambda: sum(store.held_events for store in list(_stores)))],
+        description="events held by the in-memory stores",
+    )
+    meter.create_observable_gauge(
+        "essessey.store.bytes",
+        [_one(lambda: sum(store.held_bytes for store in list(_stores)))],
+        unit="By",
+        description="bytes held by the in-memory stores, as their budgets count them",
     )
 
 

@@ -25,7 +25,7 @@ import os
 import secrets
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -34,7 +34,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from essessey import (
     EventStore,
@@ -295,6 +295,47 @@ def create_app(
         raise ValueError("give nats_url or redis_url, not both")
     store, nc, setup, close = _store(nats_url, nats_stream, max_age, store_mib, redis_url)
     hub = StreamHub(store)
+    app = Starlette(
+        middleware=_middleware(cors_origins),
+        routes=[
+            *([Route("/metrics", _metrics_endpoint(), methods=["GET"])] if metrics else []),
+            *_page_routes(),
+            *_stream_routes(hub, ping_interval),
+            Route("/v1/messages", messages_endpoint, methods=["POST"]),
+            # useChat's default paths: POST /api/chat, GET /api/chat/{id}/stream.
+            *ui_chat_routes(hub, chat_turn),
+            # OpenAI's paths: a client's base URL is the demo's /v1.
+            *chat_completions_routes(hub, completion_turn),
+            *responses_routes(hub, responses_turn),
+            # AG-UI: a RunAgentInput, as @ag-ui/client's HttpAgent posts it.
+            *agui_routes(hub, agui_turn),
+        ],
+        lifespan=_lifespan(hub, nc, nats_url, setup, close),
+    )
+    app.state.hub = hub
+    return app
+
+
+def _middleware(cors_origins: Sequence[str]) -> list[Middleware]:
+    """The demo's checks of every request, and CORS for the origins given."""
+    middleware = [Middleware(HostCheck), Middleware(HeaderLimit)]
+    if cors_origins:
+        # No credentials: the demo has no cookies or tokens to protect, and a wildcard
+        # origin is allowed only without them.
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                expose_headers=["Location", "Request-Id"],
+            )
+        )
+    return middleware
+
+
+def _page_routes() -> list[BaseRoute]:
+    """The page and its icon."""
 
     async def page(request: Request) -> Response:
         return HTMLResponse(PAGE, headers={"cache-control": "no-store"})
@@ -303,6 +344,16 @@ def create_app(
         return Response(
             FAVICON, media_type="image/svg+xml", headers={"cache-control": "max-age=86400"}
         )
+
+    return [
+        Route("/", page, methods=["GET"]),
+        Route("/favicon.ico", favicon, methods=["GET"]),
+    ]
+
+
+def _stream_routes(hub: StreamHub, ping_interval: float) -> list[BaseRoute]:
+    """Starting a turn (``POST /streams``), following, resuming and cancelling it over
+    SSE and a WebSocket, and reading it again in a wire dialect."""
 
     async def in_dialect(request: Request) -> Response:
         """A stream read again from the store in one of the wire dialects (the page's
@@ -357,6 +408,25 @@ def create_app(
             )
         return JSONResponse({"stream_id": stream_id}, status_code=201, headers=location)
 
+    return [
+        Route("/streams", start_stream, methods=["POST"]),
+        # retry=1000: an EventSource whose stream was cut reconnects a second later.
+        *hub_routes(hub, "/streams", retry=1000, ping_interval=ping_interval),
+        ws_route(hub, "/streams/{stream_id}/ws", ping_interval=ping_interval),
+        Route("/streams/{stream_id}/as/{dialect}", in_dialect, methods=["GET"]),
+    ]
+
+
+def _lifespan(
+    hub: StreamHub,
+    nc: Any,
+    nats_url: str | None,
+    setup: Callable[[], Awaitable[None]] | None,
+    close: Callable[[], Awaitable[None]] | None,
+) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """Connecting to NATS and setting the store up, running the hub, and closing what was
+    opened, in that order."""
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if nc is not None:
@@ -374,44 +444,7 @@ def create_app(
             if close is not None:  # the Redis store's own connections
                 await close()
 
-    middleware = [Middleware(HostCheck), Middleware(HeaderLimit)]
-    if cors_origins:
-        # No credentials: the demo has no cookies or tokens to protect, and a wildcard
-        # origin is allowed only without them.
-        middleware.append(
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(cors_origins),
-                allow_methods=["GET", "POST"],
-                allow_headers=["*"],
-                expose_headers=["Location", "Request-Id"],
-            )
-        )
-    extra_routes = [Route("/metrics", _metrics_endpoint(), methods=["GET"])] if metrics else []
-    app = Starlette(
-        middleware=middleware,
-        routes=[
-            *extra_routes,
-            Route("/", page, methods=["GET"]),
-            Route("/favicon.ico", favicon, methods=["GET"]),
-            Route("/streams", start_stream, methods=["POST"]),
-            # retry=1000: an EventSource whose stream was cut reconnects a second later.
-            *hub_routes(hub, "/streams", retry=1000, ping_interval=ping_interval),
-            ws_route(hub, "/streams/{stream_id}/ws", ping_interval=ping_interval),
-            Route("/streams/{stream_id}/as/{dialect}", in_dialect, methods=["GET"]),
-            Route("/v1/messages", messages_endpoint, methods=["POST"]),
-            # useChat's default paths: POST /api/chat, GET /api/chat/{id}/stream.
-            *ui_chat_routes(hub, chat_turn),
-            # OpenAI's paths: a client's base URL is the demo's /v1.
-            *chat_completions_routes(hub, completion_turn),
-            *responses_routes(hub, responses_turn),
-            # AG-UI: a RunAgentInput, as @ag-ui/client's HttpAgent posts it.
-            *agui_routes(hub, agui_turn),
-        ],
-        lifespan=lifespan,
-    )
-    app.state.hub = hub
-    return app
+    return lifespan
 
 
 _TRACE: Final = 5

@@ -161,6 +161,63 @@ class _Read(enum.Enum):
     OWN = "the id's own message, skipped"
 
 
+class _Ended(enum.Enum):
+    """What :func:`_live` gives at a ``close`` marker with nothing after it."""
+
+    END = "the stream closed with nothing after it"
+
+
+def _live(
+    stream_id: str, reader: Reader, name: str, msg: Msg, max_lag: int | None
+) -> Event | _Ended | None:
+    """A message past a follower's start: its event; ``END`` at a ``close`` marker with
+    nothing after it; None for another marker. Raises when the follower fell behind or the
+    stream was cleared."""
+    if reader.removed:
+        raise SubscriberLagged(
+            f"events of {stream_id!r} were evicted before the subscriber read them"
+        )
+    if max_lag is not None and reader.lag > max_lag:
+        raise SubscriberLagged(f"subscriber is {reader.lag} events behind {stream_id!r}")
+    if name != CONTROL_EVENT:
+        return reader.event(name, msg)
+    control = _control(msg)
+    if control == RESET:
+        raise StreamReset(f"stream {stream_id!r} was cleared")
+    if control == CLOSE and reader.pending == 0:
+        return _Ended.END
+    return None
+
+
+def _seek(
+    stream_id: str, reader: Reader, name: str, msg: Msg, alive: bool
+) -> tuple[bool, bool, Event | None]:
+    """A message read without an id, before a whole message starts: (whether the follower
+    is now past its start, whether a message of the current life was seen, the event to
+    yield). What comes before the next ``message_start`` is a message's tail, skipped
+    until it starts (or the stream closes, with no whole message retained: raised)."""
+    live = False
+    if name == CONTROL_EVENT:
+        control = _control(msg)
+        if control == RESET:
+            alive = False  # what came before was another life
+        else:
+            alive = True
+            if control == OPEN:
+                live = True  # the events after an open marker are whole
+            elif control == CLOSE and reader.pending == 0:
+                raise MessagesNotRetained(
+                    f"no whole message of {stream_id!r} is retained, and its turn ended"
+                )
+    else:
+        alive = True
+        if name == EventType.MESSAGE_START:
+            return True, True, reader.event(name, msg)
+    if not live and reader.pending == 0 and not alive:
+        raise StreamNotFound(f"no stream {stream_id!r}")
+    return live, alive, None
+
+
 class _IdGone(Exception):
     """The first message after an id shows that the id's message is gone and more with
     it, or that the stream was cleared after it: the read cannot follow on from the id."""
@@ -567,64 +624,34 @@ class JetStreamEventStore:
             ) as messages:
                 async for item in messages:
                     if item is _Read.IDLE:
-                        if await self._gone(stream_id, reader.epoch):
-                            if live:
-                                raise StreamReset(f"stream {stream_id!r} was cleared or dropped")
-                            raise StreamNotFound(f"no stream {stream_id!r}")
-                        try:
-                            # Quiet: has the turn's replica died? Then its end comes next.
-                            await self._leases.end_if_abandoned(stream_id)
-                        except TRANSIENT as exc:
-                            logger.debug("could not check the lease of %s: %r", stream_id, exc)
+                        await self._quiet(stream_id, reader, live)
                         continue
                     if item is _Read.OWN:
                         continue
                     name, msg = item
                     if live:
-                        if reader.removed:
-                            raise SubscriberLagged(
-                                f"events of {stream_id!r} were evicted before the subscriber "
-                                "read them"
-                            )
-                        if max_lag is not None and reader.lag > max_lag:
-                            raise SubscriberLagged(
-                                f"subscriber is {reader.lag} events behind {stream_id!r}"
-                            )
-                        if name != CONTROL_EVENT:
-                            yield reader.event(name, msg)
-                            continue
-                        control = _control(msg)
-                        if control == RESET:
-                            raise StreamReset(f"stream {stream_id!r} was cleared")
-                        if control == CLOSE and reader.pending == 0:
+                        event = _live(stream_id, reader, name, msg, max_lag)
+                        if event is _Ended.END:
                             return
+                        if isinstance(event, Event):
+                            yield event
                         continue
-                    # Without an id: find where a whole message starts.
-                    if name == CONTROL_EVENT:
-                        control = _control(msg)
-                        if control == RESET:
-                            alive = False  # what came before was another life
-                        else:
-                            alive = True
-                            if control == OPEN:
-                                live = True  # the events after an open marker are whole
-                            elif control == CLOSE and reader.pending == 0:
-                                # Closed, and no whole message retained: nothing to give.
-                                raise MessagesNotRetained(
-                                    f"no whole message of {stream_id!r} is retained, and "
-                                    "its turn ended"
-                                )
-                    else:
-                        alive = True
-                        if name == EventType.MESSAGE_START:
-                            live = True
-                            yield reader.event(name, msg)
-                            continue
-                    # No whole message retained: what comes before the next message_start
-                    # is a message's tail, skipped until it starts (or the stream closes).
-                    if not live and reader.pending == 0 and not alive:
-                        raise StreamNotFound(f"no stream {stream_id!r}")
+                    live, alive, event = _seek(stream_id, reader, name, msg, alive)
+                    if event is not None:
+                        yield event
         except _IdGone:
             raise await self._missing(stream_id) from None
         finally:
             await reader.close()
+
+    async def _quiet(self, stream_id: str, reader: Reader, live: bool) -> None:
+        """A follower saw nothing for a while: raise when the stream is gone; else see
+        whether the turn's replica died (its end then comes next)."""
+        if await self._gone(stream_id, reader.epoch):
+            if live:
+                raise StreamReset(f"stream {stream_id!r} was cleared or dropped")
+            raise StreamNotFound(f"no stream {stream_id!r}")
+        try:
+            await self._leases.end_if_abandoned(stream_id)
+        except TRANSIENT as exc:
+            logger.debug("could not check the lease of %s: %r", stream_id, exc)
