@@ -38,7 +38,8 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import encode_event, read_payload
+from essessey.dialects._payload import read_payload
+from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
 
@@ -88,7 +89,7 @@ class _Block:
         self.skipped = False
 
 
-class UIMessageEncoder:
+class UIMessageEncoder(DialectEncoder):
     """Turns the protocol events of one turn, in order, into UI message stream lines.
 
     Call :meth:`feed` with each event and write what it returns; :meth:`close` returns
@@ -96,6 +97,11 @@ class UIMessageEncoder:
     encoder serves one turn. It is a :class:`~essessey.bindings.sse.FrameEncoder` too
     (:meth:`encode`, :meth:`finish`, :meth:`fail`), so the SSE response delivers it.
     """
+
+    log = logger
+    outside_message = "skipped a %s event outside a message"
+    # A payload laid out otherwise raises one of these in a hook (others are bugs).
+    unreadable = (KeyError, TypeError, ValueError)
 
     def __init__(
         self, *, message_id: str | None = None, max_buffer: int = DEFAULT_MAX_BUFFER
@@ -111,38 +117,26 @@ class UIMessageEncoder:
         self._after_results = False  # the step's last block was a tool result
         self._blocks: dict[int, _Block] = {}
         self._stop_reason: str | None = None
-        self._ended = False  # an error chunk was written: nothing more is
-
-    @property
-    def ended(self) -> bool:
+        self.ended = False
         """Whether an ``error`` chunk ended the stream (the client reads nothing after)."""
-        return self._ended
 
     def feed(self, event: Event) -> list[bytes]:
         """The lines for ``event`` (none for a ping, a signature, a skipped event)."""
-        if self._ended or event.event == EventType.PING:
+        if self.ended or event.event == EventType.PING:
             return []
         payload = read_payload(event, logger)
-        return [] if payload is None else self._lines(event.event, payload)
-
-    def _lines(self, name: str, payload: dict[str, Any]) -> list[bytes]:
-        try:
-            return self._feed(name, payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            logger.warning("skipped a %s event: %s", name, type(exc).__name__)
+        if payload is None:
             return []
-
-    def encode(self, event: Event) -> bytes:
-        """:meth:`feed`'s lines joined, the last with the event's ``id:``, so a client
-        that reconnects with it resumes after this event (docs/dialects.md)."""
-        if self._ended:
-            return b""
-        return encode_event(event, logger, self.encode_text, self._lines, unreadable=())
+        try:
+            return self.frames(event.event, payload)
+        except self.unreadable as exc:
+            logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
+            return []
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``text-delta`` chunk of ``text`` for block ``index``; None when that is
         not an open text block."""
-        block = self._blocks.get(index) if self._in_step and not self._ended else None
+        block = self._blocks.get(index) if self._in_step and not self.ended else None
         if block is None or block.kind != _TEXT:
             return None
         return _TEXT_DELTA % (block.id_json, _dumps(text))
@@ -153,7 +147,7 @@ class UIMessageEncoder:
 
     def fail(self, error_type: str, message: str) -> bytes:
         """An ``error`` chunk with ``message``, then ``[DONE]``."""
-        self._ended = True
+        self.ended = True
         self._in_step = False
         return frame({"type": "error", "errorText": message}) + DONE
 
@@ -164,7 +158,7 @@ class UIMessageEncoder:
         if self._in_step:
             out.append(frame({"type": "finish-step"}))
             self._in_step = False
-        if not self._ended:
+        if not self.ended:
             if self._stop_reason == StopReason.CANCELLED:
                 out.append(frame({"type": "abort"}))
             else:
@@ -173,40 +167,40 @@ class UIMessageEncoder:
                     chunk["finishReason"] = FINISH_REASONS.get(self._stop_reason, "other")
                 out.append(frame(chunk))
         out.append(DONE)
-        self._ended = True
+        self.ended = True
         return b"".join(out)
 
     # -- the events ------------------------------------------------------------------------
 
-    def _feed(self, name: str, payload: dict[str, Any]) -> list[bytes]:
-        if name == EventType.MESSAGE_START:
-            return self._message_start(payload)
-        if name == EventType.ERROR:
-            error = payload.get("error")
-            message = error.get("message") if isinstance(error, dict) else None
-            self._ended = True
-            self._in_step = False
-            return [frame({"type": "error", "errorText": str(message or "the turn failed")})]
-        if not self._in_step:
-            logger.warning("skipped a %s event outside a message", name)
-            return []
-        if name == EventType.CONTENT_BLOCK_START:
-            return self._block_start(int(payload["index"]), payload["content_block"])
-        if name == EventType.CONTENT_BLOCK_DELTA:
-            return self._block_delta(int(payload["index"]), payload["delta"])
-        if name == EventType.CONTENT_BLOCK_STOP:
-            return self._block_stop(int(payload["index"]))
-        if name == EventType.MESSAGE_DELTA:
-            reason = payload.get("delta", {}).get("stop_reason")
-            if isinstance(reason, str):
-                self._stop_reason = reason
-            return []
-        if name == EventType.MESSAGE_STOP:
-            self._in_step = False
-            self._blocks.clear()
-            return [frame({"type": "finish-step"})]
-        logger.warning("skipped an event of unknown type (%d characters)", len(name))
+    # -- the hooks (essessey.dialects.base) -------------------------------------------------
+
+    def in_message(self) -> bool:
+        """Whether a protocol message is open (its step started)."""
+        return self._in_step
+
+    def on_message_start(self, message: dict[str, Any], payload: dict[str, Any]) -> list[bytes]:
+        """``start`` for the turn's first message, then ``start-step``."""
+        return self._message_start(payload)
+
+    def on_error(self, error: Any) -> list[bytes]:
+        """An ``error`` chunk; nothing more follows but ``[DONE]``."""
+        message = error.get("message") if isinstance(error, dict) else None
+        self.ended = True
+        self._in_step = False
+        return [frame({"type": "error", "errorText": str(message or "the turn failed")})]
+
+    def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
+        """Nothing yet: the stop reason goes into ``finish``."""
+        reason = payload.get("delta", {}).get("stop_reason")
+        if isinstance(reason, str):
+            self._stop_reason = reason
         return []
+
+    def on_message_stop(self) -> list[bytes]:
+        """``finish-step``."""
+        self._in_step = False
+        self._blocks.clear()
+        return [frame({"type": "finish-step"})]
 
     def _message_start(self, payload: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
@@ -225,7 +219,8 @@ class UIMessageEncoder:
         out.append(frame({"type": "start-step"}))
         return out
 
-    def _block_start(self, index: int, content: dict[str, Any]) -> list[bytes]:
+    def on_block_start(self, index: int, content: dict[str, Any]) -> list[bytes]:
+        """The part's start chunk; a new step after a round's tool results."""
         kind = content.get("type")
         out: list[bytes] = []
         if kind == BlockType.TOOL_RESULT:
@@ -268,7 +263,8 @@ class UIMessageEncoder:
             return
         block.held.append(item)
 
-    def _block_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
+    def on_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
+        """A delta the quick path did not take: reasoning, tool input, held content."""
         block = self._blocks.get(index)
         if block is None:
             logger.warning("skipped a delta for block %d, which is not open", index)
@@ -294,7 +290,8 @@ class UIMessageEncoder:
         self._hold(block, delta, len(orjson.dumps(delta)))
         return []
 
-    def _block_stop(self, index: int) -> list[bytes]:
+    def on_block_stop(self, index: int) -> list[bytes]:
+        """The part's end chunk; a tool result or an unknown block written whole."""
         block = self._blocks.pop(index, None)
         if block is None:
             logger.warning("skipped the stop of block %d, which is not open", index)

@@ -1,65 +1,18 @@
-"""A turn as OpenAI Responses stream events, what the OpenAI Agents SDK and Codex read;
-docs/dialects.md.
-
-Each frame is ``event: <type>`` and ``data: {...}`` with the event's ``sequence_number``
-(0, 1, 2, ... over the response). The mapping:
-
-- the turn's first ``message_start``: ``response.created`` then ``response.in_progress``,
-  the response ``in_progress`` with no output yet;
-- a thinking block: a ``reasoning`` output item, ``response.reasoning_text.delta`` per
-  delta and ``.done``; its signature (or a redacted block's data) is the item's
-  ``encrypted_content``;
-- a text block: a ``message`` output item with one ``output_text`` part:
-  ``response.output_text.delta`` per delta, then ``.done``, the part's and the item's
-  ``done``;
-- a tool use: a ``function_call`` item, ``response.function_call_arguments.delta`` per
-  fragment, then ``.done`` with the arguments whole;
-- a tool result: a ``function_call_output`` item, added and done whole at its stop;
-- any other block: one ``response.output_item.done`` of type ``essessey_block`` holding
-  the block and its deltas, so nothing the turn carried is lost;
-- the turn's end: ``response.completed`` with the whole response (output items and
-  usage); ``response.incomplete`` for ``max_tokens`` (reason ``max_output_tokens``) and
-  for a cancelled turn (status ``cancelled``); an ``error`` event becomes ``error`` then
-  ``response.failed``.
-
-Every output item of every model round is in one response, in order: ``output_index``
-counts over the turn. Resume: by ``Last-Event-ID`` (the protocol's ids) or, as OpenAI
-serves a background response, by ``starting_after`` a sequence number.
-"""
+"""The responses dialect's encoder: the protocol's events as its frames (see the package)."""
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Unpack
+from typing import Any, Final
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
-from essessey.bindings.admission import Refusal, admit
-from essessey.bindings.http import json_error
-from essessey.bindings.sse import SSEOptions, stream_response, subscription_response
-from essessey.dialects._payload import encode_event, input_tokens, message_delta_totals
-from essessey.dialects._routes import read_request, start_turn
-from essessey.event import Event
-from essessey.hub import StreamHub
-from essessey.protocol import BlockType, DeltaType, EventType, StopReason
-from essessey.publisher import TurnProducer
+from essessey.dialects._payload import input_tokens, message_delta_totals
+from essessey.dialects.base import DialectEncoder
+from essessey.protocol import BlockType, DeltaType, StopReason
 
-__all__ = [
-    "DEFAULT_MAX_BUFFER",
-    "ResponsesEncoder",
-    "ResponsesRequest",
-    "ResponsesTurnFactory",
-    "error_object",
-    "parse_responses_request",
-    "responses_routes",
-]
+__all__ = ["DEFAULT_MAX_BUFFER", "ResponsesEncoder", "error_object"]
 
 logger = logging.getLogger("essessey.dialects.responses")
 
@@ -116,7 +69,7 @@ class _Item:
         )
 
 
-class ResponsesEncoder:
+class ResponsesEncoder(DialectEncoder):
     """One turn's protocol events, in order, as Responses stream events (a
     :class:`~essessey.bindings.sse.FrameEncoder`).
 
@@ -125,6 +78,8 @@ class ResponsesEncoder:
     that sequence number (they are counted, not written): a resume the way OpenAI serves
     one. ``max_buffer`` bounds the bytes of one item held for its ``done`` events.
     """
+
+    log = logger
 
     def __init__(
         self,
@@ -145,7 +100,7 @@ class ResponsesEncoder:
         self.sequence_number = 0
         """The sequence number the next event gets."""
         self._started = False
-        self._ended = False
+        self.ended = False
         self._items: dict[int, _Item] = {}  # open blocks, by block index
         self._output: list[dict[str, Any]] = []  # done items, for the final response
         self._next_output = 0
@@ -156,16 +111,10 @@ class ResponsesEncoder:
 
     # -- FrameEncoder --------------------------------------------------------------------
 
-    def encode(self, event: Event) -> bytes:
-        """The events for ``event``, the last with its ``id:``."""
-        if self._ended:
-            return b""
-        return encode_event(event, logger, self.encode_text, self._frames)
-
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up
         to ``starting_after``); None when that is not an open text block."""
-        item = None if self._ended else self._items.get(index)
+        item = None if self.ended else self._items.get(index)
         if item is None or (frame := item.text_frame) is None:
             return None
         size = item.size + len(text)
@@ -183,7 +132,7 @@ class ResponsesEncoder:
 
     def finish(self) -> bytes:
         """The response's end if no message ended it yet."""
-        if self._ended:
+        if self.ended:
             return b""
         frames = []
         if not self._started:
@@ -193,7 +142,7 @@ class ResponsesEncoder:
 
     def fail(self, error_type: str, message: str) -> bytes:
         """``error`` then ``response.failed``."""
-        if self._ended:
+        if self.ended:
             return b""
         frames = [] if self._started else self._start({})
         return b"".join(frames + self._failed(error_type, message))
@@ -202,7 +151,7 @@ class ResponsesEncoder:
         """The response as the events so far make it: ``completed`` (or how it ended)
         with every output item and the usage once the turn ended, ``in_progress``
         before. What a request without ``stream`` is answered with."""
-        if not self._ended:
+        if not self.ended:
             return self._response("in_progress")
         return self._final
 
@@ -242,34 +191,34 @@ class ResponsesEncoder:
 
     # -- the events ----------------------------------------------------------------------
 
-    def _frames(self, name: str, payload: dict[str, Any]) -> list[bytes]:
-        if name == EventType.MESSAGE_START:
-            return self._start(payload.get("message") or {})
-        if name == EventType.ERROR:
-            error = payload.get("error") or {}
-            frames = [] if self._started else self._start({})
-            kind = str(error.get("type") or "api_error")
-            return frames + self._failed(kind, str(error.get("message") or ""))
-        if not self._started:
-            logger.warning("skipped a %s event before the turn's first message", name)
-            return []
-        if name == EventType.CONTENT_BLOCK_START:
-            return self._block_start(int(payload["index"]), payload["content_block"])
-        if name == EventType.CONTENT_BLOCK_DELTA:
-            return self._block_delta(int(payload["index"]), payload["delta"])
-        if name == EventType.CONTENT_BLOCK_STOP:
-            return self._block_stop(int(payload["index"]))
-        if name == EventType.MESSAGE_DELTA:
-            reason, output = message_delta_totals(payload)
-            if reason is not None:
-                self._stop_reason = reason
-            self._output_tokens += output
-            return []
-        if name == EventType.MESSAGE_STOP:
-            if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
-                return self._end()
-            return []
-        logger.warning("skipped an event of unknown type (%d characters)", len(name))
+    # -- the hooks (essessey.dialects.base) -------------------------------------------------
+
+    def in_message(self) -> bool:
+        """Whether the turn's first message started the response."""
+        return self._started
+
+    def on_message_start(self, message: dict[str, Any], payload: dict[str, Any]) -> list[bytes]:
+        """``response.created`` and ``response.in_progress``, for the first message only."""
+        return self._start(message)
+
+    def on_error(self, error: Any) -> list[bytes]:
+        """``response.failed`` (after the response's start when nothing started it)."""
+        frames = [] if self._started else self._start({})
+        kind = str(error.get("type") or "api_error")
+        return frames + self._failed(kind, str(error.get("message") or ""))
+
+    def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
+        """Nothing yet: the stop reason and usage go into the response's end."""
+        reason, output = message_delta_totals(payload)
+        if reason is not None:
+            self._stop_reason = reason
+        self._output_tokens += output
+        return []
+
+    def on_message_stop(self) -> list[bytes]:
+        """The response's end, unless the turn goes on (tool use)."""
+        if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
+            return self._end()
         return []
 
     def _start(self, message: dict[str, Any]) -> list[bytes]:
@@ -294,7 +243,8 @@ class ResponsesEncoder:
         self._items[index] = item
         return item
 
-    def _block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:
+    def on_block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:
+        """An output item's start (and its first part's), by the block's kind."""
         kind = str(block.get("type"))
         if kind == BlockType.TEXT:
             item = self._open(kind, "msg", index, block)
@@ -338,7 +288,8 @@ class ResponsesEncoder:
         item.parts.append(text)
         return True
 
-    def _block_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
+    def on_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
+        """A delta the quick path did not take: reasoning, tool arguments, held content."""
         item = self._items.get(index)
         if item is None:
             logger.warning("skipped a delta for block %d, which is not open", index)
@@ -383,7 +334,8 @@ class ResponsesEncoder:
             "response.output_item.done", {"output_index": item.output_index, "item": body}
         )
 
-    def _block_stop(self, index: int) -> list[bytes]:
+    def on_block_stop(self, index: int) -> list[bytes]:
+        """The item's done events."""
         item = self._items.pop(index, None)
         if item is None:
             logger.warning("skipped the stop of block %d, which is not open", index)
@@ -432,7 +384,7 @@ class ResponsesEncoder:
         return self._done(item, other)
 
     def _end(self) -> list[bytes]:
-        self._ended = True
+        self.ended = True
         reason = self._stop_reason
         if reason == StopReason.MAX_TOKENS:
             details = {"reason": "max_output_tokens"}
@@ -445,7 +397,7 @@ class ResponsesEncoder:
         return self._emit("response.completed", {"response": self._final})
 
     def _failed(self, error_type: str, message: str) -> list[bytes]:
-        self._ended = True
+        self.ended = True
         error = {"code": error_type, "message": message, "param": None}
         failure = {"code": "server_error", "message": message}
         self._final = self._response("failed", error=failure)
@@ -453,143 +405,3 @@ class ResponsesEncoder:
 
 
 # -- serving it ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ResponsesRequest:
-    """A validated Responses request: the response's ``id`` (``resp_...``, the hub
-    stream its turn runs on), its ``model``, ``input`` (a string or a list of
-    input items, as sent), whether it asks for a ``stream`` and to run in the
-    ``background``, and the whole JSON ``body`` (``tools``, ``instructions``, the app's
-    own options)."""
-
-    id: str
-    model: str
-    input: str | list[Any]
-    stream: bool = False
-    background: bool = False
-    body: dict[str, Any] = field(default_factory=dict)
-
-
-ResponsesTurnFactory = Callable[[ResponsesRequest], "TurnProducer | Awaitable[TurnProducer]"]
-"""``turn(request) -> producer``: the answer to a request, as a hub producer; a
-``ValueError`` it raises is the client's 400."""
-
-DEFAULT_MAX_BODY: Final = 4 * 1024 * 1024
-
-
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: must be a boolean")
-    return value
-
-
-def parse_responses_request(body: Any, response_id: str) -> ResponsesRequest:
-    """A :class:`ResponsesRequest` for ``response_id`` from a parsed JSON body;
-    ``ValueError`` naming the first problem."""
-    if not isinstance(body, dict):
-        raise ValueError("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ValueError("model: a non-empty string is required")
-    given = body.get("input")
-    if not isinstance(given, (str, list)) or not given:
-        raise ValueError("input: a non-empty string or list of items is required")
-    stream, background = _flag(body, "stream"), _flag(body, "background")
-    return ResponsesRequest(response_id, model, given, stream, background, body)
-
-
-def _sequence_number(value: str | None) -> int | None:
-    if value is None:
-        return None
-    if not value.isdigit() or len(value) > 18:
-        raise ValueError("starting_after: must be a sequence number (a whole number >= 0)")
-    return int(value)
-
-
-def responses_routes(
-    hub: StreamHub,
-    turn: ResponsesTurnFactory,
-    *,
-    path: str = "/v1/responses",
-    max_body: int = DEFAULT_MAX_BODY,
-    **options: Unpack[SSEOptions],
-) -> Sequence[BaseRoute]:
-    """Starlette routes serving Responses from ``hub`` at ``path``:
-
-    - ``POST {path}``: the request's turn (``turn(request)``) runs on the hub under the
-      response's id (``resp_...``); with ``"stream": true`` its events stream, else the
-      answer is the whole response once the turn ended (with ``"background": true``, at
-      once, ``in_progress``: poll or stream it with the GET).
-    - ``GET {path}/{response_id}``: the response as it stands; with ``?stream=true`` its
-      events, after ``starting_after`` (a sequence number) or the ``Last-Event-ID``, on
-      any replica, as OpenAI serves a background response.
-
-    Every response is resumable, background or not. Errors are OpenAI's error objects.
-    ``options`` go to the SSE response (:class:`~essessey.bindings.sse.SSEOptions`)."""
-    if max_body <= 0:
-        raise ValueError("max_body must be > 0")
-    headers = dict(options.get("headers") or {})
-
-    def refuse(status: int, error_type: str, message: str) -> Response:
-        return json_error(status, error_type, message, headers, shape=error_object)
-
-    async def whole(response_id: str, model: str) -> Response:
-        events, _ = await hub.store.since(response_id, None)
-        encoder = ResponsesEncoder(response_id, model=model)
-        for event in events:
-            encoder.encode(event)
-        return Response(
-            orjson.dumps(encoder.response()), headers=headers, media_type="application/json"
-        )
-
-    async def create(request: Request) -> Response:
-        response_id = f"resp_{secrets.token_hex(12)}"
-        parsed = await read_request(
-            request,
-            lambda body: parse_responses_request(body, response_id),
-            limit=max_body,
-            shape=error_object,
-            headers=headers,
-        )
-        if isinstance(parsed, Response):
-            return parsed
-        refused = await start_turn(
-            hub, request, response_id, turn, parsed, shape=error_object, headers=headers, log=logger
-        )
-        if refused is not None:
-            return refused
-        if parsed.stream:
-            encoder = ResponsesEncoder(response_id, model=parsed.model)
-            return stream_response(
-                hub, response_id, None, encoder=encoder, error_shape=error_object, **options
-            )
-        if not parsed.background:
-            await hub.wait(response_id)
-        return await whole(response_id, parsed.model)
-
-    async def retrieve(request: Request) -> Response:
-        response_id = request.path_params["response_id"]
-        try:
-            starting_after = _sequence_number(request.query_params.get("starting_after"))
-        except ValueError as exc:
-            return refuse(400, "invalid_request_error", str(exc))
-        if request.query_params.get("stream") != "true":
-            verdict = await admit(hub, request, response_id, None, logger)
-            if isinstance(verdict, Refusal):
-                return refuse(verdict.status, verdict.error_type, verdict.message)
-            if not await hub.store.exists(response_id):
-                return refuse(404, "not_found_error", f"no response {response_id!r}")
-            return await whole(response_id, "essessey")
-        encoder = ResponsesEncoder(response_id, starting_after=starting_after)
-        return await subscription_response(
-            hub, request, response_id, encoder=encoder, shape=error_object, **options
-        )
-
-    return [
-        Route(path, create, methods=["POST"]),
-        Route(path + "/{response_id}", retrieve, methods=["GET"]),
-    ]

@@ -1,0 +1,53 @@
+"""A turn as AG-UI events, what CopilotKit, TanStack AI and ``@ag-ui/client`` read;
+docs/dialects.md.
+
+Each frame is ``data: {event}``, camelCase JSON as the AG-UI SDKs write it, without the
+fields that are unset, and with the protocol event's ``id:``, so a client that dropped
+resumes (AG-UI's own encoder writes no ids). The mapping:
+
+- the turn's first ``message_start``: ``RUN_STARTED``; each model round:
+  ``STEP_STARTED`` ... ``STEP_FINISHED``. A round is a protocol message, or, in a message
+  that holds several (``stream_rounds``), what comes up to its tool results: a block
+  after a round's results starts the next step. A message's last ``STEP_FINISHED``
+  carries its ``message_delta`` (stop reason, usage) as ``rawEvent``, as the protocol
+  sent it;
+- a text block: ``TEXT_MESSAGE_START`` / ``_CONTENT`` / ``_END`` (role ``assistant``);
+- a thinking block: ``REASONING_START``, ``REASONING_MESSAGE_START`` / ``_CONTENT`` /
+  ``_END``, its signature as ``REASONING_ENCRYPTED_VALUE``, ``REASONING_END``; a
+  redacted thinking block: its data as ``REASONING_ENCRYPTED_VALUE`` alone;
+- a tool use: ``TOOL_CALL_START`` / ``_ARGS`` / ``_END``; a tool result:
+  ``TOOL_CALL_RESULT`` at its stop, its start (``is_error`` with it) as ``rawEvent``;
+- any other block (a server tool's, citations, a type this module does not know): a
+  ``CUSTOM`` event ``essessey-block`` at its stop, with the block and its deltas;
+- the turn's end: ``RUN_FINISHED`` with the turn's usage; an ``error`` event, or a
+  cancelled turn, ``RUN_ERROR`` (code: the error's type, or ``CANCELLED``).
+"""
+
+from essessey._public import set_public_module
+from essessey.dialects.agui._encoder import (
+    BLOCK_EVENT,
+    DEFAULT_MAX_BUFFER,
+    AGUIEncoder,
+    error_object,
+    run_stream_id,
+)
+from essessey.dialects.agui._routes import (
+    AGUIRunRequest,
+    AGUITurnFactory,
+    agui_routes,
+    parse_run_agent_input,
+)
+
+__all__ = [
+    "BLOCK_EVENT",
+    "DEFAULT_MAX_BUFFER",
+    "AGUIEncoder",
+    "AGUIRunRequest",
+    "AGUITurnFactory",
+    "agui_routes",
+    "error_object",
+    "parse_run_agent_input",
+    "run_stream_id",
+]
+
+set_public_module(__name__, globals(), __all__)

@@ -1,0 +1,200 @@
+"""The base every wire dialect's encoder is built on: one reading of each event and one
+dispatch, to a hook per kind of event (docs/dialects.md, "Writing a dialect").
+
+A dialect supplies what its frames say, nothing else:
+
+- a hook per kind of event, each returning the frames (whole SSE messages) it becomes:
+  :meth:`~DialectEncoder.on_message_start`, :meth:`~DialectEncoder.on_block_start`,
+  :meth:`~DialectEncoder.on_text` (a text delta of an open text block: most events of a
+  turn), :meth:`~DialectEncoder.on_delta` (any other delta),
+  :meth:`~DialectEncoder.on_block_stop`, :meth:`~DialectEncoder.on_message_delta` (the
+  end's stop reason and usage), :meth:`~DialectEncoder.on_message_stop`,
+  :meth:`~DialectEncoder.on_error`, and :meth:`~DialectEncoder.on_other` for an event the
+  protocol does not name (where events a dialect learns later, such as a turn's
+  questions and their answers, arrive until they get hooks of their own);
+- ``finish()`` and ``fail()``, the stream's end (see
+  :class:`~essessey.bindings.sse.FrameEncoder`).
+
+What the base does, once for every dialect, and why:
+
+- each event is read once (:func:`essessey.protocol.read`, shared with every other reader
+  of it); a ping writes nothing; an event that is not a JSON object is skipped with a log
+  line naming its type and length, never its content;
+- only the last frame of an event carries the event's ``id:``, so a client that lost the
+  connection part-way through an event's frames resumes from the event before and gets it
+  whole again;
+- a hook that finds the payload not laid out as the protocol says raises one of
+  ``unreadable`` (KeyError, TypeError, ValueError, AttributeError by default): the event
+  is skipped, logged by its type and the exception's class;
+- events of a message before the dialect's first message (``in_message`` False) are
+  skipped with a log line, except a message's start and an error;
+- an encoder that has ended (``ended``) writes nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar, Final
+
+from essessey._public import set_public_module
+from essessey.bindings.sse import id_line, with_id
+from essessey.dialects._payload import read_payload
+from essessey.event import Event
+from essessey.protocol import Delta, DeltaType, EventType, read
+
+__all__ = ["UNREADABLE", "DialectEncoder"]
+
+UNREADABLE: Final[tuple[type[Exception], ...]] = (
+    KeyError,
+    TypeError,
+    ValueError,
+    AttributeError,
+)
+"""What a hook raises on a payload that is not laid out as the protocol says: the event
+is skipped with a log line."""
+
+_TEXT: Final = DeltaType.TEXT
+
+
+class DialectEncoder:
+    """One response's protocol events, in order, as a dialect's frames: subclass it and
+    write the hooks (the module docstring says what the base does for every dialect).
+
+    ``log`` is the dialect's logger; ``outside_message`` the log line for an event of a
+    message that came before the first message. A subclass sets ``ended`` once its
+    stream has ended (an error), and says in :meth:`in_message` whether a message is
+    open. Hooks return the frames an event becomes, in order (an empty list for none).
+    """
+
+    log: ClassVar[logging.Logger] = logging.getLogger("essessey.dialects")
+    outside_message: ClassVar[str] = "skipped a %s event before the turn's first message"
+    unreadable: ClassVar[tuple[type[Exception], ...]] = UNREADABLE
+    """The exceptions of a hook that skip its event (``()``: none, they propagate)."""
+
+    ended: bool = False
+
+    # -- the one dispatch ----------------------------------------------------------------
+
+    def encode(self, event: Event) -> bytes:
+        """The frames for ``event``, the last with its ``id:`` (``b""`` for none)."""
+        if self.ended or event.event == EventType.PING:
+            return b""
+        record = read(event)
+        if record.__class__ is Delta:
+            delta: Delta = record
+            text = delta.text
+            if delta.delta_type == _TEXT and text is not None:
+                frame = self.encode_text(delta.index, text)
+                if frame is not None:
+                    return id_line(event.id) + frame if event.id and frame else frame
+        payload = read_payload(event, self.log)  # the record's, logged when unreadable
+        if payload is None:
+            return b""
+        try:
+            return with_id(self.frames(event.event, payload), event.id)
+        except self.unreadable as exc:
+            self.log.warning("skipped a %s event: %s", event.event, type(exc).__name__)
+            return b""
+
+    def frames(self, name: str, payload: dict[str, Any]) -> list[bytes]:
+        """The frames of the event ``name`` with its parsed ``payload``, by its hook; no
+        ``id:`` (what :meth:`encode` and a dialect's own readers build on)."""
+        hook = _HOOKS.get(name)
+        if hook is None:
+            return self.on_other(name, payload)
+        if name != EventType.MESSAGE_START and name != EventType.ERROR and not self.in_message():
+            self.log.warning(self.outside_message, name)
+            return []
+        return hook(self, payload)
+
+    # -- what a dialect supplies -----------------------------------------------------------
+
+    def in_message(self) -> bool:
+        """Whether the dialect has seen its first message (events of a message before it
+        are skipped). True by default."""
+        return True
+
+    def encode_text(self, index: int, text: str) -> bytes | None:
+        """The frames of one text delta of ``text`` for block ``index`` (no ``id:``);
+        None when that is not an open text block (the event then goes to
+        :meth:`on_delta`). The hot path: most events of a turn are text deltas."""
+        return None
+
+    def on_message_start(self, message: dict[str, Any], payload: dict[str, Any]) -> list[bytes]:
+        """A message opens (``message`` is its raw object, ``{}`` when it has none)."""
+        return []
+
+    def on_block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:
+        """The block at ``index`` opens (``block``: its ``content_block``)."""
+        return []
+
+    def on_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
+        """A delta for the block at ``index`` that :meth:`encode_text` did not take."""
+        return []
+
+    def on_block_stop(self, index: int) -> list[bytes]:
+        """The block at ``index`` closes."""
+        return []
+
+    def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
+        """The message's stop reason and usage (read them with
+        ``essessey.dialects._payload.message_delta_totals`` or from ``payload``)."""
+        return []
+
+    def on_message_stop(self) -> list[bytes]:
+        """The message ends."""
+        return []
+
+    def on_error(self, error: dict[str, Any]) -> list[bytes]:
+        """The turn failed (``error``: its raw ``error`` object, ``{}`` when it has none)."""
+        return []
+
+    def on_other(self, name: str, payload: dict[str, Any]) -> list[bytes]:
+        """An event the protocol does not name. Skipped with a log line by default; the
+        place for events a dialect learns to carry before they get hooks of their own."""
+        self.log.warning("skipped an event of unknown type (%d characters)", len(name))
+        return []
+
+
+def _message_start(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_message_start(payload.get("message") or {}, payload)
+
+
+def _block_start(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_block_start(int(payload["index"]), payload["content_block"])
+
+
+def _delta(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_delta(int(payload["index"]), payload["delta"])
+
+
+def _block_stop(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_block_stop(int(payload["index"]))
+
+
+def _message_delta(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_message_delta(payload)
+
+
+def _message_stop(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_message_stop()
+
+
+def _error(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    return encoder.on_error(payload.get("error") or {})
+
+
+_HOOKS: Final[dict[str, Callable[[DialectEncoder, dict[str, Any]], list[bytes]]]] = {
+    EventType.MESSAGE_START: _message_start,
+    EventType.CONTENT_BLOCK_START: _block_start,
+    EventType.CONTENT_BLOCK_DELTA: _delta,
+    EventType.CONTENT_BLOCK_STOP: _block_stop,
+    EventType.MESSAGE_DELTA: _message_delta,
+    EventType.MESSAGE_STOP: _message_stop,
+    EventType.ERROR: _error,
+}
+"""Each protocol event's hook, with what it takes out of the payload: the one dispatch."""
+
+
+set_public_module(__name__, globals(), __all__)

@@ -1,0 +1,54 @@
+"""A turn as OpenAI Chat Completions chunks, the stream every OpenAI-compatible client
+reads (the ``openai`` SDKs, LangChain's ChatOpenAI, Open WebUI, LiteLLM); docs/dialects.md.
+
+Each frame is ``data: {chat.completion.chunk}`` and the stream ends with
+``data: [DONE]``. The mapping:
+
+- the turn's first ``message_start``: the first chunk, ``delta.role`` ``assistant``;
+- a text delta: ``delta.content``; a thinking delta: ``delta.reasoning_content`` (what
+  vLLM, DeepSeek and LiteLLM write); a thinking signature has no field and is left out;
+- a tool use: ``delta.tool_calls`` with its ``index`` (counted over the whole turn, so
+  the calls of two rounds never merge), ``id``, ``function.name``, then one chunk per
+  argument fragment;
+- the stop of a message that does not stop for a tool: ``finish_reason`` (``stop``,
+  ``length``, ``tool_calls``, ``content_filter``); a turn that ends on a tool stop gets
+  ``tool_calls`` at its end;
+- usage, when asked for (``stream_options.include_usage``): one last chunk with empty
+  ``choices`` and the turn's ``prompt_tokens`` and ``completion_tokens``;
+- an ``error`` event: the in-band ``{"error": {...}}`` object OpenAI-compatible servers
+  send, then ``[DONE]``.
+
+Left out, because Chat Completions has no place for them in the model's output: tool
+results (a turn that runs tools and answers again reads as the rounds' output, one after
+another), server tool blocks and any block type this module does not know (logged once
+per block at debug level), citations.
+"""
+
+from essessey._public import set_public_module
+from essessey.dialects.chat_completions._encoder import (
+    DONE,
+    FINISH_REASONS,
+    ChatCompletionsEncoder,
+    completion,
+    error_object,
+)
+from essessey.dialects.chat_completions._routes import (
+    ChatCompletionRequest,
+    ChatTurnFactory,
+    chat_completions_routes,
+    parse_chat_completion_request,
+)
+
+__all__ = [
+    "DONE",
+    "FINISH_REASONS",
+    "ChatCompletionRequest",
+    "ChatCompletionsEncoder",
+    "ChatTurnFactory",
+    "chat_completions_routes",
+    "completion",
+    "error_object",
+    "parse_chat_completion_request",
+]
+
+set_public_module(__name__, globals(), __all__)
