@@ -5,10 +5,13 @@ What reaches into uvicorn itself is tested in tests/test_server_reach.py.
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import pytest
 
 from essessey.bindings._asgi import connection_tasks, resume_point
+from tests.processes import WAIT
 
 
 def test_the_resume_point() -> None:
@@ -53,7 +56,7 @@ async def test_helpers_still_running_are_cancelled_when_the_body_ends() -> None:
 
     async with connection_tasks() as tasks:
         tasks.start_soon(park)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()  # the helper is parked
     with anyio.fail_after(2):
         await cancelled.wait()
 
@@ -68,8 +71,22 @@ async def test_a_helper_failing_after_the_body_ended_is_logged(
         finally:
             raise LookupError("late")
 
-    async with connection_tasks() as tasks:
-        tasks.start_soon(fail_when_cancelled)
-        await anyio.sleep(0.01)
-    await anyio.sleep(0.05)  # on asyncio the helpers are not waited for: it fails now
+    logged = anyio.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "helper task failed after it ended" in record.getMessage():
+                logged.set()
+
+    seen = Seen()
+    logging.getLogger("essessey").addHandler(seen)
+    try:
+        async with connection_tasks() as tasks:
+            tasks.start_soon(fail_when_cancelled)
+            await anyio.wait_all_tasks_blocked()  # the helper is in its sleep
+        # On asyncio the helpers are not waited for: it fails on its own, a moment later.
+        with anyio.fail_after(WAIT):
+            await logged.wait()
+    finally:
+        logging.getLogger("essessey").removeHandler(seen)
     assert "helper task failed after it ended" in caplog.text

@@ -32,6 +32,7 @@ from essessey import (
 from essessey.bindings.sse import EventStreamResponse, SSEDecoder, SSEMessage, encode_many
 from essessey.protocol import Dialect
 from essessey.testing import wait_until
+from tests.processes import WAIT
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -825,13 +826,19 @@ async def test_a_source_event_that_cannot_be_framed_fails_like_a_producer() -> N
     async def first_bad() -> AsyncIterator[Event]:
         yield bad
 
-    async def later_bad() -> AsyncIterator[Event]:
-        yield good
-        await anyio.sleep(0.05)  # so the good event goes out on its own
-        yield bad
-
-    for source, status in ((first_bad, 500), (later_bad, 200)):
+    for status in (500, 200):
         recorder = Recorder()
+
+        went_out = anyio.Event()
+        recorder.on_body = lambda body, went_out=went_out: went_out.set() if body else None
+
+        async def later_bad(went_out: anyio.Event = went_out) -> AsyncIterator[Event]:
+            yield good
+            with anyio.fail_after(WAIT):  # until the good event has gone out on its own
+                await went_out.wait()
+            yield bad
+
+        source = first_bad if status == 500 else later_bad
         await call(EventStreamResponse(source()), recorder)
         assert recorder.start["status"] == status
         assert recorder.messages[-1].get("more_body", False) is False  # a complete response

@@ -223,7 +223,7 @@ async def test_follow_without_an_id_and_no_whole_message_retained_starts_live() 
     with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(collect, store.follow("s"), got)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # the follower waits for an event
             assert got == []
             new = await store.append("s", start(3))
             await store.close_stream("s")
@@ -293,7 +293,7 @@ async def test_follow_raises_stream_reset_when_cleared_while_following() -> None
     with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(follow)
-            await anyio.sleep(0.01)  # the follower is waiting for a third event
+            await anyio.wait_all_tasks_blocked()  # the follower waits for a third event
             await store.clear("s")
     assert len(raised) == 1
 
@@ -343,7 +343,7 @@ async def test_open_stream_lets_a_follower_wait_for_the_first_event() -> None:
     with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(collect, store.follow("s"), got)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # the follower waits for an event
             first = await store.append("s", start())
             await wait_until(lambda: len(got) == 1, "the first event")
             await store.close_stream("s")
@@ -425,7 +425,7 @@ async def test_a_follower_taking_every_live_event_is_never_woken_for_one() -> No
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(read)
-        await anyio.sleep(0.01)  # parked, caught up
+        await anyio.wait_all_tasks_blocked()  # parked, caught up
         for i in range(5):
             await store.append("s", Event("e", b"%d" % i))
         await store.close_stream("s")
@@ -450,9 +450,9 @@ async def test_a_delivery_that_raises_falls_back_to_waking_the_follower(
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(read)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()  # the reader is parked
         await store.append("s", Event("e", b"a"))  # the writer's append does not fail
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()  # the reader took it
         await store.append("s", Event("e", b"b"))
         await store.close_stream("s")
     assert yielded == [b"a", b"b"]
