@@ -60,6 +60,7 @@ from essessey.errors import (
     StreamNotFound,
     SubscriberLagged,
     TooManySubscribers,
+    UnknownEventId,
 )
 from essessey.event import Event
 from essessey.metrics import totals
@@ -75,7 +76,7 @@ from essessey.stores import (
     SharedEventStore,
 )
 
-__all__ = ["Access", "Authorize", "StreamHub", "TurnProducer"]
+__all__ = ["Access", "Authorize", "StreamHub", "Subscription", "TurnProducer"]
 
 logger = logging.getLogger("essessey.hub")
 
@@ -110,8 +111,8 @@ class _HubSink:
 
     def __init__(self, hub: StreamHub, stream_id: str, holder: str) -> None:
         self._store = hub.store
-        self._shared = hub.shared_store
-        self._append_nowait = hub.append_nowait
+        self._shared = hub._shared
+        self._append_nowait = hub._append_nowait
         self._stream_id = stream_id
         self._holder = holder
         self.last_was_error = False
@@ -208,6 +209,45 @@ def _warn_if_worker() -> None:
     )
 
 
+class Subscription:
+    """One reader's follow of a stream, from the resume point :meth:`StreamHub.open`
+    checked: iterate it for the events (the head it opened with, then live ones until the
+    turn ends). What every transport and dialect reads a hub's stream through.
+
+    ``resuming`` says whether it resumes after an id. A transport that can take an event
+    without waiting (essessey's SSE and WebSocket endpoints) may call
+    :meth:`deliver_live` before iterating: live events then reach it in the turn's own
+    append where the store can, and are not yielded."""
+
+    __slots__ = ("_hub", "after", "head", "live_delivery", "resuming", "stream_id")
+
+    def __init__(
+        self,
+        hub: StreamHub,
+        stream_id: str,
+        head: list[Event],
+        after: str | None,
+        *,
+        resuming: bool,
+    ) -> None:
+        self._hub = hub
+        self.stream_id = stream_id
+        self.head = head
+        """The events it starts with (a replay, or a snapshot), read at open."""
+        self.after = after
+        """The id the store's follow goes on from (None: the oldest whole message)."""
+        self.resuming = resuming
+        self.live_delivery: Deliver | None = None
+
+    def deliver_live(self, deliver: Deliver) -> None:
+        """Offer each live event to ``deliver`` in the turn's own append, where the store
+        can (``deliver`` returns whether it took it; never raises)."""
+        self.live_delivery = deliver
+
+    def __aiter__(self) -> AsyncGenerator[Event, None]:
+        return self._hub._follow(self)
+
+
 class StreamHub:
     """Runs turns as tasks and lets any number of subscribers follow each stream.
 
@@ -242,15 +282,14 @@ class StreamHub:
                 f"{type(self.store).__name__} is not an EventStore (see essessey.stores)"
             )
         # What the store can do beyond the contract, learnt once (see essessey.stores).
-        self.shared_store: SharedEventStore | None = (
+        # The store as a SharedEventStore (leases, cancel from any replica), or None.
+        self._shared: SharedEventStore | None = (
             self.store if isinstance(self.store, SharedEventStore) else None
         )
-        """The store as a :class:`~essessey.stores.SharedEventStore` (leases, cancel
-        from any replica), or None when replicas do not share it."""
-        self.append_nowait: Callable[[str, Event], Event] | None = (
+        # The store's append as a plain call, when it has one.
+        self._append_nowait: Callable[[str, Event], Event] | None = (
             self.store.append_nowait if isinstance(self.store, AppendsWithoutWaiting) else None
         )
-        """The store's append as a plain call, when it has one."""
         self._delivering: DeliversInAppend | None = (
             self.store if isinstance(self.store, DeliversInAppend) else None
         )
@@ -358,7 +397,7 @@ class StreamHub:
         turn = _Turn(anyio.CancelScope())
         self._turns[stream_id] = turn
         try:
-            shared = self.shared_store
+            shared = self._shared
             if shared is not None:
                 # StreamBusy while another replica runs it
                 await shared.claim_turn(stream_id, turn.holder)
@@ -384,7 +423,7 @@ class StreamHub:
         task_status: TaskStatus[None],
     ) -> None:
         sink = _HubSink(self, stream_id, turn.holder)
-        shared = self.shared_store
+        shared = self._shared
         publisher = Publisher(sink, dialect=self.dialect, strict=True)
         unwatch: Callable[[], None] | None = None
         if shared is not None:
@@ -473,7 +512,7 @@ class StreamHub:
                 logger.exception("could not end the turn on stream %s", stream_id)
         if ending.cancelled_caught:
             logger.warning("ending the turn on stream %s timed out", stream_id)
-        shared = self.shared_store
+        shared = self._shared
         if shared is not None and not ended:
             # Its message is still open (the store was out of reach): releasing would
             # close the stream mid-message, and its readers would take the cut for the
@@ -528,7 +567,7 @@ class StreamHub:
         there, and this returns True once it has."""
         turn = self._turns.get(stream_id)
         if turn is None:
-            shared = self.shared_store
+            shared = self._shared
             if shared is None:
                 return False
             return await shared.request_cancel(stream_id)
@@ -554,11 +593,11 @@ class StreamHub:
         if turn is not None:
             await turn.done.wait()
 
-    def subscribe(
+    async def subscribe(
         self, stream_id: str, last_event_id: str | None = None, *, snapshot: bool = True
     ) -> AsyncGenerator[Event, None]:
         """Replay the stream after ``last_event_id`` (from the oldest whole message when
-        None), then follow it live until its turn ends.
+        None), then follow it live until its turn ends: :meth:`open`, then its events.
 
         With ``snapshot_after`` set on the hub (and ``snapshot``), a replay of more than
         that many events comes as a snapshot instead: each run of a block's deltas merged
@@ -569,36 +608,110 @@ class StreamHub:
         :class:`~essessey.UnknownEventId`, :class:`~essessey.TooManySubscribers`; and
         :class:`~essessey.SubscriberLagged` when it falls more than ``max_lag`` behind.
         """
-        return self.subscribe_delivering(stream_id, last_event_id, None, snapshot=snapshot)
+        subscription = await self.open(stream_id, last_event_id, snapshot=snapshot)
+        events = aiter(subscription)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
 
-    async def subscribe_delivering(
+    async def open(
         self,
         stream_id: str,
-        last_event_id: str | None,
-        deliver: Deliver | None,
+        last_event_id: str | None = None,
         *,
         snapshot: bool = True,
-    ) -> AsyncGenerator[Event, None]:
-        """:meth:`subscribe`, offering each live event to ``deliver`` in the turn's own
-        append where the store can (see ``InMemoryEventStore.follow_delivering``); what
-        it takes is not yielded. For essessey's SSE subscription response."""
-        head: list[Event] = []
-        if snapshot and self.snapshot_after is not None:
-            head, last_event_id = await self._snapshot(stream_id, last_event_id)
-        # Counted after the await above: from here on nothing waits until it is added.
+        prime: Callable[[Event], object] | None = None,
+    ) -> Subscription:
+        """A :class:`Subscription` to ``stream_id`` after ``last_event_id``: the resume
+        point read and checked once, here, so that a refusal is raised before the caller
+        answers anything; then iterate it.
+
+        Without ``prime`` it starts as :meth:`subscribe` does (a snapshot where the hub
+        gives one). With ``prime`` and a last event id (a wire dialect's resume, whose
+        frames depend on what came before) the stream is read from its oldest whole
+        message and each event up to the id is handed to ``prime``, not yielded; the
+        iteration goes on after the id, without reading the stream again.
+
+        Raises :class:`~essessey.StreamNotFound`, :class:`~essessey.UnknownEventId`,
+        :class:`~essessey.TooManySubscribers`.
+        """
         count = self._subscribers.get(stream_id, 0)
         if count >= self.max_subscribers:
             raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
-        delivering = self._delivering
+        head: list[Event]
+        if last_event_id is not None and prime is not None:
+            head, after = await self._primed(stream_id, last_event_id, prime)
+        elif last_event_id is not None:
+            head, known = await self.store.since(stream_id, last_event_id)
+            if not known:
+                raise await self._not_resumable(stream_id, last_event_id)
+            after = head[-1].id if head else last_event_id
+            threshold = self.snapshot_after
+            if snapshot and threshold is not None and len(head) > threshold:
+                # Far behind: what it misses, compacted (not cached: each resumes elsewhere).
+                totals.snapshots += 1
+                head = await compact_yielding(head)
+        elif snapshot and self._snapshots is not None:
+            head, after = await self._snapshot(stream_id)
+        else:
+            head, after = [], None
+        if not head and last_event_id is None and not await self.store.exists(stream_id):
+            self._not_found()
+            raise StreamNotFound(f"no stream {stream_id!r}")
+        return Subscription(self, stream_id, head, after, resuming=last_event_id is not None)
+
+    async def _primed(
+        self, stream_id: str, last_event_id: str, prime: Callable[[Event], object]
+    ) -> tuple[list[Event], str | None]:
+        """The stream read once from its oldest whole message: the events up to
+        ``last_event_id`` handed to ``prime``, the rest and the id to follow on from."""
+        events, _ = await self.store.since(stream_id, None)
+        # From the oldest whole message: what comes before it is a message's tail.
+        start = next(
+            (i for i, event in enumerate(events) if event.event == EventType.MESSAGE_START),
+            len(events),
+        )
+        end = next((i for i, event in enumerate(events) if event.id == last_event_id), -1)
+        if end < start:
+            raise await self._not_resumable(stream_id, last_event_id)
+        for event in events[start : end + 1]:
+            prime(event)
+        head = events[end + 1 :]
+        return head, (head[-1].id if head else last_event_id)
+
+    async def _not_resumable(self, stream_id: str, last_event_id: str) -> Exception:
+        """Why a resume after ``last_event_id`` cannot be served: the stream or the id."""
+        if await self.store.exists(stream_id):
+            return UnknownEventId(f"event id is not retained for stream {stream_id!r}")
+        self._not_found()
+        return StreamNotFound(f"no stream {stream_id!r}")
+
+    def _not_found(self) -> None:
+        if isinstance(self.store, InMemoryEventStore):
+            _warn_if_worker()
+
+    async def _follow(self, subscription: Subscription) -> AsyncGenerator[Event, None]:
+        """The one follow loop every transport and dialect reads through: the head the
+        subscription opened with, then the store's follow after it, counted as a
+        subscriber of the stream while it runs."""
+        stream_id = subscription.stream_id
+        # Counted before the first await: nothing waits until it is added.
+        count = self._subscribers.get(stream_id, 0)
+        if count >= self.max_subscribers:
+            raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
+        deliver, delivering = subscription.live_delivery, self._delivering
+        after = subscription.after
         if deliver is not None and delivering is not None:
             events = delivering.follow_delivering(
-                stream_id, last_event_id, max_lag=self.max_lag, deliver=deliver
+                stream_id, after, max_lag=self.max_lag, deliver=deliver
             )
         else:
-            events = self.store.follow(stream_id, last_event_id, max_lag=self.max_lag)
+            events = self.store.follow(stream_id, after, max_lag=self.max_lag)
         self._subscribers[stream_id] = count + 1
         try:
-            for event in head:
+            for event in subscription.head:
                 yield event
             async for event in events:
                 yield event
@@ -607,8 +720,7 @@ class StreamHub:
             logger.warning("a subscriber of %s fell behind and was ended", stream_id)
             raise
         except StreamNotFound:
-            if isinstance(self.store, InMemoryEventStore):
-                _warn_if_worker()
+            self._not_found()
             raise
         finally:
             try:
@@ -623,30 +735,18 @@ class StreamHub:
                 else:
                     del self._subscribers[stream_id]
 
-    async def _snapshot(
-        self, stream_id: str, last_event_id: str | None
-    ) -> tuple[list[Event], str | None]:
-        """The events a subscriber starts with (a snapshot when its replay would pass
-        ``snapshot_after`` events), and the id it follows on from."""
+    async def _snapshot(self, stream_id: str) -> tuple[list[Event], str | None]:
+        """What a subscriber without an id starts with: the stream's cached snapshot,
+        brought up to date, when it covers more than ``snapshot_after`` events; else
+        nothing (it follows from the oldest whole message)."""
         threshold, snapshots = self.snapshot_after, self._snapshots
         assert threshold is not None  # called only when snapshot_after is set
         assert snapshots is not None
-        if last_event_id is None:
-            # Joined without an id: the stream's cached snapshot, brought up to date.
-            events, covered = await snapshots.snapshot(stream_id)
-            if covered <= threshold:
-                return [], None
-            totals.snapshots += 1
-            return events, events[-1].id
-        # Far behind: what it misses, compacted (not cached: each resumes elsewhere).
-        missed, known = await self.store.since(stream_id, last_event_id)
-        if not known:
-            return [], last_event_id  # the follower refuses the id
-        if len(missed) <= threshold:
-            # Near enough: what it missed, as it is (read once, not again by the follower).
-            return missed, missed[-1].id if missed else last_event_id
+        events, covered = await snapshots.snapshot(stream_id)
+        if covered <= threshold:
+            return [], None
         totals.snapshots += 1
-        return await compact_yielding(missed), missed[-1].id
+        return events, events[-1].id
 
     async def authorized(self, request: Any, stream_id: str, access: Access) -> bool:
         """Ask the app's ``authorize`` hook; True when the hub has none."""

@@ -640,8 +640,6 @@ class _ContractOnly:
 async def test_a_store_with_only_the_contract_runs_turns() -> None:
     store = _ContractOnly()
     hub = StreamHub(store)  # type: ignore[arg-type]  # structurally an EventStore
-    assert hub.shared_store is None
-    assert hub.append_nowait is None
     async with hub:
 
         async def turn(publisher: Any) -> None:
@@ -657,10 +655,25 @@ async def test_a_store_with_only_the_contract_runs_turns() -> None:
 
 
 async def test_the_in_memory_store_is_learnt_as_appending_without_waiting() -> None:
-    store = InMemoryEventStore()
-    hub = StreamHub(store)
-    assert hub.shared_store is None
-    assert hub.append_nowait == store.append_nowait
+    # Its turns append in a plain call: the store's coroutine append is never awaited.
+    awaited: list[str] = []
+
+    class Counting(InMemoryEventStore):
+        async def append(self, stream_id: str, event: Event) -> Event:
+            awaited.append(event.event)
+            return await super().append(stream_id, event)
+
+    store = Counting()
+    async with StreamHub(store) as hub:
+
+        async def turn(publisher: Any) -> None:
+            await publisher.send_stream_preamble("msg_1", "s", "m")
+            await publisher.send_stream_epilogue("end_turn", 1)
+
+        await hub.start("s", turn)
+        await hub.wait("s")
+    assert awaited == []
+    assert len((await store.since("s", None))[0]) == 4
 
 
 def test_a_store_without_the_contract_is_refused_at_once() -> None:

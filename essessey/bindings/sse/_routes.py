@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Unpack
 
 from starlette.requests import ClientDisconnect, Request
@@ -96,47 +96,18 @@ class HubSubscription:
         self._deliver: Deliver | None = None
 
     def deliver_to(self, deliver: Deliver) -> None:
-        """Offer live events to ``deliver`` (see ``StreamHub.subscribe_delivering``)."""
+        """Offer live events to ``deliver`` (see ``Subscription.deliver_live``)."""
         self._deliver = deliver
 
     def __aiter__(self) -> AsyncIterator[Event]:
-        if self._primer is not None and self._last_event_id is not None:
-            return _primed(self._hub, self._stream_id, self._last_event_id, self._primer)
+        primer = self._primer
         return _follow(
             self._hub,
             self._stream_id,
             self._last_event_id,
             self._deliver,
-            snapshot=self._primer is None,
+            prime=primer.encode if primer is not None else None,
         )
-
-
-async def _primed(
-    hub: StreamHub, stream_id: str, last_event_id: str, primer: FrameEncoder
-) -> AsyncIterator[Event]:
-    # Fed from the start without a live delivery: the events up to the id are history,
-    # read through the follower, and after them the cost of one task switch per event
-    # is the price of a dialect's resume.
-    if not (await hub.store.since(stream_id, last_event_id))[1]:
-        if await hub.store.exists(stream_id):
-            raise _rejected(UnknownEventId(last_event_id), stream_id)
-        raise _rejected(StreamNotFound(stream_id), stream_id)
-    seen = False
-    async for event in _follow(hub, stream_id, None, None, resuming=True, snapshot=False):
-        if seen:
-            yield event
-        else:
-            primer.encode(event)
-            seen = event.id == last_event_id
-    if not seen:  # evicted between the check and the read
-        raise _rejected(UnknownEventId(last_event_id), stream_id)
-
-
-def _rejected(exc: Exception, stream_id: str) -> StreamRejected:
-    end = subscription_end(exc)
-    assert end is not None
-    assert end.status is not None
-    return StreamRejected(end.status, end.error_type, end.message or f"no stream {stream_id!r}")
 
 
 async def _follow(
@@ -145,15 +116,23 @@ async def _follow(
     last_event_id: str | None,
     deliver: Deliver | None,
     *,
-    resuming: bool = False,
-    snapshot: bool,
+    prime: Callable[[Event], object] | None,
 ) -> AsyncIterator[Event]:
-    # Closed as soon as this response ends (the client left), so the hub's subscriber
-    # count drops at once rather than when the garbage collector gets to it.
-    events = hub.subscribe_delivering(stream_id, last_event_id, deliver, snapshot=snapshot)
-    count = SubscriptionCount("sse", resuming or last_event_id is not None)
+    # Opened here, in the response's task: a refusal is raised before the first event,
+    # and answered as an HTTP error. A dialect's resume (``prime``) reads the stream once:
+    # the events up to the id go to its encoder, the rest are yielded. Only the
+    # protocol's own frames start with a snapshot: a dialect counts its own events
+    # (Responses' sequence numbers), which a resume must count again the same way.
+    count = SubscriptionCount("sse", last_event_id is not None)
     error: Exception | None = None
+    events: AsyncGenerator[Event, None] | None = None
     try:
+        subscription = await hub.open(stream_id, last_event_id, snapshot=prime is None, prime=prime)
+        if deliver is not None:
+            subscription.deliver_live(deliver)
+        # Closed as soon as this response ends (the client left), so the hub's
+        # subscriber count drops at once rather than when the collector gets to it.
+        events = aiter(subscription)
         async for event in events:
             count.started()
             yield event
@@ -171,7 +150,8 @@ async def _follow(
         raise StreamRejected(end.status, end.error_type, message) from exc
     finally:
         count.ended(error)
-        await events.aclose()
+        if events is not None:
+            await events.aclose()
 
 
 def requested_resume_point(request: Request) -> str | None:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -245,14 +246,17 @@ async def _follow(
     line: _Line,
     ending: _Ending,
 ) -> None:
-    # With frames written straight to the transport, a live event goes out in the turn's
-    # own append while the line is free (no task switch): see StreamHub.subscribe_delivering.
-    deliver = line.deliver if line.direct is not None else None
-    events = hub.subscribe_delivering(stream_id, last_event_id, deliver)
     count = SubscriptionCount("websocket", last_event_id is not None)
     error: Exception | None = None
     handled = 0
+    events: AsyncGenerator[Event, None] | None = None
     try:
+        subscription = await hub.open(stream_id, last_event_id)
+        if line.direct is not None:
+            # With frames written straight to the transport, a live event goes out in the
+            # turn's own append while the line is free (no task switch).
+            subscription.deliver_live(line.deliver)
+        events = aiter(subscription)
         async for event in events:
             count.started()
             handled += 1
@@ -281,8 +285,9 @@ async def _follow(
         ending.set(end.close_code, end.reason)
     finally:
         count.ended(error)
-        with anyio.CancelScope(shield=True):
-            await events.aclose()
+        if events is not None:
+            with anyio.CancelScope(shield=True):
+                await events.aclose()
 
 
 class _Line:
