@@ -13,10 +13,9 @@ Where a name lives, the one rule:
   :mod:`essessey.reassemble` (the records a reassembled stream is made of, ``Reassembler``),
   :mod:`essessey.check` (``ProtocolChecker``, ``Rule``, ``Violation``),
   :mod:`essessey.shutdown` (ending open streams when the server stops),
-  :mod:`essessey.event` (``Source``, ``EventBatch``, and the capabilities a sink may
-  declare: ``NowaitSink``, ``BatchSink``, ``TextDeltaSink``), :mod:`essessey.adapters` and its
-  provider modules, each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.ui``,
-  ``.nats``), the stores' capabilities and backends (:mod:`essessey.stores`,
+  :mod:`essessey.event` (``Source``, ``EventBatch``), :mod:`essessey.adapters` and its
+  provider modules, each binding (:mod:`essessey.bindings.sse`, ``.ws``, ``.nats``) and
+  dialect (:mod:`essessey.dialects`), the stores' contract and backends (:mod:`essessey.stores`,
   ``.redis``, ``.jetstream``), :mod:`essessey.testing` and :mod:`essessey.demo`.
 - ``essessey.check`` and ``essessey.reassemble`` here are the functions; their modules'
   other names are imported with ``from essessey.check import ...`` and

@@ -13,7 +13,9 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_check
 
 import orjson
 
-__all__ = ["BatchSink", "Event", "EventBatch", "NowaitSink", "Sink", "Source", "TextDeltaSink"]
+__all__ = ["Event", "EventBatch", "Sink", "Source"]
+# NowaitSink, TextDeltaSink and BatchSink are not exported: speed capabilities that
+# essessey's own sinks declare for its own Publisher, which no user implements.
 
 
 class Event(NamedTuple):
@@ -95,10 +97,9 @@ class Sink(Protocol):
     """Where a Publisher writes events. Implementations must be safe to call from
     concurrent tasks and must raise when an event cannot be delivered.
 
-    ``emit`` is the one method every sink must have. A sink may declare two more
-    capabilities, each a Protocol of its own: :class:`NowaitSink` (an event taken without
-    waiting) and :class:`BatchSink` (a sequence of events taken at once). A Publisher
-    looks for them once, on the sink's class, when it is built.
+    ``emit`` is the one method a sink has. (essessey's own sinks declare a few speed
+    capabilities beside it, which a Publisher looks for once, on the sink's class; a sink
+    of yours needs none of them.)
     """
 
     async def emit(self, event: Event) -> None:

@@ -15,7 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from essessey import Event, InMemorySink, Publisher, StopReason
-from essessey.bindings.sse import EventStreamResponse, FrameEncoder, TextDeltaEncoder
+from essessey.bindings.sse import EventStreamResponse, FrameEncoder
+
+# The fast path's capability, not exported: what this test checks is that each dialect has it.
+from essessey.bindings.sse._encoder import TextDeltaEncoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder

@@ -38,7 +38,6 @@ PUBLIC_PACKAGES = [
 
 LAZY_NAMES = {
     "essessey.bindings.sse": [
-        "DeliveringSource",
         "EventStreamResponse",
         "HubSubscription",
         "RESUME_HEADERS_WITHIN",

@@ -18,18 +18,23 @@ from __future__ import annotations
 
 from essessey._public import set_public_module
 from essessey.stores._contract import (
-    AppendsWithoutWaiting,
+    AppendsWithoutWaiting as AppendsWithoutWaiting,
+)
+from essessey.stores._contract import (
     Deliver,
-    DeliversInAppend,
     EventStore,
     SharedEventStore,
 )
+from essessey.stores._contract import (
+    DeliversInAppend as DeliversInAppend,
+)
 from essessey.stores._memory import InMemoryEventStore
 
+# AppendsWithoutWaiting and DeliversInAppend are imported for the hub, not exported: speed
+# capabilities of the in-memory store that a store of yours does not implement.
+
 __all__ = [
-    "AppendsWithoutWaiting",
     "Deliver",
-    "DeliversInAppend",
     "EventStore",
     "InMemoryEventStore",
     "SharedEventStore",

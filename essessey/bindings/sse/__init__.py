@@ -27,7 +27,6 @@ from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,
     ProtocolFrames,
-    TextDeltaEncoder,
     data_frame,
     id_line,
     with_id,
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
     from essessey.bindings.sse._response import (
         RESUME_HEADERS_WITHIN as RESUME_HEADERS_WITHIN,
     )
-    from essessey.bindings.sse._response import DeliveringSource as DeliveringSource
     from essessey.bindings.sse._response import EventStreamResponse as EventStreamResponse
     from essessey.bindings.sse._response import SSEOptions as SSEOptions
     from essessey.bindings.sse._routes import HubSubscription as HubSubscription
@@ -52,7 +50,6 @@ __all__ = [
     "MAX_ERROR_BODY",
     "MAX_ID_LENGTH",
     "RESUME_HEADERS_WITHIN",
-    "DeliveringSource",
     "ErrorShape",
     "EventStreamResponse",
     "FrameEncoder",
@@ -63,7 +60,6 @@ __all__ = [
     "SSEMessage",
     "SSEOptions",
     "SSESource",
-    "TextDeltaEncoder",
     "cancel_response",
     "connect",
     "data_frame",
@@ -84,7 +80,6 @@ __all__ = [
 set_public_module(__name__, globals(), __all__)
 
 _NEEDS_STARLETTE = {
-    "DeliveringSource": "_response",
     "EventStreamResponse": "_response",
     "SSEOptions": "_response",
     "RESUME_HEADERS_WITHIN": "_response",
