@@ -259,3 +259,31 @@ async def test_workers_with_an_in_memory_store_warn_when_a_stream_is_not_found()
     log = process.stderr.read().decode()
     assert 1 <= log.count("in-memory store") <= 2
     assert "shared store" in log
+
+
+async def test_a_websocket_reader_is_handed_over_when_the_server_stops(running: Running) -> None:
+    """SIGTERM with a WebSocket subscription open: whole frames, then a close with 1012
+    (service restart: the client resumes elsewhere with its last id)."""
+    served = _start(running.server, stopping=True)
+    frames: list[dict[str, Any]] = []
+    closed: websockets.ConnectionClosed | None = None
+    try:
+        async with served.client() as http:
+            stream_id = await _start_turn(http, deltas=5000, delay_ms=20)
+        url = served.base.replace("http://", "ws://") + f"/streams/{stream_id}/ws"
+        with anyio.fail_after(WAIT):
+            async with websockets.connect(url) as ws:
+                try:
+                    while True:
+                        frames.append(orjson.loads(await ws.recv()))
+                        if len(frames) == 10:
+                            served.process.send_signal(signal.SIGTERM)
+                except websockets.ConnectionClosed as exc:
+                    closed = exc
+    finally:
+        stop_process(served.process, kill=True)
+    assert closed is not None
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1012
+    assert 10 <= len(frames) < 1000
+    assert all(frame.get("id") for frame in frames)
