@@ -204,33 +204,35 @@ class _Outbox:
         """Whether events wait for the next send."""
         return bool(self._held)
 
-    def offer(self, frame: bytes) -> bool:
-        """Take ``frame`` without waiting: written now, straight to the server's
-        transport, when the line is free and this is no burst; held for the next send
-        when a send is in progress, frames are held already or this is a burst. False,
-        having done nothing, when it must go through :meth:`write` (an ASGI send, or
-        ``max_queue`` frames held already)."""
+    def takes_now(self) -> bool:
+        """Whether :meth:`put` would take a frame now, asked before the event is
+        encoded: a dialect's encoder is stateful and sees each event once, so nothing is
+        encoded that the line then refuses. False when the frame must go through
+        :meth:`write` (an ASGI send: no direct writer, the response not started, the
+        server stopping; or ``max_queue`` frames held already)."""
         if self.ended:
             raise _Ended
+        if not self.sending and not self._held and time.monotonic() > self._burst_until:
+            # The paced path, one event on a free line: written straight to the transport.
+            return self._direct is not None and self.started and not self.stopping
+        return len(self._held) < self._response.max_queue
+
+    def put(self, frame: bytes) -> None:
+        """Take ``frame`` (after :meth:`takes_now` said yes): written now, straight to
+        the server's transport, when the line is free and this is no burst; held for the
+        next send otherwise, or when the transport is full (its slow client then paces
+        the sends of what is held, and ``max_queue`` the producer)."""
         if not self.sending and not self._held:
             now = time.monotonic()
-            if now > self._burst_until:
-                # The paced path: one event and a free line.
-                direct = self._direct
-                if direct is None or not self.started or self.stopping:
-                    return False
-                if not direct.write(frame):
-                    return False
+            direct = self._direct
+            if now > self._burst_until and direct is not None and direct.write(frame):
                 self.last_sent = now
                 self._burst_until = now + _BURST
-                return True
-        if len(self._held) >= self._response.max_queue:
-            return False
+                return
         self._held.append(frame)
         self._held_bytes += len(frame)
         if not self.sending:
             self._wake_flusher()
-        return True
 
     async def write(self, frame: bytes) -> None:
         """Send ``frame`` now, or hold it while another send is in progress (waiting
@@ -485,7 +487,7 @@ async def _nothing() -> None:
 class _OutboxSink:
     """The sink a producer writes into: each event framed and handed to the outbox."""
 
-    __slots__ = ("_encode", "_encode_text", "_framed", "_outbox")
+    __slots__ = ("_encode", "_encode_text", "_outbox")
 
     def __init__(self, outbox: _Outbox, encoder: FrameEncoder | None) -> None:
         self._outbox = outbox
@@ -496,30 +498,18 @@ class _OutboxSink:
             if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
             else None
         )
-        # The last event offered and not taken, framed: emit() then sends these bytes
-        # instead of framing the event again.
-        self._framed: tuple[Event, bytes] | None = None
 
     def emit_nowait(self, event: Event) -> bool:
         outbox = self._outbox
-        framed = self._framed
-        if framed is not None and framed[0] == event:
-            # Offered again (a store's delivery refused it, and the source now yields
-            # it, read again from the store: equal, not the same object): a dialect's
-            # encoder is stateful and must see each event once.
-            frame = framed[1]
-            self._framed = None
-        else:
-            frame = self._encode(event)
-        if not frame:
-            return True  # a dialect that writes nothing for this event
-        if outbox.offer(frame):
+        if not outbox.takes_now():
+            return False  # nothing encoded: the Publisher calls emit(), which does it
+        frame = self._encode(event)
+        if frame:
+            outbox.put(frame)
             outbox.last_was_error = event.event == EventType.ERROR
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
-            return True
-        self._framed = (event, frame)
-        return False  # the Publisher calls emit(), which sends it
+        return True
 
     def deliver(self, event: Event) -> bool:
         """:meth:`emit_nowait` for a store's append (see ``essessey.stores.Deliver``):
@@ -536,9 +526,7 @@ class _OutboxSink:
         # the path of every event that must wait.
         outbox = self._outbox
         outbox.last_was_error = event.event == EventType.ERROR
-        framed = self._framed
-        self._framed = None
-        frame = framed[1] if framed is not None and framed[0] is event else self._encode(event)
+        frame = self._encode(event)
         if not frame:
             return _nothing()
         totals.sse_events += 1
@@ -594,20 +582,19 @@ class _TextOutboxSink(_OutboxSink):
     __slots__ = ()
 
     def emit_text_nowait(self, event: Event, index: int, text: str) -> bool:
+        outbox = self._outbox
+        if not outbox.takes_now():
+            return False  # nothing encoded: the Publisher calls emit(), which does it
         encode_text = self._encode_text
         frame = None if encode_text is None else encode_text(index, text)
         if frame is None:
-            return self.emit_nowait(event)  # not an open text block: the general path
-        if not frame:
-            return True
-        outbox = self._outbox
-        if outbox.offer(frame):
+            frame = self._encode(event)  # not an open text block: the general path
+        if frame:
+            outbox.put(frame)
             outbox.last_was_error = False
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
-            return True
-        self._framed = (event, frame)
-        return False  # the Publisher calls emit(), which sends these bytes
+        return True
 
 
 @runtime_checkable
