@@ -147,9 +147,18 @@ async def _watch(state: _LoopState) -> None:
         state.watcher = None
 
 
+_HAND_OVER: Final = 1.0
+"""Seconds the streams may take to end (their last event, the retry hint, a WebSocket's
+close) before the server's own signal handler runs."""
+
+
 class _Chained:
     """A signal handler put before the server's own: it fires the shutdown of every loop
-    with open streams, then runs ``previous`` (the server's handler, which stops it)."""
+    with open streams, and runs ``previous`` (the server's handler, which stops it) once
+    those streams have ended, or after ``_HAND_OVER`` seconds: a server that closes its
+    connections at once on the signal (granian) would otherwise cut a stream before its
+    retry hint or close frame went out. With no stream open, or for Python's own Ctrl-C
+    handler (which raises where it runs), ``previous`` runs at once."""
 
     __slots__ = ("previous",)
 
@@ -157,13 +166,34 @@ class _Chained:
         self.previous = previous
 
     def __call__(self, signum: int, frame: FrameType | None) -> Any:
-        if _Settings.detect:
-            for loop, state in list(_states.items()):
-                if state.waiters and not state.fired and not loop.is_closed():
-                    # From a signal handler, maybe mid-way through the loop's own code:
-                    # the loop fires it at its next turn, in its own thread.
-                    loop.call_soon_threadsafe(_fire, state)
-        return self.previous(signum, frame)
+        waiting = [
+            (loop, state)
+            for loop, state in list(_states.items())
+            if _Settings.detect and state.waiters and not state.fired and not loop.is_closed()
+        ]
+        if not waiting or self.previous is signal.default_int_handler:
+            for loop, state in waiting:
+                loop.call_soon_threadsafe(_fire, state)
+            return self.previous(signum, frame)
+        # From a signal handler, maybe mid-way through the loop's own code: the loop
+        # ends its streams at its next turn, in its own thread, then hands the signal on.
+        loop, state = waiting[0]
+        for other, other_state in waiting[1:]:
+            other.call_soon_threadsafe(_fire, other_state)
+        loop.call_soon_threadsafe(self._hand_over, loop, state, signum)
+        return None
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, state: _LoopState, signum: int) -> None:
+        _fire(state)
+        deadline = loop.time() + _HAND_OVER
+
+        def then() -> None:
+            if state.waiters and loop.time() < deadline:
+                loop.call_later(0.01, then)  # a stream is still sending its end
+                return
+            self.previous(signum, None)
+
+        then()
 
 
 def _chain_signal_handlers() -> None:
