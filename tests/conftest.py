@@ -121,6 +121,7 @@ SLOW_MODULES = frozenset(
         "test_replicas",
         "test_snapshot_stores",
         "test_store_conformance",
+        "test_docs",  # the docs run against a demo server and a nats-server
         # servers and apps as processes, signals, load
         "test_servers",
         "test_demo",
