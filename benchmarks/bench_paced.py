@@ -164,6 +164,9 @@ DIALECT_DELTAS: dict[str, tuple[bytes, bytes]] = {
 FLAVOURS: dict[str, tuple[str, str]] = {
     "h11": ("h11", "asyncio"),
     "standard": ("httptools", "uvloop"),
+    # hypercorn, run from Python as examples/hypercorn_serve.py runs it: its HTTP/1.1 (h11)
+    # on asyncio, essessey's bodies through ASGI (its direct writes are uvicorn's only).
+    "hypercorn": ("hypercorn h11", "asyncio"),
 }
 
 SWEEP_STEPS = [100, 200, 400, 600, 800, 1000, 1500, 2000, 3000]
@@ -573,6 +576,8 @@ def serve(
     if freeze:
         gc.collect()
         gc.freeze()
+    if flavour == "hypercorn":
+        return serve_hypercorn(app, port, max_streams, profile_path)
     http, loop = FLAVOURS[flavour]
     config = uvicorn.Config(
         app,
@@ -598,6 +603,41 @@ def serve(
         profiler.enable()
     try:
         server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if profiler is not None and profile_path:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+    return 0
+
+
+def serve_hypercorn(app: App, port: int, max_streams: int, profile_path: str | None) -> int:
+    """:func:`serve` under hypercorn (in this process, on asyncio) until stdin closes."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config as HypercornConfig
+
+    config = HypercornConfig()
+    config.bind = [f"{HOST}:{port}"]
+    config.backlog = max(2048, max_streams)
+    config.accesslog = None
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def stop_when_stdin_closes() -> None:
+            sys.stdin.buffer.read()
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+        await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    profiler = cProfile.Profile(time.process_time) if profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        asyncio.run(main())
     except KeyboardInterrupt:
         pass
     finally:
@@ -1683,7 +1723,8 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
     http, loop = FLAVOURS[flavour]
     print()
     print(
-        f"== server flavour {flavour}: uvicorn http={http!r} loop={loop!r} (the NATS "
+        f"== server flavour {flavour}: {'hypercorn' if flavour == 'hypercorn' else 'uvicorn'} "
+        f"http={http!r} loop={loop!r} (the NATS "
         f"publishing process on {loop}); client: {'uvloop' if uvloop else 'asyncio'}, raw sockets"
     )
     print(
@@ -1896,7 +1937,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated subset of: {', '.join(ALL_VARIANTS)}",
     )
     parser.add_argument(
-        "--server", choices=["h11", "standard", "both"], default="both", help="server flavour(s)"
+        "--server",
+        choices=["h11", "standard", "hypercorn", "both", "all"],
+        default="both",
+        help="server flavour(s): uvicorn h11, uvicorn httptools+uvloop (standard), hypercorn; "
+        "both = the two uvicorn flavours, all = the three",
     )
     parser.add_argument(
         "--sweep",
@@ -1939,7 +1984,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nats-publisher", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        flavour = args.server if args.server != "both" else "h11"
+        flavour = args.server if args.server in FLAVOURS else "h11"
         if args.nats_publisher:
             return serve_nats(args.nats_publisher, flavour)
         return serve(args.port, flavour, args.max_streams, args.profile, args.gc_freeze)
@@ -1968,7 +2013,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.streams, args.max_streams = min(args.streams, capped), min(args.max_streams, capped)
 
-    args.flavours = ["h11", "standard"] if args.server == "both" else [args.server]
+    groups = {"both": ["h11", "standard"], "all": ["h11", "standard", "hypercorn"]}
+    args.flavours = groups.get(args.server, [args.server])
     skipped: dict[str, str] = {}
     if "standard" in args.flavours:
         missing = [
