@@ -53,6 +53,7 @@ import os
 import platform
 import resource
 import secrets
+import shlex
 import shutil
 import statistics
 import sys
@@ -2057,6 +2058,10 @@ def main(argv: list[str] | None = None) -> int:
         loud(f"{lost} deltas LOST in the measured rounds: see the lost column")
     if args.json:
         document = {
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "produced_by": shlex.join(
+                ["python", "benchmarks/bench_paced.py", *(sys.argv[1:] if argv is None else argv)]
+            ),
             "environment": env,
             "settings": {
                 "streams": args.streams,

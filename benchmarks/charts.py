@@ -2,13 +2,15 @@
 
     python benchmarks/bench_paced.py --no-sweep --json benchmarks/results/paced-1.json
     ...                                  # as many runs as the page reports
-    python benchmarks/charts.py          # docs/img/paced-cpu.svg, docs/img/paced-ratio.svg
+    python benchmarks/charts.py          # docs/img/paced-cpu.svg, docs/img/burst-ratio.svg
 
 It reads every ``benchmarks/results/paced-*.json`` (bench_paced.py's ``--json``), takes
 each variant's server CPU per delta on each server flavour (the median of its rounds in a
 run), and draws, for each variant and flavour, the median over the runs with the range of
-the runs as a whisker: the server's CPU per delta, and the same as a multiple of the raw
-ASGI app's in the same run. The SVG is written by hand: no plotting library to install.
+the runs as a whisker (paced-cpu.svg). From ``benchmarks/results/burst.json`` (the burst
+benchmark's ratio to sse-starlette, a range over the runs of each set, as the page gives
+it) it draws each set's range at one and eight clients (burst-ratio.svg). The SVG is
+written by hand: no plotting library to install.
 """
 
 from __future__ import annotations
@@ -52,20 +54,6 @@ def per_run(paths: list[Path]) -> dict[str, dict[str, list[float]]]:
             for variant, figures in rounds.items():
                 into.setdefault(variant, []).append(statistics.median(figures))
     return found
-
-
-def ratios(found: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
-    """The same, each run's figure divided by raw ASGI's in that run."""
-    out: dict[str, dict[str, list[float]]] = {}
-    for flavour, variants in found.items():
-        raw = variants.get("raw-sse")
-        if not raw:
-            continue
-        out[flavour] = {
-            variant: [value / base for value, base in zip(values, raw, strict=False)]
-            for variant, values in variants.items()
-        }
-    return out
 
 
 def bar_chart(
@@ -141,6 +129,71 @@ def bar_chart(
     return "\n".join(parts)
 
 
+def burst_chart(burst: dict[str, Any]) -> str:
+    """A range bar per set of runs and client count: bench_sse_e2e.py's events per second
+    as a multiple of sse-starlette's, from the lowest run to the highest, with the target."""
+    sets = burst["sets"]
+    clients = list(sets[0]["clients"])
+    colours = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
+    top = max(hi for s in sets for _, hi in s["clients"].values()) * 1.15
+    width, height, left, bottom, pad = 760, 300, 60, 40, 20
+    plot_w, plot_h = width - left - pad, height - bottom - 60
+    group = plot_w / len(clients)
+    bar = group * 0.7 / len(sets)
+
+    def y(value: float) -> float:
+        return 60 + plot_h * (1 - value / top)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
+        f"Bursts: essessey's events per second as a multiple of sse-starlette's</text>",
+    ]
+    for i in range(6):
+        value = top * i / 5
+        parts.append(
+            f'<line x1="{left}" x2="{width - pad}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+            f'stroke="#ddd"/><text x="{left - 5}" y="{y(value) + 4:.1f}" text-anchor="end">'
+            f"{value:.1f}</text>"
+        )
+    target = 5.0
+    parts.append(
+        f'<line x1="{left}" x2="{width - pad}" y1="{y(target):.1f}" y2="{y(target):.1f}" '
+        f'stroke="#c00" stroke-dasharray="4 3"/><text x="{left + 4}" y="{y(target) - 3:.1f}" '
+        f'fill="#c00">target {target:g}x</text>'
+    )
+    for i, count in enumerate(clients):
+        x0 = left + i * group + group * 0.15
+        for j, run_set in enumerate(sets):
+            low, high = run_set["clients"][count]
+            x = x0 + j * bar
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y(high):.1f}" width="{bar - 4:.1f}" '
+                f'height="{max(y(low) - y(high), 1.5):.1f}" fill="{colours[j % len(colours)]}"/>'
+                f'<text x="{x + (bar - 4) / 2:.1f}" y="{y(high) - 4:.1f}" '
+                f'text-anchor="middle">{low:.2f}-{high:.2f}</text>'
+            )
+        label = "1 client" if count == "1" else f"{count} clients"
+        parts.append(
+            f'<text x="{left + i * group + group / 2:.1f}" y="{y(0) + 16:.1f}" '
+            f'text-anchor="middle">{label}</text>'
+        )
+    for j, run_set in enumerate(sets):
+        parts.append(
+            f'<rect x="{left + 10 + j * 225}" y="32" width="12" height="12" '
+            f'fill="{colours[j % len(colours)]}"/><text x="{left + 26 + j * 225}" y="42">'
+            f"{run_set['label']} ({run_set['runs']} runs)</text>"
+        )
+    parts.append(
+        f'<text x="14" y="{60 + plot_h / 2}" transform="rotate(-90 14 {60 + plot_h / 2})" '
+        f'text-anchor="middle">x sse-starlette</text>'
+    )
+    parts.append("</svg>\n")
+    return "\n".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -159,15 +212,11 @@ def main() -> None:
             "server us per delta",
         )
     )
-    (args.out / "paced-ratio.svg").write_text(
-        bar_chart(
-            ratios(found),
-            f"Server CPU per delta as a multiple of raw ASGI's ({runs} runs)",
-            "x raw ASGI",
-            lines=(1.15, 1.3),
-        )
-    )
-    print(f"wrote paced-cpu.svg and paced-ratio.svg from {runs} run(s)")
+    print(f"wrote paced-cpu.svg from {runs} run(s)")
+    burst_path = args.results / "burst.json"
+    if burst_path.exists():
+        (args.out / "burst-ratio.svg").write_text(burst_chart(json.loads(burst_path.read_text())))
+        print(f"wrote burst-ratio.svg from {burst_path.name}")
 
 
 if __name__ == "__main__":
