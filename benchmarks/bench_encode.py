@@ -14,12 +14,12 @@ import asyncio
 import gc
 import json
 import platform
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
+from _cli import add_json_option, json_only, write_json
 from _turn import make_chunks, publish_turn, recorded_turn
 from sse_starlette import ServerSentEvent
 
@@ -259,17 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--deltas", type=int, default=10_000, help="text deltas per turn")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per variant")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     if args.deltas < 1 or args.repeat < 1:
         parser.error("--deltas and --repeat must be at least 1")
 
     report = asyncio.run(measure(args.deltas, args.repeat))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_table(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     return 0
 
 

@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+from _cli import add_json_option, json_only, write_json
 from _server import ServerProcess, run_until_stdin_closes
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, default=20_000, help="deltas in the long stream")
     parser.add_argument("--deltas", type=int, default=100, help="deltas of the live turn")
     parser.add_argument("--interval", type=float, default=0.02, help="seconds between them")
+    add_json_option(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -199,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         results = [asyncio.run(one_case(server.port, n, args)) for n in counts]
     finally:
         server.stop()
+    figures = {"deltas": args.deltas, "interval": args.interval, "backlog": args.backlog}
+    if args.json:
+        write_json(args.json, {**figures, "cases": results}, __file__)
+    if json_only(args.json):
+        return 0
     print(
         f"a live turn of {args.deltas} deltas every {args.interval * 1e3:g} ms beside N "
         f"clients replaying a {args.backlog}-delta stream (h11, one uvicorn process)"

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import sys
 import time
 from typing import Any
 
+from _cli import add_json_option, write_json
 from _server import ServerProcess
 from bench_paced import (
     ESSESSEY_SSE,
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", choices=["h11", "standard"], default="h11")
     parser.add_argument("--scrape-every", type=float, default=1.0, help="seconds between scrapes")
     parser.add_argument("--quick", action="store_true", help="K=50, M=20, 1 round")
-    parser.add_argument("--json", metavar="PATH")
+    add_json_option(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--with-metrics", action="store_true", help=argparse.SUPPRESS)
@@ -251,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         plain.stop()
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
+        write_json(args.json, figures, __file__)
     lost = sum(r.lost for _, r in rounds)
     return 1 if lost or not scrapes or counted <= 0 else 0
 

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import cProfile
 import gc
-import json
 import os
 import platform
 import pstats
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from _cli import add_json_option, json_only, write_json
 from _server import NatsServer, nats_server
 from _turn import make_chunks, publish_turn, recorded_turn
 from nats.aio.client import Client
@@ -821,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--js-events", type=int, default=5_000, help="text deltas, JetStream")
     parser.add_argument("--streams", type=int, default=8, help="concurrent JetStream streams")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per variant")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     parser.add_argument(
         "--profile",
         choices=["core", "core-ids", "js-live", "js-concurrent", "js-replay"],
@@ -852,11 +852,10 @@ def main(argv: list[str] | None = None) -> int:
 
     with nats_server() as server:
         report = asyncio.run(run(server))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_report(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     return 0
 
 

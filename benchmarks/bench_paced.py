@@ -48,12 +48,10 @@ import cProfile
 import ctypes
 import gc
 import hashlib
-import json
 import os
 import platform
 import resource
 import secrets
-import shlex
 import shutil
 import statistics
 import sys
@@ -68,7 +66,7 @@ from typing import Any, NamedTuple, cast
 import nats
 import orjson
 import uvicorn
-from _cli import print_profile
+from _cli import add_json_option, print_profile, write_json
 from _server import NatsServer, ServerProcess, nats_server
 from bench_nats import server_version
 from bench_sse_e2e import process_cpu_seconds
@@ -1969,7 +1967,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="K=50, M=20, 1 round, no sweep: a smoke run"
     )
-    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH as JSON")
+    add_json_option(parser)
     parser.add_argument(
         "--profile", metavar="PATH", help="run the HTTP server under cProfile, stats to PATH"
     )
@@ -2058,10 +2056,6 @@ def main(argv: list[str] | None = None) -> int:
         loud(f"{lost} deltas LOST in the measured rounds: see the lost column")
     if args.json:
         document = {
-            "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "produced_by": shlex.join(
-                ["python", "benchmarks/bench_paced.py", *(sys.argv[1:] if argv is None else argv)]
-            ),
             "environment": env,
             "settings": {
                 "streams": args.streams,
@@ -2088,10 +2082,7 @@ def main(argv: list[str] | None = None) -> int:
                 for report in reports
             ],
         }
-        with open(args.json, "w") as out:
-            json.dump(document, out, indent=2)
-            out.write("\n")
-        print(f"figures written to {args.json}")
+        write_json(args.json, document, __file__, argv)
     return 1 if lost else 0
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import anyio
 import nats
 import redis.asyncio as aioredis
+from _cli import add_json_option, json_only, write_json
 from _server import ServerProcess, nats_server, redis_server, run_until_stdin_closes
 from bench_store import (
     RESUME_STREAM,
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=["append", "fanout", "resume", "memory"], help="one measurement"
     )
-    parser.add_argument("--json", metavar="PATH")
+    add_json_option(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="memory", help=argparse.SUPPRESS)
@@ -339,10 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         report = asyncio.run(run(args, urls))
     report["seconds"] = time.monotonic() - started
-    print_report(report)
+    if not json_only(args.json):
+        print_report(report)
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(report, out, indent=2)
+        write_json(args.json, report, __file__)
     return 0
 
 

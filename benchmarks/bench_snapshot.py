@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import math
 import os
 import platform
@@ -63,6 +62,7 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 import uvicorn
+from _cli import add_json_option, json_only, write_json
 from _server import ServerProcess
 from _turn import make_chunks
 from starlette.applications import Starlette
@@ -822,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         default="h11",
         help="uvicorn flavour: h11 (asyncio loop) or standard (httptools, uvloop)",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     # The server and live reader processes are this script again.
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--live-reader", action="store_true", help=argparse.SUPPRESS)
@@ -899,11 +899,10 @@ def main(argv: list[str] | None = None) -> int:
         "medians": medians,
         "ratios": ratios,
     }
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_table(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     return 0
 
 

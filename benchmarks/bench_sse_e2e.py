@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import version
@@ -29,7 +28,7 @@ from typing import Any
 
 import httpx
 import orjson
-from _cli import parse_clients, print_profile
+from _cli import add_json_option, json_only, parse_clients, print_profile, write_json
 from _server import ServerProcess, run_until_stdin_closes
 from _turn import make_chunks, publish_turn, recorded_turn
 from sse_starlette import EventSourceResponse
@@ -388,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(VARIANTS),
         help=f"comma-separated subset of: {', '.join(VARIANTS)}",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     parser.add_argument(
         "--profile-server", metavar="PATH", help="run the server under cProfile, stats to PATH"
     )
@@ -414,11 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         report = asyncio.run(measure(server, args.events, args.clients, args.repeat, variants))
     finally:
         server.stop()
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_table(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     if args.profile_server:
         print_profile(args.profile_server)
     return 0

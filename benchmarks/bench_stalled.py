@@ -38,7 +38,6 @@ import asyncio
 import base64
 import ctypes
 import gc
-import json
 import os
 import platform
 import selectors
@@ -56,7 +55,7 @@ from typing import Any
 import anyio
 import httpx
 import uvicorn
-from _cli import parse_counts
+from _cli import add_json_option, json_only, parse_counts, write_json
 from _server import ServerProcess
 from anyio.streams.memory import MemoryObjectSendStream
 from starlette.applications import Starlette
@@ -1042,7 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="the server's kernel send buffer per connection, bytes (0: the system's)",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--capacity", type=int, default=0, help=argparse.SUPPRESS)
@@ -1067,11 +1066,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         server.stop()
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_table(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     return 0
 
 

@@ -21,13 +21,11 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import linecache
 import os
 import platform
 import random
 import statistics
-import sys
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,6 +36,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 import orjson
+from _cli import add_json_option, json_only, write_json
 from _server import ServerProcess, run_until_stdin_closes
 from starlette.applications import Starlette
 
@@ -523,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--resumes", type=int, default=1_000, help="resume: in-process resumes")
     parser.add_argument("--http-resumes", type=int, default=200, help="resume: HTTP resumes")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -542,11 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"a stream holds at most {RESUME_CAPACITY:,} events (the store's default)")
 
     report = asyncio.run(measure(args))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_table(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     return 0
 
 

@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import platform
 import secrets
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,7 +29,7 @@ from importlib.metadata import version
 from typing import Any
 
 import httpx
-from _cli import parse_clients, print_profile
+from _cli import add_json_option, json_only, parse_clients, print_profile, write_json
 from _server import ServerProcess, run_until_stdin_closes
 from _turn import make_chunks, publish_turn, recorded_turn
 from starlette.applications import Starlette
@@ -355,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not offer permessage-deflate (browsers and websockets offer it by default)",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     parser.add_argument(
         "--profile-server", metavar="PATH", help="run the server under cProfile, stats to PATH"
     )
@@ -384,11 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         server.stop()
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
+    if not json_only(args.json):
         print_table(report)
+    if args.json:
+        write_json(args.json, report, __file__)
     if args.profile_server:
         print_profile(args.profile_server)
     return 0
