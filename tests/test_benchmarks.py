@@ -1,7 +1,9 @@
 """The benchmarks still run: each answers ``--help`` (which imports all it uses), the
 paced benchmark's smoke run (``--quick``) delivers every delta of every variant it runs, and
 the snapshot benchmark's smoke run reassembles the turn on both hubs, its late readers
-getting fewer events from the snapshot hub.
+getting fewer events from the snapshot hub. A results file (``--json PATH``) says where its
+figures come from, and benchmarks/README.md is what ``charts.py`` draws from the results
+files, one page that the docs' links into it still reach.
 
 Figures are never asserted here (benchmarks/README.md says how to read them); what is
 checked is that a change to the package did not break a benchmark without anyone noticing.
@@ -10,6 +12,7 @@ checked is that a change to the package did not break a benchmark without anyone
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +101,62 @@ def test_the_snapshot_benchmark_s_smoke_run_sends_late_readers_fewer_events() ->
         low, high = r["events_per_reader_min_max"]
         assert low == high
     assert not report["live_reader"]["errors"]
+
+
+def test_a_results_file_says_where_its_figures_come_from(tmp_path: Path) -> None:
+    results = tmp_path / "encode.json"
+    ran = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "bench_encode.py"),
+            "--deltas",
+            "200",
+            "--repeat",
+            "1",
+            "--json",
+            str(results),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "x bare" in ran.stdout  # the table is printed beside the file
+    document = json.loads(results.read_text())
+    assert document["benchmark"] == "bench_encode.py"
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", document["date"])
+    assert document["commit"]
+    assert document["produced_by"].endswith(f"--json {results}")
+    assert document["deltas"] == 200
+    assert document["results"]
+
+
+def test_the_benchmarks_page_is_drawn_from_the_results_files() -> None:
+    ran = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "charts.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, f"run python benchmarks/charts.py: {ran.stderr}"
+    lines = (BENCHMARKS / "README.md").read_text().count("\n")
+    assert lines < 250, f"benchmarks/README.md is {lines} lines: the history goes in HISTORY.md"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_into_the_benchmarks_page_reaches_a_heading() -> None:
+    root = BENCHMARKS.parent
+    page = (BENCHMARKS / "README.md").read_text()
+    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", page, re.M)}
+    linked = re.compile(r"benchmarks/README\.md#([\w-]+)")
+    missing = [
+        f"{path.relative_to(root)}: #{anchor}"
+        for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+        for anchor in linked.findall(path.read_text())
+        if anchor not in anchors
+    ]
+    assert missing == []
