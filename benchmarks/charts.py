@@ -413,6 +413,21 @@ def svg_head(width: int, height: int, title: str) -> list[str]:
     ]
 
 
+def legend(entries: list[tuple[str, str]], start: float, end: float) -> list[str]:
+    """A swatch and a name per entry, in rows under the title, each as wide as its name."""
+    parts, x, row = [], start, 0
+    for name, colour in entries:
+        wide = 24 + 6.2 * len(name)
+        if x + wide > end and x > start:
+            x, row = start, row + 1
+        parts.append(
+            f'<rect x="{x:.0f}" y="{30 + row * 14}" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{x + 14:.0f}" y="{39 + row * 14}">{name}</text>'
+        )
+        x += wide
+    return parts
+
+
 def tick_step(highest: float) -> float:
     """A round step (1, 2 or 5 times a power of ten) of which five reach past ``highest``."""
     power = 10.0 ** math.floor(math.log10(highest / 5))
@@ -470,13 +485,7 @@ def grouped_bars(
             f'transform="rotate(-30 {label_x:.1f} {y(0) + 14:.1f})">'
             f"{SHORT.get(group, LABELS[group])}</text>"
         )
-    for j, (name, colour) in enumerate(series):
-        row, col = divmod(j, 3)
-        parts.append(
-            f'<rect x="{left + 10 + col * 230}" y="{30 + row * 14}" width="10" height="10" '
-            f'fill="{colour}"/><text x="{left + 24 + col * 230}" y="{39 + row * 14}">'
-            f"{name}</text>"
-        )
+    parts.extend(legend(series, left + 10, width - pad))
     parts.append(
         f'<text x="14" y="{60 + plot_h / 2}" transform="rotate(-90 14 {60 + plot_h / 2})" '
         f'text-anchor="middle">{unit}</text><text x="{width - pad}" y="{height - 8}" '
@@ -519,7 +528,8 @@ def burst_chart(sets: list[dict[str, Any]]) -> str:
     """A range bar per set of runs and client count: bench_sse_e2e.py's events per second
     as a multiple of sse-starlette's, from the lowest run to the highest, with the target."""
     clients = list(sets[0]["clients"])
-    top = float(max(hi for s in sets for _, hi in s["clients"].values())) * 1.15
+    step = tick_step(max(hi for s in sets for _, hi in s["clients"].values()))
+    top = step * 5
     width, height, left, bottom, pad = 760, 300, 60, 40, 20
     plot_w, plot_h = width - left - pad, height - bottom - 60
     group = plot_w / len(clients)
@@ -532,11 +542,11 @@ def burst_chart(sets: list[dict[str, Any]]) -> str:
         width, height, "Bursts: essessey's events per second as a multiple of sse-starlette's"
     )
     for i in range(6):
-        value = top * i / 5
+        value = step * i
         parts.append(
             f'<line x1="{left}" x2="{width - pad}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
             f'stroke="#ddd"/><text x="{left - 5}" y="{y(value) + 4:.1f}" text-anchor="end">'
-            f"{value:.1f}</text>"
+            f"{value:g}</text>"
         )
     parts.append(
         f'<line x1="{left}" x2="{width - pad}" y1="{y(BURST_TARGET):.1f}" '
@@ -562,12 +572,16 @@ def burst_chart(sets: list[dict[str, Any]]) -> str:
             f'<text x="{left + i * group + group / 2:.1f}" y="{y(0) + 16:.1f}" '
             f'text-anchor="middle">{label}</text>'
         )
-    for j, run_set in enumerate(sets):
-        parts.append(
-            f'<rect x="{left + 10 + j * 225}" y="32" width="12" height="12" '
-            f'fill="{COLOURS[j % len(COLOURS)]}"/><text x="{left + 26 + j * 225}" y="42">'
-            f"{run_set['label']} ({run_set['runs']} runs)</text>"
+    parts.extend(
+        legend(
+            [
+                (f"{s['label']} ({s['runs']} runs)", COLOURS[j % len(COLOURS)])
+                for j, s in enumerate(sets)
+            ],
+            left + 10,
+            width - pad,
         )
+    )
     parts.append(
         f'<text x="14" y="{60 + plot_h / 2}" transform="rotate(-90 14 {60 + plot_h / 2})" '
         f'text-anchor="middle">x sse-starlette</text>'
