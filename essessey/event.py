@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_check
 import orjson
 
 __all__ = ["Event", "EventBatch", "Sink", "Source"]
-# NowaitSink, TextDeltaSink and BatchSink are not exported: speed capabilities that
+# TextDeltaSink and BatchSink are not exported: speed capabilities that
 # essessey's own sinks declare for its own Publisher, which no user implements.
 
 
@@ -108,34 +108,18 @@ class Sink(Protocol):
 
 
 @runtime_checkable
-class NowaitSink(Sink, Protocol):
-    """A sink that can take an event without waiting.
+class TextDeltaSink(Sink, Protocol):
+    """A sink that takes a text delta with its block index and text beside the event.
 
-    A Publisher whose sink's class has ``emit_nowait`` calls it first for every event
-    and awaits ``emit`` only when it returned False: most events of a turn then skip a
-    coroutine. The class must define the method (the Publisher checks the class, once,
+    A Publisher whose sink's class has ``emit_text`` calls it, instead of ``emit``, for
+    each text delta it sends one by one: a sink that writes the turn in another form (an
+    SSE response in another wire dialect) then need not decode the event's JSON to find
+    the text. The class must define the method (the Publisher checks the class, once,
     not each instance).
     """
 
-    def emit_nowait(self, event: Event) -> bool:
-        """Deliver ``event`` at once and return True, or return False, having done
-        nothing, when it would have to wait (the caller then awaits ``emit``). Raises
-        as ``emit`` would when the event cannot be delivered."""
-        ...
-
-
-@runtime_checkable
-class TextDeltaSink(NowaitSink, Protocol):
-    """A sink that takes a text delta with its block index and text beside the event.
-
-    A Publisher whose sink's class has ``emit_text_nowait`` calls it, instead of
-    ``emit_nowait``, for each text delta it sends one by one: a sink that writes the turn
-    in another form (an SSE response in another wire dialect) then need not decode the
-    event's JSON to find the text. It answers as ``emit_nowait`` does.
-    """
-
-    def emit_text_nowait(self, event: Event, index: int, text: str) -> bool:
-        """``emit_nowait(event)``, told that ``event`` is a text delta of ``text`` for the
+    async def emit_text(self, event: Event, index: int, text: str) -> None:
+        """``emit(event)``, told that ``event`` is a text delta of ``text`` for the
         block at ``index``."""
         ...
 
@@ -147,7 +131,7 @@ class BatchSink(Sink, Protocol):
     A Publisher's batched methods (``send_content_block_deltas_text`` and the like) hand
     it one :class:`EventBatch` instead of calling ``emit`` per event, so an SSE response
     can write them in one send. The class must define the method (checked once, on the
-    class, as for :class:`NowaitSink`).
+    class, as for :class:`TextDeltaSink`).
     """
 
     async def emit_many(self, events: Sequence[Event]) -> None:

@@ -135,20 +135,15 @@ class _HubSink:
                 self.stop_reason = record.stop_reason
 
     async def emit(self, event: Event) -> None:
-        shared = self._shared
-        if shared is not None:
+        append = self._append_nowait
+        if append is not None:
+            # A store that appends in a plain call (the in-memory one): no await.
+            append(self._stream_id, event)
+        elif (shared := self._shared) is not None:
             await shared.append_as(self._stream_id, event, self._holder)
         else:
             await self._store.append(self._stream_id, event)
         self._note(event)
-
-    def emit_nowait(self, event: Event) -> bool:
-        append = self._append_nowait
-        if append is None:
-            return False
-        append(self._stream_id, event)
-        self._note(event)
-        return True
 
 
 @dataclass(slots=True)

@@ -22,11 +22,6 @@ class InMemorySink:
         """Record ``event``."""
         self._events.append(event)
 
-    def emit_nowait(self, event: Event) -> bool:
-        """Record ``event`` at once; it never has to wait."""
-        self._events.append(event)
-        return True
-
     async def emit_many(self, events: Sequence[Event]) -> None:
         """Record ``events``, in order."""
         self._events.extend(events)

@@ -18,7 +18,7 @@ from essessey import protocol
 from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
-from essessey.event import BatchSink, Event, EventBatch, NowaitSink, Sink, TextDeltaSink
+from essessey.event import BatchSink, Event, EventBatch, Sink, TextDeltaSink
 from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
 
 __all__ = ["Publisher", "TurnProducer"]
@@ -75,8 +75,7 @@ class Publisher:
         "_checker",
         "_dialect",
         "_emit_many",
-        "_emit_nowait",
-        "_emit_text_nowait",
+        "_emit_text",
         "_input_tokens",
         "_sink",
         "_thinking_field",
@@ -95,14 +94,11 @@ class Publisher:
         # The sink's capabilities, learnt once from its class (an ABC check, cached per
         # class): each event then calls the bound method stored here, or emit.
         kind = type(sink)
-        self._emit_nowait: Callable[[Event], bool] | None = (
-            cast(NowaitSink, sink).emit_nowait if issubclass(kind, NowaitSink) else None
-        )
         self._emit_many: Callable[[EventBatch], Awaitable[None]] | None = (
             cast(BatchSink, sink).emit_many if issubclass(kind, BatchSink) else None
         )
-        self._emit_text_nowait: Callable[[Event, int, str], bool] | None = (
-            cast(TextDeltaSink, sink).emit_text_nowait if issubclass(kind, TextDeltaSink) else None
+        self._emit_text: Callable[[Event, int, str], Awaitable[None]] | None = (
+            cast(TextDeltaSink, sink).emit_text if issubclass(kind, TextDeltaSink) else None
         )
         self._thinking_template = _delta_template(DeltaType.THINKING, self._thinking_field)
 
@@ -139,7 +135,7 @@ class Publisher:
                 raise ProtocolError(f"{name} would break the protocol: {violations[0]}", violations)
         if logger.isEnabledFor(logging.DEBUG):
             self._log(name, payload, text_len)
-        await self._emit(_new_event(Event, (name, data, None)))
+        await self._sink.emit(_new_event(Event, (name, data, None)))
 
     async def _send_constant(self, event: Event) -> None:
         checker = self._checker
@@ -152,7 +148,7 @@ class Publisher:
                 )
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("emit %s", event.event)
-        await self._emit(event)
+        await self._sink.emit(event)
 
     async def _send_delta(
         self, template: bytes, index: int, delta_type: str, field: str, text: str
@@ -185,19 +181,11 @@ class Publisher:
                 len(text),
             )
         event = _new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None))
-        text_nowait = self._emit_text_nowait
-        if text_nowait is not None and template is _TEXT_DELTA:
-            if not text_nowait(event, index, text):
-                await self._sink.emit(event)
+        emit_text = self._emit_text
+        if emit_text is not None and template is _TEXT_DELTA:
+            await emit_text(event, index, text)
             return
-        nowait = self._emit_nowait
-        if nowait is None or not nowait(event):
-            await self._sink.emit(event)
-
-    async def _emit(self, event: Event) -> None:
-        nowait = self._emit_nowait
-        if nowait is None or not nowait(event):
-            await self._sink.emit(event)
+        await self._sink.emit(event)
 
     def _log(self, name: str, payload: dict[str, Any], text_len: int) -> None:
         # Names, indexes and lengths only: payload content never reaches a log.
@@ -308,11 +296,9 @@ class Publisher:
         if emit_many is not None:
             await emit_many(events)
             return
-        nowait = self._emit_nowait
         emit = self._sink.emit
         for event in events:
-            if nowait is None or not nowait(event):
-                await emit(event)
+            await emit(event)
 
     async def send_content_block_start_thinking(self, index: int) -> None:
         """Open a thinking (reasoning) block at ``index``."""

@@ -8,7 +8,7 @@ producer quietly slower."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -59,6 +59,12 @@ async def test_the_installed_nats_py_has_what_both_fast_paths_read(nats: NatsSer
         )
 
 
+def _buffered_at_once(sending: Coroutine[Any, Any, None]) -> bool:
+    """Whether ``NATSSink.emit`` buffered the message in its own call (its direct
+    publish), rather than handing back nats-py's publish coroutine."""
+    return sending.cr_code.co_name == "_buffered"
+
+
 async def test_a_direct_publish_sends_what_publish_sends(nats: NatsServer) -> None:
     async with connect(nats) as producer, connect(nats) as reader:
         received: list[Msg] = []
@@ -68,11 +74,14 @@ async def test_a_direct_publish_sends_what_publish_sends(nats: NatsServer) -> No
         events = [Event("ping", b'{"n":1}'), Event("pong", b"{}", "17-0"), Event("ping", b"")]
         before = dict(producer.stats)
         for event in events:
-            await sink.emit(event)  # nats-py's publish
+            headers = {"Essessey-Event-Id": event.id} if event.id else None
+            await producer.publish(sink.subject(event.event), event.data, headers=headers)
         public = {key: producer.stats[key] - before[key] for key in ("out_msgs", "out_bytes")}
         before = dict(producer.stats)
         for event in events:
-            assert sink.emit_nowait(event)
+            sending = sink.emit(event)
+            assert _buffered_at_once(sending), "the sink's direct publish was not taken"
+            await sending
         direct = {key: producer.stats[key] - before[key] for key in ("out_msgs", "out_bytes")}
         await sink.flush()
         with anyio.fail_after(WAIT):
@@ -89,14 +98,16 @@ async def test_a_direct_publish_declines_what_publish_would_refuse(nats: NatsSer
     async with connect(nats) as nc:
         sink = NATSSink(nc, "s")
         too_big = Event("ping", b"x" * (nc.max_payload + 1))
-        assert not sink.emit_nowait(too_big)
+        sending = sink.emit(too_big)
+        assert not _buffered_at_once(sending)
         with pytest.raises(nats_errors.MaxPayloadError):
-            await sink.emit(too_big)
+            await sending
         sent = nc.stats["out_msgs"]
         await nc.close()
-        assert not sink.emit_nowait(Event("ping", b"{}"))
+        sending = sink.emit(Event("ping", b"{}"))
+        assert not _buffered_at_once(sending)
         with pytest.raises(nats_errors.ConnectionClosedError):
-            await sink.emit(Event("ping", b"{}"))
+            await sending
         assert nc.stats["out_msgs"] == sent
 
 
@@ -107,8 +118,9 @@ async def test_a_direct_publish_declines_what_publish_would_wait_for(nats: NatsS
         await flush_connection(reader)  # nats-py's flush() can overtake the SUB
         sink = NATSSink(producer, "s")
         big = Event("ping", b"y" * 2048)
-        assert not sink.emit_nowait(big)
-        await sink.emit(big)
+        sending = sink.emit(big)
+        assert not _buffered_at_once(sending)
+        await sending
         with anyio.fail_after(WAIT):
             msg = await sub.next_msg(WAIT)
         assert msg.data == big.data

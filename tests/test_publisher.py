@@ -896,45 +896,43 @@ async def test_anthropic_sdk_reads_several_messages() -> None:
     assert read_message(events[half:]).content[0].text == "answer 1"
 
 
-class _HalfReadySink:
-    """A sink whose synchronous path accepts only every other event."""
+class _TextSink:
+    """A sink that takes text deltas with their index and text beside the event."""
 
     def __init__(self) -> None:
-        self.via_nowait: list[str] = []
+        self.via_text: list[tuple[int, str]] = []
         self.via_emit: list[str] = []
-        self._flip = False
 
     async def emit(self, event: Event) -> None:
         self.via_emit.append(event.event)
 
-    def emit_nowait(self, event: Event) -> bool:
-        self._flip = not self._flip
-        if self._flip:
-            self.via_nowait.append(event.event)
-        return self._flip
+    async def emit_text(self, event: Event, index: int, text: str) -> None:
+        assert event.event == "content_block_delta"
+        self.via_text.append((index, text))
 
 
 @pytest.mark.anyio
-async def test_emit_nowait_is_used_and_a_refusal_falls_back_to_emit() -> None:
-    sink = _HalfReadySink()
+async def test_text_deltas_reach_emit_text_and_every_other_event_emit_once() -> None:
+    sink = _TextSink()
     publisher = Publisher(sink)
     await publisher.send_stream_preamble("msg_1", "conv_1", "m")
     await publisher.send_content_block_start_text(0)
     for chunk in ("a", "b", "c", "d"):
         await publisher.send_content_block_delta_text(0, chunk)
     await publisher.send_content_block_stop(0)
-    # Every event arrives exactly once, by one path or the other.
-    assert len(sink.via_nowait) == 4
-    assert len(sink.via_emit) == 4
-
-
-@pytest.mark.anyio
-async def test_in_memory_sink_nowait_records_in_order() -> None:
-    sink = InMemorySink()
-    first = Event("ping", b'{"type":"ping"}')
-    assert sink.emit_nowait(first) is True
-    await sink.emit(first.with_id("2"))
-    assert [e.id for e in sink.events] == [None, "2"]
+    await publisher.send_content_block_start_thinking(1)
+    await publisher.send_content_block_delta_thinking(1, "hm")
+    await publisher.send_content_block_stop(1)
+    assert sink.via_text == [(0, "a"), (0, "b"), (0, "c"), (0, "d")]
+    assert sink.via_emit == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    ]
 
 
 @pytest.mark.anyio
@@ -961,7 +959,7 @@ async def test_a_pass_through_block_type_is_logged_only_as_a_word(
 
 
 class _OneByOne:
-    """A sink without emit_many (nor emit_nowait): the batched call emits one by one."""
+    """A sink without emit_many (nor emit_text): the batched call emits one by one."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -1017,25 +1015,27 @@ async def test_many_deltas_refused_or_unserialisable_emit_nothing() -> None:
 
 
 def test_the_sinks_declare_their_capabilities_as_protocols() -> None:
-    from essessey.event import BatchSink, NowaitSink
+    from essessey.event import BatchSink, TextDeltaSink
 
-    assert isinstance(InMemorySink(), NowaitSink)
     assert isinstance(InMemorySink(), BatchSink)
-    assert isinstance(_HalfReadySink(), NowaitSink)
-    assert not isinstance(_HalfReadySink(), BatchSink)
-    assert not isinstance(_OneByOne(), NowaitSink)
+    assert not isinstance(InMemorySink(), TextDeltaSink)
+    assert isinstance(_TextSink(), TextDeltaSink)
+    assert not isinstance(_TextSink(), BatchSink)
+    assert not isinstance(_OneByOne(), TextDeltaSink)
     assert not isinstance(_OneByOne(), BatchSink)
 
 
 @pytest.mark.anyio
 async def test_a_capability_is_learnt_once_from_the_sink_s_class() -> None:
-    """The Publisher binds ``emit_nowait``/``emit_many`` when it is built, from the
+    """The Publisher binds ``emit_text``/``emit_many`` when it is built, from the
     class: an attribute set on one instance later (or before) is not a declared
     capability, and no event pays for looking it up."""
     sink = _OneByOne()
     taken: list[Event] = []
-    sink.emit_nowait = lambda event: taken.append(event) or True  # type: ignore[attr-defined]
+    sink.emit_many = lambda events: taken.extend(events)  # type: ignore[attr-defined]
     publisher = Publisher(sink)
     await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    await publisher.send_content_block_start_text(0)
+    await publisher.send_content_block_deltas_text(0, ["a", "b"])
     assert taken == []
-    assert sink.events[0].event == "message_start"
+    assert [e.event for e in sink.events[-2:]] == ["content_block_delta"] * 2

@@ -148,9 +148,8 @@ class NATSSink:
     ``OutboundBufferLimitError`` while reconnecting with a full buffer,
     ``MaxPayloadError`` for a payload over the server's limit.
 
-    :meth:`emit_nowait` (which a Publisher uses when a sink has it) buffers the message
-    in a plain call while the connection is up, as ``nc.publish`` would, and declines
-    whenever ``publish`` would wait or raise, so that ``emit`` then does.
+    ``emit`` buffers the message in a plain call while the connection is up, as
+    ``nc.publish`` would, and goes through ``publish`` whenever that would wait or raise.
     """
 
     __slots__ = ("_base", "_direct", "_nc", "_prefix", "_stream_id", "_subjects")
@@ -185,37 +184,32 @@ class NATSSink:
     def emit(self, event: Event) -> Coroutine[Any, Any, None]:
         """Publish ``event``; raise ``ValueError`` (publishing nothing) on an invalid event
         name or id, or nats-py's error when the connection cannot take it."""
-        # A plain function returning nats-py's publish coroutine: awaiting it is awaiting
-        # an ``async def``, with one coroutine frame fewer on the path of every event.
+        # A plain function returning a coroutine: nothing awaited when the message is
+        # buffered in a plain call, and nats-py's own publish coroutine otherwise.
         subject = self._subjects.get(event.event) or self.subject(event.event)
         event_id = event.id
-        if event_id:
-            _check_event_id(event_id)
-            return self._nc.publish(subject, event.data, headers={HEADER_EVENT_ID: event_id})
-        return self._nc.publish(subject, event.data)
-
-    def emit_nowait(self, event: Event) -> bool:
-        """Buffer ``event`` for publishing and return True, or return False (having
-        buffered nothing) when only :meth:`emit` can take it: the connection is not up,
-        the payload is over the server's limit, the client's buffer is full, or this
-        nats-py is not one the fast path knows. Raises ``ValueError`` as :meth:`emit`
-        does."""
         direct = self._direct
-        if direct is None:
-            return False
-        subject = self._subjects.get(event.event) or self.subject(event.event)
-        event_id = event.id
         if event_id:
             _check_event_id(event_id)
             # The header section nats-py writes for this one header, byte for byte.
-            return direct(subject, event.data, _HEADER_HEAD + event_id.encode() + _HEADER_TAIL, "")
-        return direct(subject, event.data, None, "")
+            if direct is not None and direct(
+                subject, event.data, _HEADER_HEAD + event_id.encode() + _HEADER_TAIL, ""
+            ):
+                return _buffered()
+            return self._nc.publish(subject, event.data, headers={HEADER_EVENT_ID: event_id})
+        if direct is not None and direct(subject, event.data, None, ""):
+            return _buffered()
+        return self._nc.publish(subject, event.data)
 
     async def flush(self) -> None:
         """Wait until the server has received everything published so far (a PING/PONG
         round trip); nats-py raises ``FlushTimeoutError`` after its 10 s default, and a
         caller wanting less wraps the call in ``asyncio.timeout``."""
         await flush_connection(self._nc)
+
+
+async def _buffered() -> None:
+    """What :meth:`NATSSink.emit` returns for a message already buffered."""
 
 
 class NATSSource:

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -61,13 +59,13 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from essessey import metrics
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     backlog_turn,
     connection_tasks,
     watch_line,
 )
+from essessey.bindings._line import Line, LineEnded
 from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
 from essessey.bindings.sse._encoder import (
     ErrorShape,
@@ -108,9 +106,6 @@ RESUME_HEADERS_WITHIN: Final = 0.25
 """Seconds a resume's response waits for its first event before it sends its headers
 without one: long enough for the store to refuse the id (an HTTP error) or to end a
 finished turn with nothing after it (a 204), far below any proxy's idle timeout."""
-_BURST: Final = 0.0005
-"""Seconds after a send within which the next event is taken for part of a burst: it is
-held for the next send instead of going out in a send of its own."""
 
 
 def refusal_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -124,373 +119,58 @@ def refusal_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     }
 
 
-class _Ended(BaseException):
-    """The response has ended (the client left, a send stalled, the server shuts down):
-    the producer is being cancelled, and nothing more is written. A BaseException, as a
-    cancellation is: a producer's ``except Exception`` must not take it for a failure of
-    its own and try to publish an error into a closed response."""
+class _SSEWire:
+    """How an SSE response's frames reach the client: the status line and headers with
+    the first bytes, held frames joined into one body chunk, written straight to the
+    server's transport where that is safe (see ``body_writer``)."""
 
+    __slots__ = ("_abort", "_response", "_send", "direct")
 
-class _Outbox:
-    """One response's writes: in the writer's own send when the line is free, held and
-    joined otherwise. Whoever holds the send (``sending``) writes what was held before
-    it lets go, so the events keep their order.
-
-    The flusher task writes what is held when nobody else will (a producer that held
-    events and then went quiet), sends the keep-alive comment when it is due and ends the
-    body when the server shuts down. The deadlines (the keep-alive, a send stalled past
-    ``send_timeout``) are kept by the event loop's line watch, which calls :meth:`check`:
-    no timer is set per send.
-    """
-
-    __slots__ = (
-        "_abort",
-        "_burst_until",
-        "_cancel",
-        "_direct",
-        "_flusher_wake",
-        "_held",
-        "_held_bytes",
-        "_idle",
-        "_ping_due",
-        "_response",
-        "_room",
-        "_send",
-        "_start_due",
-        "ended",
-        "last_sent",
-        "last_was_error",
-        "opened",
-        "send_began",
-        "sending",
-        "started",
-        "stopping",
-    )
-
-    def __init__(
-        self, response: EventStreamResponse, send: Send, cancel: anyio.CancelScope, method: str
-    ) -> None:
+    def __init__(self, response: EventStreamResponse, send: Send, method: str) -> None:
         self._response = response
         self._send = send
-        self._cancel = cancel
         # Found now, in the request's own task: the watchdog that may need it runs in
         # another task (see connection_aborter).
         self._abort = connection_aborter()
         # A body chunk written straight to the server's transport costs a fraction of an
-        # ASGI send (see body_writer); None where that is not safe.
-        self._direct: BodyWriter | None = body_writer(
+        # ASGI send; None where that is not safe.
+        writer: BodyWriter | None = body_writer(
             send, method, response.status_code, response.raw_headers
         )
-        self._held: list[bytes] = []
-        self._held_bytes = 0
-        self._room: anyio.Event | None = None  # set when held events went out
-        self._idle: anyio.Event | None = None  # set when a send ends and nothing is held
-        self._flusher_wake: anyio.Event | None = None
-        self._ping_due = False
-        self._start_due = False  # the headers are due before any event (see headers_within)
-        self.sending = False
-        self.started = False
-        self.ended = False
-        self.stopping = False  # the server is shutting down: end with the retry hint
-        self.last_was_error = False
-        self.send_began = 0.0
-        self.last_sent = self.opened = time.monotonic()  # the keep-alive counts from here
-        self._burst_until = 0.0  # the first event goes out at once
+        self.direct: Callable[[bytes], bool] | None = None if writer is None else writer.write
 
-    # -- the producer's side -----------------------------------------------------------
-
-    @property
-    def held(self) -> bool:
-        """Whether events wait for the next send."""
-        return bool(self._held)
-
-    def takes_now(self) -> bool:
-        """Whether :meth:`put` would take a frame now, asked before the event is
-        encoded: a dialect's encoder is stateful and sees each event once, so nothing is
-        encoded that the line then refuses. False when the frame must go through
-        :meth:`write` (an ASGI send: no direct writer, the response not started, the
-        server stopping; or ``max_queue`` frames held already)."""
-        if self.ended:
-            raise _Ended
-        if not self.sending and not self._held and time.monotonic() > self._burst_until:
-            # The paced path, one event on a free line: written straight to the transport.
-            return self._direct is not None and self.started and not self.stopping
-        return len(self._held) < self._response.max_queue
-
-    def put(self, frame: bytes) -> None:
-        """Take ``frame`` (after :meth:`takes_now` said yes): written now, straight to
-        the server's transport, when the line is free and this is no burst; held for the
-        next send otherwise, or when the transport is full (its slow client then paces
-        the sends of what is held, and ``max_queue`` the producer)."""
-        if not self.sending and not self._held:
-            now = time.monotonic()
-            direct = self._direct
-            if now > self._burst_until and direct is not None and direct.write(frame):
-                self.last_sent = now
-                self._burst_until = now + _BURST
-                return
-        self._held.append(frame)
-        self._held_bytes += len(frame)
-        if not self.sending:
-            self._wake_flusher()
-
-    async def write(self, frame: bytes) -> None:
-        """Send ``frame`` now, or hold it while another send is in progress (waiting
-        for room when ``max_queue`` events are held already)."""
-        if not (self.sending or self._held or self.ended or self.stopping) and self.started:
-            # One event and a free line: the send itself, nothing more.
-            self.sending = True
-            self.send_began = time.monotonic()
-            try:
-                await self._send({"type": "http.response.body", "body": frame, "more_body": True})
-            except OSError:
-                logger.debug("the client went away during a send")
-                self._end()
-                raise _Ended from None
-            finally:
-                self._sent()
-            if self._held and not self.ended:
-                await self._drain()  # what another task held meanwhile
-            return
-        if self.ended:
-            raise _Ended
-        if self.sending or self._held:
-            while len(self._held) >= self._response.max_queue:
-                room = self._room
-                if room is None:
-                    room = self._room = anyio.Event()
-                await room.wait()
-                if self.ended:
-                    raise _Ended
-            self._held.append(frame)
-            self._held_bytes += len(frame)
-            if not self.sending:
-                await self._drain()
-            return
-        await self._send_all(frame)
-
-    async def finish(self, tail: bytes) -> None:
-        """End the body with ``tail`` once everything held went out."""
-        while self.sending:
-            idle = self._idle
-            if idle is None:
-                idle = self._idle = anyio.Event()
-            await idle.wait()
-        if self.ended:
-            return
-        if self._held:
-            await self._drain()
-        if self.ended or self.stopping:
-            return
-        self.sending = True  # the flusher must not write after the body's end
-        try:
-            await self._send_body(tail, more=False)
-        finally:
-            self.sending = False
-
-    # -- sending -----------------------------------------------------------------------
-
-    async def _drain(self) -> None:
-        held = self._held
-        body = b"".join(held)
-        held.clear()
-        self._held_bytes = 0
-        await self._send_all(body)
-
-    async def _send_all(self, body: bytes) -> None:
-        """Send ``body``, then whatever was held meanwhile, holding the line throughout."""
-        self.sending = True
-        try:
-            while True:
-                if self.stopping:
-                    return  # the flusher ends the body with the retry hint
-                await self._send_body(body, more=True)
-                held = self._held
-                room = self._room
-                if room is not None:
-                    self._room = None
-                    room.set()
-                if not held or self.ended:
-                    return
-                limit = self._response.max_batch_bytes
-                if self._held_bytes <= limit:
-                    body = b"".join(held)
-                    held.clear()
-                    self._held_bytes = 0
-                else:
-                    # A batch at a time, so one write stays bounded; with a turn of the
-                    # loop between two, so that a long replay (a snapshot's large deltas)
-                    # does not hold up the other streams' sends until it is all written.
-                    size = count = 0
-                    while size < limit:
-                        size += len(held[count])
-                        count += 1
-                    body = b"".join(held[:count])
-                    del held[:count]
-                    self._held_bytes -= size
-                    await anyio.lowlevel.checkpoint()
-                    if self.ended:
-                        return
-        finally:
-            self._sent()
-
-    def _sent(self) -> None:
-        """A send ended: the line is free."""
-        self.sending = False
-        self.last_sent = now = time.monotonic()
-        self._burst_until = now + _BURST
-        room = self._room
-        if room is not None:
-            self._room = None
-            room.set()
-        idle = self._idle
-        if idle is not None:
-            self._idle = None
-            idle.set()
-        if self.stopping:
-            self._wake_flusher()
-
-    async def _send_body(self, body: bytes, *, more: bool) -> None:
+    async def send(self, frames: list[bytes], *, start: bool, more: bool) -> None:
+        body = frames[0] if len(frames) == 1 else b"".join(frames)
         response = self._response
-        self.send_began = time.monotonic()
-        try:
-            if not self.started:
-                self.started = True
-                if body:
-                    metrics.first_event("sse", time.monotonic() - self.opened)
-                await self._send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": response.raw_headers,
-                    }
-                )
-                body = response._retry + body
-            elif more and self._direct is not None and self._direct.write(body):
-                return
-            await self._send({"type": "http.response.body", "body": body, "more_body": more})
-        except OSError:
-            logger.debug("the client went away during a send")
-            self._end()
-            raise _Ended from None
-        if not more:
-            self.ended = True
+        if start:
+            await self._send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": response.raw_headers,
+                }
+            )
+            body = response._retry + body
+        elif more and self.direct is not None and self.direct(body):
+            return
+        await self._send({"type": "http.response.body", "body": body, "more_body": more})
 
-    def _end(self) -> None:
-        self.ended = True
-        self._cancel.cancel()
-        room = self._room
-        if room is not None:
-            self._room = None
-            room.set()
-
-    def _wake_flusher(self) -> None:
-        wake = self._flusher_wake
-        if wake is not None:
-            self._flusher_wake = None
-            wake.set()
-
-    # -- the flusher ---------------------------------------------------------------------
-
-    async def flusher(self) -> None:
-        """Write what is held when nobody else will; keep the stream alive; watch for a
-        stalled send; end the body when the server shuts down."""
-        response = self._response
-        while not self.ended:
-            if self.stopping and not self.sending:
-                # Held events are dropped: the client resumes from the last one it got
-                # whole, and a slow client must not hold the shutdown up.
-                self._held.clear()
-                with contextlib.suppress(_Ended):
-                    await self._send_body(response._shutdown_tail, more=False)
-                self._end()
-                return
-            if self._held and not self.sending:
-                gather = self._burst_until - time.monotonic()
-                if gather > 0:
-                    # A burst: what the producer sends for the rest of its window joins
-                    # this write, instead of a wake-up and a write per event.
-                    await anyio.sleep(gather)
-                    if self.ended or self.sending or not self._held:
-                        continue
-                try:
-                    await self._drain()
-                except _Ended:
-                    return
-                continue
-            # The line watch keeps the deadlines: it calls check(), which wakes this.
-            if self._start_due and not self.sending:
-                # No event yet, and the headers are due: a proxy waiting for them would
-                # time out the request, and an EventSource gives up on its answer.
-                self._start_due = False
-                if not self.started:
-                    try:
-                        await self._send_all(b"")
-                    except _Ended:
-                        return
-                continue
-            if self._ping_due and not self.sending:
-                self._ping_due = False
-                try:
-                    await self._send_all(_PING)
-                except _Ended:
-                    return
-                continue
-            wake = self._flusher_wake = anyio.Event()
-            await wake.wait()
-
-    def check(self, now: float) -> float | None:
-        """The line watch's look at this response (see ``essessey.bindings._asgi``): end
-        a send stalled past send_timeout, ask for the keep-alive after ping_interval of
-        quiet; the time of the next deadline, or None once the response has ended."""
-        if self.ended:
-            return None
-        response = self._response
-        timeout = response.send_timeout if response.send_timeout is not None else math.inf
-        if self.sending:
-            if now - self.send_began > timeout:
-                totals.stalled += 1
-                logger.warning(
-                    "a send stalled for more than %.1f s; ending the response",
-                    response.send_timeout,
-                )
-                self._abort()
-                self._end()
-                return None
-            return self.send_began + timeout
-        ping = response.ping_interval or math.inf
-        start_due = math.inf
-        if not self.started and response.headers_within is not None:
-            start_due = self.opened + response.headers_within
-            if now >= start_due:
-                self._start_due = True
-                self._wake_flusher()
-                start_due = math.inf
-        if now - self.last_sent >= ping:
-            # Quiet for ping_interval: a comment keeps proxies from closing it.
-            self._ping_due = True
-            self._wake_flusher()
-            return min(now + ping, start_due)
-        return min(self.last_sent + ping, start_due)
-
-    def stop(self) -> None:
-        """The server is shutting down: end with the retry hint after the send in
-        progress (an event is sent whole or not at all)."""
-        self.stopping = True
-        self._wake_flusher()
+    def stalled(self) -> None:
+        self._abort()
 
 
 async def _nothing() -> None:
     return None
 
 
-class _OutboxSink:
-    """The sink a producer writes into: each event framed and handed to the outbox."""
+class _LineSink:
+    """The sink a producer writes into: each event framed and handed to the line."""
 
-    __slots__ = ("_encode", "_encode_text", "_outbox")
+    __slots__ = ("_encode", "_encode_text", "_line", "last_was_error")
 
-    def __init__(self, outbox: _Outbox, encoder: FrameEncoder | None) -> None:
-        self._outbox = outbox
+    def __init__(self, line: Line, encoder: FrameEncoder | None) -> None:
+        self._line = line
+        self.last_was_error = False
         # The protocol's own framing, or a dialect's (one call either way).
         self._encode: Callable[[Event], bytes] = encode if encoder is None else encoder.encode
         self._encode_text: Callable[[int, str], bytes | None] | None = (
@@ -499,45 +179,48 @@ class _OutboxSink:
             else None
         )
 
-    def emit_nowait(self, event: Event) -> bool:
-        outbox = self._outbox
-        if not outbox.takes_now():
-            return False  # nothing encoded: the Publisher calls emit(), which does it
-        frame = self._encode(event)
-        if frame:
-            outbox.put(frame)
-            outbox.last_was_error = event.event == EventType.ERROR
-            totals.sse_events += 1
-            totals.sse_bytes += len(frame)
-        return True
-
-    def deliver(self, event: Event) -> bool:
-        """:meth:`emit_nowait` for a store's append (see ``essessey.stores.Deliver``):
-        False, never an exception, when the event must come through the source."""
-        if self._outbox.ended:
-            return False
-        try:
-            return self.emit_nowait(event)
-        except Exception:
-            return False  # read again through the source, which then raises it
-
     def emit(self, event: Event) -> Coroutine[Any, Any, None]:
-        # A plain function returning the write's coroutine: one coroutine frame fewer on
-        # the path of every event that must wait.
-        outbox = self._outbox
-        outbox.last_was_error = event.event == EventType.ERROR
+        # A plain function returning a coroutine: none of the write's frames on the path
+        # of an event the line takes at once.
+        takes_now = self._line.takes_now()
         frame = self._encode(event)
+        self.last_was_error = event.event == EventType.ERROR
+        return self._hand(frame, takes_now)
+
+    def _hand(self, frame: bytes, takes_now: bool) -> Coroutine[Any, Any, None]:
+        """Give ``frame`` to the line: taken now (``takes_now``, asked before it was
+        made), or the write to await."""
         if not frame:
             return _nothing()
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
-        return outbox.write(frame)
+        if takes_now:
+            self._line.put(frame)
+            return _nothing()
+        return self._line.write(frame)
+
+    def deliver(self, event: Event) -> bool:
+        """An event offered in a store's append (see ``essessey.stores.Deliver``): taken
+        when the line takes it now; False, having done nothing and never raising, when
+        it must come through the source."""
+        line = self._line
+        try:
+            if line.ended or not line.takes_now():
+                return False
+            frame = self._encode(event)
+        except Exception:
+            return False  # read again through the source, which then raises it
+        self.last_was_error = event.event == EventType.ERROR
+        if frame:
+            line.put(frame)
+            totals.sse_events += 1
+            totals.sse_bytes += len(frame)
+        return True
 
     async def emit_many(self, events: Sequence[Event]) -> None:
         # Many events ready at once (a Publisher's batched deltas): one write.
         if not events:
             return
-        outbox = self._outbox
         if (
             self._encode is encode
             and isinstance(events, EventBatch)
@@ -569,32 +252,26 @@ class _OutboxSink:
             return
         totals.sse_events += len(events)
         totals.sse_bytes += len(body)
-        await outbox.write(body)
-        outbox.last_was_error = events[-1].event == EventType.ERROR
+        await self._line.write(body)
+        self.last_was_error = events[-1].event == EventType.ERROR
 
 
-class _TextOutboxSink(_OutboxSink):
+class _TextLineSink(_LineSink):
     """The sink of a response whose dialect writes text deltas from their text (a
     :class:`TextDeltaEncoder`): a Publisher hands it each text delta's text beside the
-    event (``emit_text_nowait``), so the encoder need not decode the event. A class of
-    its own, so that the protocol's responses keep the plain ``emit_nowait`` path."""
+    event (``emit_text``), so the encoder need not decode the event. A class of its own,
+    so that the protocol's responses keep the plain ``emit`` path."""
 
     __slots__ = ()
 
-    def emit_text_nowait(self, event: Event, index: int, text: str) -> bool:
-        outbox = self._outbox
-        if not outbox.takes_now():
-            return False  # nothing encoded: the Publisher calls emit(), which does it
+    def emit_text(self, event: Event, index: int, text: str) -> Coroutine[Any, Any, None]:
+        takes_now = self._line.takes_now()
         encode_text = self._encode_text
         frame = None if encode_text is None else encode_text(index, text)
         if frame is None:
             frame = self._encode(event)  # not an open text block: the general path
-        if frame:
-            outbox.put(frame)
-            outbox.last_was_error = False
-            totals.sse_events += 1
-            totals.sse_bytes += len(frame)
-        return True
+        self.last_was_error = False
+        return self._hand(frame, takes_now)
 
 
 @runtime_checkable
@@ -751,24 +428,42 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.body", "body": self._shutdown_tail})
             return
         async with connection_tasks() as tasks:
-            outbox = _Outbox(self, send, tasks.cancel_scope, scope.get("method", "GET"))
+            line = Line(
+                _SSEWire(self, send, scope.get("method", "GET")),
+                tasks.cancel_scope,
+                kind="sse",
+                log=logger,
+                ping=_PING,
+                ping_interval=self.ping_interval,
+                send_timeout=self.send_timeout,
+                max_queue=self.max_queue,
+                max_batch_bytes=self.max_batch_bytes,
+                shutdown_tail=self._shutdown_tail,
+                start_within=self.headers_within,
+            )
+            encoder = self.encoder
+            sink = (
+                _TextLineSink(line, encoder)
+                if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
+                else _LineSink(line, encoder)
+            )
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
-            unwatch = watch_line(outbox)
-            tasks.start_soon(outbox.flusher)
+            unwatch = watch_line(line)
+            tasks.start_soon(line.run)
             # A callback, not a task per response waiting for the shutdown.
-            forget = on_shutdown(outbox.stop) if self.shutdown_retry is not None else None
+            forget = on_shutdown(line.stop) if self.shutdown_retry is not None else None
             try:
                 # The producer runs in the request's own task: an event it publishes
                 # goes to the socket without a task switch.
                 failure: Exception | None = None
                 try:
-                    await self._produce(outbox)
-                except _Ended:
+                    await self._produce(sink)
+                except LineEnded:
                     pass
                 except Exception as exc:
                     failure = exc
-                with contextlib.suppress(_Ended):
-                    await self._finish(send, outbox, failure)
+                with contextlib.suppress(LineEnded):
+                    await self._finish(send, line, sink, failure)
             finally:
                 unwatch()
                 if forget is not None:
@@ -782,13 +477,7 @@ class EventStreamResponse(Response):
                 scope.cancel()
                 return
 
-    async def _produce(self, outbox: _Outbox) -> None:
-        encoder = self.encoder
-        sink = (
-            _TextOutboxSink(outbox, encoder)
-            if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
-            else _OutboxSink(outbox, encoder)
-        )
+    async def _produce(self, sink: _LineSink) -> None:
         content = self.content
         if isinstance(content, AsyncIterable):
             await self._drain(content, sink)
@@ -796,7 +485,7 @@ class EventStreamResponse(Response):
             await content(Publisher(sink, dialect=self.dialect, strict=self.strict))
 
     @staticmethod
-    async def _drain(source: Source, sink: _OutboxSink) -> None:
+    async def _drain(source: Source, sink: _LineSink) -> None:
         if issubclass(type(source), DeliveringSource):
             # A hub subscription: its live events may come straight from the turn's
             # append, in order with those the loop below reads.
@@ -807,8 +496,7 @@ class EventStreamResponse(Response):
             async for event in iterator:
                 # Held without a checkpoint while a burst lasts (a hub subscription
                 # replaying): the backlog goes out in few sends.
-                if not sink.emit_nowait(event):
-                    await sink.emit(event)
+                await sink.emit(event)
                 handled += 1
                 if handled == EVENTS_PER_TURN:
                     handled = 0
@@ -821,28 +509,26 @@ class EventStreamResponse(Response):
                 with anyio.CancelScope(shield=True):
                     await iterator.aclose()
 
-    async def _finish(self, send: Send, outbox: _Outbox, failure: Exception | None) -> None:
-        if outbox.ended or outbox.stopping:
+    async def _finish(
+        self, send: Send, line: Line, sink: _LineSink, failure: Exception | None
+    ) -> None:
+        if line.ended or line.stopping:
             return
         if isinstance(failure, StreamInterrupted):
             # The body ends with nothing more (after the retry hint when nothing went out
             # yet), so the client reconnects with its last id.
-            await outbox.finish(b"")
+            await line.finish(b"")
             return
-        if failure is not None and not (outbox.started or outbox.sending or outbox.held):
-            outbox.ended = True
+        if failure is not None and not line.busy:
+            line.ended = True
             if isinstance(failure, StreamRejected):
                 await self._send_error(send, failure.status, failure.error_type, failure.message)
             else:
                 logger.error("the stream failed before its first event", exc_info=failure)
                 await self._send_error(send, 500, "api_error", "Internal server error")
             return
-        if (
-            failure is None
-            and self.empty_status is not None
-            and not (outbox.started or outbox.sending or outbox.held)
-        ):
-            outbox.ended = True
+        if failure is None and self.empty_status is not None and not line.busy:
+            line.ended = True
             await send(
                 {
                     "type": "http.response.start",
@@ -857,7 +543,7 @@ class EventStreamResponse(Response):
             # the client was told, but the exception would otherwise be seen nowhere.
             logger.error("the stream failed after it started", exc_info=failure)
         frames = self.encoder if self.encoder is not None else _PROTOCOL_FRAMES
-        if failure is not None and not outbox.last_was_error:
+        if failure is not None and not sink.last_was_error:
             if isinstance(failure, StreamRejected):
                 error_type, message = failure.error_type, failure.message
             else:
@@ -865,7 +551,7 @@ class EventStreamResponse(Response):
             tail = frames.fail(error_type, message)
         else:
             tail = frames.finish()
-        await outbox.finish(tail)
+        await line.finish(tail)
 
     async def _send_error(self, send: Send, status: int, error_type: str, message: str) -> None:
         body = self.error_shape(error_type, message)

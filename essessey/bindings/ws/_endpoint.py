@@ -31,14 +31,16 @@ Why it is shaped this way:
   (when the query parameter is absent), and a client that sends nothing gets its first
   event that much later. ``{"last_event_id": null}`` (or ``{}``) means "from the start"
   without the wait. An empty id means "from the start" too.
-- The hub subscription is read in the request's own task and each event is sent as it
-  comes (no queue, no task switch per frame), so a slow client falls behind in the
-  store, where the hub's ``max_lag`` ends it (1013); a send stalled past
-  ``send_timeout`` ends it with a log line: 1013, or under uvicorn a reset when bytes
-  are still waiting for the client (a close frame would queue behind them forever). The
-  event loop's line watch notices the stall; no timer is set per frame or per
-  connection. The producer is never slowed: it runs in the hub. (``max_queue`` is
-  still accepted and checked, so existing calls work, but nothing is queued any more.)
+- The hub subscription is read in the request's own task and each event handed to the
+  connection's line (``essessey.bindings._line``, shared with the SSE response): at a
+  model's pace a frame goes out in that task's own write (no queue, no task switch per
+  frame); frames that come while a send is in progress are held (at most ``max_queue``)
+  and go out together. A slow client falls behind in the store, where the hub's
+  ``max_lag`` ends it (1013); a send stalled past ``send_timeout`` ends it with a log
+  line: 1013, or under uvicorn a reset when bytes are still waiting for the client (a
+  close frame would queue behind them forever). The event loop's line watch notices the
+  stall; no timer is set per frame or per connection. The producer is never slowed: it
+  runs in the hub.
 - When no frame went out for ``ping_interval`` seconds, a ``ping`` event frame
   (``{"event":"ping","data":{"type":"ping"}}``, no id) is sent: protocol-level pings are
   invisible to a page's script and to some proxies' idle timers.
@@ -56,10 +58,11 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-import math
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -72,13 +75,13 @@ from essessey import metrics
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
-    ConnectionTasks,
     SubscriptionCount,
     backlog_turn,
     connection_tasks,
     subscription_end,
     watch_line,
 )
+from essessey.bindings._line import Line, LineEnded
 from essessey.bindings._server import FrameWriter, connection_aborter, frame_writer
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.ws._frame import encode_frame, frame_bytes
@@ -97,6 +100,8 @@ PING_FRAME: Final = encode_frame(Event(EventType.PING, b'{"type":"ping"}'))
 _PING_BYTES: Final = PING_FRAME.encode()
 """The keep-alive frame: a protocol ``ping`` event without an id."""
 
+_MAX_BATCH_BYTES: Final = 256 * 1024
+"""The most bytes of held frames one send writes."""
 _CLOSE_TIMEOUT: Final = 5.0
 """Seconds the close frame may take to go out (the client may have stopped reading)."""
 _MAX_FIRST_MESSAGE: Final = 4 * MAX_ID_LENGTH + 64
@@ -174,25 +179,39 @@ async def websocket_subscription(
         await _close(websocket, CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
         return
     ending = _Ending()
-    line = _Line(websocket, ending, ping_interval, send_timeout)
     async with connection_tasks() as tasks:
-        line.cancel = tasks.cancel_scope
-        line.tasks = tasks
+        wire = _WSWire(websocket, ending)
+        line = Line(
+            wire,
+            tasks.cancel_scope,
+            kind="websocket",
+            log=logger,
+            ping=_PING_BYTES,
+            ping_interval=ping_interval,
+            send_timeout=send_timeout,
+            max_queue=max_queue,
+            max_batch_bytes=_MAX_BATCH_BYTES,
+            started=True,
+        )
         tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
         unwatch = watch_line(line)
+        tasks.start_soon(line.run)
+
+        def stop() -> None:
+            ending.shutdown = True
+            ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
+            line.stop()
+
         # A callback, not a task per connection waiting for the shutdown.
-        forget = on_shutdown(line.stop)
+        forget = on_shutdown(stop)
         try:
-            # The subscription is read in the request's own task and each event sent
-            # from here: at a model's pace an event costs one send and no task switch.
+            # The subscription is read in the request's own task and each event handed
+            # to the line from here: at a model's pace an event costs one write and no
+            # task switch.
             await _follow(hub, stream_id, last_event_id, line, ending)
         finally:
             unwatch()
             forget()
-    if line.stalled and line.abort():
-        # A send stalled (the watchdog cut it): a close frame would wait behind frames the
-        # client is not reading, and the server would hold the socket until it reads.
-        ending.disconnected = True
     if not ending.disconnected:
         await _close(websocket, ending.code, ending.reason)
 
@@ -243,19 +262,18 @@ async def _follow(
     hub: StreamHub,
     stream_id: str,
     last_event_id: str | None,
-    line: _Line,
+    line: Line,
     ending: _Ending,
 ) -> None:
     count = SubscriptionCount("websocket", last_event_id is not None)
     error: Exception | None = None
     handled = 0
     events: AsyncGenerator[Event, None] | None = None
+    opened = time.monotonic()
     try:
         subscription = await hub.open(stream_id, last_event_id)
-        if line.direct is not None:
-            # With frames written straight to the transport, a live event goes out in the
-            # turn's own append while the line is free (no task switch).
-            subscription.deliver_live(line.deliver)
+        # A live event goes out in the turn's own append while the line takes it now.
+        subscription.deliver_live(functools.partial(_deliver, line, ending))
         events = aiter(subscription)
         async for event in events:
             count.started()
@@ -269,8 +287,18 @@ async def _follow(
                 logger.exception("an event of a WebSocket subscription cannot be framed")
                 ending.set(CloseCode.INTERNAL_ERROR, "internal error")
                 return
-            if not await line.send(frame):
-                return
+            if opened:
+                opened = _first(opened)
+            totals.websocket_events += 1
+            totals.websocket_bytes += len(frame)
+            if line.takes_now():
+                line.put(frame)
+            else:
+                await line.write(frame)
+        await line.finish(b"")  # what is held goes out before the close frame
+    except LineEnded:
+        if not (ending.shutdown or line.stalled):
+            ending.disconnected = True  # a send found the client gone
     except Exception as exc:
         error = exc
         end = subscription_end(exc)
@@ -283,6 +311,8 @@ async def _follow(
                 "ending a WebSocket subscription of %s: %s", stream_id, type(exc).__name__
             )
         ending.set(end.close_code, end.reason)
+        with contextlib.suppress(LineEnded):
+            await line.finish(b"")
     finally:
         count.ended(error)
         if events is not None:
@@ -290,156 +320,66 @@ async def _follow(
                 await events.aclose()
 
 
-class _Line:
-    """One subscription's socket: sends in the caller's task, one at a time, and a
-    watchdog for what needs a timer (the keep-alive frame, a stalled send), so no timer
-    is set per frame."""
+def _first(opened: float) -> float:
+    """The first event of a subscription goes out: the metrics' time to it; 0.0, so
+    that the caller asks no more."""
+    metrics.first_event("websocket", time.monotonic() - opened)
+    return 0.0
 
-    __slots__ = (
-        "_idle",
-        "_ping",
-        "_pinging",
-        "_timeout",
-        "abort",
-        "cancel",
-        "direct",
-        "ending",
-        "last_sent",
-        "opened",
-        "send_began",
-        "sending",
-        "sent_any",
-        "stalled",
-        "tasks",
-        "websocket",
-    )
 
-    def __init__(
-        self,
-        websocket: WebSocket,
-        ending: _Ending,
-        ping_interval: float,
-        send_timeout: float | None,
-    ) -> None:
-        self.websocket = websocket
-        self.ending = ending
-        self._ping = ping_interval or math.inf
-        self._timeout = send_timeout if send_timeout is not None else math.inf
+def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
+    """An event offered in the store's append (see ``essessey.stores.Deliver``): taken
+    when the line takes it now; False, having done nothing and never raising,
+    otherwise."""
+    if ending.shutdown or ending.disconnected:
+        return False
+    try:
+        if line.ended or not line.takes_now():
+            return False
+        frame = frame_bytes(event)
+    except Exception:
+        return False  # the subscription's own loop reads it, and ends on it
+    totals.websocket_events += 1
+    totals.websocket_bytes += len(frame)
+    line.put(frame)
+    return True
+
+
+class _WSWire:
+    """How a WebSocket subscription's frames reach the client: one text frame per
+    event, written straight to the server's transport where that is safe (see
+    ``frame_writer``), through ASGI otherwise."""
+
+    __slots__ = ("_abort", "_ending", "_websocket", "direct")
+
+    def __init__(self, websocket: WebSocket, ending: _Ending) -> None:
+        self._websocket = websocket
+        self._ending = ending
         # Found now, in the request's own task (see connection_aborter and frame_writer).
-        self.abort = connection_aborter()
-        self.direct: FrameWriter | None = frame_writer()
-        self.cancel: anyio.CancelScope | None = None
-        self.tasks: ConnectionTasks | None = None
-        self._pinging = False
-        self.sending = False
-        self.stalled = False
-        self.send_began = 0.0
-        self.last_sent = self.opened = time.monotonic()
-        self.sent_any = False
-        self._idle: anyio.Event | None = None  # set when a send ends
+        self._abort = connection_aborter()
+        writer: FrameWriter | None = frame_writer()
+        self.direct: Callable[[bytes], bool] | None = None if writer is None else writer.write
 
-    def deliver(self, event: Event) -> bool:
-        """Write ``event``'s frame now, straight to the transport, when the line is free;
-        False, having sent nothing, otherwise (see ``essessey.stores.Deliver``)."""
-        ending = self.ending
+    async def send(self, frames: list[bytes], *, start: bool, more: bool) -> None:
         direct = self.direct
-        if self.sending or ending.shutdown or ending.disconnected or direct is None:
-            return False
-        try:
-            frame = frame_bytes(event)
-        except ValueError:
-            return False  # the subscription's own loop reads it, and ends on it
-        if not direct.write(frame):
-            return False
-        self._count(frame)
-        return True
+        websocket = self._websocket
+        for frame in frames:
+            if not frame or (direct is not None and direct(frame)):
+                continue
+            try:
+                await websocket.send_text(frame.decode())
+            except (WebSocketDisconnect, OSError):
+                logger.debug("the WebSocket client went away during a send")
+                self._ending.disconnected = True
+                raise ConnectionResetError("the WebSocket client went away") from None
 
-    def _count(self, frame: bytes) -> None:
-        """A frame went out: the keep-alive's clock and the metrics."""
-        self.last_sent = now = time.monotonic()
-        totals.websocket_events += 1
-        totals.websocket_bytes += len(frame)
-        if not self.sent_any:
-            self.sent_any = True
-            metrics.first_event("websocket", now - self.opened)
-
-    async def send(self, frame: bytes) -> bool:
-        """Send one frame; False when the subscription must end (the client is gone,
-        the server shuts down)."""
-        direct = self.direct
-        if (
-            direct is not None
-            and not self.sending
-            and not self.ending.shutdown
-            and direct.write(frame)
-        ):
-            self._count(frame)
-            return True
-        while self.sending:  # the watchdog's keep-alive frame is going out
-            idle = self._idle
-            if idle is None:
-                idle = self._idle = anyio.Event()
-            await idle.wait()
-        ending = self.ending
-        if ending.shutdown:
-            return False
-        self.sending = True
-        self.send_began = time.monotonic()
-        try:
-            await self.websocket.send_text(frame.decode())
-        except (WebSocketDisconnect, OSError):
-            logger.debug("the WebSocket client went away during a send")
+    def stalled(self) -> None:
+        ending = self._ending
+        ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
+        if self._abort():
+            # A close frame would wait behind frames the client is not reading, and the
+            # server would hold the socket until it reads.
             ending.disconnected = True
-            return False
-        finally:
-            self.sending = False
-            self.last_sent = time.monotonic()
-            idle = self._idle
-            if idle is not None:
-                self._idle = None
-                idle.set()
-        self._count(frame)
-        return not ending.shutdown
-
-    def check(self, now: float) -> float | None:
-        """The line watch's look at this socket (see ``essessey.bindings._asgi``): end a
-        send stalled past send_timeout, send the keep-alive frame after ping_interval of
-        quiet; the time of the next deadline, or None once it is done."""
-        if self.stalled or self.ending.disconnected:
-            return None
-        if self.sending:
-            if now - self.send_began > self._timeout:
-                totals.stalled += 1
-                logger.warning(
-                    "a WebSocket send stalled for more than %.1f s; ending the subscription",
-                    self._timeout,
-                )
-                self.ending.set(CloseCode.TRY_AGAIN_LATER, "send timed out")
-                self.stalled = True
-                if self.cancel is not None:
-                    self.cancel.cancel()
-                return None
-            return self.send_began + self._timeout
-        if now - self.last_sent >= self._ping:
-            if self.tasks is not None and not self._pinging:
-                self._pinging = True
-                self.tasks.start_soon(self._send_ping)
-            return now + self._ping
-        return self.last_sent + self._ping
-
-    async def _send_ping(self) -> None:
-        try:
-            await self.send(_PING_BYTES)
-        finally:
-            self._pinging = False
-
-    def stop(self) -> None:
-        """The server is shutting down: close with 1012, never cutting a send (a frame
-        goes out whole or not at all; a send in progress sees the flag when it ends)."""
-        self.ending.shutdown = True
-        self.ending.set(CloseCode.SERVICE_RESTART, "the server is shutting down; reconnect")
-        if not self.sending and self.cancel is not None:
-            self.cancel.cancel()
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:

@@ -1,0 +1,433 @@
+"""One connection's write side: how an event's frame reaches the socket, for the SSE
+response and the WebSocket endpoint alike.
+
+A binding frames each event and hands the frame to its :class:`Line`, in the producer's
+(or the subscription's) own task:
+
+- :meth:`Line.takes_now` then :meth:`Line.put`: the frame is taken without waiting.
+  On a free line at a model's pace (a token every few tens of milliseconds) it is written
+  straight to the server's transport when the binding has a way to (its :class:`Wire`'s
+  ``direct``): no ASGI send, no task switch. While a send is in progress, or in a burst
+  (one event right after another, a replay), it is held, and goes out joined with the
+  others in the next send. ``takes_now`` is asked before the frame is made, so a
+  dialect's stateful encoder never encodes what the line then refuses.
+- :meth:`Line.write`: the frame goes through the server (an ASGI send) when the line is
+  free, or is held, waiting for room when ``max_queue`` frames are held already: a slow
+  client slows whoever writes instead of growing memory.
+- :meth:`Line.finish`: whatever is held goes out, then the binding's end.
+
+Whoever holds the send writes what was held before it lets go, so frames keep their
+order. :meth:`Line.run` (one task per connection) writes what is held when nobody else
+will, sends the keep-alive after ``ping_interval`` of quiet, sends the first bytes when
+they are due before any event (``start_within``) and ends the connection when the server
+shuts down (:meth:`Line.stop`): after the send in progress, so a frame goes out whole or
+not at all, and what is held is dropped (a resuming client gets it again). The deadlines
+(the keep-alive, a send stalled past ``send_timeout``) are kept by the event loop's line
+watch (``essessey.bindings._asgi.watch_line``), which calls :meth:`Line.check`: no timer
+is set per send.
+
+What differs between the bindings is their :class:`Wire`: how the first bytes start the
+answer, how held frames join, how the connection ends and what a stall aborts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+import anyio
+import anyio.lowlevel
+
+from essessey import metrics
+from essessey.metrics import totals
+
+__all__ = ["Line", "LineEnded", "Wire"]
+
+logger = logging.getLogger("essessey.bindings")
+
+BURST: Final = 0.0005
+"""Seconds after a send within which the next frame is taken for part of a burst: it is
+held for the next send instead of going out in a send of its own."""
+
+
+class LineEnded(BaseException):
+    """The line has ended (the client left, a send stalled, the server shuts down): its
+    writer is being cancelled, and nothing more is written. A BaseException, as a
+    cancellation is: a producer's ``except Exception`` must not take it for a failure of
+    its own and try to publish an error into a closed connection."""
+
+
+class Wire(Protocol):
+    """How one binding's frames reach its client (private to the bindings)."""
+
+    direct: Callable[[bytes], bool] | None
+    """Writes one frame straight to the server's transport now and returns True, or
+    returns False having written nothing (then it goes through :meth:`send`); None
+    where the server offers no such way."""
+
+    async def send(self, frames: list[bytes], *, start: bool, more: bool) -> None:
+        """Send ``frames`` in order, joined where the transport allows: ``start`` for the
+        answer's first bytes (an SSE response's headers go with them), ``more=False``
+        for its last. Raises OSError when the client is gone."""
+        ...
+
+    def stalled(self) -> None:
+        """A send stalled past its timeout: abort what can be (never raises)."""
+        ...
+
+
+class Line:
+    """One connection's writes, in the writer's own send when the line is free, held and
+    joined otherwise; see the module docstring."""
+
+    __slots__ = (
+        "_burst_until",
+        "_cancel",
+        "_direct",
+        "_flusher_wake",
+        "_held",
+        "_held_bytes",
+        "_idle",
+        "_kind",
+        "_log",
+        "_max_batch_bytes",
+        "_max_queue",
+        "_ping",
+        "_ping_due",
+        "_ping_interval",
+        "_room",
+        "_send_timeout",
+        "_shutdown_tail",
+        "_start_due",
+        "_start_within",
+        "_wire",
+        "ended",
+        "last_sent",
+        "opened",
+        "send_began",
+        "sending",
+        "stalled",
+        "started",
+        "stopping",
+    )
+
+    def __init__(
+        self,
+        wire: Wire,
+        cancel: anyio.CancelScope,
+        *,
+        kind: str,
+        log: logging.Logger,
+        ping: bytes,
+        ping_interval: float,
+        send_timeout: float | None,
+        max_queue: int,
+        max_batch_bytes: int,
+        shutdown_tail: bytes = b"",
+        started: bool = False,
+        start_within: float | None = None,
+    ) -> None:
+        self._wire = wire
+        self._cancel = cancel
+        self._kind = kind  # the metrics' transport label
+        self._log = log  # the binding's logger, which the app configures
+        self._direct = wire.direct
+        self._ping = ping
+        self._ping_interval = ping_interval or math.inf
+        self._send_timeout = send_timeout if send_timeout is not None else math.inf
+        self._max_queue = max_queue
+        self._max_batch_bytes = max_batch_bytes
+        self._start_within = start_within
+        self._shutdown_tail = shutdown_tail
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._room: anyio.Event | None = None  # set when held frames went out
+        self._idle: anyio.Event | None = None  # set when a send ends
+        self._flusher_wake: anyio.Event | None = None
+        self._ping_due = False
+        self._start_due = False
+        self.sending = False
+        self.started = started
+        self.ended = False
+        self.stopping = False
+        self.stalled = False
+        self.send_began = 0.0
+        self.last_sent = self.opened = time.monotonic()  # the keep-alive counts from here
+        self._burst_until = 0.0  # the first frame goes out at once
+
+    @property
+    def held(self) -> bool:
+        """Whether frames wait for the next send."""
+        return bool(self._held)
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything went out, is going out or waits to."""
+        return self.started or self.sending or bool(self._held)
+
+    # -- the writer's side ---------------------------------------------------------------
+
+    def takes_now(self) -> bool:
+        """Whether :meth:`put` would take a frame now; False when it must go through
+        :meth:`write` (no direct way to the transport, the answer not started, the
+        server stopping, or ``max_queue`` frames held already). Raises
+        :class:`LineEnded` once the line has ended."""
+        if self.ended:
+            raise LineEnded
+        if not self.sending and not self._held and time.monotonic() > self._burst_until:
+            # The paced path, one frame on a free line: written straight to the transport.
+            return self._direct is not None and self.started and not self.stopping
+        return len(self._held) < self._max_queue
+
+    def put(self, frame: bytes) -> None:
+        """Take ``frame`` (after :meth:`takes_now` said yes): written now, straight to
+        the transport, when the line is free and this is no burst; held for the next send
+        otherwise, or when the transport is full (its slow client then paces the sends
+        of what is held, and ``max_queue`` the writer)."""
+        if not self.sending and not self._held:
+            now = time.monotonic()
+            direct = self._direct
+            if now > self._burst_until and direct is not None and direct(frame):
+                self.last_sent = now
+                self._burst_until = now + BURST
+                return
+        self._held.append(frame)
+        self._held_bytes += len(frame)
+        if not self.sending:
+            self._wake_flusher()
+
+    async def write(self, frame: bytes) -> None:
+        """Send ``frame`` now, or hold it while another send is in progress (waiting
+        for room when ``max_queue`` frames are held already)."""
+        if not (self.sending or self._held or self.ended or self.stopping) and self.started:
+            # One frame and a free line: the send itself, nothing more.
+            self.sending = True
+            self.send_began = time.monotonic()
+            try:
+                await self._wire.send([frame], start=False, more=True)
+            except OSError:
+                logger.debug("the client went away during a send")
+                self._end()
+                raise LineEnded from None
+            finally:
+                self._sent()
+            if self._held and not self.ended:
+                await self._drain()  # what another task held meanwhile
+            return
+        if self.ended:
+            raise LineEnded
+        if self.sending or self._held:
+            while len(self._held) >= self._max_queue:
+                room = self._room
+                if room is None:
+                    room = self._room = anyio.Event()
+                await room.wait()
+                if self.ended:
+                    raise LineEnded
+            self._held.append(frame)
+            self._held_bytes += len(frame)
+            if not self.sending:
+                await self._drain()
+            return
+        await self._send_all([frame])
+
+    async def finish(self, tail: bytes) -> None:
+        """End the answer with ``tail`` once everything held went out (nothing when the
+        line has ended or the server is stopping: :meth:`run` ends it then)."""
+        while self.sending:
+            idle = self._idle
+            if idle is None:
+                idle = self._idle = anyio.Event()
+            await idle.wait()
+        if self.ended:
+            return
+        if self._held:
+            await self._drain()
+        if self.ended or self.stopping:
+            return
+        self.sending = True  # the flusher must not write after the answer's end
+        try:
+            await self._send_frames([tail], more=False)
+        finally:
+            self.sending = False
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        held = self._held
+        frames = held[:]
+        held.clear()
+        self._held_bytes = 0
+        await self._send_all(frames)
+
+    async def _send_all(self, frames: list[bytes]) -> None:
+        """Send ``frames``, then whatever was held meanwhile, holding the line throughout."""
+        self.sending = True
+        try:
+            while True:
+                if self.stopping:
+                    return  # run() ends the answer
+                await self._send_frames(frames, more=True)
+                held = self._held
+                room = self._room
+                if room is not None:
+                    self._room = None
+                    room.set()
+                if not held or self.ended:
+                    return
+                limit = self._max_batch_bytes
+                if self._held_bytes <= limit:
+                    frames = held[:]
+                    held.clear()
+                    self._held_bytes = 0
+                else:
+                    # A batch at a time, so one write stays bounded; with a turn of the
+                    # loop between two, so that a long replay (a snapshot's large deltas)
+                    # does not hold up the other connections' sends until it is all out.
+                    size = count = 0
+                    while size < limit:
+                        size += len(held[count])
+                        count += 1
+                    frames = held[:count]
+                    del held[:count]
+                    self._held_bytes -= size
+                    await anyio.lowlevel.checkpoint()
+                    if self.ended:
+                        return
+        finally:
+            self._sent()
+
+    async def _send_frames(self, frames: list[bytes], *, more: bool) -> None:
+        self.send_began = time.monotonic()
+        start = not self.started
+        if start:
+            self.started = True
+            if any(frames):
+                metrics.first_event(self._kind, time.monotonic() - self.opened)
+        try:
+            await self._wire.send(frames, start=start, more=more)
+        except OSError:
+            logger.debug("the client went away during a send")
+            self._end()
+            raise LineEnded from None
+        if not more:
+            self.ended = True
+
+    def _sent(self) -> None:
+        """A send ended: the line is free."""
+        self.sending = False
+        self.last_sent = now = time.monotonic()
+        self._burst_until = now + BURST
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
+        idle = self._idle
+        if idle is not None:
+            self._idle = None
+            idle.set()
+        if self.stopping:
+            self._wake_flusher()
+
+    def _end(self) -> None:
+        self.ended = True
+        self._cancel.cancel()
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
+
+    def _wake_flusher(self) -> None:
+        wake = self._flusher_wake
+        if wake is not None:
+            self._flusher_wake = None
+            wake.set()
+
+    # -- the line's own task -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Write what is held when nobody else will; keep the connection alive; send the
+        first bytes when due; end the answer when the server shuts down."""
+        while not self.ended:
+            if self.stopping and not self.sending:
+                # Held frames are dropped: the client resumes from the last one it got
+                # whole, and a slow client must not hold the shutdown up.
+                self._held.clear()
+                with contextlib.suppress(LineEnded):
+                    await self._send_frames([self._shutdown_tail], more=False)
+                self._end()
+                return
+            try:
+                if self._held and not self.sending:
+                    gather = self._burst_until - time.monotonic()
+                    if gather > 0:
+                        # A burst: what the writer sends for the rest of its window joins
+                        # this send, instead of a wake-up and a send per frame.
+                        await anyio.sleep(gather)
+                        if self.ended or self.sending or not self._held:
+                            continue
+                    await self._drain()
+                    continue
+                # The line watch keeps the deadlines: it calls check(), which wakes this.
+                if self._start_due and not self.sending:
+                    # No frame yet, and the first bytes are due: a proxy waiting for
+                    # them would time the request out.
+                    self._start_due = False
+                    if not self.started:
+                        await self._send_all([])
+                    continue
+                if self._ping_due and not self.sending:
+                    self._ping_due = False
+                    await self._send_all([self._ping])
+                    continue
+            except LineEnded:
+                return
+            wake = self._flusher_wake = anyio.Event()
+            await wake.wait()
+
+    def check(self, now: float) -> float | None:
+        """The line watch's look at this line (see ``essessey.bindings._asgi``): end a
+        send stalled past ``send_timeout``, ask for the keep-alive after
+        ``ping_interval`` of quiet; the time of the next deadline, or None once the line
+        has ended."""
+        if self.ended:
+            return None
+        if self.sending:
+            timeout = self._send_timeout
+            if now - self.send_began > timeout:
+                totals.stalled += 1
+                self._log.warning(
+                    "a %ssend stalled for more than %.1f s; ending the %s",
+                    "WebSocket " if self._kind == "websocket" else "",
+                    timeout,
+                    "subscription" if self._kind == "websocket" else "response",
+                )
+                self.stalled = True
+                self._wire.stalled()
+                self._end()
+                return None
+            return self.send_began + timeout
+        ping = self._ping_interval
+        start_due = math.inf
+        if not self.started and self._start_within is not None:
+            start_due = self.opened + self._start_within
+            if now >= start_due:
+                self._start_due = True
+                self._wake_flusher()
+                start_due = math.inf
+        if now - self.last_sent >= ping:
+            # Quiet for ping_interval: a keep-alive keeps proxies from closing it.
+            self._ping_due = True
+            self._wake_flusher()
+            return min(now + ping, start_due)
+        return min(self.last_sent + ping, start_due)
+
+    def stop(self) -> None:
+        """The server is shutting down: end after the send in progress (a frame goes
+        out whole or not at all)."""
+        self.stopping = True
+        self._wake_flusher()
