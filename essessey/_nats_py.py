@@ -15,6 +15,16 @@ tests/test_nats_internals.py (core NATS and the JetStream publish) and
 tests/test_jetstream_store.py (the push subscription's queue, and publishing, either way)
 run each helper on the installed nats-py against a real nats-server and fail when a fast
 path is no longer taken, so an upgrade that changes these internals is seen at once.
+
+Switch: ``ESSESSEY_NATS_INTERNALS=off`` (or ``0``, ``false``, ``no``) in the environment
+when the process starts turns every fast path here off (:func:`direct_publish`,
+:func:`direct_jetstream_publish`, :func:`queued_messages`,
+:func:`ready_push_subscription` answer "not available", and :func:`flush_connection` is
+nats-py's ``flush`` alone, which can answer before the server has read every command
+still in the client's buffer). :func:`subscription_finished` and
+:func:`lost_connection_error` keep reading a subscription's state either way: nats-py
+has no public way to tell a subscription that ended from one whose connection closed,
+and their defaults take a change for a lost connection, never for a clean end.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import contextlib
 import enum
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -43,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EMPTY",
+    "ENABLED",
     "DirectPublish",
     "JetStreamPublish",
     "QueuedMessages",
@@ -64,6 +76,10 @@ __all__ = [
 logger = logging.getLogger("essessey.nats")
 
 _CONNECTED: Final = _Client.CONNECTED
+
+_SWITCH: Final = os.environ.get("ESSESSEY_NATS_INTERNALS", "on").strip().lower()
+ENABLED: bool = _SWITCH not in ("off", "0", "false", "no")
+"""Whether the fast paths here are taken (the environment switch, read at import)."""
 
 DirectPublish = Callable[[str, bytes, bytes | None, str], bool]
 """``publish(subject, payload, header_block, reply) -> bool``: the command buffered and
@@ -88,7 +104,8 @@ def direct_publish(nc: Client) -> DirectPublish | None:
     """
     raw: Any = nc
     if not (
-        isinstance(getattr(raw, "_pending", None), list)
+        ENABLED
+        and isinstance(getattr(raw, "_pending", None), list)
         and isinstance(getattr(raw, "_pending_data_size", None), int)
         and isinstance(getattr(raw, "_max_pending_size", None), int)
         and isinstance(getattr(raw, "_flush_queue", None), asyncio.Queue)
@@ -135,7 +152,7 @@ async def flush_connection(nc: Client) -> None:
     PONG can come back before the server has read them. This first has the client's
     flusher write its buffer (which keeps order), then makes the round trip.
     """
-    flush_pending: Any = getattr(nc, "_flush_pending", None)
+    flush_pending: Any = getattr(nc, "_flush_pending", None) if ENABLED else None
     if flush_pending is not None and nc.is_connected:
         # nats-py's own "write the buffer now and wait for it"; without it the round trip
         # below is all there is.
@@ -282,7 +299,8 @@ def queued_messages(sub: Subscription, messages: AsyncIterator[Msg]) -> QueuedMe
     ended = getattr(messages, "_unsubscribed_future", None)
     iterates_it = getattr(messages, "_queue", None) is queue  # the queue the iterator reads
     if (
-        iterates_it
+        ENABLED
+        and iterates_it
         and isinstance(queue, asyncio.Queue)
         and isinstance(ended, asyncio.Future)
         and isinstance(getattr(raw, "_pending_size", None), int)
@@ -314,7 +332,8 @@ def ready_push_subscription(sub: object) -> Any:
     queue = getattr(inner, "_pending_queue", None)
     jsi = getattr(inner, "_jsi", None)
     if (
-        isinstance(queue, asyncio.Queue)
+        ENABLED
+        and isinstance(queue, asyncio.Queue)
         and getattr(sub, "_pending_queue", None) is queue  # what pending_msgs counts
         and getattr(inner, "_cb", None) is None
         and isinstance(getattr(inner, "_pending_size", None), int)

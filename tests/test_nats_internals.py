@@ -22,7 +22,7 @@ from nats.js import api
 from nats.js import errors as js_errors
 from nats.js.client import JetStreamContext
 
-from essessey import Event, Publisher
+from essessey import Event, Publisher, _nats_py
 from essessey._nats_py import (
     JetStreamPublish,
     direct_jetstream_publish,
@@ -295,3 +295,52 @@ async def test_a_store_appends_without_js_publish(
         await nc.jetstream().delete_stream("S")
     assert known
     assert replayed == events
+
+
+# -- the switch ---------------------------------------------------------------------------------
+
+
+async def test_with_the_switch_off_every_fast_path_declines_and_nothing_is_lost(
+    nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ESSESSEY_NATS_INTERNALS=off``: nats-py's public API throughout, every message
+    delivered all the same (core NATS both ways, and a JetStream store's appends and
+    reads)."""
+    monkeypatch.setattr(_nats_py, "ENABLED", False)
+    published = 0
+    publish = Client.publish
+
+    async def counting(self: Client, *args: Any, **options: Any) -> None:
+        nonlocal published
+        published += 1
+        await publish(self, *args, **options)
+
+    monkeypatch.setattr(Client, "publish", counting)
+    async with connect(nats) as producer, connect(nats) as reader:
+        assert direct_publish(producer) is None
+        assert direct_jetstream_publish(producer) is None
+        sub = await reader.subscribe("x.>")
+        assert queued_messages(sub, sub.messages) is None
+        source = await subscribe_stream(reader, "s")
+        sink = NATSSink(producer, "s")
+        sent = [Event("ping", str(n).encode(), f"{n}-0") for n in range(50)]
+        for event in sent:
+            await sink.emit(event)
+        await sink.flush()
+        assert published == len(sent)  # every one through nc.publish
+        events = source.__aiter__()
+        with anyio.fail_after(WAIT):
+            received = [await anext(events) for _ in sent]
+        assert [(e.data, e.id) for e in received] == [(e.data, e.id) for e in sent]
+        await source.aclose()
+
+        store = await JetStreamEventStore.connect(producer, stream="SW", prefix="sw")
+        try:
+            await store.open_stream("x")
+            appended = [await store.append("x", delta(n)) for n in range(30)]
+            await store.close_stream("x")
+            with anyio.fail_after(WAIT):
+                followed = [event async for event in store.follow("x")]
+        finally:
+            await producer.jetstream().delete_stream("SW")
+    assert followed == appended

@@ -1,4 +1,4 @@
-"""What reaches past ASGI into uvicorn (essessey/bindings/_server.py), on a real uvicorn.
+"""What reaches past ASGI into uvicorn (essessey/bindings/_uvicorn.py), on a real uvicorn.
 
 uvicorn has no public API for a request's transport, which the stalled-connection abort
 and the direct body writes need: these tests fail loudly, under every HTTP and WebSocket
@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -28,7 +31,13 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from essessey.bindings._server import body_writer, connection_aborter, frame_writer
+from essessey import check
+from essessey.bindings import _starlette, _uvicorn
+from essessey.bindings._uvicorn import body_writer, connection_aborter, frame_writer
+from essessey.bindings.sse import SSEDecoder
+from essessey.bindings.ws import decode_frame
+from essessey.demo import create_app
+from essessey.event import Event
 from tests.servers import serve
 
 # h11 always; httptools where it is installed (uvicorn[standard]).
@@ -143,7 +152,7 @@ def test_direct_body_writes_reach_the_client_framed_as_uvicorn_frames_them(
         raw = _raw_get(base)
     assert response.text == "direct asgi direct", (
         f"body_writer is not found under uvicorn's {http} in a {app} app: SSE events go "
-        "through ASGI sends, at several times the cost (see essessey/bindings/_server.py)"
+        "through ASGI sends, at several times the cost (see essessey/bindings/_uvicorn.py)"
     )
     # The chunks as the server itself frames them, the end included.
     assert raw.split(b"\r\n\r\n", 1)[1] == b"7\r\ndirect \r\n4\r\nasgi\r\n7\r\n direct\r\n0\r\n\r\n"
@@ -187,6 +196,7 @@ async def _frame_probe(websocket: WebSocket) -> None:
     await websocket.send_text('"asgi"')
     if writer is not None:
         writer.write(('"direct, with a multi-byte character: \u00e9 ' + "x" * 200 + '"').encode())
+        writer.write_joined([b'"joined 1"', ("x" * 70000).encode(), b'"joined 2"'])
     await websocket.close()
 
 
@@ -207,10 +217,11 @@ async def test_direct_frames_reach_the_client_under_websockets_sansio() -> None:
         frames = await _frames(base, compression=None)
     assert frames[:2] == ['"direct"', '"asgi"'], (
         "frame_writer is not found under uvicorn's websockets-sansio: hub frames go "
-        "through ASGI sends (see essessey/bindings/_server.py)"
+        "through ASGI sends (see essessey/bindings/_uvicorn.py)"
     )
-    assert len(frames) == 3
+    assert len(frames) == 6
     assert frames[2].startswith('"direct, with a multi-byte character: \u00e9')
+    assert frames[3:] == ['"joined 1"', "x" * 70000, '"joined 2"']
 
 
 @pytest.mark.anyio
@@ -227,3 +238,89 @@ async def test_frames_stay_on_asgi_with_an_extension_or_another_implementation(
     with serve(app, ws=ws) as base:
         frames = await _frames(base, compression=compression)
     assert frames == ['"asgi"']
+
+
+# -- the switches ----------------------------------------------------------------------------
+
+
+_SWITCHES = {
+    "ESSESSEY_UVICORN_INTERNALS": "essessey.bindings._uvicorn",
+    "ESSESSEY_STARLETTE_INTERNALS": "essessey.bindings._starlette",
+    "ESSESSEY_NATS_INTERNALS": "essessey._nats_py",
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "enabled"), [(None, True), ("on", True), ("off", False), ("0", False), ("NO", False)]
+)
+def test_each_switch_is_read_from_the_environment(value: str | None, enabled: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
+    if value is not None:
+        env.update(dict.fromkeys(_SWITCHES, value))
+    modules = ", ".join(_SWITCHES.values())
+    script = f"import {modules}; print([m.ENABLED for m in ({modules})])"
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str([enabled] * 3)
+
+
+@pytest.mark.parametrize("http", HTTP_IMPLEMENTATIONS)
+def test_with_uvicorns_switch_off_nothing_is_reached(
+    http: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_uvicorn, "ENABLED", False)
+    with serve(_probe_app(), http=http) as base:
+        answer = httpx.get(f"{base}/http", timeout=10).json()
+    assert answer == {"found": False, "aborted": False}
+    with serve(APPS["bare-asgi"](), http=http) as base:
+        assert httpx.get(base + "/", timeout=10).text == "asgi"
+
+
+@pytest.mark.anyio
+async def test_with_uvicorns_switch_off_frames_go_through_asgi(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_uvicorn, "ENABLED", False)
+    app = Starlette(routes=[WebSocketRoute("/ws", _frame_probe)])
+    with serve(app, ws="websockets-sansio") as base:
+        frames = await _frames(base, compression=None)
+    assert frames == ['"asgi"']
+
+
+def test_with_starlettes_switch_off_a_route_keeps_every_chunk_on_asgi(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_starlette, "ENABLED", False)
+    with serve(APPS["starlette-route"]()) as base:
+        assert httpx.get(base + "/", timeout=10).text == "asgi"
+    # A bare ASGI app has no wrapper to look through: still written directly.
+    with serve(APPS["bare-asgi"]()) as base:
+        assert httpx.get(base + "/", timeout=10).text == "direct asgi direct"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("switch", ["uvicorn", "starlette"])
+async def test_with_a_switch_off_a_turn_still_streams_whole(
+    switch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_uvicorn if switch == "uvicorn" else _starlette, "ENABLED", False)
+    with serve(create_app(), lifespan="on", ws="websockets-sansio") as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            started = await http.post("/streams", json={"deltas": 40, "delay_ms": 1})
+            stream_id = started.json()["stream_id"]
+            body = (await http.get(f"/streams/{stream_id}")).content
+        url = base.replace("http", "ws") + f"/streams/{stream_id}/ws"
+        frames: list[str] = []
+        async with websockets.connect(url) as socket:
+            with contextlib.suppress(websockets.ConnectionClosedOK):
+                while True:
+                    frames.append(str(await socket.recv()))
+    decoder = SSEDecoder()
+    over_sse = [
+        Event(m.event, m.data.encode(), m.id) for m in decoder.feed(body) if m.event != "ping"
+    ]
+    over_ws = [e for e in map(decode_frame, frames) if e.event != "ping"]
+    assert check(over_sse) == []
+    assert over_sse[-1].event == "message_stop"
+    assert [e.id for e in over_ws] == [e.id for e in over_sse]

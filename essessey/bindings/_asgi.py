@@ -7,7 +7,7 @@ WebSocket), a connection's helper tasks whose failure reaches the caller as the 
 itself (:func:`connection_tasks`), and one timer task per event loop for every
 connection's keep-alive and stalled-send deadlines (:func:`watch_line`). All of it runs
 on asyncio (or uvloop), as essessey does. What reaches into the server itself (an
-abort, a write straight to the transport) is in ``essessey.bindings._server``.
+abort, a write straight to the transport) is in ``essessey.bindings._uvicorn``.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._line import Line, LineEnded
-from essessey.bindings._server import BodyWriter, body_writer, connection_aborter
+from essessey.bindings._uvicorn import BodyWriter, body_writer, connection_aborter
 from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,

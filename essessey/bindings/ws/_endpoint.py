@@ -82,7 +82,7 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._line import Line, LineEnded
-from essessey.bindings._server import FrameWriter, connection_aborter, frame_writer
+from essessey.bindings._uvicorn import FrameWriter, connection_aborter, frame_writer
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.ws._frame import encode_frame, frame_bytes
 from essessey.bindings.ws._source import CloseCode
@@ -350,7 +350,7 @@ class _WSWire:
     event, written straight to the server's transport where that is safe (see
     ``frame_writer``), through ASGI otherwise."""
 
-    __slots__ = ("_abort", "_ending", "_websocket", "direct")
+    __slots__ = ("_abort", "_ending", "_websocket", "_writer", "direct")
 
     def __init__(self, websocket: WebSocket, ending: _Ending) -> None:
         self._websocket = websocket
@@ -358,14 +358,16 @@ class _WSWire:
         # Found now, in the request's own task (see connection_aborter and frame_writer).
         self._abort = connection_aborter()
         writer: FrameWriter | None = frame_writer()
+        self._writer = writer
         self.direct: Callable[[bytes], bool] | None = None if writer is None else writer.write
 
     async def send(self, frames: list[bytes], *, start: bool, more: bool) -> None:
-        direct = self.direct
+        frames = [frame for frame in frames if frame]
+        writer = self._writer
+        if not frames or (writer is not None and writer.write_joined(frames)):
+            return
         websocket = self._websocket
         for frame in frames:
-            if not frame or (direct is not None and direct(frame)):
-                continue
             try:
                 await websocket.send_text(frame.decode())
             except (WebSocketDisconnect, OSError):

@@ -1,16 +1,22 @@
-"""The one place that reaches past ASGI into the server (uvicorn) and Starlette.
+"""The one place essessey reaches into uvicorn's internals (written against uvicorn 0.55,
+with h11, httptools, and websockets' sans-I/O implementation).
 
 ASGI gives an app two things it cannot do through ``send``: abort a connection whose
 client stopped reading (:func:`connection_aborter`), and write a response body's chunk or
 a WebSocket frame without the server's per-message work (:func:`body_writer`,
-:func:`frame_writer`). uvicorn has no public API
-for either, so both find the connection the way uvicorn runs an app: the current task is
-its ``run_asgi``, whose ``self`` (the request's cycle) holds the connection's
-``transport``. Everything here is duck typed (uvicorn is never imported) and checked
-before it is used; anything unexpected (another server, a middleware that wraps
-``send``) means "not found", and the bindings go through ASGI as
-any app does. tests/test_server_reach.py fails loudly, under every HTTP and WebSocket
-implementation uvicorn is run with in the tests, when one of these stops being found.
+:func:`frame_writer`). uvicorn has no public API for either, so both find the connection
+the way uvicorn runs an app: the current task is its ``run_asgi``, whose ``self`` (the
+request's cycle) holds the connection's ``transport``. Everything here is duck typed
+(uvicorn is never imported) and checked before it is used; anything unexpected (another
+server, a middleware that wraps ``send``) means "not found", and the bindings go through
+ASGI as any app does.
+
+Switch: ``ESSESSEY_UVICORN_INTERNALS=off`` (or ``0``, ``false``, ``no``) in the
+environment when the process starts makes every function here answer "not found": every
+byte goes through ASGI and a stalled connection is left to uvicorn. For a uvicorn release
+the tests flag, or to rule these paths out while debugging. tests/test_server_reach.py
+fails loudly, under every HTTP and WebSocket implementation uvicorn is run with in the
+tests, when one of these stops being found.
 """
 
 from __future__ import annotations
@@ -18,19 +24,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
-import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-__all__ = ["BodyWriter", "FrameWriter", "body_writer", "connection_aborter", "frame_writer"]
+from essessey.bindings._starlette import unwrap_send
+
+__all__ = [
+    "ENABLED",
+    "BodyWriter",
+    "FrameWriter",
+    "body_writer",
+    "connection_aborter",
+    "frame_writer",
+]
 
 logger = logging.getLogger("essessey.bindings")
 
+_SWITCH: Final = os.environ.get("ESSESSEY_UVICORN_INTERNALS", "on").strip().lower()
+ENABLED: bool = _SWITCH not in ("off", "0", "false", "no")
+"""Whether uvicorn's internals are reached for (the environment switch, read at import)."""
+
 
 def _current_cycle() -> Any:
-    """uvicorn's cycle (its per-request object) for the current task, or None."""
+    """uvicorn's cycle (its per-request object) for the current task, or None (always
+    None with the switch off)."""
+    if not ENABLED:
+        return None
     task = asyncio.current_task()
     frame = getattr(task.get_coro() if task is not None else None, "cr_frame", None)
     return frame.f_locals.get("self") if frame is not None else None
@@ -92,45 +114,11 @@ def _no_abort() -> bool:
 # -- writing a body's chunks straight to the transport -------------------------------
 
 
-def _inner_codes(code: types.CodeType, name: str) -> Iterator[types.CodeType]:
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_name == name:
-                yield const
-            yield from _inner_codes(const, name)
-
-
-def _observing_wrappers() -> frozenset[types.CodeType]:
-    """The code of Starlette's own ``send`` wrappers that only note that the response
-    started (its exception handling and its error middleware, on every route of a
-    Starlette or FastAPI app), so that a body chunk that skips them changes nothing."""
-    try:
-        from starlette import _exception_handler
-        from starlette.middleware.errors import ServerErrorMiddleware
-    except ImportError:
-        return frozenset()
-    wrappers: Iterable[types.CodeType] = (
-        *_inner_codes(_exception_handler.wrap_app_handling_exceptions.__code__, "sender"),
-        *_inner_codes(ServerErrorMiddleware.__call__.__code__, "_send"),
-    )
-    return frozenset(code for code in wrappers if "send" in code.co_freevars)
-
-
-_OBSERVING_WRAPPERS: Final = _observing_wrappers()
-_MAX_WRAPPERS: Final = 16
-
-
 def _sends_to(send: Any, cycle: Any) -> bool:
-    """Whether ``send`` is ``cycle``'s own send, under nothing but observing wrappers."""
-    for _ in range(_MAX_WRAPPERS):
-        if getattr(send, "__self__", None) is cycle:
-            return getattr(send, "__name__", None) == "send"
-        code = getattr(send, "__code__", None)
-        if code not in _OBSERVING_WRAPPERS:
-            return False  # a middleware that may change the body: leave it to ASGI
-        closure = send.__closure__
-        send = closure[code.co_freevars.index("send")].cell_contents
-    return False
+    """Whether ``send`` is ``cycle``'s own send, under nothing but Starlette's observing
+    wrappers."""
+    inner = unwrap_send(send)
+    return getattr(inner, "__self__", None) is cycle and getattr(inner, "__name__", None) == "send"
 
 
 _FLOW_LIMIT: Final = 64 * 1024
@@ -239,26 +227,40 @@ class FrameWriter:
         self._transport = transport
         self._open = conn.state  # the state's OPEN, read while it is open (no import)
 
-    def write(self, payload: bytes) -> bool:
-        """Write ``payload`` (UTF-8 text) as one text frame now; False when it must go
-        through ASGI instead."""
+    def _writable(self) -> bool:
         transport = self._transport
-        if (
+        return not (
             transport.get_write_buffer_size() > _FLOW_LIMIT
             or transport.is_closing()
             or self._conn.state is not self._open
             or self._cycle.close_sent
-        ):
+        )
+
+    def write(self, payload: bytes) -> bool:
+        """Write ``payload`` (UTF-8 text) as one text frame now; False when it must go
+        through ASGI instead."""
+        if not self._writable():
             return False
-        size = len(payload)
-        if size < 126:
-            head = _TEXT_HEADS[size]
-        elif size < 65536:
-            head = b"\x81\x7e" + size.to_bytes(2, "big")
-        else:
-            head = b"\x81\x7f" + size.to_bytes(8, "big")
-        transport.write(head + payload)
+        self._transport.write(_text_head(len(payload)) + payload)
         return True
+
+    def write_joined(self, payloads: Sequence[bytes]) -> bool:
+        """Write each of ``payloads`` as a text frame, all in one write to the transport
+        now; False, having written none, when they must go through ASGI instead."""
+        if not self._writable():
+            return False
+        self._transport.write(b"".join([_text_head(len(p)) + p for p in payloads]))
+        return True
+
+
+def _text_head(size: int) -> bytes:
+    """The head of an unmasked text frame of ``size`` bytes (a server's frames are not
+    masked)."""
+    if size < 126:
+        return _TEXT_HEADS[size]
+    if size < 65536:
+        return b"\x81\x7e" + size.to_bytes(2, "big")
+    return b"\x81\x7f" + size.to_bytes(8, "big")
 
 
 _TEXT_HEADS: Final = tuple(bytes((0x81, size)) for size in range(126))
