@@ -517,7 +517,8 @@ async def test_follow_raises_before_any_event(nats: NatsServer) -> None:
 
 
 async def test_follow_raises_subscriber_lagged_past_max_lag(nats: NatsServer) -> None:
-    async with store_on(nats) as store:
+    async with connected(nats) as nc:
+        store = await JetStreamEventStore.connect(nc)
         await store.open_stream("s")
         events = await fill(store, "s", 2)
         follower = store.follow("s", max_lag=3)
@@ -528,10 +529,27 @@ async def test_follow_raises_subscriber_lagged_past_max_lag(nats: NatsServer) ->
             assert await anext(follower)
             assert await anext(follower)
             await fill(store, "s", 12)  # far behind
-            await anyio.sleep(0.2)  # delivered to this client, not taken
+            await _delivered_up_to_last(nc, store.stream_config().name)  # to it, not taken
             with pytest.raises(SubscriberLagged):
                 await anext(follower)
         await follower.aclose()
+
+
+async def _delivered_up_to_last(nc: Any, stream: str) -> None:
+    """Until the server has delivered the last message of ``stream`` to every consumer
+    of it (it is then in the client's queue): the follower's ordered consumer included."""
+    js = nc.jetstream()
+    target = (await js.stream_info(stream)).state.last_seq
+    while True:
+        infos = await js.consumers_info(stream)
+        if infos and all(
+            info.delivered is not None
+            and info.delivered.stream_seq is not None
+            and info.delivered.stream_seq >= target
+            for info in infos
+        ):
+            return
+        await anyio.sleep(0.01)
 
 
 async def test_the_backlog_replayed_on_attaching_is_not_lag(nats: NatsServer) -> None:
