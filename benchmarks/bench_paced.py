@@ -166,7 +166,13 @@ FLAVOURS: dict[str, tuple[str, str]] = {
     # hypercorn, run from Python as examples/hypercorn_serve.py runs it: its HTTP/1.1 (h11)
     # on asyncio, essessey's bodies through ASGI (its direct writes are uvicorn's only).
     "hypercorn": ("hypercorn h11", "asyncio"),
+    # granian's embedded server (its HTTP in Rust threads, the app on this process's
+    # asyncio loop): the worker a `granian --workers 1` process runs, with no supervisor
+    # process, so one process's CPU is all of it.
+    "granian": ("granian (Rust)", "asyncio"),
 }
+SERVER_NAMES = {"hypercorn": "hypercorn", "granian": "granian"}
+"""The server of a flavour other than uvicorn's two."""
 
 SWEEP_STEPS = [100, 200, 400, 600, 800, 1000, 1500, 2000, 3000]
 CONNECT_CONCURRENCY = 100
@@ -577,6 +583,8 @@ def serve(
         gc.freeze()
     if flavour == "hypercorn":
         return serve_hypercorn(app, port, max_streams, profile_path)
+    if flavour == "granian":
+        return serve_granian(app, port, max_streams, profile_path)
     http, loop = FLAVOURS[flavour]
     config = uvicorn.Config(
         app,
@@ -631,6 +639,46 @@ def serve_hypercorn(app: App, port: int, max_streams: int, profile_path: str | N
 
         threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    profiler = cProfile.Profile(time.process_time) if profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if profiler is not None and profile_path:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+    return 0
+
+
+def serve_granian(app: App, port: int, max_streams: int, profile_path: str | None) -> int:
+    """:func:`serve` under granian's embedded server (in this process, on asyncio) until
+    stdin closes."""
+    from granian.constants import Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server as GranianServer
+
+    server = GranianServer(
+        app,
+        address=HOST,
+        port=port,
+        interface=Interfaces.ASGI,
+        backlog=max(2048, max_streams),
+        log_level=LogLevels.warning,
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def stop_when_stdin_closes() -> None:
+            sys.stdin.buffer.read()
+            loop.call_soon_threadsafe(server.stop)
+
+        threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+        await server.serve()
 
     profiler = cProfile.Profile(time.process_time) if profile_path else None
     if profiler is not None:
@@ -1722,7 +1770,7 @@ def print_flavour(report: dict[str, Any], args: argparse.Namespace) -> None:
     http, loop = FLAVOURS[flavour]
     print()
     print(
-        f"== server flavour {flavour}: {'hypercorn' if flavour == 'hypercorn' else 'uvicorn'} "
+        f"== server flavour {flavour}: {SERVER_NAMES.get(flavour, 'uvicorn')} "
         f"http={http!r} loop={loop!r} (the NATS "
         f"publishing process on {loop}); client: {'uvloop' if uvloop else 'asyncio'}, raw sockets"
     )
@@ -1937,10 +1985,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--server",
-        choices=["h11", "standard", "hypercorn", "both", "all"],
+        choices=["h11", "standard", "hypercorn", "granian", "both", "all"],
         default="both",
-        help="server flavour(s): uvicorn h11, uvicorn httptools+uvloop (standard), hypercorn; "
-        "both = the two uvicorn flavours, all = the three",
+        help="server flavour(s): uvicorn h11, uvicorn httptools+uvloop (standard), hypercorn, "
+        "granian; both = the two uvicorn flavours, all = the four",
     )
     parser.add_argument(
         "--sweep",
@@ -2012,7 +2060,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.streams, args.max_streams = min(args.streams, capped), min(args.max_streams, capped)
 
-    groups = {"both": ["h11", "standard"], "all": ["h11", "standard", "hypercorn"]}
+    groups = {"both": ["h11", "standard"], "all": ["h11", "standard", "hypercorn", "granian"]}
     args.flavours = groups.get(args.server, [args.server])
     skipped: dict[str, str] = {}
     if "standard" in args.flavours:

@@ -40,6 +40,7 @@ FLAVOURS = {
     "h11": ("h11", "#4c78a8"),
     "standard": ("httptools+uvloop", "#f58518"),
     "hypercorn": ("hypercorn", "#54a24b"),
+    "granian": ("granian", "#b279a2"),
 }
 
 
