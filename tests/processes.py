@@ -9,6 +9,7 @@ puts the checkout on their path).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -50,18 +51,36 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> Non
 
 def stop_process(process: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
     """Stop ``process`` (SIGTERM, or SIGKILL with ``kill=True``) and wait for it, killing
-    it if it does not exit within STARTUP_TIMEOUT seconds."""
-    if process is None or process.poll() is not None:
+    it if it does not exit within STARTUP_TIMEOUT seconds; then kill what is left of the
+    process group :func:`spawn` gave it (a server's worker processes, which a SIGKILL of
+    their parent would orphan)."""
+    if process is None:
         return
-    if kill:
-        process.kill()
-    else:
-        process.terminate()
     try:
-        process.wait(timeout=STARTUP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=STARTUP_TIMEOUT)
+        if process.poll() is not None:
+            return
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
+        try:
+            process.wait(timeout=STARTUP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=STARTUP_TIMEOUT)
+    finally:
+        _kill_group(process)
+
+
+_GROUP_LEADERS: set[int] = set()
+"""The pids :func:`spawn` started in a process group of their own, still to be reaped."""
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    if process.pid in _GROUP_LEADERS:
+        _GROUP_LEADERS.discard(process.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _die_with_parent() -> None:
@@ -74,7 +93,12 @@ def _die_with_parent() -> None:
 
 
 def spawn(command: list[str], **options: Any) -> subprocess.Popen[bytes]:
-    """Start ``command`` as a child that dies with this process (on Linux)."""
+    """Start ``command`` as a child that dies with this process (on Linux), in a process
+    group of its own, which :func:`stop_process` kills whole."""
     if sys.platform == "linux":
         options.setdefault("preexec_fn", _die_with_parent)
-    return subprocess.Popen(command, **options)
+    options.setdefault("start_new_session", True)
+    process = subprocess.Popen(command, **options)
+    if options["start_new_session"]:
+        _GROUP_LEADERS.add(process.pid)
+    return process
