@@ -119,11 +119,18 @@ class _Stream:
         waiters = self.waiters
         if not waiters:
             return
-        self.waiters = []
+        if appended is None:
+            self.waiters = []
+            for follower in waiters:
+                follower.wake()
+            return
+        # The followers that take the event in this call stay on the list, in place (no
+        # list made per append); a woken one leaves it, and waits again once it has read.
         seq = self.next_seq - 1
+        kept = 0
         for follower in waiters:
             deliver = follower.deliver
-            if appended is not None and deliver is not None and follower.cursor == seq:
+            if deliver is not None and follower.cursor == seq:
                 try:
                     taken = deliver(appended)
                 except Exception:  # a reader's bug must not fail the writer's append
@@ -132,9 +139,11 @@ class _Stream:
                     taken = False
                 if taken:
                     follower.cursor = seq + 1
-                    self.waiters.append(follower)
+                    waiters[kept] = follower
+                    kept += 1
                     continue
             follower.wake()
+        del waiters[kept:]
 
     async def wait(self, follower: _Follower) -> None:
         """Until the next change the follower must read itself (an append it did not
@@ -292,25 +301,31 @@ class InMemoryEventStore:
     def append_nowait(self, stream_id: str, event: Event) -> Event:
         """:meth:`append` without a coroutine: the in-memory store never waits."""
         now = time.monotonic()
-        if stream_id in self._cleared_running and stream_id not in self._streams:
+        cleared = self._cleared_running
+        if cleared and stream_id in cleared and stream_id not in self._streams:
             if event.event != EventType.MESSAGE_START:
                 raise StreamReset(
                     f"stream {stream_id!r} was cleared while its turn ran; only a new "
                     "message may start it again"
                 )
-            del self._cleared_running[stream_id]
-        stream = self._create_or_touch(stream_id, now)
+            del cleared[stream_id]
+        streams = self._streams
+        stream = streams.get(stream_id)
+        if stream is not None and stream.updated >= now - self.max_age:
+            streams.move_to_end(stream_id)  # the common case of _create_or_touch
+        else:
+            stream = self._create_or_touch(stream_id, now)
         seq = stream.next_seq
         data = event.data
         datas = stream.datas
         if len(datas) == self.max_events_per_stream:
             stream.first_seq += 1  # the deques drop their oldest on append
-            dropped = _cost(datas[0])
+            dropped = len(datas[0]) + _EVENT_OVERHEAD
             stream.bytes -= dropped
             self._bytes -= dropped
         stream.names.append(event.event)
         datas.append(data)
-        size = _cost(data)
+        size = len(data) + _EVENT_OVERHEAD  # _cost, inline on the path of every event
         stream.bytes += size
         self._bytes += size
         if stream.bytes > self.max_bytes_per_stream:
