@@ -20,8 +20,8 @@ Switch: ``ESSESSEY_NATS_INTERNALS=off`` (or ``0``, ``false``, ``no``) in the env
 when the process starts turns every fast path here off (:func:`direct_publish`,
 :func:`direct_jetstream_publish`, :func:`queued_messages`,
 :func:`ready_push_subscription` answer "not available", and :func:`flush_connection` is
-nats-py's ``flush`` alone, which can answer before the server has read every command
-still in the client's buffer). :func:`subscription_finished` and
+two of nats-py's ``flush`` round trips, the first of which has the client write its
+buffer). :func:`subscription_finished` and
 :func:`lost_connection_error` keep reading a subscription's state either way: nats-py
 has no public way to tell a subscription that ended from one whose connection closed,
 and their defaults take a change for a lost connection, never for a clean end.
@@ -163,6 +163,11 @@ async def flush_connection(nc: Client) -> None:
             # It swallows a cancellation that arrives while it waits: hand it back, or a
             # timeout around this call would never fire.
             raise asyncio.CancelledError
+    else:
+        # Without it (the switch off, or another nats-py): a first round trip, whose PING
+        # wakes the client's flusher, which writes the buffer before that PONG can be
+        # read; the second PING then follows every buffered command.
+        await nc.flush()
     await nc.flush()
 
 
