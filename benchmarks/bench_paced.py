@@ -603,13 +603,19 @@ def serve(
         server.should_exit = True
 
     threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    return run_profiled(server.run, profile_path)
+
+
+def run_profiled(run: Callable[[], object], profile_path: str | None) -> int:
+    """Run a server until it stops, under cProfile when ``profile_path`` is given (its
+    stats written there); 0, the process's exit status."""
     # CPU time, not wall time: a paced server is idle most of the time, and a wall-clock
     # profile would show little but the wait in epoll.
     profiler = cProfile.Profile(time.process_time) if profile_path else None
     if profiler is not None:
         profiler.enable()
     try:
-        server.run()
+        run()
     except KeyboardInterrupt:
         pass
     finally:
@@ -640,18 +646,7 @@ def serve_hypercorn(app: App, port: int, max_streams: int, profile_path: str | N
         threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
-    profiler = cProfile.Profile(time.process_time) if profile_path else None
-    if profiler is not None:
-        profiler.enable()
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if profiler is not None and profile_path:
-            profiler.disable()
-            profiler.dump_stats(profile_path)
-    return 0
+    return run_profiled(lambda: asyncio.run(main()), profile_path)
 
 
 def serve_granian(app: App, port: int, max_streams: int, profile_path: str | None) -> int:
@@ -680,18 +675,7 @@ def serve_granian(app: App, port: int, max_streams: int, profile_path: str | Non
         threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
         await server.serve()
 
-    profiler = cProfile.Profile(time.process_time) if profile_path else None
-    if profiler is not None:
-        profiler.enable()
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if profiler is not None and profile_path:
-            profiler.disable()
-            profiler.dump_stats(profile_path)
-    return 0
+    return run_profiled(lambda: asyncio.run(main()), profile_path)
 
 
 # -- the NATS publishing process -------------------------------------------------------------
