@@ -160,11 +160,6 @@ class Line:
         self._burst_until = 0.0  # the first frame goes out at once
 
     @property
-    def held(self) -> bool:
-        """Whether frames wait for the next send."""
-        return bool(self._held)
-
-    @property
     def busy(self) -> bool:
         """Whether anything went out, is going out or waits to."""
         return self.started or self.sending or bool(self._held)
