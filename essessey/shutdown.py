@@ -143,6 +143,7 @@ async def _watch(state: _LoopState) -> None:
                 _fire(state)
                 return
             await asyncio.sleep(_Settings.interval)
+            _chain_signal_handlers()
     finally:
         state.watcher = None
 
@@ -202,8 +203,9 @@ def _chain_signal_handlers() -> None:
     shutdown at once on servers that tell the app nothing before they wait for its
     responses (granian) and on uvicorn without the poll's lag. A signal without a handler
     of Python's (the default action, or ignored) is left alone: nothing stops gracefully
-    on it. A server that installs its handler again later is chained again at the next
-    stream."""
+    on it. A server that installs its handler again later is chained again at the
+    watcher's next look (every ``interval``), not at every stream: reading the handlers
+    costs more than the rest of a stream's start."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in _SIGNALS:
@@ -220,9 +222,8 @@ def _chain_signal_handlers() -> None:
 
 
 def _ensure_watcher(state: _LoopState, loop: asyncio.AbstractEventLoop) -> None:
-    if _Settings.detect:
-        _chain_signal_handlers()
     if state.watcher is None and _Settings.detect:
+        _chain_signal_handlers()
         # A task of the loop, not of any one stream: it outlives the stream that started
         # it, and ends by itself once no stream is open (the loop holds it meanwhile).
         state.watcher = loop.create_task(_watch(state), name="essessey-shutdown-watcher")
