@@ -73,6 +73,7 @@ from essessey.stores import (
     DeliversInAppend,
     EventStore,
     InMemoryEventStore,
+    KnowsEventIds,
     SharedEventStore,
 )
 
@@ -287,6 +288,10 @@ class StreamHub:
         )
         self._delivering: DeliversInAppend | None = (
             self.store if isinstance(self.store, DeliversInAppend) else None
+        )
+        # The store's check of a resume point, when it has one that reads no events.
+        self._knows: Callable[[str, str], Awaitable[bool]] | None = (
+            self.store.knows if isinstance(self.store, KnowsEventIds) else None
         )
         self.dialect: Dialect = dialect
         self.max_lag = max_lag
@@ -638,6 +643,16 @@ class StreamHub:
         head: list[Event]
         if last_event_id is not None and prime is not None:
             head, after = await self._primed(stream_id, last_event_id, prime)
+        elif (
+            last_event_id is not None
+            and self._knows is not None
+            and not (snapshot and self.snapshot_after is not None)
+        ):
+            # Checked without reading what follows: the follow replays it as it goes,
+            # so the first event goes out without the whole rest read first.
+            if not await self._knows(stream_id, last_event_id):
+                raise await self._not_resumable(stream_id, last_event_id)
+            head, after = [], last_event_id
         elif last_event_id is not None:
             head, known = await self.store.since(stream_id, last_event_id)
             if not known:

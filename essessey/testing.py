@@ -52,7 +52,7 @@ from essessey.errors import (
 )
 from essessey.event import Event
 from essessey.protocol import EventType
-from essessey.stores import EventStore
+from essessey.stores import EventStore, KnowsEventIds
 
 __all__ = ["LEASES", "PER_STREAM", "EventStoreConformance"]
 
@@ -227,6 +227,8 @@ class EventStoreConformance:
             bogus = spell(epoch(events[0].id), seq(events[-1].id))
             assert bogus not in {event.id for event in events}
             assert await store.since("s", bogus) == ([], False)
+            if isinstance(store, KnowsEventIds):
+                assert await store.knows("s", bogus) is False
             with pytest.raises(UnknownEventId):
                 await read_all(store, "s", bogus)
 
@@ -504,6 +506,9 @@ class EventStoreConformance:
             for stream_id, stored, born in issued:
                 for asked in ("s0", "s1", "s2"):
                     got = await store.since(asked, stored.id)
+                    if isinstance(store, KnowsEventIds) and stored.id is not None:
+                        # A store's quick check of a resume point agrees with since().
+                        assert await store.knows(asked, stored.id) is got[1]
                     current = lives.get(asked, [])
                     same_life = asked == stream_id and born == life.get(asked, 0)
                     position = current.index(stored) if same_life else -1

@@ -487,6 +487,45 @@ async def test_an_unknown_last_id_raises_before_any_event() -> None:
             await read_all(hub.subscribe("nowhere"))
 
 
+class _CountingSince(InMemoryEventStore):
+    """The in-memory store, counting the reads of a stream's whole rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.since_calls = 0
+
+    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
+        self.since_calls += 1
+        return await super().since(stream_id, last_event_id)
+
+
+async def test_a_resume_replays_as_it_goes_instead_of_reading_the_rest_first() -> None:
+    # A reconnect to a long turn gets its first event without the whole rest of the
+    # stream made first: the resume point is checked alone, the follow replays.
+    store = _CountingSince()
+    async with StreamHub(store) as hub:
+        await hub.start("s", Scripted("s", 300))
+        with anyio.fail_after(WAIT):
+            await hub.wait("s")
+        events = await published(hub, "s")
+        for cut in (0, 150, len(events) - 1):
+            store.since_calls = 0
+            subscription = await hub.open("s", events[cut].id)
+            assert subscription.head == []
+            assert await read_all(aiter(subscription)) == events[cut + 1 :]
+            assert store.since_calls == 0
+        epoch = str(events[0].id).rpartition("-")[0]
+        for bogus in ("nonsense", f"{epoch}-9999"):
+            with pytest.raises(UnknownEventId):
+                await hub.open("s", bogus)
+        # With snapshots on, a far-behind resume is measured first: read as before.
+        store.since_calls = 0
+        async with StreamHub(store, snapshot_after=100) as snapshotting:
+            subscription = await snapshotting.open("s", events[0].id)
+            assert len(subscription.head) < len(events) - 1
+            assert store.since_calls == 1
+
+
 async def test_too_many_subscribers() -> None:
     producer = Scripted("s", 10, hold_at=1)
     lists: list[list[Event]] = [[], []]

@@ -28,10 +28,13 @@ from essessey.stores._contract import (
 from essessey.stores._contract import (
     DeliversInAppend as DeliversInAppend,
 )
+from essessey.stores._contract import (
+    KnowsEventIds as KnowsEventIds,
+)
 from essessey.stores._memory import InMemoryEventStore
 
-# AppendsWithoutWaiting and DeliversInAppend are imported for the hub, not exported: speed
-# capabilities of the in-memory store that a store of yours does not implement.
+# AppendsWithoutWaiting, DeliversInAppend and KnowsEventIds are imported for the hub, not
+# exported: speed capabilities of the stores here that a store of yours need not implement.
 
 __all__ = [
     "Deliver",

@@ -135,6 +135,17 @@ class AppendsWithoutWaiting(Protocol):
         ...
 
 
+@runtime_checkable
+class KnowsEventIds(Protocol):
+    """A store that can say whether a resume point is retained without reading the
+    events after it: a resume then replays through :meth:`EventStore.follow` as it goes,
+    instead of reading the whole rest of the stream before its first event."""
+
+    async def knows(self, stream_id: str, last_event_id: str) -> bool:
+        """Whether :meth:`EventStore.since` would call ``last_event_id`` known now."""
+        ...
+
+
 Deliver: TypeAlias = Callable[[Event], bool]
 """A reader's way to take an event in the writer's own append: True when it took the
 event (written to its connection, or held for its next write), False when it cannot now

@@ -394,6 +394,12 @@ class InMemoryEventStore:
             return seq + 1
         return None
 
+    async def knows(self, stream_id: str, last_event_id: str) -> bool:
+        """Whether :meth:`since` would call ``last_event_id`` known now, without making
+        the events after it."""
+        stream = self._get(stream_id)
+        return stream is not None and self._start(stream, last_event_id) is not None
+
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
         """The events after ``last_event_id`` and whether it is known (see the protocol).
 

@@ -96,6 +96,15 @@ def _is_retryable(exc: Exception) -> bool:
 _Arg: TypeAlias = "bytes | str | int"
 
 
+def _resume_point(snap: _Snapshot, last_event_id: str) -> int | None:
+    """The sequence of ``last_event_id`` when a resume after it has no gap (every event
+    after it retained, the same epoch), else None."""
+    seq = parse_event_id(last_event_id, snap.epoch)
+    if seq is None or not snap.first - 1 <= seq <= snap.seq:
+        return None
+    return seq
+
+
 class _Snapshot:
     """What one read of a stream id saw, in one transaction (``MULTI``: the server's time,
     the meta hash, the entries after the sequence asked for)."""
@@ -669,6 +678,14 @@ class RedisEventStore:
         key = self._key(stream_id, "m")
         return bool(await self._retry.run(lambda _: self.redis.exists(key)))
 
+    async def knows(self, stream_id: str, last_event_id: str) -> bool:
+        """Whether :meth:`since` would call ``last_event_id`` known now: one read of the
+        stream's state, none of its events."""
+        if not is_stream_id(stream_id):
+            return False
+        snap = await self._snapshot(stream_id, 0, 0)
+        return snap is not None and _resume_point(snap, last_event_id) is not None
+
     async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
         """The events after ``last_event_id`` (all retained ones when None) and whether
         that id is known: it is when every event after it is retained."""
@@ -679,8 +696,8 @@ class RedisEventStore:
             return [], False
         after = snap.first - 1
         if last_event_id is not None:
-            seq = parse_event_id(last_event_id, snap.epoch)
-            if seq is None or not snap.first - 1 <= seq <= snap.seq:
+            seq = _resume_point(snap, last_event_id)
+            if seq is None:
                 return [], False
             after = seq
         epoch = snap.epoch
