@@ -12,7 +12,8 @@ every stream, whichever replica produces it. Routes:
   :mod:`tests.chaos_app` (``K`` events, 250 by default), sleeping ``M`` ms after each
   event so that it lasts a while;
 - ``GET /turns/{stream_id}``: what this replica knows of a turn it started (running, how
-  far it got, when it started and finished, in ``time.time()`` seconds);
+  far it got, when it started and finished, in ``time.time()`` seconds, and whether its hub
+  still holds it: ``held``);
 - ``GET /healthz``: ``{"ok": true, "nats": <connected>}``;
 - ``POST /api/chat`` and the rest of ``essessey.dialects.ui.ui_chat_routes``, answering
   with :mod:`tests.ui_app`'s scripted turn.
@@ -170,7 +171,10 @@ async def turn_status(request: Request) -> Response:
     state = turns.get(request.path_params["stream_id"])
     if state is None:
         return JSONResponse({"error": "no turn started here"}, status_code=404)
-    return JSONResponse(asdict(state))
+    # "held": the hub's own view, True until the turn has ended in the store too (its
+    # lease released); "running" turns False as soon as the producer returns.
+    held = hub.running(request.path_params["stream_id"])
+    return JSONResponse({**asdict(state), "held": held})
 
 
 async def healthz(request: Request) -> Response:

@@ -418,6 +418,12 @@ async def test_a_turn_runs_on_one_replica_and_stops_from_the_other(
                     cancelled = (await http.post(f"{b.url}/turns/{stream_id}/cancel")).json()
                     took = time.monotonic() - asked
             status = await turn_status(http, a.url, stream_id)
+            # Asked again once the turn has ended in the store too (A's lease released),
+            # not only in its producer: until then a cancel can still reach it.
+            with anyio.fail_after(WAIT):
+                # Polled: another process's state, over HTTP; there is no event to await.
+                while (await turn_status(http, a.url, stream_id))["held"]:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
             again = (await http.post(f"{b.url}/turns/{stream_id}/cancel")).json()
             stored = await stored_turn(http, b.url, stream_id)
     print(f"lease: B's start got {busy.status_code}; B's cancel took {took:.2f} s")
