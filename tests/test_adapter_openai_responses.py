@@ -1217,6 +1217,130 @@ async def test_stream_round_needs_an_open_round() -> None:
         await stream_round(rounds, [_text("x")])
 
 
+# -- gateways that rename items: each part published once -------------------------------------
+
+_GW_THINKING = "**Plan**\n\nLook it up, then answer."
+_GW_TEXT = "The answer is 42, as the table in section 3 shows; the rest follows from it."
+
+
+def _pieces(text: str, size: int = 7) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _reasoning_item(text: str, item: str) -> dict[str, Any]:
+    return {"id": item, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+
+
+def _gateway_renames_reasoning_in_its_output() -> list[dict[str, Any]]:
+    return [
+        _created(),
+        *[_summary(p, item="rs_stream", out=0) for p in _pieces(_GW_THINKING)],
+        _summary_done(_GW_THINKING, item="rs_stream", out=0),
+        *[_text(p, item="msg_1", out=1) for p in _pieces(_GW_TEXT)],
+        _text_done(_GW_TEXT, item="msg_1", out=1),
+        _completed(
+            output=[_reasoning_item(_GW_THINKING, "rs_final"), _message_item(_GW_TEXT, "msg_1")]
+        ),
+    ]
+
+
+def _gateway_mints_an_id_per_event() -> list[dict[str, Any]]:
+    ids = (f"id_{n}" for n in itertools.count())
+    return [
+        _created(),
+        *[_summary(p, item=next(ids), out=0) for p in _pieces(_GW_THINKING)],
+        _summary_done(_GW_THINKING, item=next(ids), out=0),
+        _item_done(_reasoning_item(_GW_THINKING, next(ids)), 0),
+        *[_text(p, item=next(ids), out=1) for p in _pieces(_GW_TEXT)],
+        _text_done(_GW_TEXT, item=next(ids), out=1),
+        _item_done(_message_item(_GW_TEXT, next(ids)), 1),
+        _completed(
+            output=[
+                _reasoning_item(_GW_THINKING, next(ids)),
+                _message_item(_GW_TEXT, next(ids)),
+            ]
+        ),
+    ]
+
+
+def _done_events_name_another_id_at_the_same_index() -> list[dict[str, Any]]:
+    return [
+        _created(),
+        *[_summary(p, item="rs_1", out=0) for p in _pieces(_GW_THINKING)],
+        _summary_done(_GW_THINKING, item="rs_other", out=0),
+        *[_text(p, item="msg_1", out=1) for p in _pieces(_GW_TEXT)],
+        _text_done(_GW_TEXT, item="msg_other", out=1),
+        _item_done(_message_item(_GW_TEXT, "msg_third"), 1),
+        _completed(),
+    ]
+
+
+def _deltas_without_indexes() -> list[dict[str, Any]]:
+    def bare(event: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: v
+            for k, v in event.items()
+            if k not in ("output_index", "content_index", "summary_index")
+        }
+
+    return [
+        _created(),
+        *[bare(_summary(p, item="rs_1")) for p in _pieces(_GW_THINKING)],
+        _summary_done(_GW_THINKING, item="rs_1", out=0),
+        *[bare(_text(p, item="msg_1")) for p in _pieces(_GW_TEXT)],
+        _text_done(_GW_TEXT, item="msg_1", out=1),
+        _completed(
+            output=[_reasoning_item(_GW_THINKING, "rs_1"), _message_item(_GW_TEXT, "msg_1")]
+        ),
+    ]
+
+
+_GATEWAYS = {
+    "renamed-reasoning-in-terminal-output": _gateway_renames_reasoning_in_its_output,
+    "an-id-per-event": _gateway_mints_an_id_per_event,
+    "done-events-name-another-id": _done_events_name_another_id_at_the_same_index,
+    "deltas-without-indexes": _deltas_without_indexes,
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("shape", list(_GATEWAYS))
+async def test_a_part_a_gateway_renames_is_published_once(
+    shape: str, dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        message, published = await _publish(_GATEWAYS[shape](), dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.thinking == message.thinking == _GW_THINKING
+    assert parsed.text == message.text == _GW_TEXT
+    assert [item.kind for item in parsed.timeline] == ["thinking", "text"]
+    assert _warnings(caplog) == []
+
+
+@pytest.mark.anyio
+async def test_a_done_text_that_disagrees_is_not_published_beside_the_streamed_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The rule: what streamed is kept; a done value that extends it adds the rest; one
+    # that differs is logged by its length, and never published as a second copy.
+    events = [
+        _created(),
+        *[_text(p, item="msg_a", out=0) for p in _pieces(_GW_TEXT)],
+        _text_done(_GW_TEXT.upper(), item="msg_b", out=0),
+        _completed(output=[_message_item(_GW_TEXT.upper(), "msg_c")]),
+    ]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        message, published = await _publish(events)
+    assert reassemble_events(published).text == message.text == _GW_TEXT
+    assert [r for r in _warnings(caplog) if "differs from its deltas" in r] == [
+        f"event #{len(events) - 2}: a message part's done text ({len(_GW_TEXT)} characters) "
+        f"differs from its deltas ({len(_GW_TEXT)} characters); the streamed text is kept"
+    ]
+    assert _GW_TEXT.upper() not in caplog.text
+
+
 # -- content survives any split of its deltas -------------------------------------------------
 
 _TEXT = 'Voilà: the "answer" is\n42 ☃ — done.'

@@ -39,6 +39,10 @@ published as they came.
 The ``*.done`` events (``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done``, ..., and the output of ``response.completed``) carry each
 part whole: what the deltas left out is published from them (see :func:`stream_round`).
+A part is known by its item's ``output_index`` and its part index (0 when absent), the
+item id only where an event gives no index: gateways rename items (in the terminal
+output, at every event, in the done events), and a renamed item must not be published
+again as a new part.
 The lifecycle events with nothing to publish (``response.in_progress``,
 ``response.content_part.added``, ...) are read quietly. Every other event
 (``response.web_search_call.*``, ``response.file_search_call.*``,
@@ -59,7 +63,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
@@ -296,19 +300,28 @@ async def publish(
 # -- reading events ---------------------------------------------------------------------
 
 
-# A text or reasoning part: (kind, item id, part index). The kinds: "message" (an
-# output_text or refusal part, by content_index), "summary" (a reasoning summary part, by
-# summary_index), "reasoning" (a reasoning_text part, by content_index).
-_PartKey: TypeAlias = tuple[str, str | None, int | None]
+# Where an output item is: its output_index, or (only where no event gave it one) its item
+# id. Gateways rename items (a reasoning item's id in the terminal output, an id minted
+# per event, done events naming another id at the same index): the index is what holds.
+_Anchor: TypeAlias = tuple[Literal["index"], int] | tuple[Literal["item"], str | None]
+
+# A text or reasoning part: (kind, its item's anchor, part index, a missing one read as 0).
+# The kinds: "message" (an output_text or refusal part, by content_index), "summary" (a
+# reasoning summary part, by summary_index), "reasoning" (a reasoning_text part, by
+# content_index).
+_PartKey: TypeAlias = tuple[str, _Anchor, int]
 
 
 @dataclass(slots=True)
 class _Part:
-    """A chunk of a text or reasoning part (``done``: the part's whole text)."""
+    """A chunk of a text or reasoning part (``done``: the part's whole text), with the
+    names its event gave its item and its place in it."""
 
-    key: _PartKey
-    text: str
+    kind: str
+    item_id: str | None
     output_index: int | None
+    index: int | None
+    text: str
     done: bool = False
 
 
@@ -492,7 +505,7 @@ def _read_parts(
             part_kind, text_field = _PART_TYPES[part_type]
         text = opt_str(part.get(text_field), f"{at}.{text_field}")
         if text is not None and part_kind is not None:
-            parts.append(_Part((part_kind, item_id, k), text, output_index, done=True))
+            parts.append(_Part(part_kind, item_id, output_index, k, text, done=True))
     return parts
 
 
@@ -564,7 +577,7 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
         output_index = opt_int(data.get("output_index"), "output_index")
         index = opt_int(data.get(index_field), index_field)
         text = req_str(data.get(text_field), text_field)
-        return _Part((kind, item_id, index), text, output_index, done=name in _DONES), []
+        return _Part(kind, item_id, output_index, index, text, done=name in _DONES), []
     if name in ("response.function_call_arguments.delta", "response.function_call_arguments.done"):
         done = name.endswith(".done")
         output_index = opt_int(data.get("output_index"), "output_index")
@@ -594,7 +607,7 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
         whole = opt_str(part.get(text_field), f"part.{text_field}")
         if whole is None:
             return None, []
-        return _Part((kind, item_id, index), whole, output_index, done=True), []
+        return _Part(kind, item_id, output_index, index, whole, done=True), []
     if name in _LIFECYCLE:
         _, model, response_id = _read_response(data)
         return _Lifecycle(model, response_id), []
@@ -656,6 +669,8 @@ class _Reader:
     """
 
     __slots__ = (
+        "_anchor_of_index",
+        "_anchor_of_item",
         "_by_index",
         "_by_item",
         "_differs",
@@ -700,6 +715,8 @@ class _Reader:
         self._position = -1
         self._by_index: dict[int, _Call] = {}
         self._by_item: dict[str, _Call] = {}
+        self._anchor_of_index: dict[int, _Anchor] = {}
+        self._anchor_of_item: dict[str, _Anchor] = {}
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._text: list[str] = []
@@ -752,8 +769,9 @@ class _Reader:
             if op.done:
                 await self._settle_part(op)
             else:
-                self._received.setdefault(op.key, []).append(op.text)
-                await self._content(op.key, op.text, op.output_index)
+                key = self._key(op)
+                self._received.setdefault(key, []).append(op.text)
+                await self._content(key, op.text, op.output_index)
         elif isinstance(op, _Arguments):
             call = self._call_for(op.output_index, op.item_id)
             if op.done:
@@ -899,6 +917,29 @@ class _Reader:
 
     # -- text and reasoning ----------------------------------------------------------
 
+    def _key(self, part: _Part) -> _PartKey:
+        """The part's key: its item found by output_index, by item id where the index is
+        absent; what one event names the item by is remembered for the others, so an id
+        renamed or minted anew at a known index is the same item. An id already seen
+        at another index wins over the index (a terminal output that lists only some
+        items, at other positions)."""
+        output_index, item_id = part.output_index, part.item_id
+        found = None if item_id is None else self._anchor_of_item.get(item_id)
+        if found is None and output_index is not None:
+            found = self._anchor_of_index.get(output_index)
+        anchor: _Anchor
+        if found is not None:
+            anchor = found
+        elif output_index is not None:
+            anchor = ("index", output_index)
+        else:
+            anchor = ("item", item_id)
+        if output_index is not None:
+            self._anchor_of_index.setdefault(output_index, anchor)
+        if item_id is not None:
+            self._anchor_of_item.setdefault(item_id, anchor)
+        return (part.kind, anchor, part.index or 0)
+
     async def _content(self, key: _PartKey, text: str, output_index: int | None) -> None:
         if text:
             await self._held.put(_Piece(key, text), output_index)
@@ -921,7 +962,8 @@ class _Reader:
         self._thinking.append(text)
 
     async def _settle_part(self, part: _Part) -> None:
-        received = self._received.setdefault(part.key, [])
+        key = self._key(part)
+        received = self._received.setdefault(key, [])
         got = "".join(received)
         if part.text == got:
             return
@@ -929,14 +971,14 @@ class _Reader:
             # The deltas left the rest out (or there were none): it goes out now.
             rest = part.text[len(got) :]
             received.append(rest)
-            await self._content(part.key, rest, part.output_index)
-        elif part.key not in self._differs:
-            self._differs.add(part.key)
+            await self._content(key, rest, part.output_index)
+        elif key not in self._differs:
+            self._differs.add(key)
             logger.warning(
                 "event #%d: a %s part's done text (%d characters) differs from its deltas "
                 "(%d characters); the streamed text is kept",
                 self._position,
-                part.key[0],
+                part.kind,
                 len(part.text),
                 len(got),
             )
