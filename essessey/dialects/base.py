@@ -20,9 +20,9 @@ What the base does, once for every dialect, and why:
 - each event is read once (:func:`essessey.protocol.read`, shared with every other reader
   of it); a ping writes nothing; an event that is not a JSON object is skipped with a log
   line naming its type and length, never its content;
-- only the last frame of an event carries the event's ``id:``, so a client that lost the
-  connection part-way through an event's frames resumes from the event before and gets it
-  whole again;
+- every frame of an event carries an ``id:`` (``with_id``: the last the event's, each
+  before it ``<event id>:<n>``), so a client that lost the connection part-way through an
+  event's frames resumes after the last frame it got, with nothing twice;
 - a hook that finds the payload not laid out as the protocol says raises one of
   ``unreadable`` (KeyError, TypeError, ValueError, AttributeError by default): the event
   is skipped, logged by its type and the exception's class;
@@ -77,7 +77,7 @@ class DialectEncoder:
     # -- the one dispatch ----------------------------------------------------------------
 
     def encode(self, event: Event) -> bytes:
-        """The frames for ``event``, the last with its ``id:`` (``b""`` for none)."""
+        """The frames for ``event``, each with its ``id:`` (``b""`` for none)."""
         if self.ended or event.event == EventType.PING:
             return b""
         record = read(event)

@@ -10,9 +10,11 @@ Why each rule:
 
 - An encoder is stateful and serves one response: a dialect's frame often depends on
   what came before (which message is open, a tool call's index).
-- The frames an event becomes end with that event's ``id:`` (when it has one), and only
-  the last one carries it: a client that lost the connection part-way through an event's
-  frames resumes from the event before, so it is sent whole again rather than cut.
+- Every frame an event becomes carries an ``id:`` (when the event has one): the last the
+  event's own id, each one before it ``<event id>:<n>``, its place among the event's
+  frames (:func:`frame_id`). A client that lost the connection part-way through an
+  event's frames resumes by the last id it got and is sent exactly the frames after it:
+  the hub re-encodes that event and skips the ``n`` it had.
 - The ids are the protocol's own, whatever cursor the dialect also has, so a dialect
   resumes with ``Last-Event-ID`` on any replica like the protocol's SSE does.
 """
@@ -36,6 +38,31 @@ __all__ = [
     "with_id",
 ]
 
+_MAX_FRAMES: int = 9999
+"""The most frames one event may become with ids of their own (ids stay short)."""
+
+
+def frame_id(event_id: str, place: int) -> str:
+    """The id of frame ``place`` (1-based) of an event that becomes several frames, the
+    last excepted, which carries ``event_id`` itself."""
+    return f"{event_id}:{place}"
+
+
+def split_frame_id(value: str) -> tuple[str, int]:
+    """``(event id, n)`` for the id of a frame that is not an event's last
+    (``<event id>:<n>``, see :func:`frame_id`), else ``(value, 0)``."""
+    event_id, sep, place = value.rpartition(":")
+    if (
+        not sep
+        or not event_id
+        or not place.isascii()
+        or not place.isdigit()
+        or place[0] == "0"
+        or len(place) > len(str(_MAX_FRAMES))
+    ):
+        return value, 0
+    return event_id, int(place)
+
 
 def _forbidden_in(value: bytes) -> bool:
     """Whether ``value`` holds CR, LF or NUL, each of which would end an SSE line early."""
@@ -54,8 +81,8 @@ class FrameEncoder(Protocol):
     """One response's protocol events, in order, as a dialect's SSE frames."""
 
     def encode(self, event: Event) -> bytes:
-        """The frames for ``event`` (``b""`` when it writes none), the last of them with
-        the event's ``id:`` when it has one."""
+        """The frames for ``event`` (``b""`` when it writes none), each with an ``id:``
+        when the event has one (:func:`with_id`)."""
         ...
 
     def finish(self) -> bytes:
@@ -112,18 +139,24 @@ def id_line(event_id: str) -> bytes:
 
 
 def with_id(frames: list[bytes], event_id: str | None) -> bytes:
-    """``frames`` (whole SSE messages) joined, the last one given the ``id:`` line of
-    ``event_id`` when there is one; ``b""`` for no frames. ValueError for an id holding a
-    line break or NUL."""
+    """``frames`` (whole SSE messages) joined, each given an ``id:`` line when
+    ``event_id`` is given: the last ``event_id``, each one before it its
+    :func:`frame_id`; ``b""`` for no frames. ValueError for an id holding a line break or
+    NUL, or for more than 9,999 frames."""
     if not frames:
         return b""
-    last = frames[-1]
-    if event_id:
-        last = id_line(event_id) + last
+    if not event_id:
+        return frames[0] if len(frames) == 1 else b"".join(frames)
+    last = id_line(event_id) + frames[-1]
     if len(frames) == 1:
         return last
-    frames[-1] = last
-    return b"".join(frames)
+    if len(frames) > _MAX_FRAMES:
+        raise ValueError(f"an event of more than {_MAX_FRAMES} frames")
+    head = event_id.encode()
+    return b"".join(
+        [b"id: %s:%d\n%s" % (head, place, frame) for place, frame in enumerate(frames[:-1], 1)]
+        + [last]
+    )
 
 
 def data_frame(data: bytes, *, id: str | None = None, event: str | None = None) -> bytes:

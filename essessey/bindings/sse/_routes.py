@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 from essessey.bindings._asgi import SubscriptionCount, subscription_end
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._encoder import ErrorShape, FrameEncoder
+from essessey.bindings.sse._encoder import ErrorShape, FrameEncoder, split_frame_id
 from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import (
     RESUME_HEADERS_WITHIN,
@@ -68,6 +68,41 @@ _CANCEL_BODY_LIMIT = 1024
 """Bytes of a cancel request's body taken (and ignored); a larger one is left unread."""
 
 
+class _RestOfEvent(Event):
+    """The frames of an event after those a client resuming mid-event had, already
+    encoded (``data``): what a resume by a frame's id starts with."""
+
+    __slots__ = ()
+
+
+class _AfterFrame:
+    """A dialect's encoder on a resume by the id of a frame in the middle of an event's
+    frames: the rest of that event's frames (a :class:`_RestOfEvent`) as they are, then
+    every event as the dialect writes it."""
+
+    __slots__ = ("_encoder",)
+
+    def __init__(self, encoder: FrameEncoder) -> None:
+        self._encoder = encoder
+
+    def encode(self, event: Event) -> bytes:
+        if type(event) is _RestOfEvent:
+            return event.data
+        return self._encoder.encode(event)
+
+    def finish(self) -> bytes:
+        return self._encoder.finish()
+
+    def fail(self, error_type: str, message: str) -> bytes:
+        return self._encoder.fail(error_type, message)
+
+
+def _frames(encoded: bytes) -> list[bytes]:
+    """Whole SSE messages joined, apart again: each ends with a blank line, which no
+    message holds inside (its data lines are JSON, without line breaks)."""
+    return [message + b"\n\n" for message in encoded.split(b"\n\n")[:-1]]
+
+
 class HubSubscription:
     """A response's source: the hub's events for one stream, after ``last_event_id``.
 
@@ -80,7 +115,7 @@ class HubSubscription:
     a dialect counts its own events (Responses' sequence numbers), which a resume must
     count again the same way."""
 
-    __slots__ = ("_deliver", "_hub", "_last_event_id", "_primer", "_stream_id")
+    __slots__ = ("_deliver", "_hub", "_last_event_id", "_primer", "_skip", "_stream_id")
 
     def __init__(
         self,
@@ -88,11 +123,16 @@ class HubSubscription:
         stream_id: str,
         last_event_id: str | None,
         primer: FrameEncoder | None = None,
+        *,
+        skip: int = 0,
     ) -> None:
         self._hub = hub
         self._stream_id = stream_id
         self._last_event_id = last_event_id
         self._primer = primer
+        # With a primer: how many frames of the event ``last_event_id`` the client had
+        # (a resume by a frame's id); 0 when it had the event whole.
+        self._skip = skip
         self._deliver: Deliver | None = None
 
     def deliver_to(self, deliver: Deliver) -> None:
@@ -107,6 +147,7 @@ class HubSubscription:
             self._last_event_id,
             self._deliver,
             prime=primer.encode if primer is not None else None,
+            skip=self._skip,
         )
 
 
@@ -116,7 +157,8 @@ async def _follow(
     last_event_id: str | None,
     deliver: Deliver | None,
     *,
-    prime: Callable[[Event], object] | None,
+    prime: Callable[[Event], bytes] | None,
+    skip: int = 0,
 ) -> AsyncIterator[Event]:
     # Opened here, in the response's task: a refusal is raised before the first event,
     # and answered as an HTTP error. A dialect's resume (``prime``) reads the stream once:
@@ -127,9 +169,29 @@ async def _follow(
     error: Exception | None = None
     events: AsyncGenerator[Event, None] | None = None
     try:
+        rest = b""
+        encoded = [b""]  # the frames of the event resumed in, encoded again
+        if skip and prime is not None and last_event_id is not None:
+            # Resumed mid-event: that event is encoded again, as it was, and the frames
+            # the client had are left out.
+            encode = prime
+
+            def prime_keeping(event: Event) -> bytes:
+                encoded[0] = encode(event)
+                return encoded[0]
+
+            prime = prime_keeping
         subscription = await hub.open(stream_id, last_event_id, snapshot=prime is None, prime=prime)
+        if skip:
+            frames = _frames(encoded[0])
+            if skip >= len(frames):
+                raise UnknownEventId("no such frame of that event")  # an id never sent
+            rest = b"".join(frames[skip:])
         if deliver is not None:
             subscription.deliver_live(deliver)
+        if rest:
+            count.started()
+            yield _RestOfEvent("", rest)
         # Closed as soon as this response ends (the client left), so the hub's
         # subscriber count drops at once rather than when the collector gets to it.
         events = aiter(subscription)
@@ -190,7 +252,10 @@ async def subscription_response(
         )
     last_event_id = admitted.last_event_id
     if request.method == "HEAD":
-        refusal = await _head_refusal(hub, stream_id, last_event_id, headers, shape)
+        asked = last_event_id
+        if asked is not None and encoder is not None:
+            asked = split_frame_id(asked)[0]
+        refusal = await _head_refusal(hub, stream_id, asked, headers, shape)
         if refusal is not None:
             return refusal
     return stream_response(
@@ -219,7 +284,14 @@ def stream_response(
         # A resume may land in a pause of its turn: its headers must not wait for the
         # next event, or a proxy's idle timeout answers for it.
         options.setdefault("headers_within", RESUME_HEADERS_WITHIN)
-    source = HubSubscription(hub, stream_id, last_event_id, encoder)
+    skip = 0
+    if last_event_id is not None and encoder is not None:
+        # A dialect's frame in the middle of an event has an id of its own: the resume
+        # goes on from there (``with_id``).
+        last_event_id, skip = split_frame_id(last_event_id)
+    source = HubSubscription(hub, stream_id, last_event_id, encoder, skip=skip)
+    if skip and encoder is not None:
+        encoder = _AfterFrame(encoder)
     return EventStreamResponse(
         source, empty_status=empty_status, encoder=encoder, error_shape=error_shape, **options
     )
