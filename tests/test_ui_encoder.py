@@ -42,8 +42,9 @@ async def agent_turn(*, dialect: str = "essessey") -> list[Event]:
     return sink.events
 
 
-def encode(events: list[Event]) -> list[object]:
-    encoder = UIMessageEncoder()
+def encode(events: list[Event], *, usage_metadata: bool = False) -> list[object]:
+    # The finish's usage metadata is tested on its own (test_dialect_usage.py).
+    encoder = UIMessageEncoder(usage_metadata=usage_metadata)
     body = b"".join(line for event in events for line in encoder.feed(event)) + encoder.close()
     assert body.endswith(DONE)
     lines = body[: -len(DONE)].split(b"\n\n")

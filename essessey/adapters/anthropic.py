@@ -165,6 +165,9 @@ class _Reader:
         self.thinking_parts: list[str] = []
         # The stop reason (and sequence) a message_start's snapshot gave, if any.
         self.given_stop: tuple[str, str | None] | None = None
+        # The counts only message_start gave (cache reads and writes, ...): the end's
+        # usage carries them too, where a message_delta leaves them out.
+        self.start_counts: dict[str, int] = {}
 
     @property
     def complete(self) -> bool:
@@ -290,6 +293,11 @@ class _Reader:
         self.result.message_id = message_id
         self.result.model = model
         self.result.usage.update(usage)
+        self.start_counts = {
+            key: value
+            for key, value in usage.items()
+            if key not in ("input_tokens", "output_tokens")
+        }
         self.stage = _Stage.CONTENT
         stop_reason, stop_sequence = message.get("stop_reason"), message.get("stop_sequence")
         if isinstance(stop_reason, str):
@@ -419,6 +427,7 @@ class _Reader:
         self.text_parts = []
         self.thinking_parts = []
         self.given_stop = None
+        self.start_counts = {}
 
     async def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
         if self.stage is not _Stage.CONTENT:
@@ -448,7 +457,9 @@ class _Reader:
 
         ``payload`` is the provider's message_delta, or None when the message_start gave
         the stop reason (then the faithful dialect has nothing to add: the start said it).
+        The counts only the message_start gave join ``counts`` (the delta's win).
         """
+        counts = {**self.start_counts, **counts}
         block = self.block
         if block is not None:
             logger.warning(

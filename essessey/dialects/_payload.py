@@ -1,16 +1,96 @@
 """What the dialects read out of a protocol event's payload beyond the hooks' arguments:
 the payload itself for a reader outside the hooks, a ``message_delta``'s totals and a
-``message_start``'s input tokens, each read one way for every dialect."""
+turn's token counts (:class:`TurnUsage`), each read one way for every dialect."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from essessey.event import Event
-from essessey.protocol import Unreadable, read
+from essessey.protocol import EventType, Unreadable, read
 
-__all__ = ["input_tokens", "message_delta_totals", "read_payload"]
+__all__ = ["TurnUsage", "message_delta_totals", "read_payload"]
+
+_COUNTED: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+)
+"""The protocol's usage keys a dialect writes (docs/protocol.md, "Usage")."""
+
+
+class TurnUsage:
+    """A turn's token counts as every dialect reads them: within a message,
+    ``message_start``'s usage updated key by key by its ``message_delta``'s (a count the
+    delta leaves out keeps the start's); over the turn, its messages' counts added.
+
+    ``input_tokens`` counts the input that was neither read from nor written to a cache,
+    as the protocol does; :attr:`prompt_tokens` is all of it, as OpenAI's formats and
+    AG-UI count input."""
+
+    __slots__ = ("_closed", "_open")
+
+    def __init__(self) -> None:
+        self._closed = dict.fromkeys(_COUNTED, 0)
+        self._open: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> TurnUsage:
+        """The counts of a whole turn's events."""
+        usage = cls()
+        for event in events:
+            if event.event == EventType.MESSAGE_START:
+                payload = read(event).payload
+                message = payload.get("message") if isinstance(payload, dict) else None
+                if isinstance(message, dict):
+                    usage.message_start(message)
+            elif event.event == EventType.MESSAGE_DELTA:
+                payload = read(event).payload
+                if isinstance(payload, dict):
+                    usage.message_delta(payload)
+        return usage
+
+    def message_start(self, message: Mapping[str, Any]) -> None:
+        """A message starts, with its ``message_start``'s message."""
+        self._fold()
+        self._open = _counts(message.get("usage"))
+
+    def message_delta(self, payload: Mapping[str, Any]) -> None:
+        """The message's ``message_delta`` payload."""
+        self._open.update(_counts(payload.get("usage")))
+
+    def _fold(self) -> None:
+        for key, value in self._open.items():
+            self._closed[key] += value
+        self._open = {}
+
+    def count(self, key: str) -> int:
+        """The turn's count of ``key`` (one of the protocol's usage keys) so far."""
+        return self._closed[key] + self._open.get(key, 0)
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens (reasoning included, where the provider counts it so)."""
+        return self.count("output_tokens")
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All input tokens: uncached, read from a cache and written to one."""
+        return (
+            self.count("input_tokens")
+            + self.count("cache_read_input_tokens")
+            + self.count("cache_creation_input_tokens")
+        )
+
+
+def _counts(usage: object) -> dict[str, int]:
+    if not isinstance(usage, Mapping):
+        return {}
+    return {key: value for key in _COUNTED if type(value := usage.get(key)) is int and value >= 0}
 
 
 def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
@@ -37,9 +117,3 @@ def message_delta_totals(payload: dict[str, Any]) -> tuple[str | None, int]:
         reason if isinstance(reason, str) else None,
         output if isinstance(output, int) else 0,
     )
-
-
-def input_tokens(message: dict[str, Any]) -> int:
-    """The input tokens a ``message_start``'s message counts (0 when none)."""
-    prompt = (message.get("usage") or {}).get("input_tokens")
-    return prompt if isinstance(prompt, int) else 0

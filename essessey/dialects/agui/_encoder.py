@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import input_tokens, message_delta_totals
+from essessey.dialects._payload import TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
 from essessey.protocol import BlockType, DeltaType, StopReason
 
@@ -61,6 +61,14 @@ class _Block:
         self.size = 0
 
 
+_USAGE_DETAILS: Final = (
+    ("cache_read_input_tokens", "cachedInputTokens"),
+    ("cache_creation_input_tokens", "cacheWriteInputTokens"),
+    ("reasoning_tokens", "reasoningTokens"),
+)
+"""The protocol's usage keys AG-UI's ``TokenUsage`` has a field for, and the field."""
+
+
 class AGUIEncoder(DialectEncoder):
     """One turn's protocol events, in order, as AG-UI events (a
     :class:`~essessey.bindings.sse.FrameEncoder`) for the run ``run_id`` of the thread
@@ -85,8 +93,7 @@ class AGUIEncoder(DialectEncoder):
         self._stop_reason: str | None = None
         self._delta: dict[str, Any] | None = None
         self._model: str | None = None
-        self._input_tokens = 0
-        self._output_tokens = 0
+        self._usage = TurnUsage()
 
     # -- FrameEncoder --------------------------------------------------------------------
 
@@ -133,10 +140,10 @@ class AGUIEncoder(DialectEncoder):
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
         """Nothing yet: the stop reason and usage go into the step's and run's end."""
         self._delta = payload
-        reason, output = message_delta_totals(payload)
+        reason, _ = message_delta_totals(payload)
         if reason is not None:
             self._stop_reason = reason
-        self._output_tokens += output
+        self._usage.message_delta(payload)
         return []
 
     def on_message_stop(self) -> list[bytes]:
@@ -167,7 +174,7 @@ class AGUIEncoder(DialectEncoder):
         model = message.get("model")
         if isinstance(model, str) and model:
             self._model = model
-        self._input_tokens += input_tokens(message)
+        self._usage.message_start(message)
         return [*frames, _frame({"type": "STEP_STARTED", "stepName": self._step_name()})]
 
     def on_block_start(self, index: int, start: dict[str, Any]) -> list[bytes]:
@@ -301,11 +308,17 @@ class AGUIEncoder(DialectEncoder):
 
     def _end(self) -> list[bytes]:
         self.ended = True
+        counts = self._usage
+        prompt, output = counts.prompt_tokens, counts.output_tokens
         usage: dict[str, Any] = {
-            "inputTokens": self._input_tokens,
-            "outputTokens": self._output_tokens,
-            "totalTokens": self._input_tokens + self._output_tokens,
+            "inputTokens": prompt,
+            "outputTokens": output,
+            "totalTokens": prompt + output,
         }
+        # AG-UI's optional counts, where the turn has them.
+        for key, name in _USAGE_DETAILS:
+            if value := counts.count(key):
+                usage[name] = value
         if self._model:
             usage["model"] = self._model
         finished: dict[str, Any] = {"type": "RUN_FINISHED", "threadId": self.thread_id}

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import input_tokens, message_delta_totals
+from essessey.dialects._payload import TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
@@ -76,8 +76,7 @@ class ChatCompletionsEncoder(DialectEncoder):
         self._stop_reason: str | None = None
         self._finished = False  # a finish_reason was written
         self.ended = False  # an error was written: nothing more is
-        self._prompt_tokens = 0
-        self._completion_tokens = 0
+        self._usage = TurnUsage()
         self._content_head: bytes | None = None  # a content chunk up to its text
 
     # -- FrameEncoder --------------------------------------------------------------------
@@ -138,10 +137,10 @@ class ChatCompletionsEncoder(DialectEncoder):
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
         """Nothing yet: the finish reason and usage go into the last chunks."""
-        reason, output = message_delta_totals(payload)
+        reason, _ = message_delta_totals(payload)
         if reason is not None:
             self._stop_reason = reason
-        self._completion_tokens += output
+        self._usage.message_delta(payload)
         return []
 
     def on_message_stop(self) -> list[bytes]:
@@ -160,7 +159,7 @@ class ChatCompletionsEncoder(DialectEncoder):
         """The first chunk (the assistant's role), for the turn's first message only."""
         self._blocks.clear()
         self._stop_reason = None
-        self._prompt_tokens += input_tokens(message)
+        self._usage.message_start(message)
         if self._started:
             return []  # the next round of the same turn: one completion
         self._started = True
@@ -216,13 +215,24 @@ class ChatCompletionsEncoder(DialectEncoder):
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": {
-                    "prompt_tokens": self._prompt_tokens,
-                    "completion_tokens": self._completion_tokens,
-                    "total_tokens": self._prompt_tokens + self._completion_tokens,
-                },
+                "usage": openai_usage(self._usage),
             }
         )
+
+
+def openai_usage(usage: TurnUsage) -> dict[str, Any]:
+    """A turn's counts as a Chat Completions ``usage`` (docs/protocol.md, "Usage"): all
+    input as ``prompt_tokens``, the cache reads among them as
+    ``prompt_tokens_details.cached_tokens``, reasoning as
+    ``completion_tokens_details.reasoning_tokens``."""
+    prompt, output = usage.prompt_tokens, usage.output_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": usage.count("cache_read_input_tokens")},
+        "completion_tokens_details": {"reasoning_tokens": usage.count("reasoning_tokens")},
+    }
 
 
 def completion(
@@ -244,8 +254,6 @@ def completion(
             }
             for call in turn.tool_calls
         ]
-    prompt = turn.usage.get("input_tokens", 0)
-    output = turn.usage.get("output_tokens", 0)
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -258,11 +266,7 @@ def completion(
                 "finish_reason": FINISH_REASONS.get(turn.stop_reason or "", "stop"),
             }
         ],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": output,
-            "total_tokens": prompt + output,
-        },
+        "usage": openai_usage(TurnUsage.of(events)),
     }
 
 

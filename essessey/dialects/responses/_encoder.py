@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import input_tokens, message_delta_totals
+from essessey.dialects._payload import TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
 from essessey.protocol import BlockType, DeltaType, StopReason
 
@@ -105,8 +105,7 @@ class ResponsesEncoder(DialectEncoder):
         self._output: list[dict[str, Any]] = []  # done items, for the final response
         self._next_output = 0
         self._stop_reason: str | None = None
-        self._input_tokens = 0
-        self._output_tokens = 0
+        self._usage = TurnUsage()
         self._final: dict[str, Any] = {}
 
     # -- FrameEncoder --------------------------------------------------------------------
@@ -166,12 +165,17 @@ class ResponsesEncoder(DialectEncoder):
         return [b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"]
 
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
+        counts = self._usage
+        prompt, output = counts.prompt_tokens, counts.output_tokens
         usage = {
-            "input_tokens": self._input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": self._output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": self._input_tokens + self._output_tokens,
+            "input_tokens": prompt,
+            "input_tokens_details": {
+                "cached_tokens": counts.count("cache_read_input_tokens"),
+                "cache_write_tokens": counts.count("cache_creation_input_tokens"),
+            },
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": counts.count("reasoning_tokens")},
+            "total_tokens": prompt + output,
         }
         return {
             "id": self.response_id,
@@ -209,10 +213,10 @@ class ResponsesEncoder(DialectEncoder):
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
         """Nothing yet: the stop reason and usage go into the response's end."""
-        reason, output = message_delta_totals(payload)
+        reason, _ = message_delta_totals(payload)
         if reason is not None:
             self._stop_reason = reason
-        self._output_tokens += output
+        self._usage.message_delta(payload)
         return []
 
     def on_message_stop(self) -> list[bytes]:
@@ -224,7 +228,7 @@ class ResponsesEncoder(DialectEncoder):
     def _start(self, message: dict[str, Any]) -> list[bytes]:
         self._items.clear()
         self._stop_reason = None
-        self._input_tokens += input_tokens(message)
+        self._usage.message_start(message)
         if self._started:
             return []  # the next round of the same turn: one response
         self._started = True

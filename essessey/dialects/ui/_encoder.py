@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import read_payload
+from essessey.dialects._payload import TurnUsage, read_payload
 from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
@@ -104,11 +104,20 @@ class UIMessageEncoder(DialectEncoder):
     unreadable = (KeyError, TypeError, ValueError)
 
     def __init__(
-        self, *, message_id: str | None = None, max_buffer: int = DEFAULT_MAX_BUFFER
+        self,
+        *,
+        message_id: str | None = None,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        usage_metadata: bool = True,
     ) -> None:
         if max_buffer <= 0:
             raise ValueError("max_buffer must be > 0")
         self.max_buffer = max_buffer
+        self.usage_metadata = usage_metadata
+        """Whether ``finish`` carries the turn's token counts as its ``messageMetadata``
+        (``{"usage": {...}}``, the AI SDK's usage fields): off for an app whose message
+        metadata schema has no room for them."""
+        self._usage = TurnUsage()
         # The UI message's id: given, else the first protocol message's. A replay must
         # name the same one, or the client shows the turn twice.
         self.message_id = message_id
@@ -165,10 +174,24 @@ class UIMessageEncoder(DialectEncoder):
                 chunk: dict[str, Any] = {"type": "finish"}
                 if self._stop_reason is not None:
                     chunk["finishReason"] = FINISH_REASONS.get(self._stop_reason, "other")
+                if self.usage_metadata:
+                    chunk["messageMetadata"] = {"usage": self._usage_fields()}
                 out.append(frame(chunk))
         out.append(DONE)
         self.ended = True
         return b"".join(out)
+
+    def _usage_fields(self) -> dict[str, int]:
+        """The turn's counts in the AI SDK's usage fields (``LanguageModelUsage``)."""
+        counts = self._usage
+        prompt, output = counts.prompt_tokens, counts.output_tokens
+        return {
+            "inputTokens": prompt,
+            "outputTokens": output,
+            "totalTokens": prompt + output,
+            "reasoningTokens": counts.count("reasoning_tokens"),
+            "cachedInputTokens": counts.count("cache_read_input_tokens"),
+        }
 
     # -- the events ------------------------------------------------------------------------
 
@@ -194,6 +217,7 @@ class UIMessageEncoder(DialectEncoder):
         reason = payload.get("delta", {}).get("stop_reason")
         if isinstance(reason, str):
             self._stop_reason = reason
+        self._usage.message_delta(payload)
         return []
 
     def on_message_stop(self) -> list[bytes]:
@@ -203,6 +227,9 @@ class UIMessageEncoder(DialectEncoder):
         return [frame({"type": "finish-step"})]
 
     def _message_start(self, payload: dict[str, Any]) -> list[bytes]:
+        message = payload.get("message")
+        if isinstance(message, dict):
+            self._usage.message_start(message)
         out: list[bytes] = []
         if self._in_step:  # a message that never stopped: its step ends here
             out.append(frame({"type": "finish-step"}))
