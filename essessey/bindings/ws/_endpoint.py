@@ -370,7 +370,10 @@ class _WSWire:
         for frame in frames:
             try:
                 await websocket.send_text(frame.decode())
-            except (WebSocketDisconnect, OSError):
+            except (WebSocketDisconnect, OSError, RuntimeError):
+                # RuntimeError: the server closed the connection itself (uvicorn does on a
+                # client's protocol error, such as a frame of invalid UTF-8) and refuses
+                # any further send, as Starlette does once a close went either way.
                 logger.debug("the WebSocket client went away during a send")
                 self._ending.disconnected = True
                 raise ConnectionResetError("the WebSocket client went away") from None
