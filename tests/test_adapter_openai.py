@@ -120,7 +120,7 @@ EXPECTED: dict[str, Expected] = {
         model="gpt-4o-mini-2024-07-18",
     ),
     "content_filter.json": Expected(
-        text="Here is the story: once", stop_reason="end_turn", model="gpt-4o-2024-08-06"
+        text="Here is the story: once", stop_reason="refusal", model="gpt-4o-2024-08-06"
     ),
     "late_name.json": Expected(
         calls=(("call_msg_test_0", "lookup", {"id": 7}), ("D681PevKs", "lookup", {"id": 8})),
@@ -349,8 +349,8 @@ async def test_empty_stream_is_an_empty_message() -> None:
         ("tool_calls", True, "tool_use"),
         ("tool_calls", False, "tool_use"),
         ("function_call", True, "tool_use"),
-        ("content_filter", False, "end_turn"),
-        ("content_filter", True, "end_turn"),
+        ("content_filter", False, "refusal"),
+        ("content_filter", True, "refusal"),
         ("eos", False, "eos"),
         ("abort", True, "abort"),
     ],

@@ -654,8 +654,8 @@ async def test_a_stream_without_a_terminal_event_ends_with_an_error(
         ("", None, False, "end_turn"),
         ("incomplete", "max_output_tokens", False, "max_tokens"),
         ("incomplete", "max_output_tokens", True, "max_tokens"),
-        ("incomplete", "content_filter", False, "end_turn"),
-        ("incomplete", "content_filter", True, "end_turn"),
+        ("incomplete", "content_filter", False, "refusal"),
+        ("incomplete", "content_filter", True, "refusal"),
         ("incomplete", "max_messages", True, "end_turn"),
         ("incomplete", None, False, "end_turn"),
         ("cancelled", None, False, "cancelled"),
@@ -669,14 +669,14 @@ def test_map_stop_reason(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_incomplete_for_a_content_filter_ends_the_turn(dialect: Dialect) -> None:
+async def test_incomplete_for_a_content_filter_is_a_refusal(dialect: Dialect) -> None:
     a = _call_item(1, '{"x": 1}')
     events = [_created(), _text("Here is"), _added(a, 1), _incomplete("content_filter")]
     message, published = await _publish(events, dialect)
     assert check(published) == []
     parsed = reassemble_events(published)
     assert parsed.complete
-    assert parsed.stop_reason == message.stop_reason == "end_turn"  # its calls are not to run
+    assert parsed.stop_reason == message.stop_reason == "refusal"  # its calls are not to run
     assert message.incomplete_reason == "content_filter"
     assert [c.arguments for c in parsed.tool_calls] == ['{"x": 1}']
 

@@ -68,7 +68,7 @@ _STOP_REASONS: Final[dict[str, str]] = {
     "length": StopReason.MAX_TOKENS,
     "tool_calls": StopReason.TOOL_USE,
     "function_call": StopReason.TOOL_USE,
-    "content_filter": StopReason.END_TURN,
+    "content_filter": StopReason.REFUSAL,
 }
 
 
@@ -84,7 +84,7 @@ def map_stop_reason(finish_reason: str | None, *, tool_calls: bool = False) -> s
       ``"end_turn"``: several servers (Ollama, some vLLM and LiteLLM backends) say
       ``"stop"`` after tool calls, and an agent loop reading ``"end_turn"`` would never
       run them.
-    - ``"content_filter"`` -> ``"end_turn"``, even with tool calls: a filter cut the
+    - ``"content_filter"`` -> ``"refusal"``, even with tool calls: a filter cut the
       output, so its calls are not to be run.
     - anything else -> passed through unchanged (stop reasons are an open set).
     """

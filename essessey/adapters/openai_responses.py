@@ -124,9 +124,9 @@ def map_stop_reason(
       ``"end_turn"``.
     - ``"incomplete"`` with ``"max_output_tokens"`` -> ``"max_tokens"``, with or without
       tool calls (their arguments may be cut off, and the caller must know).
-    - ``"incomplete"`` for any other reason (``"content_filter"``, ``"max_messages"``,
-      ``"steered"``, none) -> ``"end_turn"``, even with tool calls: the output was cut,
-      so its calls are not to be run.
+    - ``"incomplete"`` with ``"content_filter"`` -> ``"refusal"``; for any other reason
+      (``"max_messages"``, ``"steered"``, none) -> ``"end_turn"``; either even with tool
+      calls: the output was cut, so its calls are not to be run.
     - anything else (``"cancelled"``, ...) -> passed through unchanged (stop reasons are
       an open set). A failed response has no stop reason: it ends with an ``error``.
     """
@@ -135,6 +135,8 @@ def map_stop_reason(
     if status == "incomplete":
         if incomplete_reason == "max_output_tokens":
             return StopReason.MAX_TOKENS
+        if incomplete_reason == "content_filter":
+            return StopReason.REFUSAL
         return StopReason.END_TURN
     return status
 

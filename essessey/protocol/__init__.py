@@ -119,6 +119,12 @@ class StopReason:
     TOOL_USE: Final = "tool_use"
     MAX_TOKENS: Final = "max_tokens"
     STOP_SEQUENCE: Final = "stop_sequence"
+    PAUSE_TURN: Final = "pause_turn"
+    """A long turn paused by the provider (its server tools): send it back to go on."""
+    REFUSAL: Final = "refusal"
+    """The provider declined to go on (a safety classifier, a content filter)."""
+    MODEL_CONTEXT_WINDOW_EXCEEDED: Final = "model_context_window_exceeded"
+    """The model's context window filled up before the answer ended."""
     CANCELLED: Final = "cancelled"
     """essessey's own: the turn was cancelled (``StreamHub.cancel``) before it finished."""
 

@@ -26,8 +26,10 @@ FINISH_REASONS: Final[dict[str, str]] = {
     StopReason.STOP_SEQUENCE: "stop",
     StopReason.TOOL_USE: "tool_calls",
     StopReason.MAX_TOKENS: "length",
+    StopReason.MODEL_CONTEXT_WINDOW_EXCEEDED: "length",
+    StopReason.PAUSE_TURN: "stop",
     StopReason.CANCELLED: "stop",
-    "refusal": "content_filter",
+    StopReason.REFUSAL: "content_filter",
 }
 """Stop reasons and the ``finish_reason`` each maps to; any other is ``stop``."""
 

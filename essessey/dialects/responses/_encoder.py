@@ -69,6 +69,15 @@ class _Item:
         )
 
 
+_INCOMPLETE: Final[dict[str, str]] = {
+    StopReason.MAX_TOKENS: "max_output_tokens",
+    StopReason.MODEL_CONTEXT_WINDOW_EXCEEDED: "max_output_tokens",
+    StopReason.REFUSAL: "content_filter",
+}
+"""The stop reasons that end a response ``incomplete``, and its ``incomplete_details``
+reason; a cancelled turn ends ``cancelled``, any other ``completed``."""
+
+
 class ResponsesEncoder(DialectEncoder):
     """One turn's protocol events, in order, as Responses stream events (a
     :class:`~essessey.bindings.sse.FrameEncoder`).
@@ -390,8 +399,9 @@ class ResponsesEncoder(DialectEncoder):
     def _end(self) -> list[bytes]:
         self.ended = True
         reason = self._stop_reason
-        if reason == StopReason.MAX_TOKENS:
-            details = {"reason": "max_output_tokens"}
+        incomplete = _INCOMPLETE.get(reason or "")
+        if incomplete is not None:
+            details = {"reason": incomplete}
             self._final = self._response("incomplete", incomplete_details=details)
             return self._emit("response.incomplete", {"response": self._final})
         if reason == StopReason.CANCELLED:

@@ -55,7 +55,8 @@ FINISH_REASONS: Final[dict[str, str]] = {
     StopReason.STOP_SEQUENCE: "stop",
     StopReason.TOOL_USE: "tool-calls",
     StopReason.MAX_TOKENS: "length",
-    "refusal": "content-filter",
+    StopReason.MODEL_CONTEXT_WINDOW_EXCEEDED: "length",
+    StopReason.REFUSAL: "content-filter",
 }
 """Stop reasons and the AI SDK finish reasons they map to; any other is ``other``."""
 
