@@ -370,11 +370,14 @@ class Publisher:
         output_tokens: int,
         *,
         stop_sequence: str | None = None,
+        stop_details: Mapping[str, Any] | None = None,
         **usage: int,
     ) -> None:
         """Say why the message stopped, with its usage.
 
-        Extra keyword arguments are usage counts (``input_tokens``,
+        ``stop_details`` is the provider's account of the stop beside its reason (the
+        Anthropic API's ``stop_details``, such as a refusal's category), carried in the
+        delta as given. Extra keyword arguments are usage counts (``input_tokens``,
         ``cache_read_input_tokens``, ``cache_creation_input_tokens``, ...). The anthropic
         dialect always reports ``input_tokens`` (from message_start when not given),
         because its clients read final usage from this event.
@@ -391,13 +394,12 @@ class Publisher:
             counts["output_tokens"] = output_tokens
         else:
             counts = {"output_tokens": output_tokens, **usage}
+        delta: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+        if stop_details is not None:
+            delta["stop_details"] = dict(stop_details)
         await self._send(
             EventType.MESSAGE_DELTA,
-            {
-                "type": EventType.MESSAGE_DELTA,
-                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                "usage": counts,
-            },
+            {"type": EventType.MESSAGE_DELTA, "delta": delta, "usage": counts},
         )
 
     async def send_message_stop(self) -> None:
@@ -445,12 +447,17 @@ class Publisher:
         output_tokens: int,
         *,
         stop_sequence: str | None = None,
+        stop_details: Mapping[str, Any] | None = None,
         **usage: int,
     ) -> None:
         """``message_delta`` then ``message_stop``: how every turn ends."""
         async with _step("send_stream_epilogue", "message_delta"):
             await self.send_message_delta(
-                stop_reason, output_tokens, stop_sequence=stop_sequence, **usage
+                stop_reason,
+                output_tokens,
+                stop_sequence=stop_sequence,
+                stop_details=stop_details,
+                **usage,
             )
         async with _step("send_stream_epilogue", "message_stop"):
             await self.send_message_stop()

@@ -231,6 +231,7 @@ class _Summary:
     model: str | None = None
     stop_reason: str | None = None
     stop_sequence: str | None = None
+    stop_details: Mapping[str, Any] | None = None
     usage: Mapping[str, Any] = field(default_factory=dict)
     error: ParsedError | None = None
     complete: bool = False
@@ -250,6 +251,8 @@ class ParsedMessage(_Summary):
       matched by ``tool_use_id`` to the first later result naming it in this message.
     - ``tool_names``: the called tools' names, each once, in order of first call.
     - ``usage``: ``message_start``'s usage updated key by key by ``message_delta``'s.
+    - ``stop_details``: the ``message_delta``'s ``stop_details`` (the provider's account
+      of its stop, such as a refusal's category), when it gave one.
     - ``error``: the ``error`` event that ended this message, if one did.
     - ``complete``: ``message_stop`` arrived and no error ended the message first.
     - ``implicit``: the events came without a ``message_start`` (a transcript that
@@ -274,7 +277,8 @@ class ParsedStream(_Summary):
       message (``message=None``).
     - ``signature``, ``stream_id``, ``message_id``, ``model``: from the last message
       that has one.
-    - ``stop_reason``, ``stop_sequence``: the last message's (None if it did not say).
+    - ``stop_reason``, ``stop_sequence``, ``stop_details``: the last message's (None if it
+      did not say).
     - ``usage``: the messages' usages added key by key (integer counts are summed,
       nested objects are added the same way, any other value is the last one seen).
     - ``error``: the last ``error`` event in the stream, inside a message or not.
@@ -436,6 +440,7 @@ class _Message:
         "model",
         "number",
         "runs",
+        "stop_details",
         "stop_reason",
         "stop_sequence",
         "stopped",
@@ -451,6 +456,7 @@ class _Message:
         self.model: str | None = None
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
+        self.stop_details: dict[str, Any] | None = None
         self.usage: dict[str, Any] = {}
         self.error: ParsedError | None = None
         self.stopped = False
@@ -618,6 +624,9 @@ class Reassembler:
             message.stop_reason = delta["stop_reason"]
         if "stop_sequence" in delta:
             message.stop_sequence = delta["stop_sequence"]
+        details = delta.get("stop_details")
+        if isinstance(details, dict):
+            message.stop_details = details
         if usage:
             message.usage.update(usage)
 
@@ -824,6 +833,7 @@ class Reassembler:
             model=message.model,
             stop_reason=message.stop_reason,
             stop_sequence=message.stop_sequence,
+            stop_details=message.stop_details,
             usage=dict(message.usage),
             error=message.error,
             complete=message.stopped and message.error is None,
@@ -1027,6 +1037,7 @@ def _stream_result(
         model=_last(message.model for message in messages),
         stop_reason=last.stop_reason if last else None,
         stop_sequence=last.stop_sequence if last else None,
+        stop_details=last.stop_details if last else None,
         usage=usage,
         error=last_error,
         complete=last is not None and last.complete and not error_after_stop,

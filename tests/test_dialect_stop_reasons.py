@@ -9,7 +9,8 @@ import openai.types.responses
 import orjson
 import pytest
 
-from essessey import Event, InMemorySink, Publisher, StopReason
+from essessey import Event, InMemorySink, Publisher, StopReason, check, reassemble_events
+from essessey.adapters import anthropic as anthropic_adapter
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
@@ -97,3 +98,40 @@ async def test_agui_carries_the_stop_reason(stop_reason: str) -> None:
         assert (last["type"], last["code"]) == ("RUN_ERROR", "CANCELLED")
     else:
         assert last["type"] == "RUN_FINISHED"
+
+
+@pytest.mark.parametrize("dialect", ["essessey", "anthropic"])
+async def test_anthropic_stop_details_reach_the_reader(dialect: str) -> None:
+    details = {"type": "refusal", "category": "cyber", "explanation": None}
+    message = {
+        "id": "msg_a",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-x",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 0},
+    }
+    events = [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "I"}},
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "refusal", "stop_sequence": None, "stop_details": details},
+            "usage": {"output_tokens": 1},
+        },
+        {"type": "message_stop"},
+    ]
+    sink = InMemorySink()
+    await anthropic_adapter.publish(Publisher(sink, dialect=dialect), events, stream_id="s")
+    assert check(sink.events) == []
+    parsed = reassemble_events(sink.events)
+    assert (parsed.stop_reason, parsed.stop_details) == ("refusal", details)
+    assert parsed.messages[0].stop_details == details
+    chunks = data_of(ChatCompletionsEncoder("c"), sink.events)
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == (
+        "content_filter"
+    )

@@ -168,6 +168,8 @@ class _Reader:
         # The counts only message_start gave (cache reads and writes, ...): the end's
         # usage carries them too, where a message_delta leaves them out.
         self.start_counts: dict[str, int] = {}
+        # The message_delta's stop_details (the provider's account of its stop), if any.
+        self.stop_details: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -428,6 +430,7 @@ class _Reader:
         self.thinking_parts = []
         self.given_stop = None
         self.start_counts = {}
+        self.stop_details = None
 
     async def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
         if self.stage is not _Stage.CONTENT:
@@ -443,6 +446,8 @@ class _Reader:
         ):
             _skip(position, EventType.MESSAGE_DELTA, "stop_reason or stop_sequence not a string")
             return
+        details = delta.get("stop_details")
+        self.stop_details = dict(details) if isinstance(details, Mapping) else None
         await self._end_output(position, stop_reason, stop_sequence, _int_counts(usage), payload)
 
     async def _end_output(
@@ -479,6 +484,7 @@ class _Reader:
                     stop_reason,
                     counts.get("output_tokens", 0),
                     stop_sequence=stop_sequence,
+                    stop_details=self.stop_details,
                     **extra,
                 )
         else:
@@ -487,6 +493,7 @@ class _Reader:
             rounds = self.rounds
             rounds.stop_reason = stop_reason
             rounds.stop_sequence = stop_sequence
+            rounds.stop_details = self.stop_details
             for key, value in counts.items():
                 if key == "output_tokens":
                     rounds.output_tokens += value

@@ -153,6 +153,7 @@ class RoundStream:
         "_tools",
         "output_tokens",
         "publisher",
+        "stop_details",
         "stop_reason",
         "stop_sequence",
         "usage",
@@ -170,6 +171,7 @@ class RoundStream:
         # Read by stream_rounds for the epilogue; set them before the turn ends.
         self.stop_reason: str | None = StopReason.END_TURN
         self.stop_sequence: str | None = None
+        self.stop_details: dict[str, Any] | None = None
         self.output_tokens = 0
         self.usage: dict[str, int] = {}
 
@@ -571,5 +573,9 @@ async def stream_rounds(
         raise
     usage: dict[str, Any] = dict(rounds.usage)
     await publisher.send_stream_epilogue(
-        rounds.stop_reason, rounds.output_tokens, stop_sequence=rounds.stop_sequence, **usage
+        rounds.stop_reason,
+        rounds.output_tokens,
+        stop_sequence=rounds.stop_sequence,
+        stop_details=rounds.stop_details,
+        **usage,
     )
