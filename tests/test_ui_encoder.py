@@ -144,7 +144,7 @@ def test_bad_input_is_skipped_with_a_reason_and_no_content(
     assert secret not in caplog.text
 
 
-def test_an_unknown_block_is_a_data_part_and_an_oversized_one_is_left_out() -> None:
+def test_an_unknown_block_is_a_custom_chunk_and_an_oversized_one_is_left_out() -> None:
     encoder = UIMessageEncoder(max_buffer=64)
     events = [
         Event("message_start", b'{"type":"message_start","message":{"id":"m"}}'),
@@ -159,11 +159,29 @@ def test_an_unknown_block_is_a_data_part_and_an_oversized_one_is_left_out() -> N
     parts = [orjson.loads(line.removeprefix(b"data: ")) for line in lines]
     assert parts[2:] == [
         {
-            "type": "data-essessey-block",
-            "id": "1-0-citation",
-            "data": {
-                "block": {"type": "citation", "n": 1},
-                "deltas": [{"type": "cite_delta", "q": "a"}],
+            "type": "custom",
+            "kind": "essessey.citation",
+            "providerMetadata": {
+                "essessey": {
+                    "id": "1-0-citation",
+                    "block": {"type": "citation", "n": 1},
+                    "deltas": [{"type": "cite_delta", "q": "a"}],
+                }
             },
         }
     ]
+
+
+def test_for_the_6x_line_an_unknown_block_is_a_data_part() -> None:
+    encoder = UIMessageEncoder(custom_chunks=False)
+    events = [
+        Event("message_start", b'{"type":"message_start","message":{"id":"m"}}'),
+        Event("content_block_start", b'{"index":0,"content_block":{"type":"citation","n":1}}'),
+        Event("content_block_stop", b'{"index":0}'),
+    ]
+    lines = [line for event in events for line in encoder.feed(event)]
+    assert orjson.loads(lines[-1].removeprefix(b"data: ")) == {
+        "type": "data-essessey-block",
+        "id": "1-0-citation",
+        "data": {"block": {"type": "citation", "n": 1}, "deltas": []},
+    }

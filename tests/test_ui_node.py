@@ -287,7 +287,7 @@ def every_kind_of_chunk() -> list[dict[str, Any]]:
 def test_the_ai_sdks_schema_accepts_every_chunk_the_encoder_writes(node_client: Path) -> None:
     chunks = every_kind_of_chunk()
     kinds = {chunk["type"] for chunk in chunks}
-    assert {"tool-input-error", "data-essessey-block", "tool-output-available", "abort"} <= kinds
+    assert {"tool-input-error", "custom", "tool-output-available", "abort"} <= kinds
     assert {"error", "finish"} <= kinds
     controls = [{"type": "bogus"}, {"type": "finish", "finishReason": "unknown"}]
     checked = subprocess.run(

@@ -17,9 +17,11 @@ Inside a step:
 - a tool result is written whole at its stop: ``tool-output-available`` with its text
   parsed as JSON (the text itself when it is not), ``tool-output-error`` when
   ``is_error``;
-- a block of a type this module does not know is one ``data-essessey-block`` part at its
-  stop, carrying the block and its deltas (or, past ``max_buffer`` bytes, skipped with a
-  log line).
+- a block of a type this module does not know is one ``custom`` chunk at its stop (the
+  AI SDK 7's chunk for what has no chunk of its own; ``kind`` ``essessey.<block type>``,
+  the block and its deltas in ``providerMetadata.essessey``), or a ``data-essessey-block``
+  part with ``custom_chunks=False`` (the 6.x line has no ``custom`` chunk); past
+  ``max_buffer`` bytes it is skipped with a log line.
 
 The turn's end: ``finish`` with the last stop reason mapped (``end_turn`` and
 ``stop_sequence`` to ``stop``, ``tool_use`` to ``tool-calls``, ``max_tokens`` to
@@ -110,6 +112,7 @@ class UIMessageEncoder(DialectEncoder):
         message_id: str | None = None,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         usage_metadata: bool = True,
+        custom_chunks: bool = True,
     ) -> None:
         if max_buffer <= 0:
             raise ValueError("max_buffer must be > 0")
@@ -119,6 +122,9 @@ class UIMessageEncoder(DialectEncoder):
         (``{"usage": {...}}``, the AI SDK's usage fields): off for an app whose message
         metadata schema has no room for them."""
         self._usage = TurnUsage()
+        self.custom_chunks = custom_chunks
+        """Whether a block of a type with no chunk of its own is a ``custom`` chunk (the AI
+        SDK 7) or, False, a ``data-essessey-block`` part (the 6.x line)."""
         # The UI message's id: given, else the first protocol message's. A replay must
         # name the same one, or the client shows the turn twice.
         self.message_id = message_id
@@ -336,6 +342,10 @@ class UIMessageEncoder(DialectEncoder):
             return [self._tool_output(block)]
         kind = _NAME.sub("_", block.kind)
         data = {"block": block.content, "deltas": block.held}
+        if self.custom_chunks:
+            metadata = {"essessey": {"id": f"{block.id}-{kind}", **data}}
+            custom = {"type": "custom", "kind": f"essessey.{kind}", "providerMetadata": metadata}
+            return [frame(custom)]
         return [frame({"type": _DATA_PART, "id": f"{block.id}-{kind}", "data": data})]
 
     def _tool_input(self, block: _Block) -> bytes:
