@@ -1484,3 +1484,125 @@ assert message.text == "hi", message
 assert "openai" not in sys.modules
 """
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+# -- calls the client must answer ------------------------------------------------------------
+
+_CLIENT_ITEMS: list[tuple[dict[str, Any], str, str, dict[str, Any]]] = [
+    # (the item whole, the call's id, its tool_use name, its input)
+    (
+        {
+            "type": "custom_tool_call",
+            "id": "ctc_1",
+            "call_id": "call_c",
+            "name": "grammar",
+            "input": "SELECT 1;",
+        },
+        "call_c",
+        "grammar",
+        {"input": "SELECT 1;"},
+    ),
+    (
+        {
+            "type": "apply_patch_call",
+            "id": "apc_1",
+            "call_id": "call_p",
+            "status": "completed",
+            "operation": {"type": "update_file", "path": "a.py", "diff": "@@ -1 +1 @@\n-a\n+b\n"},
+        },
+        "call_p",
+        "apply_patch",
+        {"operation": {"type": "update_file", "path": "a.py", "diff": "@@ -1 +1 @@\n-a\n+b\n"}},
+    ),
+    (
+        {
+            "type": "shell_call",
+            "id": "sh_1",
+            "call_id": "call_s",
+            "status": "completed",
+            "action": {"commands": ["ls -la"], "timeout_ms": 1000},
+        },
+        "call_s",
+        "shell",
+        {"action": {"commands": ["ls -la"], "timeout_ms": 1000}},
+    ),
+    (
+        {
+            "type": "local_shell_call",
+            "id": "lsh_1",
+            "call_id": "call_l",
+            "status": "completed",
+            "action": {"type": "exec", "command": ["echo", "hi"], "env": {}},
+        },
+        "call_l",
+        "local_shell",
+        {"action": {"type": "exec", "command": ["echo", "hi"], "env": {}}},
+    ),
+    (
+        {
+            "type": "tool_search_call",
+            "id": "ts_1",
+            "call_id": "call_t",
+            "execution": "client",
+            "arguments": {"query": "weather"},
+        },
+        "call_t",
+        "tool_search",
+        {"arguments": {"query": "weather"}},
+    ),
+    (
+        {
+            "type": "mcp_approval_request",
+            "id": "mcpr_1",
+            "server_label": "deepwiki",
+            "name": "ask_question",
+            "arguments": '{"q":"x"}',
+        },
+        "mcpr_1",
+        "mcp_approval_request",
+        {"server_label": "deepwiki", "name": "ask_question", "arguments": '{"q":"x"}'},
+    ),
+]
+
+
+def _partial(item: dict[str, Any]) -> dict[str, Any]:
+    """The item as output_item.added announces it: its input not there yet."""
+    return {k: v for k, v in item.items() if k not in ("input", "operation", "action")}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+async def test_calls_the_client_must_answer_are_tool_use_blocks(
+    dialect: Dialect, streamed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    events: list[dict[str, Any]] = [_created(), _text("Doing it.", out=0)]
+    output = [_message_item("Doing it.")]
+    for out, (item, _, _, _) in enumerate(_CLIENT_ITEMS, 1):
+        output.append(item)
+        if streamed:
+            events.append(_added(_partial(item), out))
+            if item["type"] == "custom_tool_call":
+                events.append(
+                    _event(
+                        "response.custom_tool_call_input.delta",
+                        item_id=item["id"],
+                        output_index=out,
+                        delta=item["input"],
+                    )
+                )
+            events.append(_event("response.output_item.done", output_index=out, item=item))
+    # A hosted tool search (run by the provider) is not the client's to answer.
+    output.append({"type": "tool_search_call", "id": "ts_9", "execution": "server"})
+    events.append(_completed(output=output))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.text == "Doing it."
+    expected = [(call_id, name, params) for _, call_id, name, params in _CLIENT_ITEMS]
+    assert [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls] == expected
+    assert [(c.id, c.name, c.input) for c in message.tool_calls] == expected
+    assert parsed.stop_reason == message.stop_reason == "tool_use"
+    assert "custom_tool_call_input" not in caplog.text
+    assert _warnings(caplog) == []

@@ -15,6 +15,11 @@ Responses API event                           published as
 ``response.refusal.delta``                    model's answer too)
 ``response.output_item.added`` of a           a tool_use block: ``call_id`` is its id,
 ``function_call``                             ``name`` its name
+an output item the client must answer         a tool_use block once the item is whole
+(``custom_tool_call``, ``apply_patch_call``,  (its input: the item's input, operation,
+``shell_call``, ``local_shell_call``, a       action or arguments, as JSON); see
+client ``tool_search_call``,                  ``_CLIENT_CALLS``
+``mcp_approval_request``)
 ``response.function_call_arguments.delta``    an ``input_json_delta`` of that call's block
 ``response.completed``                        the epilogue: ``end_turn``, or ``tool_use``
                                               when the response made function calls
@@ -47,8 +52,8 @@ The lifecycle events with nothing to publish (``response.in_progress``,
 ``response.content_part.added``, ...) are read quietly. Every other event
 (``response.web_search_call.*``, ``response.file_search_call.*``,
 ``response.image_generation_call.*``, ``response.mcp_*``, code interpreter, audio,
-``response.output_text.annotation.added``, custom tool calls, ...) and every output item
-of another type is skipped, with one log line per type naming only the type.
+``response.output_text.annotation.added``, ...) and every output item of another type is
+skipped, with one log line per type naming only the type.
 
 The blocks follow :class:`~essessey.adapters.RoundStream`'s layout, in output order (text
 after a function call is a block after it); the arguments of calls whose fragments
@@ -64,6 +69,8 @@ import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
+
+import orjson
 
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
@@ -420,7 +427,15 @@ _TERMINAL: Final = {
     "response.failed": "failed",
 }
 # Events read for nothing: what they announce comes with the deltas and done events.
-_QUIET: Final = frozenset({"response.content_part.added", "response.reasoning_summary_part.added"})
+_QUIET: Final = frozenset(
+    {
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+        # A custom tool call's freeform input: its item's done event carries it whole.
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+    }
+)
 # event type -> (part kind, the field of its part index, the field of its text)
 _DELTAS: Final = {
     "response.output_text.delta": ("message", "content_index", "delta"),
@@ -511,10 +526,54 @@ def _read_parts(
     return parts
 
 
-def _read_item(value: object, output_index: int | None, where: str) -> _Item:
+# The output items that are calls the client must answer, beside function_call: the
+# tool_use block's name (None: the item's own ``name``) and the fields its input carries.
+_CLIENT_CALLS: Final[dict[str, tuple[str | None, tuple[str, ...]]]] = {
+    "custom_tool_call": (None, ("input",)),
+    "apply_patch_call": ("apply_patch", ("operation",)),
+    "shell_call": ("shell", ("action",)),
+    "local_shell_call": ("local_shell", ("action",)),
+    "tool_search_call": ("tool_search", ("arguments",)),
+    "mcp_approval_request": ("mcp_approval_request", ("server_label", "name", "arguments")),
+}
+
+
+def _client_call(
+    item: Mapping[str, Any],
+    item_type: str,
+    output_index: int | None,
+    item_id: str | None,
+    whole: bool,
+    where: str,
+) -> _CallItem:
+    """A call the client must answer as a function call: its input the item's fields as
+    JSON, taken from the item whole (its ``done``, or the terminal output) only."""
+    name, fields = _CLIENT_CALLS[item_type]
+    if name is None:
+        name = opt_str(item.get("name"), f"{where}.name")
+    # An approval request has no call id of its own: the answer names the item's id.
+    call_id = item_id if item_type == "mcp_approval_request" else None
+    call_id = opt_str(item.get("call_id"), f"{where}.call_id") or call_id
+    arguments = None
+    if whole:
+        given = {key: item[key] for key in fields if key in item}
+        try:
+            arguments = orjson.dumps(given).decode()
+        except TypeError as exc:  # a value JSON cannot hold
+            raise Malformed(f"{where} cannot be written as JSON") from exc
+    return _CallItem(output_index, item_id, call_id, name, arguments)
+
+
+def _read_item(value: object, output_index: int | None, where: str, *, whole: bool = True) -> _Item:
     item = req_map(value, where)
     item_type = req_str(item.get("type"), f"{where}.type")
     item_id = opt_str(item.get("id"), f"{where}.id")
+    if item_type in _CLIENT_CALLS and (
+        item_type != "tool_search_call" or item.get("execution") == "client"
+    ):
+        if output_index is None and item_id is None:
+            raise Malformed(f"{where} has neither an output_index nor an id")
+        return _client_call(item, item_type, output_index, item_id, whole, where)
     if item_type == "function_call":
         if output_index is None and item_id is None:
             raise Malformed(f"{where} has neither an output_index nor an id")
@@ -590,7 +649,7 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
         return _Arguments(output_index, item_id, text, done), []
     if name in ("response.output_item.added", "response.output_item.done"):
         output_index = opt_int(data.get("output_index"), "output_index")
-        item = _read_item(data.get("item"), output_index, "item")
+        item = _read_item(data.get("item"), output_index, "item", whole=name.endswith(".done"))
         return _ItemEvent(item, done=name.endswith(".done")), []
     if name in ("response.content_part.done", "response.reasoning_summary_part.done"):
         summary = name == "response.reasoning_summary_part.done"
