@@ -80,6 +80,16 @@ def test_use_chat_receives_the_whole_turn(node_client: Path, base_url: str) -> N
     assert answer["role"] == "assistant"
     assert answer["id"].startswith("chat-1~")
     assert parts_of(answer) == WHOLE_TURN
+    # The finish's token counts reach the app as the message's metadata.
+    usage = answer["metadata"]["usage"]
+    assert set(usage) == {
+        "inputTokens",
+        "outputTokens",
+        "totalTokens",
+        "reasoningTokens",
+        "cachedInputTokens",
+    }
+    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"] > 0
 
 
 def test_a_reconnect_mid_turn_ends_with_the_same_message(node_client: Path, base_url: str) -> None:
