@@ -330,15 +330,16 @@ class Publisher:
             {"type": EventType.CONTENT_BLOCK_STOP, "index": index},
         )
 
-    async def send_tool_use_start(self, index: int, tool_use_id: str, name: str) -> None:
-        """Open a tool call block; its arguments follow as input deltas."""
+    async def send_tool_use_start(
+        self, index: int, tool_use_id: str, name: str, *, item_type: str | None = None
+    ) -> None:
+        """Open a tool call block; its arguments follow as input deltas. ``item_type``:
+        the provider's own type for a call that is not a plain function call
+        (``protocol.tool_use_block_start``)."""
+        block = protocol.tool_use_block_start(tool_use_id, name, item_type=item_type)
         await self._send(
             EventType.CONTENT_BLOCK_START,
-            {
-                "type": EventType.CONTENT_BLOCK_START,
-                "index": index,
-                "content_block": protocol.tool_use_block_start(tool_use_id, name),
-            },
+            {"type": EventType.CONTENT_BLOCK_START, "index": index, "content_block": block},
         )
 
     def send_tool_input_delta(self, index: int, partial_json: str) -> Coroutine[Any, Any, None]:

@@ -98,6 +98,9 @@ class ParsedToolCall:
     message: int
     index: int
     closed: bool = True
+    item_type: str | None = None
+    """The provider's own type for a call that is not a plain function call (a Responses
+    API ``custom_tool_call``, ``shell_call``, ...), from its block's ``item_type``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +304,7 @@ class _Block:
         "index",
         "initial_input",
         "is_error",
+        "item_type",
         "kind",
         "message",
         "name",
@@ -326,6 +330,7 @@ class _Block:
         self.tool_use_id: str | None = None
         self.name: str | None = None
         self.initial_input: Any = None
+        self.item_type: str | None = None
         self.is_error = False
         self.arguments: str | None = None
         self.params: Any = None
@@ -371,6 +376,7 @@ class _Block:
             self.message,
             self.index,
             self.closed,
+            self.item_type,
         )
 
     def result(self) -> ParsedToolResult:
@@ -674,6 +680,8 @@ class Reassembler:
                 raise _Skip("tool_use block needs a string id and name")
             block.tool_use_id, block.name = tool_use_id, name
             block.initial_input = block_data.get("input")
+            item_type = block_data.get("item_type")
+            block.item_type = item_type if isinstance(item_type, str) else None
         elif kind == "tool_result":
             tool_use_id = block_data.get("tool_use_id")
             is_error = block_data.get("is_error", False)

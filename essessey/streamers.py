@@ -511,8 +511,12 @@ class ToolStreamer:
         """Ids of the calls that have no result yet."""
         return [call.tool_use_id for call in self._calls if call.result is None]
 
-    async def start_call(self, tool_use_id: str, name: str, arguments: str = "") -> None:
-        """Open the tool_use block of a new call (closing the previous call's block)."""
+    async def start_call(
+        self, tool_use_id: str, name: str, arguments: str = "", *, item_type: str | None = None
+    ) -> None:
+        """Open the tool_use block of a new call (closing the previous call's block);
+        ``item_type``: the provider's own type for a call that is not a plain function
+        call (``Publisher.send_tool_use_start``)."""
         if self._retired:
             raise ProtocolError(
                 "this ToolStreamer was closed by its Turn; ask the Turn for a new one"
@@ -528,7 +532,9 @@ class ToolStreamer:
         await self.end_call()
         await self._cursor._start(
             self,
-            lambda publisher, index: publisher.send_tool_use_start(index, tool_use_id, name),
+            lambda publisher, index: publisher.send_tool_use_start(
+                index, tool_use_id, name, item_type=item_type
+            ),
         )
         call = ToolCall(tool_use_id, name)
         self._calls.append(call)

@@ -1606,3 +1606,30 @@ async def test_calls_the_client_must_answer_are_tool_use_blocks(
     assert parsed.stop_reason == message.stop_reason == "tool_use"
     assert "custom_tool_call_input" not in caplog.text
     assert _warnings(caplog) == []
+
+
+@pytest.mark.anyio
+async def test_calls_the_client_must_answer_go_back_out_as_the_items_they_were() -> None:
+    # Responses API events -> the protocol -> the Responses dialect: each call comes back
+    # as its own item type with its fields, and the openai SDK reads every event.
+    from essessey.dialects.responses import ResponsesEncoder
+
+    output = [item for item, _, _, _ in _CLIENT_ITEMS]
+    _, published = await _publish([_created(), _completed(output=output)])
+    parsed = reassemble_events(published)
+    assert [c.item_type for c in parsed.tool_calls] == [item["type"] for item in output]
+    encoder = ResponsesEncoder("resp_rt")
+    body = b"".join(encoder.encode(event) for event in published) + encoder.finish()
+    events = [
+        EVENTS.validate_json(line[6:])
+        for frame in body.split(b"\n\n")
+        for line in frame.split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.type for item in done] == [item["type"] for item in output]
+    for written, (_, call_id, _, fields) in zip(done, _CLIENT_ITEMS, strict=True):
+        back = written.model_dump(mode="json", exclude_none=True)
+        assert {k: back[k] for k in fields} == fields
+        assert back.get("call_id", back["id"]) == call_id
+    assert not any(e.type == "response.function_call_arguments.delta" for e in events)

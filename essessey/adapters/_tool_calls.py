@@ -45,12 +45,13 @@ class HeldCall:
     the round once its block opened (-1 before) and ``id`` the id it went out with.
     """
 
-    __slots__ = ("done", "given_id", "id", "name", "ordinal", "parts", "slot")
+    __slots__ = ("done", "given_id", "id", "item_type", "name", "ordinal", "parts", "slot")
 
     def __init__(self, ordinal: int) -> None:
         self.ordinal = ordinal  # order of first appearance, to name it in a log line
         self.given_id: str | None = None
         self.name: str | None = None
+        self.item_type: str | None = None  # the provider's own type, when not a function
         self.parts: list[str] = []
         self.done = False
         self.slot = -1
@@ -209,14 +210,17 @@ class HeldCalls(Generic[P]):
 
     def requests(self) -> list[ToolCallRequest]:
         """The started calls as the round declares them: id, name, arguments."""
-        return [ToolCallRequest(c.id, c.name or "", "".join(c.parts)) for c in self.started]
+        return [
+            ToolCallRequest(c.id, c.name or "", "".join(c.parts), c.item_type) for c in self.started
+        ]
 
     async def _start(self, call: HeldCall) -> None:
         if self._before_start is not None:
             await self._before_start()
         call.slot = len(self.started)
         call.id = self._ids.assign(call.given_id, call.slot, f"{self._noun} {call.ordinal}")
-        await self.rounds.tool_call_start(call.slot, ToolCallRequest(call.id, call.name or ""))
+        request = ToolCallRequest(call.id, call.name or "", item_type=call.item_type)
+        await self.rounds.tool_call_start(call.slot, request)
         self.started.append(call)
         self.open = call
         # What was held for it, each fragment as its own delta, as the provider sent it

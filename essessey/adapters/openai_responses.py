@@ -336,13 +336,14 @@ class _Part:
 
 @dataclass(slots=True)
 class _CallItem:
-    """A ``function_call`` output item."""
+    """A ``function_call`` output item, or another call the client must answer."""
 
     output_index: int | None
     item_id: str | None
     call_id: str | None
     name: str | None
     arguments: str | None
+    item_type: str | None = None  # the item's own type, when not a function_call
 
 
 @dataclass(slots=True)
@@ -561,7 +562,7 @@ def _client_call(
             arguments = orjson.dumps(given).decode()
         except TypeError as exc:  # a value JSON cannot hold
             raise Malformed(f"{where} cannot be written as JSON") from exc
-    return _CallItem(output_index, item_id, call_id, name, arguments)
+    return _CallItem(output_index, item_id, call_id, name, arguments, item_type)
 
 
 def _read_item(value: object, output_index: int | None, where: str, *, whole: bool = True) -> _Item:
@@ -960,6 +961,8 @@ class _Reader:
                 call.given_id = item.call_id
             if item.name and not call.name:
                 call.name = item.name
+            if item.item_type and call.item_type is None:
+                call.item_type = item.item_type
             if done:
                 await self._call_done(call, item.arguments or "")
             else:

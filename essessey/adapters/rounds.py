@@ -63,12 +63,15 @@ class ToolCallRequest:
     """A tool call the model asked for: its id, the tool's name and its JSON arguments.
 
     ``arguments`` is the JSON text as the model produced it (possibly still empty when
-    the call is announced before its arguments stream in).
+    the call is announced before its arguments stream in). ``item_type`` is the
+    provider's own type for a call that is not a plain function call (a Responses API
+    ``custom_tool_call``, ``shell_call``, ...), carried on its tool_use block.
     """
 
     id: str
     name: str
     arguments: str = ""
+    item_type: str | None = None
 
 
 @dataclass(slots=True)
@@ -338,7 +341,9 @@ class RoundStream:
                 )
             self._check_new_call(i, call)
             await self._close_content()
-            await self._tools.start_call(call.id, call.name, call.arguments)
+            await self._tools.start_call(
+                call.id, call.name, call.arguments, item_type=call.item_type
+            )
             if self._declared is not None:
                 # The model's output is complete: the arguments are whole, so is the block.
                 await self._tools.end_call()
@@ -527,7 +532,9 @@ class RoundStream:
         tools = self._tools
         for request in declared[len(self._tool_calls) :]:
             await self._close_content()
-            await tools.start_call(request.id, request.name, request.arguments)
+            await tools.start_call(
+                request.id, request.name, request.arguments, item_type=request.item_type
+            )
         await tools.end_call()
 
     async def _flush_results(self) -> None:

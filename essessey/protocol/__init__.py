@@ -160,10 +160,18 @@ def thinking_delta_field(dialect: Dialect) -> str:
     return "thinking" if dialect == ANTHROPIC else "text"
 
 
-def tool_use_block_start(tool_use_id: str, name: str) -> dict[str, Any]:
+def tool_use_block_start(
+    tool_use_id: str, name: str, *, item_type: str | None = None
+) -> dict[str, Any]:
     """The ``content_block`` of a tool use block: the input always starts empty and
-    arrives in ``input_json_delta`` events."""
-    return {"type": BlockType.TOOL_USE, "id": tool_use_id, "name": name, "input": {}}
+    arrives in ``input_json_delta`` events. ``item_type`` is the provider's own type for
+    a call that is not a plain function call (a Responses API ``custom_tool_call``,
+    ``shell_call``, ...), so that a dialect can write it back as what it was."""
+    block: dict[str, Any] = {"type": BlockType.TOOL_USE, "id": tool_use_id, "name": name}
+    block["input"] = {}
+    if item_type is not None:
+        block["item_type"] = item_type
+    return block
 
 
 def tool_result_block_start(tool_use_id: str, *, is_error: bool = False) -> dict[str, Any]:

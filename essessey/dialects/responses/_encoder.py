@@ -78,6 +78,25 @@ _INCOMPLETE: Final[dict[str, str]] = {
 reason; a cancelled turn ends ``cancelled``, any other ``completed``."""
 
 
+_CLIENT_ITEM_TYPES: Final = frozenset(
+    {
+        "custom_tool_call",
+        "apply_patch_call",
+        "shell_call",
+        "local_shell_call",
+        "tool_search_call",
+        "mcp_approval_request",
+    }
+)
+"""The Responses API items, besides ``function_call``, that are calls the client answers:
+a tool_use block whose ``item_type`` names one is written back as that item."""
+
+
+def _client_item_type(block: dict[str, Any]) -> str | None:
+    item_type = block.get("item_type")
+    return item_type if item_type in _CLIENT_ITEM_TYPES else None
+
+
 class ResponsesEncoder(DialectEncoder):
     """One turn's protocol events, in order, as Responses stream events (a
     :class:`~essessey.bindings.sse.FrameEncoder`).
@@ -278,6 +297,10 @@ class ResponsesEncoder(DialectEncoder):
             )
         if kind == BlockType.TOOL_USE:
             item = self._open(kind, "fc", index, block)
+            if _client_item_type(block) is not None:
+                # A call of the client's own kind: added and done at its stop, whole (its
+                # item's fields are required from the start, and come in its input).
+                return []
             call = self._call_item(item, "", "in_progress")
             return self._emit(
                 "response.output_item.added", {"output_index": item.output_index, "item": call}
@@ -322,6 +345,8 @@ class ResponsesEncoder(DialectEncoder):
         if item.kind == BlockType.TOOL_USE and kind == DeltaType.INPUT_JSON:
             fragment = str(delta["partial_json"])
             self._hold(item, fragment)
+            if _client_item_type(item.block) is not None:
+                return []  # its item carries the input whole, at its stop
             body = {"item_id": item.id, "output_index": item.output_index, "delta": fragment}
             return self._emit("response.function_call_arguments.delta", body)
         if item.kind == BlockType.TOOL_RESULT and kind == DeltaType.TOOL_RESULT:
@@ -340,6 +365,25 @@ class ResponsesEncoder(DialectEncoder):
             "arguments": arguments,
             "status": status,
         }
+
+    def _client_item(self, item: _Item, fields: dict[str, Any], status: str) -> dict[str, Any]:
+        # status: what the item says of itself where its type has the field.
+        """The output item of a call the client answers, as the provider sent it: its
+        type, its ids, then the fields its input carried (docs/dialects.md)."""
+        item_type = _client_item_type(item.block)
+        call_id = str(item.block["id"])
+        if item_type == "mcp_approval_request":
+            # Answered by the request's own id (``approval_request_id``).
+            return {"id": call_id, "type": item_type, **fields}
+        body: dict[str, Any] = {"id": item.id, "type": item_type, "call_id": call_id}
+        if item_type == "custom_tool_call":
+            body["name"] = str(item.block["name"])
+        else:
+            body["status"] = status
+        if item_type == "tool_search_call":
+            body["execution"] = "client"  # the only tool search a client answers
+        body.update(fields)
+        return body
 
     def _done(self, item: _Item, body: dict[str, Any]) -> list[bytes]:
         self._output.append(body)
@@ -372,6 +416,16 @@ class ResponsesEncoder(DialectEncoder):
             if item.kind == BlockType.THINKING:
                 frames = self._emit("response.reasoning_text.done", self._at(item, text=whole))
             return frames + self._done(item, reasoning)
+        if item.kind == BlockType.TOOL_USE and _client_item_type(item.block) is not None:
+            try:
+                given = orjson.loads(whole) if whole else {}
+            except orjson.JSONDecodeError:
+                given = {}
+            fields = given if isinstance(given, dict) else {}
+            body = self._client_item(item, fields, "completed")
+            return self._emit(
+                "response.output_item.added", {"output_index": item.output_index, "item": body}
+            ) + self._done(item, body)
         if item.kind == BlockType.TOOL_USE:
             call = self._call_item(item, whole, "completed")
             body = {"item_id": item.id, "output_index": item.output_index, "arguments": whole}
