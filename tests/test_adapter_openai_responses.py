@@ -976,17 +976,11 @@ async def test_unknown_events_are_skipped_with_one_log_line_per_type(
     assert check(published) == []
     assert message.text == reassemble_events(published).text == f"It is sunny in Paris {MARKER}."
     records = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    # The hosted web search is published (a server tool block and its result); its
+    # progress events are read quietly, its item's done carries them whole.
     assert records == [
-        "skipping Responses API output items of type web_search_call (first at event #2): "
-        "not published",
         "skipping Responses API events of type response.future_thing.delta (first at event #3): "
         "not published",
-        "skipping Responses API events of type response.web_search_call.in_progress "
-        "(first at event #5): not published",
-        "skipping Responses API events of type response.web_search_call.searching "
-        "(first at event #6): not published",
-        "skipping Responses API events of type response.web_search_call.completed "
-        "(first at event #7): not published",
         "skipping Responses API events of type response.output_text.annotation.added "
         "(first at event #15): not published",
     ]
@@ -1633,3 +1627,71 @@ async def test_calls_the_client_must_answer_go_back_out_as_the_items_they_were()
         assert {k: back[k] for k in fields} == fields
         assert back.get("call_id", back["id"]) == call_id
     assert not any(e.type == "response.function_call_arguments.delta" for e in events)
+
+
+# -- hosted tools -----------------------------------------------------------------------------
+
+_HOSTED_ITEMS = [
+    {
+        "id": "ws_1",
+        "type": "web_search_call",
+        "status": "completed",
+        "action": {"type": "search", "query": "weather paris"},
+    },
+    {
+        "id": "ci_1",
+        "type": "code_interpreter_call",
+        "status": "completed",
+        "code": "print(1 + 1)",
+        "container_id": "cntr_1",
+        "outputs": [{"type": "logs", "logs": "2"}],
+    },
+    {
+        "id": "mcp_1",
+        "type": "mcp_call",
+        "server_label": "wiki",
+        "name": "ask",
+        "arguments": '{"q":"x"}',
+        "output": "an answer",
+    },
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_hosted_tools_are_server_tool_blocks_with_their_results(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    events: list[dict[str, Any]] = [_created()]
+    for out, item in enumerate(_HOSTED_ITEMS):
+        events.append(_added({**item, "status": "in_progress"}, out))
+        events.append(
+            _event(f"response.{item['type']}.in_progress", item_id=item["id"], output_index=out)
+        )
+        events.append(_event("response.output_item.done", output_index=out, item=item))
+    events += [_text("Done.", item="msg_9", out=3), _text_done("Done.", item="msg_9", out=3)]
+    # The terminal output lists them again: each goes out once.
+    events.append(_completed(output=[*_HOSTED_ITEMS, _message_item("Done.", "msg_9")]))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    starts = [
+        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
+    ]
+    assert [(b["type"], b.get("name")) for b in starts] == [
+        ("server_tool_use", "web_search"),
+        ("web_search_tool_result", None),
+        ("server_tool_use", "code_interpreter"),
+        ("code_interpreter_tool_result", None),
+        ("server_tool_use", "mcp"),
+        ("mcp_tool_result", None),
+        ("text", None),
+    ]
+    assert starts[0]["input"] == {"action": {"type": "search", "query": "weather paris"}}
+    assert starts[2]["input"] == {"code": "print(1 + 1)", "container_id": "cntr_1"}
+    assert starts[4]["input"] == {"server_label": "wiki", "name": "ask", "arguments": '{"q":"x"}'}
+    assert [b["content"] for b in starts[1:6:2]] == _HOSTED_ITEMS
+    assert [b["tool_use_id"] for b in starts[1:6:2]] == ["ws_1", "ci_1", "mcp_1"]
+    assert message.text == "Done."
+    assert message.stop_reason == "end_turn"
+    assert "skipping" not in caplog.text

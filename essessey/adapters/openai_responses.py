@@ -48,12 +48,14 @@ A part is known by its item's ``output_index`` and its part index (0 when absent
 item id only where an event gives no index: gateways rename items (in the terminal
 output, at every event, in the done events), and a renamed item must not be published
 again as a new part.
-The lifecycle events with nothing to publish (``response.in_progress``,
-``response.content_part.added``, ...) are read quietly. Every other event
-(``response.web_search_call.*``, ``response.file_search_call.*``,
-``response.image_generation_call.*``, ``response.mcp_*``, code interpreter, audio,
-``response.output_text.annotation.added``, ...) and every output item of another type is
-skipped, with one log line per type naming only the type.
+A tool the provider ran itself (web search, file search, code interpreter, image
+generation, an MCP call or tool list, a server tool search) is a ``server_tool_use``
+block and its result block once its item is whole (see ``_HOSTED``); its progress
+events are read quietly. The lifecycle events with nothing to publish
+(``response.in_progress``, ``response.content_part.added``, ...) are read quietly too.
+Every other event (audio, ``response.output_text.annotation.added``, ...) and every
+output item of another type is skipped, with one log line per type naming only the
+type.
 
 The blocks follow :class:`~essessey.adapters.RoundStream`'s layout, in output order (text
 after a function call is a block after it); the arguments of calls whose fragments
@@ -355,12 +357,48 @@ class _ContentItem:
 
 @dataclass(slots=True)
 class _OtherItem:
-    """An output item of a type not published (a hosted tool's call, ...)."""
+    """An output item of a type not published."""
 
     item_type: str
 
 
-_Item: TypeAlias = _CallItem | _ContentItem | _OtherItem
+@dataclass(slots=True)
+class _HostedItem:
+    """A tool the provider ran itself (web search, code interpreter, ...): published as a
+    server tool block and its result block once whole (``item`` None before)."""
+
+    output_index: int | None
+    item_id: str | None
+    item_type: str
+    item: dict[str, Any] | None
+
+
+_Item: TypeAlias = _CallItem | _ContentItem | _OtherItem | _HostedItem
+
+# A hosted tool's progress events (in_progress, searching, a partial image, its code as it
+# is written): its item's done event carries what they say, whole.
+_HOSTED_PROGRESS: Final = (
+    "response.web_search_call.",
+    "response.file_search_call.",
+    "response.code_interpreter_call.",
+    "response.code_interpreter_call_code.",
+    "response.image_generation_call.",
+    "response.mcp_call.",
+    "response.mcp_call_arguments.",
+    "response.mcp_list_tools.",
+)
+
+# A hosted tool's item type -> the server tool's name and the fields its input carries
+# (what it was asked); its result block carries the item whole.
+_HOSTED: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "web_search_call": ("web_search", ("action",)),
+    "file_search_call": ("file_search", ("queries",)),
+    "code_interpreter_call": ("code_interpreter", ("code", "container_id")),
+    "image_generation_call": ("image_generation", ()),
+    "mcp_call": ("mcp", ("server_label", "name", "arguments")),
+    "mcp_list_tools": ("mcp_list_tools", ("server_label",)),
+    "tool_search_call": ("tool_search", ("arguments",)),
+}
 
 
 @dataclass(slots=True)
@@ -591,6 +629,8 @@ def _read_item(value: object, output_index: int | None, where: str, *, whole: bo
         summary = _read_parts(item, "summary", "summary", item_id, output_index, where)
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
         return _ContentItem(summary + content)
+    if item_type in _HOSTED:
+        return _HostedItem(output_index, item_id, item_type, dict(item) if whole else None)
     return _OtherItem(item_type)
 
 
@@ -689,7 +729,7 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
             or _error_text(nested.get("message"))
             or FAILED_MESSAGE,
         ), []
-    if name in _QUIET:
+    if name in _QUIET or name.startswith(_HOSTED_PROGRESS):
         return None, []
     return _Unmodelled(name), []
 
@@ -710,10 +750,11 @@ class _Call(HeldCall):
 
 @dataclass(slots=True)
 class _Piece:
-    """Text or reasoning waiting to go out."""
+    """Text or reasoning waiting to go out, or (``hosted``) a hosted tool's item whole."""
 
     key: _PartKey
     text: str
+    hosted: _HostedItem | None = None
 
 
 def _complete_json(arguments: str) -> bool:
@@ -737,6 +778,7 @@ class _Reader:
         "_by_item",
         "_differs",
         "_held",
+        "_hosted",
         "_last_part",
         "_logged_types",
         "_opener",
@@ -781,6 +823,7 @@ class _Reader:
         self._anchor_of_item: dict[str, _Anchor] = {}
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
+        self._hosted: set[_PartKey] = set()  # the hosted tools published
         self._text: list[str] = []
         self._thinking: list[str] = []
         # The reasoning part the open thinking block's text came from (None when the
@@ -976,6 +1019,12 @@ class _Reader:
             if done:
                 for part in item.parts:
                     await self._settle_part(part)
+        elif isinstance(item, _HostedItem):
+            if done and item.item is not None:
+                anchor = self._key(_Part("hosted", item.item_id, item.output_index, 0, ""))
+                if anchor not in self._hosted:  # its done and the terminal output: once
+                    self._hosted.add(anchor)
+                    await self._held.put(_Piece(anchor, "", item), item.output_index)
         else:
             self._once("item", item.item_type)
 
@@ -1010,6 +1059,9 @@ class _Reader:
 
     async def _publish(self, piece: _Piece) -> None:
         await self._ready()
+        if piece.hosted is not None:
+            await self._publish_hosted(piece.hosted)
+            return
         text = piece.text
         if piece.key[0] == "message":
             await self.rounds.delta(text=text)
@@ -1024,6 +1076,22 @@ class _Reader:
         self._last_part = piece.key
         await self.rounds.delta(reasoning=text)
         self._thinking.append(text)
+
+    async def _publish_hosted(self, hosted: _HostedItem) -> None:
+        """A hosted tool as the Anthropic format has its server tools: a
+        ``server_tool_use`` block with what it was asked, then its result block with the
+        provider's item whole (docs/adapters.md)."""
+        item = hosted.item or {}
+        name, fields = _HOSTED[hosted.item_type]
+        tool_id = hosted.item_id or f"hosted_{len(self._hosted)}"
+        use: dict[str, Any] = {"type": "server_tool_use", "id": tool_id, "name": name}
+        use["input"] = {key: item[key] for key in fields if key in item}
+        await self.rounds.block_start(use)
+        await self.rounds.block_stop()
+        result = {"type": f"{name}_tool_result", "tool_use_id": tool_id, "content": item}
+        await self.rounds.block_start(result)
+        await self.rounds.block_stop()
+        self._last_part = None
 
     async def _settle_part(self, part: _Part) -> None:
         key = self._key(part)
