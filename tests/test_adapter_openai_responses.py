@@ -1695,3 +1695,33 @@ async def test_hosted_tools_are_server_tool_blocks_with_their_results(
     assert message.text == "Done."
     assert message.stop_reason == "end_turn"
     assert "skipping" not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_hosted_tools_go_back_out_as_the_items_they_were() -> None:
+    from essessey.dialects.responses import ResponsesEncoder
+
+    events = [_created(), _completed(output=[*_HOSTED_ITEMS, _message_item("Done.", "msg_9")])]
+    _, published = await _publish(events)
+    encoder = ResponsesEncoder("resp_hosted")
+    body = b"".join(encoder.encode(event) for event in published) + encoder.finish()
+    frames = [
+        EVENTS.validate_json(line[6:])
+        for frame in body.split(b"\n\n")
+        for line in frame.split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+    done = [e for e in frames if e.type == "response.output_item.done"]
+    assert [e.output_index for e in done] == [0, 1, 2, 3]
+    back = [e.item.model_dump(mode="json", exclude_none=True) for e in done[:3]]
+    for written, sent in zip(back, _HOSTED_ITEMS, strict=True):
+        assert {k: written[k] for k in sent} == sent
+    assert done[3].item.type == "message"
+    final = frames[-1]
+    assert final.type == "response.completed"
+    assert [item.type for item in final.response.output] == [
+        "web_search_call",
+        "code_interpreter_call",
+        "mcp_call",
+        "message",
+    ]

@@ -1086,6 +1086,7 @@ class _Reader:
         tool_id = hosted.item_id or f"hosted_{len(self._hosted)}"
         use: dict[str, Any] = {"type": "server_tool_use", "id": tool_id, "name": name}
         use["input"] = {key: item[key] for key in fields if key in item}
+        use["item_type"] = hosted.item_type  # what a dialect writes it back as
         await self.rounds.block_start(use)
         await self.rounds.block_stop()
         result = {"type": f"{name}_tool_result", "tool_use_id": tool_id, "content": item}

@@ -78,6 +78,24 @@ _INCOMPLETE: Final[dict[str, str]] = {
 reason; a cancelled turn ends ``cancelled``, any other ``completed``."""
 
 
+_HOSTED_ITEM_TYPES: Final = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "mcp_call",
+        "mcp_list_tools",
+        "tool_search_call",
+    }
+)
+"""The Responses API items of a tool the provider ran itself: a ``server_tool_use`` block
+whose ``item_type`` names one, and its result block carrying the item, are written back
+as that item."""
+
+_HOSTED_CALL: Final = "hosted-call"
+"""The kind of an open ``server_tool_use`` block whose item its result block writes."""
+
 _CLIENT_ITEM_TYPES: Final = frozenset(
     {
         "custom_tool_call",
@@ -305,6 +323,11 @@ class ResponsesEncoder(DialectEncoder):
             return self._emit(
                 "response.output_item.added", {"output_index": item.output_index, "item": call}
             )
+        if kind == "server_tool_use" and block.get("item_type") in _HOSTED_ITEM_TYPES:
+            # A hosted tool's call: its result block carries the provider's item whole,
+            # which is what goes out (one output item, no index of its own here).
+            self._items[index] = _Item(_HOSTED_CALL, "", -1, block)
+            return []
         self._open(kind, "item", index, block)  # a tool result or another block: at its stop
         return []
 
@@ -329,6 +352,8 @@ class ResponsesEncoder(DialectEncoder):
         item = self._items.get(index)
         if item is None:
             logger.warning("skipped a delta for block %d, which is not open", index)
+            return []
+        if item.kind == _HOSTED_CALL:
             return []
         kind = delta.get("type")
         if item.kind == BlockType.TEXT and kind == DeltaType.TEXT:
@@ -446,6 +471,14 @@ class ResponsesEncoder(DialectEncoder):
             return self._emit(
                 "response.output_item.added", {"output_index": item.output_index, "item": output}
             ) + self._done(item, output)
+        if item.kind == _HOSTED_CALL:
+            return []  # its result block writes the item
+        hosted = item.block.get("content")
+        if isinstance(hosted, dict) and hosted.get("type") in _HOSTED_ITEM_TYPES:
+            # A hosted tool's result: the provider's item, as it sent it.
+            return self._emit(
+                "response.output_item.added", {"output_index": item.output_index, "item": hosted}
+            ) + self._done(item, hosted)
         other: dict[str, Any] = {"id": item.id, "type": "essessey_block", "block": item.block}
         other["deltas"] = item.deltas
         return self._done(item, other)
