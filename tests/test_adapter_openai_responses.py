@@ -1482,6 +1482,22 @@ assert "openai" not in sys.modules
 
 # -- calls the client must answer ------------------------------------------------------------
 
+
+def _through_the_responses_dialect(published: list[Event], response_id: str) -> list[Any]:
+    """The published events as the Responses dialect writes them, each read back by the
+    openai SDK (raises when it cannot)."""
+    from essessey.dialects.responses import ResponsesEncoder
+
+    encoder = ResponsesEncoder(response_id)
+    body = b"".join(encoder.encode(event) for event in published) + encoder.finish()
+    return [
+        EVENTS.validate_json(line[6:])
+        for frame in body.split(b"\n\n")
+        for line in frame.split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+
+
 _CLIENT_ITEMS: list[tuple[dict[str, Any], str, str, dict[str, Any]]] = [
     # (the item whole, the call's id, its tool_use name, its input)
     (
@@ -1606,20 +1622,11 @@ async def test_calls_the_client_must_answer_are_tool_use_blocks(
 async def test_calls_the_client_must_answer_go_back_out_as_the_items_they_were() -> None:
     # Responses API events -> the protocol -> the Responses dialect: each call comes back
     # as its own item type with its fields, and the openai SDK reads every event.
-    from essessey.dialects.responses import ResponsesEncoder
-
     output = [item for item, _, _, _ in _CLIENT_ITEMS]
     _, published = await _publish([_created(), _completed(output=output)])
     parsed = reassemble_events(published)
     assert [c.item_type for c in parsed.tool_calls] == [item["type"] for item in output]
-    encoder = ResponsesEncoder("resp_rt")
-    body = b"".join(encoder.encode(event) for event in published) + encoder.finish()
-    events = [
-        EVENTS.validate_json(line[6:])
-        for frame in body.split(b"\n\n")
-        for line in frame.split(b"\n")
-        if line.startswith(b"data: {")
-    ]
+    events = _through_the_responses_dialect(published, "resp_rt")
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert [item.type for item in done] == [item["type"] for item in output]
     for written, (_, call_id, _, fields) in zip(done, _CLIENT_ITEMS, strict=True):
@@ -1699,18 +1706,9 @@ async def test_hosted_tools_are_server_tool_blocks_with_their_results(
 
 @pytest.mark.anyio
 async def test_hosted_tools_go_back_out_as_the_items_they_were() -> None:
-    from essessey.dialects.responses import ResponsesEncoder
-
     events = [_created(), _completed(output=[*_HOSTED_ITEMS, _message_item("Done.", "msg_9")])]
     _, published = await _publish(events)
-    encoder = ResponsesEncoder("resp_hosted")
-    body = b"".join(encoder.encode(event) for event in published) + encoder.finish()
-    frames = [
-        EVENTS.validate_json(line[6:])
-        for frame in body.split(b"\n\n")
-        for line in frame.split(b"\n")
-        if line.startswith(b"data: {")
-    ]
+    frames = _through_the_responses_dialect(published, "resp_hosted")
     done = [e for e in frames if e.type == "response.output_item.done"]
     assert [e.output_index for e in done] == [0, 1, 2, 3]
     back = [e.item.model_dump(mode="json", exclude_none=True) for e in done[:3]]
