@@ -236,6 +236,7 @@ class _Summary:
     stop_sequence: str | None = None
     stop_details: Mapping[str, Any] | None = None
     usage: Mapping[str, Any] = field(default_factory=dict)
+    citations: tuple[Mapping[str, Any], ...] = ()
     error: ParsedError | None = None
     complete: bool = False
 
@@ -256,6 +257,7 @@ class ParsedMessage(_Summary):
     - ``usage``: ``message_start``'s usage updated key by key by ``message_delta``'s.
     - ``stop_details``: the ``message_delta``'s ``stop_details`` (the provider's account
       of its stop, such as a refusal's category), when it gave one.
+    - ``citations``: its text blocks' citations (``citations_delta``), in order.
     - ``error``: the ``error`` event that ended this message, if one did.
     - ``complete``: ``message_stop`` arrived and no error ended the message first.
     - ``implicit``: the events came without a ``message_start`` (a transcript that
@@ -440,6 +442,7 @@ class _Message:
 
     __slots__ = (
         "blocks",
+        "citations",
         "error",
         "implicit",
         "message_id",
@@ -464,6 +467,7 @@ class _Message:
         self.stop_sequence: str | None = None
         self.stop_details: dict[str, Any] | None = None
         self.usage: dict[str, Any] = {}
+        self.citations: list[dict[str, Any]] = []
         self.error: ParsedError | None = None
         self.stopped = False
         self.blocks: dict[int, _Block] = {}
@@ -729,6 +733,12 @@ class Reassembler:
             self._extend_other(block, payload, EventType.CONTENT_BLOCK_DELTA)
             return _fragment(block, EventType.CONTENT_BLOCK_DELTA, "")
         fields = _CONTENT_DELTAS[block.type].get(delta_type)
+        citation = delta.get("citation") if delta_type == "citations_delta" else None
+        if isinstance(citation, dict) and block.kind == "text":
+            # A text block's citation (the Anthropic format's, and what the Responses
+            # adapter makes of an annotation): kept with the message, and, as any
+            # delta without text, in the timeline.
+            self._messages[block.message].citations.append(citation)
         if fields is None:
             if delta_type in DeltaType.KNOWN:
                 raise _Skip(f"{delta_type} does not belong in a {block.type} block")
@@ -843,6 +853,7 @@ class Reassembler:
             stop_sequence=message.stop_sequence,
             stop_details=message.stop_details,
             usage=dict(message.usage),
+            citations=tuple(message.citations),
             error=message.error,
             complete=message.stopped and message.error is None,
             implicit=message.implicit,
@@ -1047,6 +1058,7 @@ def _stream_result(
         stop_sequence=last.stop_sequence if last else None,
         stop_details=last.stop_details if last else None,
         usage=usage,
+        citations=tuple(c for message in messages for c in message.citations),
         error=last_error,
         complete=last is not None and last.complete and not error_after_stop,
         messages=messages,

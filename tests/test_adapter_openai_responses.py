@@ -981,8 +981,6 @@ async def test_unknown_events_are_skipped_with_one_log_line_per_type(
     assert records == [
         "skipping Responses API events of type response.future_thing.delta (first at event #3): "
         "not published",
-        "skipping Responses API events of type response.output_text.annotation.added "
-        "(first at event #15): not published",
     ]
     assert all(r.levelno == logging.INFO for r in caplog.records if r.name == LOGGER)
     assert MARKER not in _log_text(caplog)
@@ -1723,3 +1721,114 @@ async def test_hosted_tools_go_back_out_as_the_items_they_were() -> None:
         "mcp_call",
         "message",
     ]
+
+
+# -- citations --------------------------------------------------------------------------------
+
+_CITED = "Paris is sunny today."
+_URL_CITATION = {
+    "type": "url_citation",
+    "start_index": 0,
+    "end_index": 5,
+    "title": "Weather",
+    "url": "https://example.com/paris",
+}
+_FILE_CITATION = {"type": "file_citation", "file_id": "file_1", "filename": "a.pdf", "index": 9}
+
+
+def _cited_message_item() -> dict[str, Any]:
+    item = _message_item(_CITED, "msg_c")
+    item["content"][0]["annotations"] = [_URL_CITATION, _FILE_CITATION]
+    return item
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+async def test_annotations_are_the_text_block_s_citations_once(
+    dialect: Dialect, streamed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    events: list[dict[str, Any]] = [_created()]
+    if streamed:
+        events += [_text(p, item="msg_c") for p in _pieces(_CITED)]
+        for n, annotation in enumerate([_URL_CITATION, _FILE_CITATION]):
+            events.append(
+                _event(
+                    "response.output_text.annotation.added",
+                    item_id="msg_c",
+                    output_index=0,
+                    content_index=0,
+                    annotation_index=n,
+                    annotation=annotation,
+                )
+            )
+        events.append(_text_done(_CITED, item="msg_c"))
+    # The whole item lists the annotations again: each goes out once.
+    events.append(_completed(output=[_cited_message_item()]))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.text == message.text == _CITED
+    assert list(parsed.citations) == [
+        {
+            "type": "web_search_result_location",
+            "url": "https://example.com/paris",
+            "title": "Weather",
+            "cited_text": "Paris",
+            "encrypted_index": "",
+            "start_index": 0,
+            "end_index": 5,
+        },
+        _FILE_CITATION,
+    ]
+    assert "annotation" not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_an_anthropic_web_search_citation_reassembles_to_the_same_kind_of_record() -> None:
+    from essessey.adapters import anthropic as anthropic_adapter
+
+    citation = {
+        "type": "web_search_result_location",
+        "url": "https://example.com/paris",
+        "title": "Weather",
+        "cited_text": "Paris",
+        "encrypted_index": "Eo8BCioIAhgBIiQ",
+    }
+    message = {
+        "id": "msg_a",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-x",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 0},
+    }
+    events = [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "citations_delta", "citation": citation},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": _CITED},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 3},
+        },
+        {"type": "message_stop"},
+    ]
+    sink = InMemorySink()
+    await anthropic_adapter.publish(Publisher(sink), events, stream_id="s")
+    (found,) = reassemble_events(sink.events).citations
+    assert found == citation
+    assert found["type"] == "web_search_result_location"  # the OpenAI url_citation's kind

@@ -53,9 +53,10 @@ generation, an MCP call or tool list, a server tool search) is a ``server_tool_u
 block and its result block once its item is whole (see ``_HOSTED``); its progress
 events are read quietly. The lifecycle events with nothing to publish
 (``response.in_progress``, ``response.content_part.added``, ...) are read quietly too.
-Every other event (audio, ``response.output_text.annotation.added``, ...) and every
-output item of another type is skipped, with one log line per type naming only the
-type.
+A text part's annotations (``response.output_text.annotation.added``, a message
+part's ``annotations``) are its text block's ``citations_delta`` (see ``_citation``).
+Every other event (audio, ...) and every output item of another type is skipped, with
+one log line per type naming only the type.
 
 The blocks follow :class:`~essessey.adapters.RoundStream`'s layout, in output order (text
 after a function call is a block after it); the arguments of calls whose fragments
@@ -334,6 +335,7 @@ class _Part:
     index: int | None
     text: str
     done: bool = False
+    annotations: list[dict[str, Any]] | None = None  # a whole message part's citations
 
 
 @dataclass(slots=True)
@@ -455,8 +457,27 @@ class _Unmodelled:
     name: str
 
 
+@dataclass(slots=True)
+class _Annotation:
+    """``response.output_text.annotation.added``: a citation of a text part."""
+
+    item_id: str | None
+    output_index: int | None
+    index: int | None
+    annotation_index: int | None
+    annotation: dict[str, Any]
+
+
 _Op: TypeAlias = (
-    _Part | _ItemEvent | _Arguments | _Lifecycle | _Terminal | _ErrorEvent | _Unmodelled | None
+    _Part
+    | _ItemEvent
+    | _Arguments
+    | _Lifecycle
+    | _Terminal
+    | _ErrorEvent
+    | _Unmodelled
+    | _Annotation
+    | None
 )
 
 _LIFECYCLE: Final = frozenset({"response.created", "response.in_progress", "response.queued"})
@@ -561,7 +582,9 @@ def _read_parts(
             part_kind, text_field = _PART_TYPES[part_type]
         text = opt_str(part.get(text_field), f"{at}.{text_field}")
         if text is not None and part_kind is not None:
-            parts.append(_Part(part_kind, item_id, output_index, k, text, done=True))
+            found = opt_list(part.get("annotations"), f"{at}.annotations")
+            annotations = [dict(a) for a in found or () if isinstance(a, Mapping)]
+            parts.append(_Part(part_kind, item_id, output_index, k, text, True, annotations))
     return parts
 
 
@@ -729,6 +752,15 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
             or _error_text(nested.get("message"))
             or FAILED_MESSAGE,
         ), []
+    if name == "response.output_text.annotation.added":
+        annotation = req_map(data.get("annotation"), "annotation")
+        return _Annotation(
+            opt_str(data.get("item_id"), "item_id"),
+            opt_int(data.get("output_index"), "output_index"),
+            opt_int(data.get("content_index"), "content_index"),
+            opt_int(data.get("annotation_index"), "annotation_index"),
+            dict(annotation),
+        ), []
     if name in _QUIET or name.startswith(_HOSTED_PROGRESS):
         return None, []
     return _Unmodelled(name), []
@@ -750,15 +782,36 @@ class _Call(HeldCall):
 
 @dataclass(slots=True)
 class _Piece:
-    """Text or reasoning waiting to go out, or (``hosted``) a hosted tool's item whole."""
+    """Text or reasoning waiting to go out, or (``hosted``) a hosted tool's item whole, or
+    (``citation``) a citation of the text before it."""
 
     key: _PartKey
     text: str
     hosted: _HostedItem | None = None
+    citation: dict[str, Any] | None = None
 
 
 def _complete_json(arguments: str) -> bool:
     return bool(arguments.strip()) and parse_arguments(arguments) is not None
+
+
+def _citation(annotation: dict[str, Any], text: str) -> dict[str, Any]:
+    """A Responses annotation as a ``citations_delta``'s citation: a ``url_citation`` in
+    the Anthropic format's shape for a web search result (``web_search_result_location``,
+    with the cited span of ``text`` and its indexes kept), any other as it was given."""
+    if annotation.get("type") != "url_citation":
+        return annotation
+    start, end = annotation.get("start_index"), annotation.get("end_index")
+    spans = type(start) is int and type(end) is int and 0 <= start <= end <= len(text)
+    return {
+        "type": "web_search_result_location",
+        "url": annotation.get("url"),
+        "title": annotation.get("title"),
+        "cited_text": text[start:end] if spans else "",
+        "encrypted_index": "",
+        "start_index": start,
+        "end_index": end,
+    }
 
 
 class _Reader:
@@ -776,6 +829,7 @@ class _Reader:
         "_anchor_of_item",
         "_by_index",
         "_by_item",
+        "_cited",
         "_differs",
         "_held",
         "_hosted",
@@ -785,6 +839,7 @@ class _Reader:
         "_position",
         "_received",
         "_text",
+        "_text_open",
         "_thinking",
         "ended",
         "error",
@@ -824,6 +879,8 @@ class _Reader:
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._hosted: set[_PartKey] = set()  # the hosted tools published
+        self._cited: dict[_PartKey, int] = {}  # each text part's citations taken
+        self._text_open = False  # the last block published is a text block
         self._text: list[str] = []
         self._thinking: list[str] = []
         # The reasoning part the open thinking block's text came from (None when the
@@ -893,6 +950,9 @@ class _Reader:
             await self._terminal(op)
         elif isinstance(op, _ErrorEvent):
             self._fail(name, ProviderStreamError(op.error_type, op.message))
+        elif isinstance(op, _Annotation):
+            part = _Part("message", op.item_id, op.output_index, op.index, "")
+            await self._cite(self._key(part), op.output_index, [op.annotation], op.annotation_index)
         elif isinstance(op, _Unmodelled):
             self._once("event", op.name)
 
@@ -1061,13 +1121,25 @@ class _Reader:
         await self._ready()
         if piece.hosted is not None:
             await self._publish_hosted(piece.hosted)
+            self._text_open = False
+            return
+        if piece.citation is not None:
+            if not self._text_open:
+                logger.warning(
+                    "a %s citation came with no text block open; not published",
+                    _label(piece.citation.get("type")),
+                )
+                return
+            await self.rounds.raw_delta({"type": "citations_delta", "citation": piece.citation})
             return
         text = piece.text
         if piece.key[0] == "message":
             await self.rounds.delta(text=text)
             self._text.append(text)
             self._last_part = None
+            self._text_open = True
             return
+        self._text_open = False
         if self._last_part is not None and piece.key != self._last_part:
             # A new reasoning part (summary parts each open with their own heading): a
             # thinking block of its own, so the parts do not run together ("**A****B**")
@@ -1094,7 +1166,31 @@ class _Reader:
         await self.rounds.block_stop()
         self._last_part = None
 
+    async def _cite(
+        self,
+        key: _PartKey,
+        output_index: int | None,
+        annotations: list[dict[str, Any]],
+        first: int | None = None,
+    ) -> None:
+        """Publish the citations of a text part not published yet: ``annotations`` from
+        its ``first`` (the annotation_index of one event, or all of a whole part's)."""
+        taken = self._cited.get(key, 0)
+        start = 0 if first is None else first
+        for n, annotation in enumerate(annotations, start):
+            if n < taken:
+                continue  # its event came before the part's whole list
+            self._cited[key] = n + 1
+            citation = _citation(annotation, "".join(self._received.get(key, ())))
+            await self._held.put(_Piece(key, "", citation=citation), output_index)
+
     async def _settle_part(self, part: _Part) -> None:
+        await self._settle_text(part)
+        if part.annotations:
+            key = self._key(part)
+            await self._cite(key, part.output_index, part.annotations)
+
+    async def _settle_text(self, part: _Part) -> None:
         key = self._key(part)
         received = self._received.setdefault(key, [])
         got = "".join(received)
@@ -1184,5 +1280,6 @@ class _Reader:
 
     async def _before_start(self) -> None:
         await self._ready()
+        self._text_open = False
         # A call's block closes any thinking block: reasoning after it opens a new one.
         self._last_part = None
