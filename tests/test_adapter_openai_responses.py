@@ -1832,3 +1832,53 @@ async def test_an_anthropic_web_search_citation_reassembles_to_the_same_kind_of_
     (found,) = reassemble_events(sink.events).citations
     assert found == citation
     assert found["type"] == "web_search_result_location"  # the OpenAI url_citation's kind
+
+
+@pytest.mark.anyio
+async def test_annotations_go_back_out_as_annotations_and_sources() -> None:
+    from essessey.dialects.ui import UIMessageEncoder
+
+    events = [_created(), _completed(output=[_cited_message_item()])]
+    _, published = await _publish(events)
+    frames = _through_the_responses_dialect(published, "resp_cited")
+    added = [
+        e.annotation.model_dump(exclude_none=True)
+        for e in frames
+        if e.type == "response.output_text.annotation.added"
+    ]
+    assert added == [_URL_CITATION, _FILE_CITATION]
+    final = frames[-1].response.output[0].content[0]
+    assert [a.model_dump(exclude_none=True) for a in final.annotations] == added
+    ui = UIMessageEncoder(usage_metadata=False)
+    body = b"".join(ui.encode(event) for event in published)
+    sources = [
+        orjson.loads(line[6:])
+        for line in body.split(b"\n")
+        if line.startswith(b"data: {") and b'"source-url"' in line
+    ]
+    assert sources == [
+        {
+            "type": "source-url",
+            "sourceId": "1-0-s1",
+            "url": _URL_CITATION["url"],
+            "title": "Weather",
+        }
+    ]
+
+
+@pytest.mark.anyio
+async def test_agui_carries_a_citation_as_a_custom_event() -> None:
+    from ag_ui.core import CustomEvent
+
+    from essessey.dialects.agui import CITATION_EVENT, AGUIEncoder
+
+    _, published = await _publish([_created(), _completed(output=[_cited_message_item()])])
+    encoder = AGUIEncoder("t", "r")
+    body = b"".join(encoder.encode(event) for event in published)
+    customs = [
+        CustomEvent.model_validate_json(line[6:])
+        for line in body.split(b"\n")
+        if line.startswith(b"data: {") and b'"CUSTOM"' in line
+    ]
+    assert [c.name for c in customs] == [CITATION_EVENT, CITATION_EVENT]
+    assert customs[1].value["citation"] == _FILE_CITATION

@@ -17,8 +17,10 @@ resumes (AG-UI's own encoder writes no ids). The mapping:
   redacted thinking block: its data as ``REASONING_ENCRYPTED_VALUE`` alone;
 - a tool use: ``TOOL_CALL_START`` / ``_ARGS`` / ``_END``; a tool result:
   ``TOOL_CALL_RESULT`` at its stop, its start (``is_error`` with it) as ``rawEvent``;
-- any other block (a server tool's, citations, a type this module does not know): a
-  ``CUSTOM`` event ``essessey-block`` at its stop, with the block and its deltas;
+- a text block's citation: a ``CUSTOM`` event ``essessey-citation`` with the message's
+  id and the citation;
+- any other block (a server tool's, a type this module does not know): a ``CUSTOM``
+  event ``essessey-block`` at its stop, with the block and its deltas;
 - the turn's end: ``RUN_FINISHED`` with the turn's usage; an ``error`` event, or a
   cancelled turn, ``RUN_ERROR`` (code: the error's type, or ``CANCELLED``).
 """
@@ -26,6 +28,7 @@ resumes (AG-UI's own encoder writes no ids). The mapping:
 from essessey._public import set_public_module
 from essessey.dialects.agui._encoder import (
     BLOCK_EVENT,
+    CITATION_EVENT,
     DEFAULT_MAX_BUFFER,
     AGUIEncoder,
     error_object,
@@ -40,6 +43,7 @@ from essessey.dialects.agui._routes import (
 
 __all__ = [
     "BLOCK_EVENT",
+    "CITATION_EVENT",
     "DEFAULT_MAX_BUFFER",
     "AGUIEncoder",
     "AGUIRunRequest",

@@ -12,12 +12,23 @@ from essessey.dialects._payload import TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
 from essessey.protocol import BlockType, DeltaType, StopReason
 
-__all__ = ["BLOCK_EVENT", "DEFAULT_MAX_BUFFER", "AGUIEncoder", "error_object", "run_stream_id"]
+__all__ = [
+    "BLOCK_EVENT",
+    "CITATION_EVENT",
+    "DEFAULT_MAX_BUFFER",
+    "AGUIEncoder",
+    "error_object",
+    "run_stream_id",
+]
 
 logger = logging.getLogger("essessey.dialects.agui")
 
 BLOCK_EVENT: Final = "essessey-block"
 """The name of the ``CUSTOM`` event that carries a block AG-UI has no events for."""
+
+CITATION_EVENT: Final = "essessey-citation"
+"""The name of the ``CUSTOM`` event that carries a text message's citation
+(``{"messageId", "citation"}``): AG-UI has no event for one."""
 
 DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 """Bytes of one block held until its stop (a tool result, a block carried whole)."""
@@ -261,6 +272,9 @@ class AGUIEncoder(DialectEncoder):
             text = str(delta["text"])
             self._hold(block, text, len(text))
             return []
+        if block.kind == BlockType.TEXT and kind == "citations_delta":
+            value = {"messageId": block.id, "citation": delta.get("citation")}
+            return [_frame({"type": "CUSTOM", "name": CITATION_EVENT, "value": value})]
         self._hold(block, delta, len(orjson.dumps(delta)))
         return []
 

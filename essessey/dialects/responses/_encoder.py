@@ -41,6 +41,7 @@ def error_object(error_type: str, message: str) -> bytes:
 
 class _Item:
     __slots__ = (
+        "annotations",
         "block",
         "deltas",
         "id",
@@ -61,6 +62,7 @@ class _Item:
         self.block = block
         self.parts: list[str] = []
         self.deltas: list[dict[str, Any]] = []
+        self.annotations: list[dict[str, Any]] = []
         self.signature: str | None = None
         self.size = 0
         # A text item's delta frame, all but the number and the text filled in.
@@ -76,6 +78,33 @@ _INCOMPLETE: Final[dict[str, str]] = {
 }
 """The stop reasons that end a response ``incomplete``, and its ``incomplete_details``
 reason; a cancelled turn ends ``cancelled``, any other ``completed``."""
+
+
+_ANNOTATION_TYPES: Final = frozenset(
+    {"url_citation", "file_citation", "container_file_citation", "file_path"}
+)
+"""The Responses API's own annotation types: a citation of one of them goes out as given."""
+
+
+def _annotation(citation: object) -> dict[str, Any] | None:
+    """A text block's citation as a Responses annotation: one of its own types as given,
+    a web search result with its span (as the Responses adapter writes a
+    ``url_citation``) as a ``url_citation``; None for any other."""
+    if not isinstance(citation, dict):
+        return None
+    kind = citation.get("type")
+    if kind in _ANNOTATION_TYPES:
+        return citation
+    start, end = citation.get("start_index"), citation.get("end_index")
+    if kind == "web_search_result_location" and type(start) is int and type(end) is int:
+        return {
+            "type": "url_citation",
+            "start_index": start,
+            "end_index": end,
+            "title": str(citation.get("title") or ""),
+            "url": str(citation.get("url") or ""),
+        }
+    return None
 
 
 _HOSTED_ITEM_TYPES: Final = frozenset(
@@ -360,6 +389,14 @@ class ResponsesEncoder(DialectEncoder):
             text = str(delta["text"])
             self._hold(item, text)
             return self._emit("response.output_text.delta", self._at(item, delta=text, logprobs=[]))
+        if item.kind == BlockType.TEXT and kind == "citations_delta":
+            annotation = _annotation(delta.get("citation"))
+            if annotation is None:
+                return []  # a citation Responses has no annotation for (docs/dialects.md)
+            item.annotations.append(annotation)
+            body = self._at(item, annotation_index=len(item.annotations) - 1)
+            body["annotation"] = annotation
+            return self._emit("response.output_text.annotation.added", body)
         if item.kind == BlockType.THINKING and kind == DeltaType.THINKING:
             text = str(delta.get("thinking", delta.get("text")))  # the two dialects
             self._hold(item, text)
@@ -424,7 +461,7 @@ class ResponsesEncoder(DialectEncoder):
             return []
         whole = "".join(item.parts)
         if item.kind == BlockType.TEXT:
-            part = {"type": "output_text", "text": whole, "annotations": []}
+            part = {"type": "output_text", "text": whole, "annotations": item.annotations}
             message: dict[str, Any] = {"id": item.id, "type": "message", "role": "assistant"}
             message.update(status="completed", content=[part])
             return (

@@ -122,6 +122,7 @@ class UIMessageEncoder(DialectEncoder):
         (``{"usage": {...}}``, the AI SDK's usage fields): off for an app whose message
         metadata schema has no room for them."""
         self._usage = TurnUsage()
+        self._sources = 0  # source-url parts written
         self.custom_chunks = custom_chunks
         """Whether a block of a type with no chunk of its own is a ``custom`` chunk (the AI
         SDK 7) or, False, a ``data-essessey-block`` part (the 6.x line)."""
@@ -306,6 +307,19 @@ class UIMessageEncoder(DialectEncoder):
         kind = delta.get("type")
         if block.kind == BlockType.TEXT and kind == DeltaType.TEXT:
             return [frame({"type": "text-delta", "id": block.id, "delta": str(delta["text"])})]
+        if block.kind == BlockType.TEXT and kind == "citations_delta":
+            # A citation with a URL is the AI SDK's source: a source-url part.
+            citation = delta.get("citation")
+            url = citation.get("url") if isinstance(citation, dict) else None
+            if isinstance(url, str) and url:
+                self._sources += 1
+                source = {"type": "source-url", "sourceId": f"{block.id}-s{self._sources}"}
+                source["url"] = url
+                title = citation.get("title") if isinstance(citation, dict) else None
+                if isinstance(title, str):
+                    source["title"] = title
+                return [frame(source)]
+            return []
         if block.kind == BlockType.THINKING:
             if kind == DeltaType.SIGNATURE:
                 return []  # no UI part carries it
