@@ -258,9 +258,9 @@ async def test_the_dialect_links_open_the_turn_in_each_dialect(base: str) -> Non
         )
     assert ends["sse"][0] == f"/streams/{stream_id}"
     assert "message_stop" in ends["sse"][1]
-    assert ends["ui"][1] == "data: [DONE]"
+    assert ends["ui"][1].endswith("\ndata: [DONE]")  # after its id line
     assert '"RUN_FINISHED"' in ends["agui"][1]
-    assert ends["chat-completions"][1] == "data: [DONE]"
+    assert ends["chat-completions"][1].endswith("\ndata: [DONE]")
     assert "response.completed" in ends["responses"][1]
     for dialect in ("ui", "agui", "chat-completions", "responses"):
         assert ends[dialect][0] == f"/streams/{stream_id}/as/{dialect}"

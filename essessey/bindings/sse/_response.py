@@ -528,6 +528,12 @@ class EventStreamResponse(Response):
                 await self._send_error(send, 500, "api_error", "Internal server error")
             return
         if failure is None and self.empty_status is not None and not line.busy:
+            # Nothing after the resume point but, in a dialect, the stream's own end
+            # (its finish and [DONE]): that still goes out, the client not having had it.
+            tail = (self.encoder if self.encoder is not None else _PROTOCOL_FRAMES).finish()
+            if tail:
+                await line.finish(tail)
+                return
             line.ended = True
             await send(
                 {

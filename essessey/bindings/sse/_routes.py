@@ -41,7 +41,13 @@ from starlette.routing import BaseRoute, Route
 from essessey.bindings._asgi import SubscriptionCount, subscription_end
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse._encoder import ErrorShape, FrameEncoder, split_frame_id
+from essessey.bindings.sse._encoder import (
+    ErrorShape,
+    FrameEncoder,
+    frame_id,
+    id_line,
+    split_frame_id,
+)
 from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import (
     RESUME_HEADERS_WITHIN,
@@ -75,26 +81,48 @@ class _RestOfEvent(Event):
     __slots__ = ()
 
 
-class _AfterFrame:
-    """A dialect's encoder on a resume by the id of a frame in the middle of an event's
-    frames: the rest of that event's frames (a :class:`_RestOfEvent`) as they are, then
-    every event as the dialect writes it."""
+class _HubFrames:
+    """A dialect's encoder on a hub stream. The frames of the stream's end (``finish()``,
+    ``fail()``) get ids too, numbered on from the last event's frames (``<id>:<n>``). On
+    a resume by a frame's id, the rest of that event's frames (a :class:`_RestOfEvent`)
+    go out as they are, and end frames the client had (``end_skip``) are left out."""
 
-    __slots__ = ("_encoder",)
+    __slots__ = ("_encoder", "_last_frames", "_last_id", "end_skip")
 
     def __init__(self, encoder: FrameEncoder) -> None:
         self._encoder = encoder
+        self._last_id: str | None = None
+        self._last_frames = 0
+        self.end_skip = 0
 
     def encode(self, event: Event) -> bytes:
         if type(event) is _RestOfEvent:
             return event.data
-        return self._encoder.encode(event)
+        out = self._encoder.encode(event)
+        if event.id is not None and out:
+            self._last_id, self._last_frames = event.id, out.count(b"\n\n")
+        return out
+
+    def resumed_in(self, event_id: str, frames: int) -> None:
+        """The resume went on from ``event_id``, an event of ``frames`` frames."""
+        self._last_id, self._last_frames = event_id, frames
 
     def finish(self) -> bytes:
-        return self._encoder.finish()
+        return self._end(self._encoder.finish())
 
     def fail(self, error_type: str, message: str) -> bytes:
-        return self._encoder.fail(error_type, message)
+        return self._end(self._encoder.fail(error_type, message))
+
+    def _end(self, tail: bytes) -> bytes:
+        frames = _frames(tail)
+        last = self._last_id
+        if last is not None:
+            first = self._last_frames + 1
+            frames = [
+                id_line(frame_id(last, place)) + frame for place, frame in enumerate(frames, first)
+            ]
+        skip, self.end_skip = self.end_skip, 0
+        return b"".join(frames[skip:])
 
 
 def _frames(encoded: bytes) -> list[bytes]:
@@ -115,7 +143,15 @@ class HubSubscription:
     a dialect counts its own events (Responses' sequence numbers), which a resume must
     count again the same way."""
 
-    __slots__ = ("_deliver", "_hub", "_last_event_id", "_primer", "_skip", "_stream_id")
+    __slots__ = (
+        "_deliver",
+        "_frames",
+        "_hub",
+        "_last_event_id",
+        "_primer",
+        "_skip",
+        "_stream_id",
+    )
 
     def __init__(
         self,
@@ -125,8 +161,10 @@ class HubSubscription:
         primer: FrameEncoder | None = None,
         *,
         skip: int = 0,
+        frames: _HubFrames | None = None,
     ) -> None:
         self._hub = hub
+        self._frames = frames  # the response's encoder, told where a resume went on
         self._stream_id = stream_id
         self._last_event_id = last_event_id
         self._primer = primer
@@ -148,6 +186,7 @@ class HubSubscription:
             self._deliver,
             prime=primer.encode if primer is not None else None,
             skip=self._skip,
+            frames=self._frames,
         )
 
 
@@ -159,6 +198,7 @@ async def _follow(
     *,
     prime: Callable[[Event], bytes] | None,
     skip: int = 0,
+    frames: _HubFrames | None = None,
 ) -> AsyncIterator[Event]:
     # Opened here, in the response's task: a refusal is raised before the first event,
     # and answered as an HTTP error. A dialect's resume (``prime``) reads the stream once:
@@ -171,9 +211,10 @@ async def _follow(
     try:
         rest = b""
         encoded = [b""]  # the frames of the event resumed in, encoded again
-        if skip and prime is not None and last_event_id is not None:
-            # Resumed mid-event: that event is encoded again, as it was, and the frames
-            # the client had are left out.
+        if prime is not None and last_event_id is not None and frames is not None:
+            # A dialect's resume: the event resumed in is encoded again, as it was (mid-
+            # event, the frames the client had are left out; at the stream's end, the
+            # end frames number on from its frames).
             encode = prime
 
             def prime_keeping(event: Event) -> bytes:
@@ -182,11 +223,18 @@ async def _follow(
 
             prime = prime_keeping
         subscription = await hub.open(stream_id, last_event_id, snapshot=prime is None, prime=prime)
-        if skip:
-            frames = _frames(encoded[0])
-            if skip >= len(frames):
-                raise UnknownEventId("no such frame of that event")  # an id never sent
-            rest = b"".join(frames[skip:])
+        if frames is not None and last_event_id is not None and prime is not None:
+            within = _frames(encoded[0])
+            if skip >= len(within) > 0:
+                # One of the stream's end frames, which follow its last event only.
+                if subscription.head:
+                    raise UnknownEventId("no such frame of that event")  # never sent
+                frames.end_skip = skip - len(within)
+            elif skip >= len(within) and skip:
+                raise UnknownEventId("no such frame of that event")  # never sent
+            if skip:
+                rest = b"".join(within[skip:])
+            frames.resumed_in(last_event_id, len(within))
         if deliver is not None:
             subscription.deliver_live(deliver)
         if rest:
@@ -289,11 +337,10 @@ def stream_response(
         # A dialect's frame in the middle of an event has an id of its own: the resume
         # goes on from there (``with_id``).
         last_event_id, skip = split_frame_id(last_event_id)
-    source = HubSubscription(hub, stream_id, last_event_id, encoder, skip=skip)
-    if skip and encoder is not None:
-        encoder = _AfterFrame(encoder)
+    frames = None if encoder is None else _HubFrames(encoder)
+    source = HubSubscription(hub, stream_id, last_event_id, encoder, skip=skip, frames=frames)
     return EventStreamResponse(
-        source, empty_status=empty_status, encoder=encoder, error_shape=error_shape, **options
+        source, empty_status=empty_status, encoder=frames, error_shape=error_shape, **options
     )
 
 
