@@ -87,12 +87,13 @@ class _HubFrames:
     a resume by a frame's id, the rest of that event's frames (a :class:`_RestOfEvent`)
     go out as they are, and end frames the client had (``end_skip``) are left out."""
 
-    __slots__ = ("_encoder", "_last_frames", "_last_id", "end_skip")
+    __slots__ = ("_encoder", "_last_id", "_last_out", "end_skip")
 
     def __init__(self, encoder: FrameEncoder) -> None:
         self._encoder = encoder
         self._last_id: str | None = None
-        self._last_frames = 0
+        # The last event's frames, counted only at the end: this runs for every event.
+        self._last_out = b""
         self.end_skip = 0
 
     def encode(self, event: Event) -> bytes:
@@ -100,12 +101,12 @@ class _HubFrames:
             return event.data
         out = self._encoder.encode(event)
         if event.id is not None and out:
-            self._last_id, self._last_frames = event.id, out.count(b"\n\n")
+            self._last_id, self._last_out = event.id, out
         return out
 
-    def resumed_in(self, event_id: str, frames: int) -> None:
-        """The resume went on from ``event_id``, an event of ``frames`` frames."""
-        self._last_id, self._last_frames = event_id, frames
+    def resumed_in(self, event_id: str, encoded: bytes) -> None:
+        """The resume went on from ``event_id``, whose frames are ``encoded``."""
+        self._last_id, self._last_out = event_id, encoded
 
     def finish(self) -> bytes:
         return self._end(self._encoder.finish())
@@ -117,7 +118,7 @@ class _HubFrames:
         frames = _frames(tail)
         last = self._last_id
         if last is not None:
-            first = self._last_frames + 1
+            first = self._last_out.count(b"\n\n") + 1
             frames = [
                 id_line(frame_id(last, place)) + frame for place, frame in enumerate(frames, first)
             ]
@@ -225,16 +226,15 @@ async def _follow(
         subscription = await hub.open(stream_id, last_event_id, snapshot=prime is None, prime=prime)
         if frames is not None and last_event_id is not None and prime is not None:
             within = _frames(encoded[0])
-            if skip >= len(within) > 0:
-                # One of the stream's end frames, which follow its last event only.
-                if subscription.head:
+            if skip and skip >= len(within):
+                # Past the event's frames: one of the stream's end frames, which follow
+                # its last event only.
+                if not within or subscription.head:
                     raise UnknownEventId("no such frame of that event")  # never sent
                 frames.end_skip = skip - len(within)
-            elif skip >= len(within) and skip:
-                raise UnknownEventId("no such frame of that event")  # never sent
             if skip:
                 rest = b"".join(within[skip:])
-            frames.resumed_in(last_event_id, len(within))
+            frames.resumed_in(last_event_id, encoded[0])
         if deliver is not None:
             subscription.deliver_live(deliver)
         if rest:
