@@ -14,7 +14,11 @@ The rules (docs/protocol.md, "Block indexes" and "Strict mode", says them for us
 And the message frame: ``message_start`` first (``ping`` anywhere), deltas match their
 block's type, nothing after ``message_stop`` (or an ``error``) but a new
 ``message_start``, a tool_result names an earlier tool_use, a stream does not end inside
-a message. Unknown events, block types and delta types pass: the sets are open.
+a message. And for turns that ask (docs/asking.md): an ``approval_request`` names a
+tool_use of its message that has no result there, a request's id is used once, a message
+that asks ends with stop reason ``tool_use``, and an ``approval_response`` or ``answer``
+names a request asked earlier, once. Unknown events, block types and delta types pass: the
+sets are open.
 
 A strict :class:`~essessey.Publisher` runs the same machine before each event and
 refuses the event when it would break a rule.
@@ -28,7 +32,15 @@ from typing import Any, Final, TypeAlias
 from essessey._public import set_public_module
 from essessey.errors import Violation
 from essessey.event import Event
-from essessey.protocol import DELTA_FOR_BLOCK, BlockType, DeltaType, EventType, Unreadable, read
+from essessey.protocol import (
+    DELTA_FOR_BLOCK,
+    BlockType,
+    DeltaType,
+    EventType,
+    StopReason,
+    Unreadable,
+    read,
+)
 
 __all__ = ["ProtocolChecker", "Rule", "Violation", "check"]
 
@@ -51,6 +63,11 @@ class Rule:
     TOOL_RESULT_UNKNOWN_USE: Final = "tool-result-unknown-use"
     DUPLICATE_TOOL_USE: Final = "duplicate-tool-use"
     DUPLICATE_TOOL_RESULT: Final = "duplicate-tool-result"
+    APPROVAL_UNKNOWN_CALL: Final = "approval-unknown-call"
+    DUPLICATE_REQUEST: Final = "duplicate-request"
+    ASKING_STOP_REASON: Final = "asking-stop-reason"
+    ANSWER_UNKNOWN_REQUEST: Final = "answer-unknown-request"
+    DUPLICATE_ANSWER: Final = "duplicate-answer"
     INCOMPLETE: Final = "incomplete"
 
 
@@ -72,14 +89,18 @@ class ProtocolChecker:
 
     __slots__ = (
         "_answered",
+        "_asks",
         "_ended",
         "_in_message",
         "_in_results",
+        "_message_uses",
         "_next_index",
         "_open_has_content",
         "_open_index",
         "_open_type",
         "_position",
+        "_replied",
+        "_requests",
         "_round_uses",
         "_tool_uses",
     )
@@ -96,6 +117,10 @@ class ProtocolChecker:
         self._answered: set[str] = set()
         self._round_uses: set[str] = set()
         self._in_results = False
+        self._message_uses: set[str] = set()  # this message's tool_use ids
+        self._asks = False  # this message has asked something
+        self._requests: set[str] = set()  # every request id asked in the stream
+        self._replied: set[str] = set()  # the requests with a recorded answer
 
     @property
     def position(self) -> int:
@@ -223,9 +248,23 @@ class ProtocolChecker:
                 self._open_index = _NO_BLOCK
                 self._round_uses = set()
                 self._in_results = False
+                self._message_uses = set()
+                self._asks = False
         elif name == EventType.MESSAGE_DELTA or name == EventType.MESSAGE_STOP:
-            if name == EventType.MESSAGE_DELTA and not isinstance(payload.get("delta"), dict):
+            delta = payload.get("delta")
+            if name == EventType.MESSAGE_DELTA and not isinstance(delta, dict):
                 violate(Rule.PAYLOAD, "message_delta has no delta object")
+            elif (
+                name == EventType.MESSAGE_DELTA
+                and self._asks
+                and isinstance(delta, dict)
+                and delta.get("stop_reason") != StopReason.TOOL_USE
+            ):
+                violate(
+                    Rule.ASKING_STOP_REASON,
+                    f"a message that asks ends with stop reason tool_use, not "
+                    f"{delta.get('stop_reason')!r}",
+                )
             if self._require_message(violate) and self._open_index != _NO_BLOCK:
                 violate(Rule.UNCLOSED_BLOCK, f"block {self._open_index} is still open")
             if _records(commit, found) and name == EventType.MESSAGE_STOP:
@@ -318,6 +357,17 @@ class ProtocolChecker:
                 violate(Rule.TOOL_RESULT_UNKNOWN_USE, f"no earlier tool_use has id {tool_id!r}")
             elif tool_id in self._answered:
                 violate(Rule.DUPLICATE_TOOL_RESULT, f"tool_use {tool_id!r} already has a result")
+        elif block_type in BlockType.REQUESTS:
+            tool_id = self._request(block, block_type, violate)
+        elif block_type in BlockType.RESPONSES:
+            tool_id = block.get("request_id")
+            if not isinstance(tool_id, str):
+                violate(Rule.PAYLOAD, f"{block_type} block needs a string request_id")
+                tool_id = None
+            elif tool_id not in self._requests:
+                violate(Rule.ANSWER_UNKNOWN_REQUEST, f"no earlier request has id {tool_id!r}")
+            elif tool_id in self._replied:
+                violate(Rule.DUPLICATE_ANSWER, f"request {tool_id!r} already has an answer")
 
         if not _records(commit, found):
             return
@@ -332,6 +382,14 @@ class ProtocolChecker:
             if tool_id is not None:
                 self._round_uses.add(tool_id)
                 self._tool_uses.add(tool_id)
+                self._message_uses.add(tool_id)
+        elif block_type in BlockType.REQUESTS:
+            self._asks = True
+            if tool_id is not None:
+                self._requests.add(tool_id)
+        elif block_type in BlockType.RESPONSES:
+            if tool_id is not None:
+                self._replied.add(tool_id)
         elif block_type == BlockType.TOOL_RESULT:
             self._in_results = True
             if tool_id is not None:
@@ -340,6 +398,28 @@ class ProtocolChecker:
             # Any other block after the results ends the round.
             self._round_uses = set()
             self._in_results = False
+
+    def _request(self, block: dict[str, Any], block_type: str, violate: _Violate) -> str | None:
+        """The id of an approval request or question, once its fields are checked."""
+        request_id = block.get("id")
+        if not isinstance(request_id, str) or not request_id:
+            violate(Rule.PAYLOAD, f"{block_type} block needs a string id")
+            return None
+        if request_id in self._requests or request_id in self._tool_uses:
+            violate(Rule.DUPLICATE_REQUEST, f"request id {request_id!r} was used before")
+        if block_type == BlockType.QUESTION:
+            if not isinstance(block.get("question"), str):
+                violate(Rule.PAYLOAD, "question block needs a string question")
+            return request_id
+        call = block.get("tool_use_id")
+        if not isinstance(call, str):
+            violate(Rule.PAYLOAD, "approval_request block needs a string tool_use_id")
+        elif call not in self._message_uses or call in self._answered:
+            violate(
+                Rule.APPROVAL_UNKNOWN_CALL,
+                f"no tool_use {call!r} without a result in this message",
+            )
+        return request_id
 
     def _delta(
         self,

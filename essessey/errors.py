@@ -16,11 +16,16 @@ from dataclasses import dataclass
 from essessey._logsafe import log_label
 
 __all__ = [
+    "AnswerConflict",
+    "AnswerExpired",
+    "AnswerRefused",
     "EssesseyError",
+    "InvalidAnswer",
     "JetStreamUnavailable",
     "LeaseLost",
     "MessagesNotRetained",
     "NATSConnectionLost",
+    "NotWaiting",
     "ProtocolError",
     "ProviderStreamError",
     "RedisUnavailable",
@@ -186,6 +191,42 @@ class StreamReset(EssesseyError):
 class StreamBusy(EssesseyError):
     """A turn is already running on this stream id (in this hub, or on another replica
     that holds the stream's lease in a shared store)."""
+
+
+class AnswerRefused(EssesseyError):
+    """An answer to a turn that asks was refused; nothing was written. ``status`` is the
+    HTTP status a route answers with (400 for a bad answer, 409 for one that comes at the
+    wrong time), ``code`` a short machine-readable name."""
+
+    status = 409
+    code = "answer_refused"
+
+
+class NotWaiting(AnswerRefused):
+    """The stream does not wait for an answer: its last message asks nothing, or its turn
+    is still running."""
+
+    code = "not_waiting"
+
+
+class InvalidAnswer(AnswerRefused):
+    """The answer names a request the stream does not wait for, leaves one of its requests
+    unanswered, or answers one in the wrong kind (an output for an approval, say)."""
+
+    status = 400
+    code = "invalid_answer"
+
+
+class AnswerConflict(AnswerRefused):
+    """The requests were answered already, differently: the first answer stands."""
+
+    code = "already_answered"
+
+
+class AnswerExpired(AnswerRefused):
+    """A request's ``expires_at`` has passed: answers are no longer taken."""
+
+    code = "answer_expired"
 
 
 class LeaseLost(EssesseyError):

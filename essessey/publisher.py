@@ -493,6 +493,58 @@ class Publisher:
         async with _step("send_tool_result_block", "content_block_stop"):
             await self.send_content_block_stop(index)
 
+    async def send_approval_request(
+        self,
+        index: int,
+        request_id: str,
+        tool_use_id: str,
+        *,
+        reason: str | None = None,
+        expires_at: int | None = None,
+    ) -> None:
+        """A whole ``approval_request`` block: the message asks its client to approve
+        its call ``tool_use_id`` (docs/asking.md)."""
+        block = protocol.approval_request_block_start(
+            request_id, tool_use_id, reason=reason, expires_at=expires_at
+        )
+        await self._send_whole_block("send_approval_request", index, block)
+
+    async def send_question(
+        self,
+        index: int,
+        request_id: str,
+        question: str,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        expires_at: int | None = None,
+    ) -> None:
+        """A whole ``question`` block: the message asks its client ``question``."""
+        block = protocol.question_block_start(
+            request_id, question, schema=schema, expires_at=expires_at
+        )
+        await self._send_whole_block("send_question", index, block)
+
+    async def send_approval_response(
+        self, index: int, request_id: str, approved: bool, *, reason: str | None = None
+    ) -> None:
+        """A whole ``approval_response`` block: the record of an approval's answer."""
+        block = protocol.approval_response_block_start(request_id, approved, reason=reason)
+        await self._send_whole_block("send_approval_response", index, block)
+
+    async def send_answer(self, index: int, request_id: str, value: Any) -> None:
+        """A whole ``answer`` block: the record of a question's answer (any JSON)."""
+        block = protocol.answer_block_start(request_id, value)
+        await self._send_whole_block("send_answer", index, block)
+
+    async def _send_whole_block(self, composite: str, index: int, block: dict[str, Any]) -> None:
+        async with _step(composite, "content_block_start"):
+            await self._send(
+                EventType.CONTENT_BLOCK_START,
+                {"type": EventType.CONTENT_BLOCK_START, "index": index, "content_block": block},
+            )
+        async with _step(composite, "content_block_stop"):
+            await self.send_content_block_stop(index)
+
 
 class _step:
     """Adds "which composite, which step" to an exception without changing its type."""

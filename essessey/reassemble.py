@@ -20,7 +20,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import orjson
@@ -28,6 +28,7 @@ import orjson
 from essessey._logsafe import log_label
 from essessey.event import Event, Source
 from essessey.protocol import BlockType, DeltaType, EventType, Unreadable, read
+from essessey.protocol.asking import AskReader, PendingRequest, Waiting
 
 __all__ = [
     "Fragment",
@@ -292,6 +293,12 @@ class ParsedStream(_Summary):
     """
 
     messages: tuple[ParsedMessage, ...] = ()
+    pending: tuple[PendingRequest, ...] = ()
+    """What the stream waits for from its client, when its last message that asks was
+    not continued yet (docs/asking.md): approval requests, client calls, questions."""
+    waiting: Waiting | None = None
+    """The stream's last message that asked, its requests and, once a message continued
+    it, the answers that message recorded; None when no message asked."""
 
 
 # -- internal state -------------------------------------------------------------------
@@ -491,6 +498,7 @@ class Reassembler:
     """
 
     __slots__ = (
+        "_asks",
         "_current",
         "_error_after_stop",
         "_messages",
@@ -501,6 +509,7 @@ class Reassembler:
 
     def __init__(self) -> None:
         self._position = 0
+        self._asks = AskReader()
         self._messages: list[_Message] = []
         self._current: _Message | None = None
         self._timeline: list[_Run] = []
@@ -521,6 +530,7 @@ class Reassembler:
         """
         position = self._position
         self._position += 1
+        self._asks.feed(event)
         name = event.event
         if name == EventType.PING:
             return None  # keep-alive: may carry no data at all
@@ -556,7 +566,12 @@ class Reassembler:
         }
         parsed = tuple(self._message_result(message, items) for message in self._messages)
         timeline = tuple(items[id(run)] for run in self._timeline)
-        return _stream_result(parsed, timeline, self._stream_error, self._error_after_stop)
+        result = _stream_result(parsed, timeline, self._stream_error, self._error_after_stop)
+        asked = self._asks.waiting()
+        if asked is None:
+            return result
+        pending = asked.requests if asked.answered is None else ()
+        return replace(result, waiting=asked, pending=pending)
 
     # -- dispatch ----------------------------------------------------------------------
 

@@ -11,20 +11,27 @@ closes before text), and always ends the stream.
 from __future__ import annotations
 
 import logging
+import math
+import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
+import orjson
 
 from essessey._failure import send_failure
 from essessey.errors import ProtocolError
 from essessey.protocol import BlockType, EventType, StopReason
+from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher
 
 __all__ = [
+    "DEFAULT_EXPIRES_IN",
+    "Asker",
     "BlockIndex",
     "BlockStreamer",
     "LineStreamer",
@@ -33,10 +40,15 @@ __all__ = [
     "ToolCall",
     "ToolStreamer",
     "Turn",
+    "continue_turn",
     "stream_turn",
 ]
 
 logger = logging.getLogger("essessey.streamers")
+
+DEFAULT_EXPIRES_IN: Final = 3600.0
+"""Seconds an approval request or a question takes answers, by default: the in-memory
+store's own ``max_age``, past which a finished stream is dropped anyway."""
 
 NO_RESULT_TEXT = '{"error":"the tool produced no result"}'
 """The result text :meth:`ToolStreamer.close` sends for a call that got no result."""
@@ -444,6 +456,7 @@ class ToolStreamer:
         "_by_id",
         "_calls",
         "_cursor",
+        "_deferred",
         "_open_id",
         "_open_parts",
         "_publisher",
@@ -468,6 +481,7 @@ class ToolStreamer:
         self._open_parts: list[str] = []
         self._results_started = False
         self._retired = False
+        self._deferred: set[str] = set()
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -508,8 +522,23 @@ class ToolStreamer:
 
     @property
     def pending(self) -> list[str]:
-        """Ids of the calls that have no result yet."""
-        return [call.tool_use_id for call in self._calls if call.result is None]
+        """Ids of the calls that have no result yet and are not deferred."""
+        return [
+            call.tool_use_id
+            for call in self._calls
+            if call.result is None and call.tool_use_id not in self._deferred
+        ]
+
+    def defer(self, tool_use_id: str) -> None:
+        """Leave the call ``tool_use_id`` without a result in this message: the client
+        runs it, or it waits for an approval (docs/asking.md). :meth:`close` then gives
+        it no error result, and the message should end with stop reason ``tool_use``."""
+        call = self._by_id.get(tool_use_id)
+        if call is None:
+            raise ProtocolError(f"no tool call {tool_use_id!r} in this round")
+        if call.result is not None:
+            raise ProtocolError(f"tool call {tool_use_id!r} already has a result")
+        self._deferred.add(tool_use_id)
 
     async def start_call(
         self, tool_use_id: str, name: str, arguments: str = "", *, item_type: str | None = None
@@ -562,6 +591,8 @@ class ToolStreamer:
             raise ProtocolError(f"no tool call {tool_use_id!r} in this round")
         if call.result is not None:
             raise ProtocolError(f"tool call {tool_use_id!r} already has a result")
+        if tool_use_id in self._deferred:
+            raise ProtocolError(f"tool call {tool_use_id!r} is deferred to a later message")
         await self.end_call()
         await self._cursor._whole(
             self,
@@ -588,6 +619,89 @@ class ToolStreamer:
         self._by_id[self._open_id].arguments = "".join(self._open_parts)
         self._open_parts = []
         self._open_id = None
+
+
+class Asker:
+    """Writes what a message asks its client (docs/asking.md): approval requests,
+    questions, calls the client runs; and, in the message that continues the turn,
+    results of calls an earlier message made. Each is a whole block at the shared
+    index. A :class:`Turn` and a :class:`~essessey.adapters.RoundStream` offer these as
+    methods of their own; this is the one place that writes them.
+    """
+
+    __slots__ = ("_cursor", "_publisher")
+
+    def __init__(self, publisher: Publisher, *, shared_index: BlockIndex) -> None:
+        self._cursor = _index_for(publisher, 0, shared_index)
+        self._publisher = publisher
+
+    async def approval(
+        self,
+        tool_use_id: str,
+        *,
+        reason: str | None = None,
+        expires_in: float | None = DEFAULT_EXPIRES_IN,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask to approve the message's call ``tool_use_id``; returns the request's id."""
+        key = request_id or "apr_" + secrets.token_hex(12)
+        expires_at = _expiry(expires_in)
+        await self._cursor._whole(
+            self,
+            lambda publisher, index: publisher.send_approval_request(
+                index, key, tool_use_id, reason=reason, expires_at=expires_at
+            ),
+        )
+        return key
+
+    async def question(
+        self,
+        question: str,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        expires_in: float | None = DEFAULT_EXPIRES_IN,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask ``question`` (``schema``: a JSON schema for the answer); returns its id."""
+        key = request_id or "q_" + secrets.token_hex(12)
+        expires_at = _expiry(expires_in)
+        await self._cursor._whole(
+            self,
+            lambda publisher, index: publisher.send_question(
+                index, key, question, schema=schema, expires_at=expires_at
+            ),
+        )
+        return key
+
+    async def client_call(
+        self, name: str, arguments: Mapping[str, Any] | str, *, tool_use_id: str | None = None
+    ) -> str:
+        """A call of tool ``name`` that the client runs; returns the call's id."""
+        key = tool_use_id or "toolu_" + secrets.token_hex(12)
+        await self._cursor._whole(
+            self,
+            lambda publisher, index: publisher.send_tool_use_block(index, key, name, arguments),
+        )
+        return key
+
+    async def result(self, tool_use_id: str, text: str, *, is_error: bool = False) -> None:
+        """The result of a call an earlier message of the stream made (one it deferred,
+        now approved and run)."""
+        await self._cursor._whole(
+            self,
+            lambda publisher, index: publisher.send_tool_result_block(
+                index, tool_use_id, text, is_error=is_error
+            ),
+        )
+
+
+def _expiry(expires_in: float | None) -> int | None:
+    """``expires_in`` seconds from now, as the Unix time a request carries."""
+    if expires_in is None:
+        return None
+    if not expires_in > 0:
+        raise ValueError("expires_in must be > 0 seconds, or None for no expiry")
+    return math.ceil(time.time() + expires_in)
 
 
 _Streamer = TextStreamer | ThinkingStreamer | LineStreamer | ToolStreamer | BlockStreamer
@@ -660,6 +774,72 @@ class Turn:
         """Close the current streamer, if any."""
         await self._release()
 
+    # -- asking (docs/asking.md) ----------------------------------------------------------
+
+    async def ask_approval(
+        self,
+        tool_use_id: str,
+        *,
+        reason: str | None = None,
+        expires_in: float | None = DEFAULT_EXPIRES_IN,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask the client to approve the call ``tool_use_id`` (made in this message by
+        :meth:`tools`) before it runs; returns the request's id. The call gets no
+        result here, and the message ends with stop reason ``tool_use``: the turn
+        waits. ``expires_in`` seconds from now answers stop being taken (None: never)."""
+        self._defer(tool_use_id)
+        await self._release()
+        key = await Asker(self.publisher, shared_index=self._cursor).approval(
+            tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
+        )
+        self.stop_reason = StopReason.TOOL_USE
+        return key
+
+    async def ask(
+        self,
+        question: str,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        expires_in: float | None = DEFAULT_EXPIRES_IN,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask the client ``question`` (``schema``: a JSON schema for the answer);
+        returns its id. The message ends with stop reason ``tool_use``: the turn waits."""
+        await self._release()
+        key = await Asker(self.publisher, shared_index=self._cursor).question(
+            question, schema=schema, expires_in=expires_in, request_id=request_id
+        )
+        self.stop_reason = StopReason.TOOL_USE
+        return key
+
+    async def call_client_tool(
+        self, name: str, arguments: Mapping[str, Any] | str, *, tool_use_id: str | None = None
+    ) -> str:
+        """Call tool ``name``, which the client runs (``arguments``: JSON text or a
+        mapping); returns the call's id. The message ends with stop reason
+        ``tool_use``: the turn waits for the output."""
+        await self._release()
+        key = await Asker(self.publisher, shared_index=self._cursor).client_call(
+            name, arguments, tool_use_id=tool_use_id
+        )
+        self.stop_reason = StopReason.TOOL_USE
+        return key
+
+    async def tool_result(self, tool_use_id: str, output: Any, *, is_error: bool = False) -> None:
+        """The result of a call an earlier message made and left to an approval, now run
+        (in the message that continues the turn): ``output`` is text, or any JSON."""
+        await self._release()
+        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        await Asker(self.publisher, shared_index=self._cursor).result(
+            tool_use_id, text, is_error=is_error
+        )
+
+    def _defer(self, tool_use_id: str) -> None:
+        current = self._current
+        if isinstance(current, ToolStreamer) and tool_use_id in current.calls_by_id:
+            current.defer(tool_use_id)
+
     async def _release(self) -> None:
         current = self._current
         if current is not None:
@@ -696,7 +876,29 @@ async def stream_turn(
     except Exception as exc:
         await send_failure(publisher, exc, error_type=error_type)
         raise
+    await _end_turn(publisher, turn)
+
+
+async def _end_turn(publisher: Publisher, turn: Turn) -> None:
     usage: dict[str, Any] = dict(turn.usage)  # Any: mypy cannot tell these from stop_sequence
     await publisher.send_stream_epilogue(
         turn.stop_reason, turn.output_tokens, stop_sequence=turn.stop_sequence, **usage
     )
+
+
+@asynccontextmanager
+async def continue_turn(
+    publisher: Publisher, answered: Answered, *, error_type: str = "api_error"
+) -> AsyncIterator[Turn]:
+    """Go on with a turn its client answered (docs/asking.md): what a hub's
+    ``on_answer`` continuation writes into. The hub has written the message's start and
+    the record of the answers; the body's blocks follow them, and the epilogue ends the
+    message on exit. As :func:`stream_turn` otherwise."""
+    turn = Turn(publisher, answered.next_index)
+    try:
+        yield turn
+        await turn.close_current()
+    except Exception as exc:
+        await send_failure(publisher, exc, error_type=error_type)
+        raise
+    await _end_turn(publisher, turn)

@@ -109,6 +109,25 @@ def end() -> list[Event]:
     return [message_delta(), message_stop()]
 
 
+def asks() -> list[Event]:
+    return [message_delta("tool_use"), message_stop()]
+
+
+def approval_block(index: int, request_id: str, tool_use_id: str) -> list[Event]:
+    return [start(index, "approval_request", id=request_id, tool_use_id=tool_use_id), stop(index)]
+
+
+def question_block(index: int, request_id: str) -> list[Event]:
+    return [start(index, "question", id=request_id, question="Which city?"), stop(index)]
+
+
+def response_block(index: int, request_id: str, approved: bool = True) -> list[Event]:
+    return [
+        start(index, "approval_response", request_id=request_id, approved=approved),
+        stop(index),
+    ]
+
+
 # -- every rule, at the position that breaks it --------------------------------------------
 
 # rule -> (events, position of the one violation, the event name it names)
@@ -202,6 +221,52 @@ RULE_CASES: dict[str, tuple[list[Event], int, str]] = {
         "content_block_start",
     ),
     Rule.INCOMPLETE: ([message_start(), *text_block(0), message_delta()], 5, "(end)"),
+    Rule.APPROVAL_UNKNOWN_CALL: (
+        [message_start(), *use_block(0, "call_1"), *approval_block(1, "apr_1", "call_2"), *asks()],
+        4,
+        "content_block_start",
+    ),
+    Rule.DUPLICATE_REQUEST: (
+        [
+            message_start(),
+            *question_block(0, "q_1"),
+            *question_block(1, "q_1"),
+            *asks(),
+        ],
+        3,
+        "content_block_start",
+    ),
+    Rule.ASKING_STOP_REASON: (
+        [message_start(), *question_block(0, "q_1"), *end()],
+        3,
+        "message_delta",
+    ),
+    Rule.ANSWER_UNKNOWN_REQUEST: (
+        [
+            message_start(),
+            *text_block(0),
+            *end(),
+            message_start("m2"),
+            *response_block(0, "apr_9"),
+            *end(),
+        ],
+        7,
+        "content_block_start",
+    ),
+    Rule.DUPLICATE_ANSWER: (
+        [
+            message_start(),
+            *use_block(0, "call_1"),
+            *approval_block(1, "apr_1", "call_1"),
+            *asks(),
+            message_start("msg_2"),
+            *response_block(0, "apr_1"),
+            *response_block(1, "apr_1", approved=False),
+            *end(),
+        ],
+        11,
+        "content_block_start",
+    ),
 }
 
 
@@ -215,7 +280,7 @@ def _rule_names() -> set[str]:
 
 def test_every_rule_has_a_case() -> None:
     assert set(RULE_CASES) == _rule_names()
-    assert len(_rule_names()) == 16
+    assert len(_rule_names()) == 21
 
 
 @pytest.mark.parametrize(("rule", "case"), list(RULE_CASES.items()), ids=list(RULE_CASES))

@@ -15,6 +15,7 @@ from essessey.adapters.rounds import (
     RoundStream,
     RoundSummary,
     ToolCallRequest,
+    continue_rounds,
     result_text,
     stream_rounds,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "RoundStream",
     "RoundSummary",
     "ToolCallRequest",
+    "continue_rounds",
     "result_text",
     "stream_rounds",
 ]

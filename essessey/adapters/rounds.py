@@ -35,9 +35,12 @@ import orjson
 from essessey._failure import send_failure
 from essessey.errors import RoundOrderError, SerializationError
 from essessey.protocol import StopReason
+from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher
 from essessey.streamers import (
+    DEFAULT_EXPIRES_IN,
     NO_RESULT_TEXT,
+    Asker,
     BlockIndex,
     BlockStreamer,
     TextStreamer,
@@ -51,6 +54,7 @@ __all__ = [
     "RoundStream",
     "RoundSummary",
     "ToolCallRequest",
+    "continue_rounds",
     "result_text",
     "stream_rounds",
 ]
@@ -471,6 +475,61 @@ class RoundStream:
             self._phase = _Phase.IDLE
             return summary
 
+    # -- asking (docs/asking.md) -----------------------------------------------------------
+
+    async def ask_approval(
+        self,
+        tool_use_id: str,
+        *,
+        reason: str | None = None,
+        expires_in: float | None = DEFAULT_EXPIRES_IN,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask the client to approve the call ``tool_use_id`` of a round ended with
+        ``round_end(answer_missing=False)``, before it runs; returns the request's id.
+        The message ends with stop reason ``tool_use``: the turn waits."""
+        async with self._lock:
+            self._require_idle("ask_approval")
+            key = await Asker(self.publisher, shared_index=self._cursor).approval(
+                tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
+            )
+            self.stop_reason = StopReason.TOOL_USE
+            return key
+
+    async def ask(
+        self,
+        question: str,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        expires_in: float | None = DEFAULT_EXPIRES_IN,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask the client ``question`` between rounds; returns its id. The message ends
+        with stop reason ``tool_use``: the turn waits."""
+        async with self._lock:
+            self._require_idle("ask")
+            key = await Asker(self.publisher, shared_index=self._cursor).question(
+                question, schema=schema, expires_in=expires_in, request_id=request_id
+            )
+            self.stop_reason = StopReason.TOOL_USE
+            return key
+
+    async def earlier_result(
+        self, tool_use_id: str, result: object, *, is_error: bool = False
+    ) -> None:
+        """The result of a call an earlier message made and left to an approval (in the
+        message that continues the turn, between rounds): text as it is, else JSON."""
+        async with self._lock:
+            self._require_idle("earlier_result")
+            text = result_text(result)
+            await Asker(self.publisher, shared_index=self._cursor).result(
+                tool_use_id, text, is_error=is_error
+            )
+
+    def _require_idle(self, what: str) -> None:
+        if self._phase is not _Phase.IDLE:
+            raise RoundOrderError(f"{what} comes between rounds: end the round first")
+
     # -- internals (called with the lock held) -----------------------------------------
 
     def _require_output(self, what: str) -> None:
@@ -578,6 +637,10 @@ async def stream_rounds(
     except Exception as exc:
         await send_failure(publisher, exc, error_type=error_type)
         raise
+    await _end_rounds(publisher, rounds)
+
+
+async def _end_rounds(publisher: Publisher, rounds: RoundStream) -> None:
     usage: dict[str, Any] = dict(rounds.usage)
     await publisher.send_stream_epilogue(
         rounds.stop_reason,
@@ -586,3 +649,22 @@ async def stream_rounds(
         stop_details=rounds.stop_details,
         **usage,
     )
+
+
+@asynccontextmanager
+async def continue_rounds(
+    publisher: Publisher, answered: Answered, *, error_type: str = "api_error"
+) -> AsyncIterator[RoundStream]:
+    """Go on with an agent's turn its client answered (docs/asking.md): the rounds of
+    the message the hub started with the record of the answers, from
+    ``answered.next_index``; the epilogue ends it on exit. As :func:`stream_rounds`
+    otherwise."""
+    rounds = RoundStream(publisher, start_index=answered.next_index)
+    try:
+        yield rounds
+        if rounds.in_round:
+            await rounds.round_end()
+    except Exception as exc:
+        await send_failure(publisher, exc, error_type=error_type)
+        raise
+    await _end_rounds(publisher, rounds)

@@ -9,6 +9,7 @@ heard of and a consumer can still name it and pass it on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
 
 from essessey._public import set_public_module
@@ -48,6 +49,10 @@ __all__ = [
     "Record",
     "StopReason",
     "Unreadable",
+    "answer_block_start",
+    "approval_request_block_start",
+    "approval_response_block_start",
+    "question_block_start",
     "read",
     "text_block_start",
     "thinking_block_start",
@@ -97,6 +102,19 @@ class BlockType:
     THINKING: Final = "thinking"
     TOOL_USE: Final = "tool_use"
     TOOL_RESULT: Final = "tool_result"
+    APPROVAL_REQUEST: Final = "approval_request"
+    """The turn asks its client to approve a tool call of the message before it runs."""
+    QUESTION: Final = "question"
+    """The turn asks its client a question (with an optional JSON schema for the answer)."""
+    APPROVAL_RESPONSE: Final = "approval_response"
+    """The client's approval or denial, first in the message that continues the turn."""
+    ANSWER: Final = "answer"
+    """The client's answer to a question, first in the message that continues the turn."""
+
+    REQUESTS: Final[frozenset[str]] = frozenset({APPROVAL_REQUEST, QUESTION})
+    """The blocks that ask; their message ends with stop reason ``tool_use``."""
+    RESPONSES: Final[frozenset[str]] = frozenset({APPROVAL_RESPONSE, ANSWER})
+    """The blocks that record an answer; they carry everything in their start."""
 
 
 class DeltaType:
@@ -117,6 +135,8 @@ class StopReason:
 
     END_TURN: Final = "end_turn"
     TOOL_USE: Final = "tool_use"
+    """The message waits for its client: tool results, approvals, answers
+    (docs/asking.md)."""
     MAX_TOKENS: Final = "max_tokens"
     STOP_SEQUENCE: Final = "stop_sequence"
     PAUSE_TURN: Final = "pause_turn"
@@ -134,6 +154,10 @@ DELTA_FOR_BLOCK: Final[dict[str, frozenset[str]]] = {
     BlockType.THINKING: frozenset({DeltaType.THINKING, DeltaType.SIGNATURE}),
     BlockType.TOOL_USE: frozenset({DeltaType.INPUT_JSON}),
     BlockType.TOOL_RESULT: frozenset({DeltaType.TOOL_RESULT}),
+    BlockType.APPROVAL_REQUEST: frozenset(),
+    BlockType.QUESTION: frozenset(),
+    BlockType.APPROVAL_RESPONSE: frozenset(),
+    BlockType.ANSWER: frozenset(),
 }
 """For each known block type, the known delta types it accepts. A delta type that is not
 known anywhere is accepted by every block (the set is open)."""
@@ -172,6 +196,61 @@ def tool_use_block_start(
     if item_type is not None:
         block["item_type"] = item_type
     return block
+
+
+def approval_request_block_start(
+    request_id: str, tool_use_id: str, *, reason: str | None = None, expires_at: int | None = None
+) -> dict[str, Any]:
+    """The ``content_block`` of an approval request for the message's call
+    ``tool_use_id``: ``reason`` is shown to whoever approves, ``expires_at`` (Unix
+    seconds) is when answers stop being taken."""
+    block: dict[str, Any] = {
+        "type": BlockType.APPROVAL_REQUEST,
+        "id": request_id,
+        "tool_use_id": tool_use_id,
+    }
+    if reason is not None:
+        block["reason"] = reason
+    if expires_at is not None:
+        block["expires_at"] = expires_at
+    return block
+
+
+def question_block_start(
+    request_id: str,
+    question: str,
+    *,
+    schema: Mapping[str, Any] | None = None,
+    expires_at: int | None = None,
+) -> dict[str, Any]:
+    """The ``content_block`` of a question: ``schema`` (a JSON schema) says what an answer
+    looks like, ``expires_at`` (Unix seconds) when answers stop being taken."""
+    block: dict[str, Any] = {"type": BlockType.QUESTION, "id": request_id, "question": question}
+    if schema is not None:
+        block["schema"] = dict(schema)
+    if expires_at is not None:
+        block["expires_at"] = expires_at
+    return block
+
+
+def approval_response_block_start(
+    request_id: str, approved: bool, *, reason: str | None = None
+) -> dict[str, Any]:
+    """The ``content_block`` recording the answer to approval request ``request_id``."""
+    block: dict[str, Any] = {
+        "type": BlockType.APPROVAL_RESPONSE,
+        "request_id": request_id,
+        "approved": approved,
+    }
+    if reason is not None:
+        block["reason"] = reason
+    return block
+
+
+def answer_block_start(request_id: str, value: Any) -> dict[str, Any]:
+    """The ``content_block`` recording the answer ``value`` (any JSON) to question
+    ``request_id``."""
+    return {"type": BlockType.ANSWER, "request_id": request_id, "value": value}
 
 
 def tool_result_block_start(tool_use_id: str, *, is_error: bool = False) -> dict[str, Any]:
