@@ -30,11 +30,16 @@ Where a name lives, the one rule:
 from essessey._public import set_public_module
 from essessey.check import check
 from essessey.errors import (
+    AnswerConflict,
+    AnswerExpired,
+    AnswerRefused,
     EssesseyError,
+    InvalidAnswer,
     JetStreamUnavailable,
     LeaseLost,
     MessagesNotRetained,
     NATSConnectionLost,
+    NotWaiting,
     ProtocolError,
     ProviderStreamError,
     RedisUnavailable,
@@ -55,9 +60,20 @@ from essessey.errors import (
     WebSocketClosed,
 )
 from essessey.event import Event, Sink
-from essessey.hub import Access, Authorize, StreamHub, TurnProducer
+from essessey.hub import Access, Authorize, Continuation, Continued, StreamHub, TurnProducer
 from essessey.memory import InMemorySink, MultiSink, SliceSource
 from essessey.protocol import BlockType, DeltaType, Dialect, EventType, StopReason
+from essessey.protocol.asking import (
+    Answer,
+    Answered,
+    ApprovalRequest,
+    ClientToolCall,
+    PendingRequest,
+    Question,
+    QuestionAnswer,
+    ToolApproval,
+    ToolOutput,
+)
 from essessey.publisher import Publisher
 from essessey.reassemble import ParsedStream, reassemble, reassemble_events
 from essessey.stores import EventStore, InMemoryEventStore
@@ -69,6 +85,7 @@ from essessey.streamers import (
     ToolCall,
     ToolStreamer,
     Turn,
+    continue_turn,
     stream_turn,
 )
 
@@ -76,9 +93,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Access",
+    "Answer",
+    "AnswerConflict",
+    "AnswerExpired",
+    "AnswerRefused",
+    "Answered",
+    "ApprovalRequest",
     "Authorize",
     "BlockStreamer",
     "BlockType",
+    "ClientToolCall",
+    "Continuation",
+    "Continued",
     "DeltaType",
     "Dialect",
     "EssesseyError",
@@ -87,16 +113,21 @@ __all__ = [
     "EventType",
     "InMemoryEventStore",
     "InMemorySink",
+    "InvalidAnswer",
     "JetStreamUnavailable",
     "LeaseLost",
     "LineStreamer",
     "MessagesNotRetained",
     "MultiSink",
     "NATSConnectionLost",
+    "NotWaiting",
     "ParsedStream",
+    "PendingRequest",
     "ProtocolError",
     "ProviderStreamError",
     "Publisher",
+    "Question",
+    "QuestionAnswer",
     "RedisUnavailable",
     "RoundOrderError",
     "SSEDecodeError",
@@ -117,13 +148,16 @@ __all__ = [
     "TextStreamer",
     "ThinkingStreamer",
     "TooManySubscribers",
+    "ToolApproval",
     "ToolCall",
+    "ToolOutput",
     "ToolStreamer",
     "Turn",
     "TurnProducer",
     "UnknownEventId",
     "WebSocketClosed",
     "check",
+    "continue_turn",
     "reassemble",
     "reassemble_events",
     "stream_turn",

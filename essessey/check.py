@@ -41,6 +41,7 @@ from essessey.protocol import (
     Unreadable,
     read,
 )
+from essessey.protocol.asking import ApprovalRequest, ClientToolCall, PendingRequest
 
 __all__ = ["ProtocolChecker", "Rule", "Violation", "check"]
 
@@ -138,6 +139,15 @@ class ProtocolChecker:
         if self._open_index == _NO_BLOCK:
             return None
         return self._open_index, self._open_type
+
+    def expect_answers(self, requests: Iterable[PendingRequest]) -> None:
+        """Take ``requests``, asked by an earlier message of the stream that this checker
+        did not read, as asked: the message that continues the turn may then record
+        their answers (the hub calls this for an answer's continuation)."""
+        for request in requests:
+            self._requests.add(request.id)
+            if isinstance(request, ClientToolCall | ApprovalRequest):
+                self._tool_uses.add(request.tool_use_id)
 
     def validate(self, event: str, payload: Any) -> list[Violation]:
         """The violations ``event`` would cause now, without recording it."""

@@ -45,7 +45,7 @@ import logging
 import multiprocessing
 import os
 import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
@@ -56,6 +56,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.errors import (
     EssesseyError,
+    NotWaiting,
     StreamBusy,
     StreamNotFound,
     SubscriberLagged,
@@ -65,6 +66,15 @@ from essessey.errors import (
 from essessey.event import Event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, MessageDelta, StopReason, read
+from essessey.protocol.asking import (
+    Answer,
+    Answered,
+    QuestionAnswer,
+    ToolApproval,
+    Waiting,
+    match_answers,
+    waiting,
+)
 from essessey.publisher import Publisher, TurnProducer
 from essessey.snapshot import SnapshotCache, compact_yielding
 from essessey.stores import (
@@ -77,13 +87,43 @@ from essessey.stores import (
     SharedEventStore,
 )
 
-__all__ = ["Access", "Authorize", "StreamHub", "Subscription", "TurnProducer"]
+__all__ = [
+    "Access",
+    "Authorize",
+    "Continuation",
+    "Continued",
+    "StreamHub",
+    "Subscription",
+    "TurnProducer",
+]
 
 logger = logging.getLogger("essessey.hub")
 
-Access: TypeAlias = Literal["read", "resume", "cancel"]
+Access: TypeAlias = Literal["read", "resume", "cancel", "answer"]
 """What a request wants to do with a stream: read it from the start, resume it from a
-last event id, or cancel its turn."""
+last event id, cancel its turn, or answer what it asks."""
+
+Continuation: TypeAlias = Callable[[Publisher, Answered], Awaitable[None]]
+"""``continue_turn(publisher, answered)``: what runs when a stream's client answers what
+it asked (docs/asking.md). The hub has started the message and recorded the answers; the
+continuation writes the rest of it from ``answered.next_index`` and ends it (with
+``essessey.continue_turn`` or ``essessey.adapters.continue_rounds``)."""
+
+ANSWER_WAIT: Final = 10.0
+"""Seconds an answer that finds the stream's turn running waits for that turn's record of
+the answers (another replica took the same answer a moment earlier)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Continued:
+    """An answer taken: the turn goes on in ``stream_id``, after event ``after`` (the
+    asking message's last), which a reader resumes from to read the continuation.
+    ``started`` is False when the same answer had continued the turn already."""
+
+    stream_id: str
+    after: str | None
+    started: bool
+
 
 Authorize: TypeAlias = Callable[[Any, str, Access], "bool | Awaitable[bool]"]
 """``authorize(request, stream_id, access) -> bool`` (sync or async), supplied by the app."""
@@ -263,6 +303,7 @@ class StreamHub:
         max_subscribers: int = 1000,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         snapshot_after: int | None = None,
+        on_answer: Continuation | None = None,
     ) -> None:
         if max_lag <= 0 or max_subscribers <= 0:
             raise ValueError("max_lag and max_subscribers must be > 0")
@@ -301,6 +342,8 @@ class StreamHub:
         """A subscriber that would be replayed more than this many events gets them as a
         snapshot (:mod:`essessey.snapshot`); None: never."""
         self._snapshots = SnapshotCache(self.store) if snapshot_after is not None else None
+        self.on_answer = on_answer
+        """What runs when a client answers what a stream asks (:meth:`answer`)."""
         self._turns: dict[str, _Turn] = {}
         self._subscribers: dict[str, int] = {}
         self._tasks: TaskGroup | None = None
@@ -592,6 +635,126 @@ class StreamHub:
         turn = self._turns.get(stream_id)
         if turn is not None:
             await turn.done.wait()
+
+    # -- turns that ask (docs/asking.md) ---------------------------------------------------
+
+    async def waiting(self, stream_id: str) -> Waiting | None:
+        """What ``stream_id`` waits for (read from its log, on any replica), or None when
+        its retained messages ask nothing. Raises :class:`~essessey.StreamNotFound`
+        for a stream the store does not hold."""
+        events, known = await self.store.since(stream_id, None)
+        if not known:
+            raise StreamNotFound(f"no stream {stream_id!r} is retained")
+        return waiting(events)
+
+    async def answer(
+        self,
+        stream_id: str,
+        answers: Sequence[Answer],
+        *,
+        continuation: Continuation | None = None,
+    ) -> Continued:
+        """Answer what ``stream_id`` asks and continue its turn, exactly once.
+
+        The answers must answer every request of the stream's asking message. The
+        continuation (``continuation``, else the hub's ``on_answer``) runs as a new turn
+        on the stream, on this replica: a message whose first blocks record the answers,
+        then what the continuation writes. The same answers given again (a retried POST,
+        a double click, the other replica a moment later) start nothing and return the
+        same :class:`Continued` with ``started=False``.
+
+        Raises :class:`~essessey.StreamNotFound`; :class:`~essessey.NotWaiting` when the
+        stream asks nothing or a turn runs on it that is not this answer's;
+        :class:`~essessey.InvalidAnswer`, :class:`~essessey.AnswerExpired` and
+        :class:`~essessey.AnswerConflict` (answered already, differently), all before
+        anything is written.
+        """
+        go_on = continuation if continuation is not None else self.on_answer
+        if go_on is None:
+            raise RuntimeError("the StreamHub has no on_answer continuation to run")
+        asked = await self.waiting(stream_id)
+        if asked is None:
+            raise NotWaiting(f"stream {stream_id!r} asks nothing")
+        if self.running(stream_id):
+            return await self._answered_elsewhere(stream_id, answers)
+        given = match_answers(asked, answers)
+        if asked.continued:
+            return Continued(stream_id, asked.last_event_id, started=False)
+        outcome: list[Waiting | None] = []
+        written = anyio.Event()
+        producer = self._continuation(stream_id, asked, given, go_on, outcome, written)
+        try:
+            await self.start(stream_id, producer)
+        except StreamBusy:
+            return await self._answered_elsewhere(stream_id, answers)
+        await written.wait()
+        if outcome and outcome[0] is not None:
+            # Another replica went on first (read again under the lease): the same
+            # answers are no error, others are refused.
+            match_answers(outcome[0], answers)
+            return Continued(stream_id, outcome[0].last_event_id, started=False)
+        return Continued(stream_id, asked.last_event_id, started=True)
+
+    def _continuation(
+        self,
+        stream_id: str,
+        asked: Waiting,
+        given: Mapping[str, Answer],
+        go_on: Continuation,
+        outcome: list[Waiting | None],
+        written: anyio.Event,
+    ) -> TurnProducer:
+        """The turn an answer starts: under the stream's lease, the log read again (a
+        replica may have gone on meanwhile), then the record of the answers, then
+        ``go_on``."""
+
+        async def produce(publisher: Publisher) -> None:
+            try:
+                now = await self.waiting(stream_id)
+                if now is None or now.message_id != asked.message_id or now.continued:
+                    outcome.append(now if now is not None else asked)
+                    return
+                checker = publisher.checker
+                if checker is not None:
+                    checker.expect_answers(asked.requests)
+                message_id = "msg_" + secrets.token_hex(12)
+                model = asked.model or "essessey"
+                await publisher.send_stream_preamble(message_id, stream_id, model)
+                index = 0
+                for request in asked.requests:
+                    answer = given[request.id]
+                    if isinstance(answer, ToolApproval):
+                        await publisher.send_approval_response(
+                            index, answer.request_id, answer.approved, reason=answer.reason
+                        )
+                    elif isinstance(answer, QuestionAnswer):
+                        await publisher.send_answer(index, answer.request_id, answer.value)
+                    else:
+                        await publisher.send_tool_result_block(
+                            index, answer.tool_use_id, answer.text, is_error=answer.is_error
+                        )
+                    index += 1
+            finally:
+                written.set()
+            answered = Answered(stream_id, message_id, model, index, asked.requests, dict(given))
+            await go_on(publisher, answered)
+
+        return produce
+
+    async def _answered_elsewhere(self, stream_id: str, answers: Sequence[Answer]) -> Continued:
+        """A turn runs on the stream: when it is the continuation of these same answers,
+        started a moment ago here or on another replica, that is this answer's too. Its
+        record of the answers is waited for, up to :data:`ANSWER_WAIT` seconds."""
+        with anyio.move_on_after(ANSWER_WAIT):
+            while True:
+                asked = await self.waiting(stream_id)
+                if asked is None:
+                    break
+                if asked.answered is not None:
+                    match_answers(asked, answers)  # AnswerConflict when they differ
+                    return Continued(stream_id, asked.last_event_id, started=False)
+                await anyio.sleep(0.05)
+        raise NotWaiting(f"a turn is running on stream {stream_id!r}; it takes no answer now")
 
     async def subscribe(
         self, stream_id: str, last_event_id: str | None = None, *, snapshot: bool = True

@@ -570,7 +570,7 @@ class Reassembler:
         asked = self._asks.waiting()
         if asked is None:
             return result
-        pending = asked.requests if asked.answered is None else ()
+        pending = () if asked.continued else asked.requests
         return replace(result, waiting=asked, pending=pending)
 
     # -- dispatch ----------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 import orjson
 
 from essessey._public import set_public_module
-from essessey.errors import AnswerConflict, AnswerExpired, InvalidAnswer
+from essessey.errors import AnswerConflict, AnswerExpired, InvalidAnswer, NotWaiting
 from essessey.event import Event
 from essessey.protocol import (
     BlockStart,
@@ -176,6 +176,9 @@ class Waiting:
     last_event_id: str | None = None
     """The id of the asking message's last event: where a reader of the continuation
     resumes from."""
+    continued: bool = False
+    """Whether a message came after the asking one (``answered`` is None while that
+    message has recorded no answer yet: it is being written, or it went on without)."""
 
     def request(self, request_id: str) -> PendingRequest | None:
         """The request ``request_id``, or None."""
@@ -400,13 +403,25 @@ class AskReader:
         asking = self._asking
         if asking is None:
             return None
+        requests = asking.requests()
         answered: dict[str, Answer] | None = None
         continued = self._continued
         if continued is not None:
-            answered = dict(continued.answers)
+            # The records of the answers: the continuation's results of other calls (an
+            # approved call, run) are its own output, not an answer.
+            asked = {request.id for request in requests}
+            answered = {key: a for key, a in continued.answers.items() if key in asked}
             for call, (parts, is_error) in continued.results.items():
-                answered[call] = ToolOutput(call, "".join(parts), is_error)
-        return Waiting(asking.id, asking.model, asking.requests(), answered, asking.last_event_id)
+                if call in asked:
+                    answered[call] = ToolOutput(call, "".join(parts), is_error)
+        return Waiting(
+            asking.id,
+            asking.model,
+            requests,
+            answered or None,
+            asking.last_event_id,
+            continued is not None,
+        )
 
 
 def waiting(events: Iterable[Event]) -> Waiting | None:
@@ -428,7 +443,8 @@ def match_answers(
     Raises :class:`~essessey.InvalidAnswer` for an answer to a request not asked, a
     request left unanswered, two answers to one request or an answer of the wrong kind;
     :class:`~essessey.AnswerExpired` when a request's ``expires_at`` has passed;
-    :class:`~essessey.AnswerConflict` when the stream was continued with other answers.
+    :class:`~essessey.AnswerConflict` when the stream was continued with other answers,
+    :class:`~essessey.NotWaiting` when it went on without any.
     When it was continued with these same answers, returns them all the same: the caller
     then has nothing to start (``waiting.answered`` is not None).
     """
@@ -451,6 +467,8 @@ def match_answers(
     missing = [request.id for request in waiting.requests if request.id not in given]
     if missing:
         raise InvalidAnswer(f"{len(missing)} request(s) left unanswered: {', '.join(missing)}")
+    if waiting.continued and waiting.answered is None:
+        raise NotWaiting("the stream went on after its question without an answer")
     if waiting.answered is not None:
         if not _same(given, waiting.answered):
             raise AnswerConflict("these requests were answered already, differently")

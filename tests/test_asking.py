@@ -1,0 +1,310 @@
+"""Turns that ask: the protocol's requests, what a stream waits for, and the hub's answer
+path (exactly once, refusals), on the in-memory store. The shared stores and the
+dialects have tests of their own (test_asking_replicas.py, the dialect tests)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from essessey import (
+    AnswerConflict,
+    AnswerExpired,
+    Answered,
+    ApprovalRequest,
+    ClientToolCall,
+    InMemoryEventStore,
+    InMemorySink,
+    InvalidAnswer,
+    NotWaiting,
+    ProtocolError,
+    Publisher,
+    Question,
+    QuestionAnswer,
+    StopReason,
+    StreamHub,
+    StreamNotFound,
+    ToolApproval,
+    ToolOutput,
+    check,
+    continue_turn,
+    reassemble_events,
+    stream_turn,
+)
+from essessey.adapters import continue_rounds, stream_rounds
+from essessey.adapters.rounds import ToolCallRequest
+
+pytestmark = pytest.mark.anyio
+
+
+async def ask_approval_turn(publisher: Publisher) -> None:
+    async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+        await (await turn.text()).write("I will send it.")
+        tools = await turn.tools()
+        await tools.start_call("call_1", "send_email", '{"to":"a@b.c"}')
+        await turn.ask_approval("call_1", reason="sends mail", request_id="apr_1")
+
+
+async def ask_everything_turn(publisher: Publisher) -> None:
+    async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+        tools = await turn.tools()
+        await tools.start_call("call_1", "send_email", '{"to":"a@b.c"}')
+        await turn.ask_approval("call_1", request_id="apr_1")
+        await turn.call_client_tool("get_location", {}, tool_use_id="call_2")
+        await turn.ask("Which unit?", schema={"enum": ["C", "F"]}, request_id="q_1")
+
+
+async def go_on(publisher: Publisher, answered: Answered) -> None:
+    async with continue_turn(publisher, answered) as turn:
+        for request, approval in answered.approvals():
+            if approval.approved:
+                await turn.tool_result(request.tool_use_id, {"sent": True})
+        await (await turn.text()).write("Done.")
+
+
+async def test_a_turn_that_asks_ends_waiting_and_reassembles_to_its_requests() -> None:
+    sink = InMemorySink()
+    await ask_everything_turn(Publisher(sink))
+    events = sink.events
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.stop_reason == StopReason.TOOL_USE
+    approval, call, question = parsed.pending
+    assert approval == ApprovalRequest(
+        "apr_1",
+        "call_1",
+        "send_email",
+        {"to": "a@b.c"},
+        '{"to":"a@b.c"}',
+        None,
+        approval.expires_at,
+    )
+    assert approval.expires_at is not None and approval.expires_at > time.time() + 3000
+    assert call == ClientToolCall("call_2", "get_location", {}, "{}")
+    assert question == Question("q_1", "Which unit?", {"enum": ["C", "F"]}, question.expires_at)
+    # The approved call is not the client's to run: it gets no error result either.
+    assert parsed.tool_results == ()
+
+
+async def test_a_tool_streamer_does_not_answer_a_deferred_call() -> None:
+    sink = InMemorySink()
+    publisher = Publisher(sink)
+    async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+        tools = await turn.tools()
+        await tools.start_call("call_1", "f", "{}")
+        await tools.start_call("call_2", "g", "{}")
+        tools.defer("call_2")
+        await tools.write_result("call_1", "ok")
+        with pytest.raises(ProtocolError, match="deferred"):
+            await tools.write_result("call_2", "no")
+        turn.stop_reason = StopReason.TOOL_USE
+    parsed = reassemble_events(sink.events)
+    assert [r.tool_use_id for r in parsed.tool_results] == ["call_1"]
+    assert [r.id for r in parsed.pending] == ["call_2"]
+
+
+async def test_the_checker_refuses_an_asking_message_that_does_not_wait() -> None:
+    publisher = Publisher(InMemorySink())
+    with pytest.raises(ProtocolError, match="asking-stop-reason"):
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await turn.ask("Why?")
+            turn.stop_reason = StopReason.END_TURN
+
+
+async def test_an_approval_needs_a_call_of_its_message() -> None:
+    publisher = Publisher(InMemorySink())
+    with pytest.raises(ProtocolError, match="approval-unknown-call"):
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await turn.ask_approval("call_nope")
+
+
+async def test_rounds_ask_between_rounds() -> None:
+    sink = InMemorySink()
+    publisher = Publisher(sink)
+    async with stream_rounds(publisher, message_id="m1", stream_id="s", model="m") as rounds:
+        await rounds.round_start()
+        await rounds.tool_call_start(0, ToolCallRequest("call_1", "pay", '{"usd":5}'))
+        await rounds.round_end(answer_missing=False)
+        await rounds.ask_approval("call_1", request_id="apr_1", expires_in=None)
+    parsed = reassemble_events(sink.events)
+    assert check(sink.events) == []
+    [request] = parsed.pending
+    assert request == ApprovalRequest("apr_1", "call_1", "pay", {"usd": 5}, '{"usd":5}')
+
+
+async def _hub_waiting(hub: StreamHub, producer: Any = ask_approval_turn) -> None:
+    await hub.start("s", producer)
+    await hub.wait("s")
+
+
+async def _events(hub: StreamHub) -> list[Any]:
+    events, _ = await hub.store.since("s", None)
+    return events
+
+
+async def test_an_approval_continues_the_turn_once_in_the_same_stream() -> None:
+    async with StreamHub(on_answer=go_on) as hub:
+        await _hub_waiting(hub)
+        asked = await hub.waiting("s")
+        assert asked is not None and [r.id for r in asked.requests] == ["apr_1"]
+        done = await hub.answer("s", [ToolApproval("apr_1", True)])
+        assert done.started and done.after == asked.last_event_id
+        await hub.wait("s")
+        again = await hub.answer("s", [ToolApproval("apr_1", True)])
+        assert not again.started and again.after == done.after
+        events = await _events(hub)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert len(parsed.messages) == 2
+    assert parsed.pending == ()
+    assert parsed.waiting is not None
+    assert parsed.waiting.answered == {"apr_1": ToolApproval("apr_1", True)}
+    [execution] = parsed.executions
+    assert execution.call.name == "send_email" and execution.result == '{"sent":true}'
+    assert parsed.messages[1].text == "Done."
+    assert parsed.stop_reason == StopReason.END_TURN
+
+
+async def test_two_answers_at_once_continue_the_turn_once() -> None:
+    runs: list[str] = []
+
+    async def counted(publisher: Publisher, answered: Answered) -> None:
+        runs.append(answered.message_id)
+        await go_on(publisher, answered)
+
+    async with StreamHub(on_answer=counted) as hub:
+        await _hub_waiting(hub)
+        results: list[Any] = []
+
+        async def answer() -> None:
+            results.append(await hub.answer("s", [ToolApproval("apr_1", True)]))
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(5):
+                tasks.start_soon(answer)
+        await hub.wait("s")
+        events = await _events(hub)
+    assert len(runs) == 1
+    assert sorted(r.started for r in results) == [False, False, False, False, True]
+    assert len({r.after for r in results}) == 1
+    assert len(reassemble_events(events).messages) == 2
+
+
+async def test_a_different_second_answer_is_refused() -> None:
+    async with StreamHub(on_answer=go_on) as hub:
+        await _hub_waiting(hub)
+        await hub.answer("s", [ToolApproval("apr_1", True)])
+        with pytest.raises(AnswerConflict):
+            await hub.answer("s", [ToolApproval("apr_1", False, "no")])
+        await hub.wait("s")
+        with pytest.raises(AnswerConflict) as refused:
+            await hub.answer("s", [ToolApproval("apr_1", False)])
+    assert refused.value.status == 409 and refused.value.code == "already_answered"
+
+
+@pytest.mark.parametrize(
+    ("answers", "message"),
+    [
+        ([], "unanswered"),
+        ([ToolApproval("apr_2", True)], "does not wait"),
+        ([ToolOutput("apr_1", "x")], "ToolApproval answers it"),
+        ([ToolApproval("apr_1", True), ToolApproval("apr_1", True)], "twice"),
+    ],
+)
+async def test_a_bad_answer_is_a_400_and_writes_nothing(answers: Any, message: str) -> None:
+    async with StreamHub(on_answer=go_on) as hub:
+        await _hub_waiting(hub)
+        before = await _events(hub)
+        with pytest.raises(InvalidAnswer, match=message) as refused:
+            await hub.answer("s", answers)
+        assert refused.value.status == 400
+        assert await _events(hub) == before
+
+
+async def test_a_stream_that_asks_nothing_or_is_unknown_is_refused() -> None:
+    async def plain(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await (await turn.text()).write("hi")
+
+    async with StreamHub(on_answer=go_on) as hub:
+        with pytest.raises(StreamNotFound):
+            await hub.answer("s", [ToolApproval("apr_1", True)])
+        await _hub_waiting(hub, plain)
+        with pytest.raises(NotWaiting):
+            await hub.answer("s", [ToolApproval("apr_1", True)])
+
+
+async def test_an_answer_to_a_running_turn_is_refused_after_a_bounded_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import essessey.hub
+
+    monkeypatch.setattr(essessey.hub, "ANSWER_WAIT", 0.2)
+    release = anyio.Event()
+
+    async def asks_then_runs_on(publisher: Publisher) -> None:
+        await ask_approval_turn(publisher)
+        async with stream_turn(publisher, message_id="m2", stream_id="s", model="m") as turn:
+            await (await turn.text()).write("still going")
+            await release.wait()
+
+    async with StreamHub(on_answer=go_on) as hub:
+        await hub.start("s", asks_then_runs_on)
+        await anyio.sleep(0.05)
+        with pytest.raises(NotWaiting, match="running"):
+            await hub.answer("s", [ToolApproval("apr_1", True)])
+        release.set()
+        await hub.wait("s")
+        # The stream went on past the question without an answer.
+        with pytest.raises(NotWaiting, match="without an answer"):
+            await hub.answer("s", [ToolApproval("apr_1", True)])
+
+
+async def test_an_expired_request_takes_no_answer() -> None:
+    async def short(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await turn.ask("Now?", expires_in=0.05, request_id="q_1")
+
+    async with StreamHub(on_answer=go_on) as hub:
+        await _hub_waiting(hub, short)
+        await anyio.sleep(1.1)  # expires_at is whole seconds, rounded up
+        with pytest.raises(AnswerExpired):
+            await hub.answer("s", [QuestionAnswer("q_1", "yes")])
+
+
+async def test_every_kind_of_answer_is_recorded_and_given_typed() -> None:
+    seen: list[Answered] = []
+
+    async def record(publisher: Publisher, answered: Answered) -> None:
+        seen.append(answered)
+        async with continue_rounds(publisher, answered) as rounds:
+            await rounds.earlier_result("call_1", "denied, not sent", is_error=True)
+
+    answers = [
+        ToolApproval("apr_1", False, "not now"),
+        ToolOutput("call_2", {"lat": 1.5}),
+        QuestionAnswer("q_1", "C"),
+    ]
+    async with StreamHub(on_answer=record) as hub:
+        await _hub_waiting(hub, ask_everything_turn)
+        await hub.answer("s", answers)
+        await hub.wait("s")
+        assert not (await hub.answer("s", list(reversed(answers)))).started
+        events = await _events(hub)
+    [answered] = seen
+    assert answered.next_index == 3
+    assert [(r.id, a) for r, a in answered.approvals()] == [("apr_1", answers[0])]
+    assert [(r.name, a.output) for r, a in answered.tool_outputs()] == [
+        ("get_location", {"lat": 1.5})
+    ]
+    assert [(r.question, a.value) for r, a in answered.questions()] == [("Which unit?", "C")]
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.waiting is not None and parsed.waiting.answered == {
+        "apr_1": answers[0],
+        "call_2": ToolOutput("call_2", '{"lat":1.5}'),
+        "q_1": answers[2],
+    }
