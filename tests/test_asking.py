@@ -12,11 +12,10 @@ import pytest
 
 from essessey import (
     AnswerConflict,
-    AnswerExpired,
     Answered,
+    AnswerExpired,
     ApprovalRequest,
     ClientToolCall,
-    InMemoryEventStore,
     InMemorySink,
     InvalidAnswer,
     NotWaiting,
@@ -82,7 +81,8 @@ async def test_a_turn_that_asks_ends_waiting_and_reassembles_to_its_requests() -
         None,
         approval.expires_at,
     )
-    assert approval.expires_at is not None and approval.expires_at > time.time() + 3000
+    assert approval.expires_at is not None
+    assert approval.expires_at > time.time() + 3000
     assert call == ClientToolCall("call_2", "get_location", {}, "{}")
     assert question == Question("q_1", "Which unit?", {"enum": ["C", "F"]}, question.expires_at)
     # The approved call is not the client's to run: it gets no error result either.
@@ -107,11 +107,13 @@ async def test_a_tool_streamer_does_not_answer_a_deferred_call() -> None:
 
 
 async def test_the_checker_refuses_an_asking_message_that_does_not_wait() -> None:
-    publisher = Publisher(InMemorySink())
-    with pytest.raises(ProtocolError, match="asking-stop-reason"):
+    async def asks_and_ends(publisher: Publisher) -> None:
         async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
             await turn.ask("Why?")
             turn.stop_reason = StopReason.END_TURN
+
+    with pytest.raises(ProtocolError, match="asking-stop-reason"):
+        await asks_and_ends(Publisher(InMemorySink()))
 
 
 async def test_an_approval_needs_a_call_of_its_message() -> None:
@@ -149,12 +151,15 @@ async def test_an_approval_continues_the_turn_once_in_the_same_stream() -> None:
     async with StreamHub(on_answer=go_on) as hub:
         await _hub_waiting(hub)
         asked = await hub.waiting("s")
-        assert asked is not None and [r.id for r in asked.requests] == ["apr_1"]
+        assert asked is not None
+        assert [r.id for r in asked.requests] == ["apr_1"]
         done = await hub.answer("s", [ToolApproval("apr_1", True)])
-        assert done.started and done.after == asked.last_event_id
+        assert done.started
+        assert done.after == asked.last_event_id
         await hub.wait("s")
         again = await hub.answer("s", [ToolApproval("apr_1", True)])
-        assert not again.started and again.after == done.after
+        assert not again.started
+        assert again.after == done.after
         events = await _events(hub)
     assert check(events) == []
     parsed = reassemble_events(events)
@@ -163,7 +168,8 @@ async def test_an_approval_continues_the_turn_once_in_the_same_stream() -> None:
     assert parsed.waiting is not None
     assert parsed.waiting.answered == {"apr_1": ToolApproval("apr_1", True)}
     [execution] = parsed.executions
-    assert execution.call.name == "send_email" and execution.result == '{"sent":true}'
+    assert execution.call.name == "send_email"
+    assert execution.result == '{"sent":true}'
     assert parsed.messages[1].text == "Done."
     assert parsed.stop_reason == StopReason.END_TURN
 
@@ -202,7 +208,8 @@ async def test_a_different_second_answer_is_refused() -> None:
         await hub.wait("s")
         with pytest.raises(AnswerConflict) as refused:
             await hub.answer("s", [ToolApproval("apr_1", False)])
-    assert refused.value.status == 409 and refused.value.code == "already_answered"
+    assert refused.value.status == 409
+    assert refused.value.code == "already_answered"
 
 
 @pytest.mark.parametrize(
@@ -303,7 +310,8 @@ async def test_every_kind_of_answer_is_recorded_and_given_typed() -> None:
     assert [(r.question, a.value) for r, a in answered.questions()] == [("Which unit?", "C")]
     assert check(events) == []
     parsed = reassemble_events(events)
-    assert parsed.waiting is not None and parsed.waiting.answered == {
+    assert parsed.waiting is not None
+    assert parsed.waiting.answered == {
         "apr_1": answers[0],
         "call_2": ToolOutput("call_2", '{"lat":1.5}'),
         "q_1": answers[2],
