@@ -109,6 +109,9 @@ it asked (docs/asking.md). The hub has started the message and recorded the answ
 continuation writes the rest of it from ``answered.next_index`` and ends it (with
 ``essessey.continue_turn`` or ``essessey.adapters.continue_rounds``)."""
 
+_ASKED: Final = "~asked"
+_ASKED_EVENT: Final = "asked"
+
 ANSWER_WAIT: Final = 10.0
 """Seconds an answer that finds the stream's turn running waits for that turn's record of
 the answers (another replica took the same answer a moment earlier)."""
@@ -563,6 +566,12 @@ class StreamHub:
             # event once it is back (docs/resume.md, "Leases").
             logger.warning("the turn on stream %s is left for its store to end", stream_id)
             return
+        if sink.stop_reason == StopReason.TOOL_USE:
+            with anyio.move_on_after(_END_TIMEOUT):
+                try:
+                    await self._note_requests(stream_id)
+                except Exception:
+                    logger.exception("could not index the requests of stream %s", stream_id)
         with anyio.move_on_after(_END_TIMEOUT):
             try:
                 if shared is not None:
@@ -646,6 +655,29 @@ class StreamHub:
         if not known:
             raise StreamNotFound(f"no stream {stream_id!r} is retained")
         return waiting(events)
+
+    async def asking_stream(self, request_id: str) -> str | None:
+        """The stream whose turn asked request ``request_id`` (an approval, a question, a
+        client call), on any replica with the same store; None when none did (or it is
+        no longer kept). For a dialect whose answers name only the request (Chat
+        Completions' ``tool`` messages)."""
+        if not is_stream_id(request_id + _ASKED):
+            return None
+        events, known = await self.store.since(request_id + _ASKED, None)
+        if not known or not events:
+            return None
+        return events[-1].data.decode()
+
+    async def _note_requests(self, stream_id: str) -> None:
+        """Index the requests of a turn that ended asking, by request id
+        (:meth:`asking_stream`)."""
+        asked = await self.waiting(stream_id)
+        if asked is None or asked.continued:
+            return
+        for request in asked.requests:
+            key = request.id + _ASKED
+            if is_stream_id(key):
+                await self.store.append(key, Event(_ASKED_EVENT, stream_id.encode()))
 
     async def answer(
         self,

@@ -316,3 +316,10 @@ async def test_every_kind_of_answer_is_recorded_and_given_typed() -> None:
         "call_2": ToolOutput("call_2", '{"lat":1.5}'),
         "q_1": answers[2],
     }
+
+
+async def test_a_request_finds_its_stream() -> None:
+    async with StreamHub(on_answer=go_on) as hub:
+        await _hub_waiting(hub)
+        assert await hub.asking_stream("apr_1") == "s"
+        assert await hub.asking_stream("apr_nope") is None
