@@ -15,6 +15,10 @@ every stream, whichever replica produces it. Routes:
   far it got, when it started and finished, in ``time.time()`` seconds, and whether its hub
   still holds it: ``held``);
 - ``GET /healthz``: ``{"ok": true, "nats": <connected>}``;
+- ``POST /asking/{stream_id}``: start a turn that asks to approve a ``send_email`` call
+  and ends waiting; the hub's ``on_answer`` continues it (the call's result when
+  approved, then text naming the replica's process that continued it), answered through
+  ``POST /streams/{stream_id}/answer`` on any replica;
 - ``POST /api/chat`` and the rest of ``essessey.dialects.ui.ui_chat_routes``, answering
   with :mod:`tests.ui_app`'s scripted turn.
 
@@ -48,7 +52,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from essessey import Publisher, StreamBusy, StreamHub
+from essessey import Answered, Publisher, StreamBusy, StreamHub, continue_turn, stream_turn
 from essessey.bindings.sse import hub_routes
 from essessey.bindings.ws import ws_route
 from essessey.dialects.ui import ui_chat_routes
@@ -101,8 +105,26 @@ else:
         duplicate_window=_env_float("ESSESSEY_DUPLICATE_WINDOW", 120.0),
         running_ttl=_env_float("ESSESSEY_RUNNING_TTL", 10.0),
     )
+
+
+async def continue_asking(publisher: Publisher, answered: Answered) -> None:
+    """The continuation of ``/asking`` turns: the approved call's result, then who ran it."""
+    async with continue_turn(publisher, answered) as turn:
+        sent = False
+        for request, approval in answered.approvals():
+            if approval.approved:
+                await turn.tool_result(request.tool_use_id, {"sent": True})
+                sent = True
+        text = await turn.text()
+        await text.write(f"{'sent' if sent else 'not sent'} by replica {os.getpid()}")
+
+
 _snapshot_after = os.environ.get("ESSESSEY_SNAPSHOT_AFTER")
-hub = StreamHub(store, snapshot_after=None if _snapshot_after is None else int(_snapshot_after))
+hub = StreamHub(
+    store,
+    snapshot_after=None if _snapshot_after is None else int(_snapshot_after),
+    on_answer=continue_asking,
+)
 turns: dict[str, TurnState] = {}
 stats: Counter[str] = Counter()
 """NATS connection events and the store's publish retries, for ``/healthz``."""
@@ -167,6 +189,25 @@ async def start_turn(request: Request) -> Response:
     return JSONResponse({"started": stream_id}, status_code=202)
 
 
+async def start_asking(request: Request) -> Response:
+    stream_id = request.path_params["stream_id"]
+
+    async def produce(publisher: Publisher) -> None:
+        async with stream_turn(
+            publisher, message_id="msg_" + stream_id, stream_id=stream_id, model="replica"
+        ) as turn:
+            await (await turn.text()).write("I will send the email.")
+            tools = await turn.tools()
+            await tools.start_call("call_" + stream_id, "send_email", '{"to":"a@example.com"}')
+            await turn.ask_approval("call_" + stream_id, request_id="apr_" + stream_id)
+
+    try:
+        await hub.start(stream_id, produce)
+    except StreamBusy:
+        return JSONResponse({"error": "busy"}, status_code=409)
+    return JSONResponse({"started": stream_id}, status_code=202)
+
+
 async def turn_status(request: Request) -> Response:
     state = turns.get(request.path_params["stream_id"])
     if state is None:
@@ -222,6 +263,7 @@ app = Starlette(
         Route("/turns/{stream_id}", turn_status, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/turns/{stream_id}/cancel", cancel_turn, methods=["POST"]),
+        Route("/asking/{stream_id}", start_asking, methods=["POST"]),
         # useChat's routes, answering with tests/ui_app.py's scripted turn.
         *ui_chat_routes(hub, agent_turn),
     ],

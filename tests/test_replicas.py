@@ -605,3 +605,65 @@ def test_use_chat_reconnects_to_a_turn_on_the_other_replica(
     assert (result["status"], result["errors"]) == ("ready", [])
     assert [m["id"] for m in result["messages"]] == ["u1", message_id]
     assert parts_of(result["messages"][1]) == WHOLE_TURN
+
+
+# -- 8. a turn that asks: asked on A, answered on B ----------------------------------------
+
+
+async def test_a_question_asked_on_a_is_answered_on_b_once(
+    broker: NatsServer | RedisServer,
+) -> None:
+    # The turn asks on A and ends waiting; readers on A and on B read it, the same answer
+    # goes to A and B at once, and the turn goes on once, on one of them; each reader
+    # resumes after its last id and reads the continuation: the whole log, once.
+    with replicas(broker) as (a, b):
+        async with httpx.AsyncClient(timeout=WAIT) as http:
+            response = await http.post(f"{a.url}/asking/ask1")
+            assert response.status_code == 202, response.text
+            readers = [Client("on A"), Client("on B")]
+            with anyio.fail_after(WAIT):
+                await read_to_end(http, [a.url], "ask1", readers[0])
+                await read_to_end(http, [b.url], "ask1", readers[1])
+            for reader in readers:
+                parsed = reassemble_events(reader.events)
+                assert [r.id for r in parsed.pending] == ["apr_ask1"]
+            body = {"answers": [{"id": "apr_ask1", "approved": True}]}
+            answers: list[httpx.Response] = []
+
+            async def answer(base: str) -> None:
+                answers.append(await http.post(f"{base}/streams/ask1/answer", json=body))
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(answer, a.url)
+                tasks.start_soon(answer, b.url)
+            assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+            outcomes = [r.json() for r in answers]
+            assert sorted(o["started"] for o in outcomes) == [False, True]
+            assert {o["after"] for o in outcomes} == {readers[0].last_id}
+            for reader in readers:
+                with anyio.fail_after(WAIT):
+                    await read_to_end(http, [a.url, b.url], "ask1", reader)
+            replay = Client("replay via B")
+            with anyio.fail_after(WAIT):
+                for _ in range(2):  # the asking message, then the continuation
+                    await read_to_end(http, [b.url], "ask1", replay)
+            stored = replay.events
+            other = {"answers": [{"id": "apr_ask1", "approved": False}]}
+            refused = await http.post(f"{a.url}/streams/ask1/answer", json=other)
+            unknown = await http.post(
+                f"{b.url}/streams/ask1/answer", json={"answers": [{"id": "x", "value": 1}]}
+            )
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["type"] == "conflict_error"
+    assert unknown.status_code == 400  # names no request of the stream
+    assert check(stored) == []
+    parsed = reassemble_events(stored)
+    assert len(parsed.messages) == 2
+    assert parsed.pending == ()
+    [execution] = parsed.executions
+    assert execution.result == '{"sent":true}'
+    assert parsed.messages[1].text.startswith("sent by replica ")
+    for reader in readers:
+        assert [(e.id, e.event, e.data) for e in reader.events] == [
+            (e.id, e.event, e.data) for e in stored
+        ]

@@ -54,6 +54,7 @@ __all__ = [
     "ToolOutput",
     "Waiting",
     "match_answers",
+    "parse_answers",
     "waiting",
 ]
 
@@ -433,6 +434,40 @@ def waiting(events: Iterable[Event]) -> Waiting | None:
 
 
 # -- taking an answer ----------------------------------------------------------------------
+
+
+def parse_answers(body: Any) -> list[Answer]:
+    """The answers of a JSON body ``{"answers": [...]}`` (or the list alone), each
+    ``{"id", "approved", "reason"?}`` for an approval, ``{"id", "output", "is_error"?}``
+    for a client call, ``{"id", "value"}`` for a question (docs/asking.md).
+    :class:`~essessey.InvalidAnswer` saying what is wrong (never echoing the content)."""
+    items = body.get("answers") if isinstance(body, dict) else body
+    if not isinstance(items, list) or not items:
+        raise InvalidAnswer('the body needs "answers": a non-empty list')
+    found: list[Answer] = []
+    for position, item in enumerate(items):
+        key = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(key, str) or not key:
+            raise InvalidAnswer(f"answer {position} needs a string id")
+        assert isinstance(item, dict)
+        kinds = [name for name in ("approved", "output", "value") if name in item]
+        if len(kinds) != 1:
+            raise InvalidAnswer(f"answer {position} needs exactly one of approved, output, value")
+        if kinds[0] == "approved":
+            reason = item.get("reason")
+            if not isinstance(item["approved"], bool) or not (
+                reason is None or isinstance(reason, str)
+            ):
+                raise InvalidAnswer(f"answer {position}: approved is a boolean, reason a string")
+            found.append(ToolApproval(key, item["approved"], reason))
+        elif kinds[0] == "output":
+            is_error = item.get("is_error", False)
+            if not isinstance(is_error, bool):
+                raise InvalidAnswer(f"answer {position}: is_error is a boolean")
+            found.append(ToolOutput(key, item["output"], is_error))
+        else:
+            found.append(QuestionAnswer(key, item["value"]))
+    return found
 
 
 def match_answers(

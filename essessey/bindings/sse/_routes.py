@@ -40,6 +40,7 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings._asgi import SubscriptionCount, subscription_end
 from essessey.bindings.admission import Refusal, admit
+from essessey.bindings.answering import answer_response
 from essessey.bindings.http import json_error
 from essessey.bindings.sse._encoder import (
     ErrorShape,
@@ -408,9 +409,10 @@ async def _take_small_body(request: Request) -> None:
 def hub_routes(
     hub: StreamHub, prefix: str = "/streams", **options: Unpack[SSEOptions]
 ) -> Sequence[BaseRoute]:
-    """Starlette routes: ``GET {prefix}/{stream_id}`` (subscribe or resume, as SSE) and
-    ``POST {prefix}/{stream_id}/cancel``. ``options`` go to the SSE response, as
-    :func:`subscription_response` takes them."""
+    """Starlette routes: ``GET {prefix}/{stream_id}`` (subscribe or resume, as SSE),
+    ``POST {prefix}/{stream_id}/cancel`` and ``POST {prefix}/{stream_id}/answer``
+    (answer what the stream asks: ``essessey.bindings.answering``). ``options`` go to the
+    SSE response, as :func:`subscription_response` takes them."""
 
     async def subscribe(request: Request) -> Response:
         return await subscription_response(
@@ -420,7 +422,11 @@ def hub_routes(
     async def cancel(request: Request) -> Response:
         return await cancel_response(hub, request, request.path_params["stream_id"])
 
+    async def answer(request: Request) -> Response:
+        return await answer_response(hub, request, request.path_params["stream_id"])
+
     return [
         Route(prefix + "/{stream_id}", subscribe, methods=["GET"]),
         Route(prefix + "/{stream_id}/cancel", cancel, methods=["POST"]),
+        Route(prefix + "/{stream_id}/answer", answer, methods=["POST"]),
     ]
