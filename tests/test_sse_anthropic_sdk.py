@@ -16,7 +16,16 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from essessey import Publisher, StreamRejected, Turn, TurnProducer, stream_turn
+from essessey import (
+    ApprovalRequest,
+    ClientToolCall,
+    Publisher,
+    Question,
+    StreamRejected,
+    Turn,
+    TurnProducer,
+    stream_turn,
+)
 from essessey.bindings.sse import EventStreamResponse
 from tests.servers import serve
 
@@ -86,7 +95,43 @@ async def overloaded_mid_stream(publisher: Publisher) -> None:
     await publisher.send_error("overloaded_error", "Overloaded")
 
 
+async def asking_turn(publisher: Publisher) -> None:
+    """A message that asks (docs/asking.md): a client-side call, an approval of another
+    call, a question; the stop reason says it waits."""
+    async with stream_turn(
+        publisher, message_id="msg_sdk_4", stream_id="st_sdk", model="claude-test"
+    ) as turn:
+        await (await turn.text()).write("Two things first.")
+        tools = await turn.tools()
+        await tools.start_call("call_pay", "pay", '{"usd": 5}')
+        await turn.ask_approval("call_pay", reason="spends money", request_id="apr_1")
+        await turn.call_client_tool("get_location", {}, tool_use_id="call_loc")
+        await turn.ask("Which unit?", schema={"enum": ["C", "F"]}, request_id="q_1")
+
+
+async def continuation_turn(publisher: Publisher) -> None:
+    """What the hub writes when the answers come, then the app's rest, as one message."""
+    asked = [
+        ApprovalRequest("apr_1", "call_pay", "pay", {"usd": 5}),
+        ClientToolCall("call_loc", "get_location", {}),
+        Question("q_1", "Which unit?"),
+    ]
+    assert publisher.checker is not None
+    publisher.checker.expect_answers(asked)  # asked by the message of the other request
+    await publisher.send_stream_preamble("msg_sdk_5", "st_sdk", "claude-test")
+    await publisher.send_approval_response(0, "apr_1", True)
+    await publisher.send_tool_result_block(1, "call_loc", '{"city":"Oslo"}')
+    await publisher.send_answer(2, "q_1", "C")
+    await publisher.send_tool_result_block(3, "call_pay", '{"paid":true}')
+    await publisher.send_content_block_start_text(4)
+    await publisher.send_content_block_delta_text(4, "Paid; 3 C in Oslo.")
+    await publisher.send_content_block_stop(4)
+    await publisher.send_stream_epilogue("end_turn", 12)
+
+
 PRODUCERS: dict[str, TurnProducer] = {
+    "asking": asking_turn,
+    "continuation": continuation_turn,
     "tool-call": tool_call_turn,
     "tool-result": tool_result_turn,
     "rejected": rejected,
@@ -235,3 +280,32 @@ def test_the_sdk_internals_the_tests_read_with_are_there() -> None:
         if not callable(getattr(importlib.import_module(module), name, None))
     ]
     assert missing == [], f"the Anthropic SDK moved {missing}: update tests/anthropic_sdk.py"
+
+
+async def test_the_sdk_reads_a_message_that_asks_and_its_continuation(
+    client: anthropic.AsyncAnthropic,
+) -> None:
+    # The client call is exactly the Anthropic format's tool_use; the approval request,
+    # the question and the answers' records are blocks the SDK keeps as they came.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        async with stream(client, "asking") as events:
+            asked = await events.get_final_message()
+        async with stream(client, "continuation") as events:
+            continued = await events.get_final_message()
+    assert asked.stop_reason == "tool_use"
+    kinds = [block.type for block in asked.content]
+    assert kinds == ["text", "tool_use", "approval_request", "tool_use", "question"]
+    call = asked.content[3]
+    assert (call.id, call.name, call.input) == ("call_loc", "get_location", {})
+    assert asked.content[2].model_dump()["tool_use_id"] == "call_pay"
+    assert asked.content[4].model_dump()["question"] == "Which unit?"
+    assert continued.stop_reason == "end_turn"
+    assert [block.type for block in continued.content] == [
+        "approval_response",
+        "tool_result",
+        "answer",
+        "tool_result",
+        "text",
+    ]
+    assert continued.content[4].text == "Paid; 3 C in Oslo."
