@@ -30,9 +30,18 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect as ws_connect
 
-from essessey import Event, EventType, ParsedStream, check, reassemble_events
+from essessey import (
+    ApprovalRequest,
+    ClientToolCall,
+    Event,
+    EventType,
+    ParsedStream,
+    check,
+    reassemble_events,
+)
 from essessey.bindings.sse import connect
 from essessey.demo import (
+    ASKING_SCENARIOS,
     DEFAULT_DELTAS,
     MAX_DELTAS,
     SCENARIOS,
@@ -137,7 +146,7 @@ def test_the_script_has_the_asked_number_of_answer_deltas() -> None:
     failing = scenario_script(scenario="tool_error")
     assert [step.is_error for step in failing.tools] == [False, True]
     assert failing.tools[1].result == "error: no weather station in Atlantis"
-    assert set(SCENARIOS) == {"agent", "tool_error"}
+    assert set(SCENARIOS) == {"agent", "tool_error", *ASKING_SCENARIOS}
     for bad in (0, MAX_DELTAS + 1):
         with pytest.raises(ValueError, match="deltas"):
             scenario_script(bad)
@@ -161,7 +170,10 @@ async def test_the_page_is_served(http: httpx.AsyncClient, base: str) -> None:
     assert f'value="{DEFAULT_DELTAS}"' in page
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+SCRIPTED = [scenario for scenario in SCENARIOS if scenario not in ASKING_SCENARIOS]
+
+
+@pytest.mark.parametrize("scenario", SCRIPTED)
 async def test_a_turn_read_over_sse_is_the_script(
     http: httpx.AsyncClient, base: str, scenario: str
 ) -> None:
@@ -171,6 +183,60 @@ async def test_a_turn_read_over_sse_is_the_script(
     assert_script(reassemble_events(events), scenario_script(30, scenario))
     assert events[0].event == EventType.MESSAGE_START
     assert orjson.loads(events[0].data)["message"]["stream_id"] == stream_id
+
+
+async def _answer(
+    http: httpx.AsyncClient, base: str, stream_id: str, answers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    response = await http.post(f"{base}/streams/{stream_id}/answer", json={"answers": answers})
+    assert response.status_code == 200, response.text
+    answered: dict[str, Any] = response.json()
+    return answered
+
+
+@pytest.mark.parametrize(("approve_paris", "approve_tokyo"), [(True, True), (True, False)])
+async def test_the_approval_scenario_asks_then_runs_what_was_approved(
+    http: httpx.AsyncClient, base: str, approve_paris: bool, approve_tokyo: bool
+) -> None:
+    stream_id = await start(http, base, scenario="approval")
+    asked = await read_sse(http, f"{base}/streams/{stream_id}")
+    parsed = reassemble_events(asked)
+    assert parsed.stop_reason == "tool_use"
+    approvals = [r for r in parsed.pending if isinstance(r, ApprovalRequest)]
+    assert [(r.name, r.input) for r in approvals] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Tokyo"}),
+    ]
+    decisions = [approve_paris, approve_tokyo]
+    answers = [{"id": r.id, "approved": ok} for r, ok in zip(approvals, decisions, strict=True)]
+    answered = await _answer(http, base, stream_id, answers)
+    assert answered["after"] == asked[-1].id
+    rest = await read_sse(http, f"{base}/streams/{stream_id}", last_event_id=asked[-1].id)
+    whole = reassemble_events(asked + rest)
+    assert check(asked + rest) == []
+    results = {r.tool_use_id: r.text for r in whole.tool_results}
+    assert set(results) == {r.tool_use_id for r, ok in zip(approvals, decisions, strict=True) if ok}
+    answer = whole.messages[-1].text
+    assert "Paris has light rain at 18 °C." in answer
+    if approve_tokyo:
+        assert "Tokyo has clear skies at 24 °C." in answer
+    else:
+        assert "You declined the lookup for Tokyo" in answer
+
+
+async def test_the_client_tool_scenario_asks_for_the_location_then_answers_with_it(
+    http: httpx.AsyncClient, base: str
+) -> None:
+    stream_id = await start(http, base, scenario="client_tool")
+    asked = await read_sse(http, f"{base}/streams/{stream_id}")
+    [call] = reassemble_events(asked).pending
+    assert isinstance(call, ClientToolCall)
+    assert call.name == "get_location"
+    await _answer(http, base, stream_id, [{"id": call.id, "output": {"city": "Tokyo"}}])
+    rest = await read_sse(http, f"{base}/streams/{stream_id}", last_event_id=asked[-1].id)
+    whole = reassemble_events(asked + rest)
+    assert whole.messages[-1].text == "You are in Tokyo. Tokyo has clear skies at 24 °C."
+    assert [c.name for c in whole.tool_calls] == ["get_location", "get_weather"]
 
 
 async def test_an_empty_body_starts_the_default_turn(http: httpx.AsyncClient, base: str) -> None:

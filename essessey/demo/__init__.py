@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from essessey._public import import_lazily, public_dir, set_public_module
 from essessey.demo._scenario import (
+    ASKING_SCENARIOS,
     DEFAULT_DELTAS,
     MAX_DELAY_MS,
     MAX_DELTAS,
@@ -62,6 +63,7 @@ def create_app(
 # "As a load target"): the script of a turn, the producer the app runs, and the bounds of
 # its options. The rest of the scenario (the weather tool, the model name) is the app's.
 __all__ = [
+    "ASKING_SCENARIOS",
     "DEFAULT_DELTAS",
     "MAX_DELAY_MS",
     "MAX_DELTAS",

@@ -53,6 +53,7 @@ from essessey.bindings.sse import (
     subscription_response,
 )
 from essessey.bindings.ws import ws_route
+from essessey.demo._asking import demo_continuation
 from essessey.demo._http import HeaderLimit, HostCheck
 from essessey.demo._messages_api import messages_endpoint
 from essessey.demo._page import FAVICON, PAGE
@@ -294,7 +295,7 @@ def create_app(
     if nats_url is not None and redis_url is not None:
         raise ValueError("give nats_url or redis_url, not both")
     store, nc, setup, close = _store(nats_url, nats_stream, max_age, store_mib, redis_url)
-    hub = StreamHub(store)
+    hub = StreamHub(store, on_answer=demo_continuation)
     app = Starlette(
         middleware=_middleware(cors_origins),
         routes=[

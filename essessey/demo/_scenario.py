@@ -22,32 +22,48 @@ from typing import Any, Final
 import anyio
 import orjson
 
-from essessey import Publisher, TurnProducer
+from essessey import Publisher, StopReason, TurnProducer
 from essessey.adapters import ToolCallRequest, stream_rounds
 
 __all__ = [
+    "ASKING_SCENARIOS",
     "DEFAULT_DELAY_MS",
     "DEFAULT_DELTAS",
     "DEFAULT_SCENARIO",
+    "LOCATION_TOOL",
     "MAX_DELAY_MS",
     "MAX_DELTAS",
     "MIN_DELTAS",
     "MODEL",
     "SCENARIOS",
+    "THINKING",
+    "WEATHER",
     "DemoScript",
     "ToolStep",
     "agent_turn",
     "get_weather",
+    "location_call_id",
     "scenario_script",
+    "weather_call_ids",
     "weather_report",
 ]
 
 MODEL: Final = "essessey-demo-agent"
 """The model name the scripted turns report in ``message_start``."""
 
-SCENARIOS: Final = ("agent", "tool_error")
+SCENARIOS: Final = ("agent", "tool_error", "approval", "client_tool")
 """``agent``: both tools succeed. ``tool_error``: the second city is unknown, so its tool
-fails and its result block carries ``is_error``."""
+fails and its result block carries ``is_error``. ``approval`` and ``client_tool``: the turn
+asks its client before it goes on (:data:`ASKING_SCENARIOS`)."""
+
+ASKING_SCENARIOS: Final = ("approval", "client_tool")
+"""The scenarios whose turn asks (docs/asking.md): ``approval`` calls ``get_weather`` for
+Paris and Tokyo and asks to approve each call before it runs it; ``client_tool`` asks the
+client for its location with ``get_location``, a tool only the client runs (it answers
+``{"city": ...}``). The demo hub's ``on_answer`` goes on when the answer comes."""
+
+LOCATION_TOOL: Final = "get_location"
+"""The client-side tool of the ``client_tool`` scenario."""
 
 DEFAULT_SCENARIO: Final = "agent"
 MIN_DELTAS: Final = 1
@@ -57,7 +73,7 @@ MAX_DELAY_MS: Final = 10_000
 """Upper bound of ``delay_ms``, the pause after every delta."""
 DEFAULT_DELAY_MS: Final = 0
 
-_WEATHER: Final[Mapping[str, tuple[int, str]]] = {
+WEATHER: Final[Mapping[str, tuple[int, str]]] = {
     "Paris": (18, "light rain"),
     "Tokyo": (24, "clear skies"),
 }
@@ -66,7 +82,7 @@ _WEATHER: Final[Mapping[str, tuple[int, str]]] = {
 _LATENCY: Final[Mapping[str, int]] = {"Paris": 3, "Tokyo": 1, "Atlantis": 1}
 _MIN_LATENCY: Final = 0.01  # seconds per latency unit when the turn is not paced
 
-_THINKING: Final = (
+THINKING: Final = (
     "The user wants today's weather in Paris and Tokyo. ",
     "I have a get_weather tool that takes one city; ",
     "the two lookups do not depend on each other, ",
@@ -164,7 +180,7 @@ class DemoScript:
 def weather_report(city: str) -> str:
     """The weather tool's answer for ``city`` as JSON text; LookupError for a city it has
     no station in."""
-    known = _WEATHER.get(city)
+    known = WEATHER.get(city)
     if known is None:
         raise LookupError(f"no weather station in {city}")
     temperature, conditions = known
@@ -222,8 +238,9 @@ def scenario_script(deltas: int = DEFAULT_DELTAS, scenario: str = DEFAULT_SCENAR
     Raises ValueError for an unknown scenario or ``deltas`` outside
     ``MIN_DELTAS..MAX_DELTAS``.
     """
-    if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    if scenario not in _CITIES:
+        known = ", ".join(_CITIES)
+        raise ValueError(f"no script for scenario {scenario!r}; scripted: {known}")
     if not MIN_DELTAS <= deltas <= MAX_DELTAS:
         raise ValueError(f"deltas must be between {MIN_DELTAS} and {MAX_DELTAS}")
     tools = []
@@ -238,7 +255,7 @@ def scenario_script(deltas: int = DEFAULT_DELTAS, scenario: str = DEFAULT_SCENAR
     return DemoScript(
         scenario=scenario,
         model=MODEL,
-        thinking=_THINKING,
+        thinking=THINKING,
         intro=_INTRO,
         tools=tuple(tools),
         answer=_split(_pieces(_ANSWERS[scenario]), deltas),
@@ -254,7 +271,13 @@ def agent_turn(
 ) -> TurnProducer:
     """The producer of one scripted turn on ``stream_id``, for :meth:`StreamHub.start`:
     :func:`scenario_script` published in two rounds, pausing ``delay_ms`` after every
-    delta. Raises ValueError for bad parameters (before anything runs)."""
+    delta. Raises ValueError for bad parameters (before anything runs). The scenarios
+    that ask (:data:`ASKING_SCENARIOS`) have no final answer here: ``deltas`` does not
+    apply to them."""
+    if scenario in ASKING_SCENARIOS:
+        if not 0 <= delay_ms <= MAX_DELAY_MS:
+            raise ValueError(f"delay_ms must be between 0 and {MAX_DELAY_MS}")
+        return _asking_turn(stream_id, scenario, delay_ms / 1000)
     script = scenario_script(deltas, scenario)
     if not 0 <= delay_ms <= MAX_DELAY_MS:
         raise ValueError(f"delay_ms must be between 0 and {MAX_DELAY_MS}")
@@ -308,5 +331,54 @@ def agent_turn(
                 await pause()
             await rounds.round_end()
             rounds.output_tokens = script.output_tokens
+
+    return produce
+
+
+_APPROVAL_REASON: Final = "looks up the weather with an outside service"
+_ASKING_INTRO: Final = "I will look up the weather in Paris and Tokyo once you approve each lookup."
+_LOCATION_INTRO: Final = "To tell you the weather where you are, I need your location."
+
+
+def weather_call_ids(stream_id: str) -> tuple[str, ...]:
+    """The ids of the ``approval`` scenario's ``get_weather`` calls on ``stream_id``."""
+    return tuple(f"toolu_{stream_id}_{n}" for n in range(1, len(_CITIES["agent"]) + 1))
+
+
+def location_call_id(stream_id: str) -> str:
+    """The id of the ``client_tool`` scenario's ``get_location`` call on ``stream_id``."""
+    return f"toolu_{stream_id}_location"
+
+
+def _asking_turn(stream_id: str, scenario: str, delay: float) -> TurnProducer:
+    async def produce(publisher: Publisher) -> None:
+        async with stream_rounds(
+            publisher,
+            message_id=f"msg_{stream_id}",
+            stream_id=stream_id,
+            model=MODEL,
+            input_tokens=42,
+        ) as rounds:
+            await rounds.round_start()
+            if scenario == "approval":
+                for chunk in THINKING:
+                    await rounds.delta(reasoning=chunk)
+                    await anyio.sleep(delay)
+                await rounds.delta(text=_ASKING_INTRO)
+                ids = weather_call_ids(stream_id)
+                for i, (call_id, city) in enumerate(zip(ids, _CITIES["agent"], strict=True)):
+                    await rounds.tool_call_start(i, ToolCallRequest(call_id, "get_weather"))
+                    await rounds.tool_call_delta(i, orjson.dumps({"city": city}).decode())
+                    await anyio.sleep(delay)
+                await rounds.round_end(answer_missing=False)
+                for call_id in ids:
+                    await rounds.ask_approval(call_id, reason=_APPROVAL_REASON)
+            else:
+                await rounds.delta(text=_LOCATION_INTRO)
+                await anyio.sleep(delay)
+                call = ToolCallRequest(location_call_id(stream_id), LOCATION_TOOL, "{}")
+                await rounds.tool_call_start(0, call)
+                await rounds.round_end(answer_missing=False)
+                rounds.stop_reason = StopReason.TOOL_USE
 
     return produce
