@@ -264,3 +264,59 @@ async def test_the_dialect_links_open_the_turn_in_each_dialect(base: str) -> Non
     assert "response.completed" in ends["responses"][1]
     for dialect in ("ui", "agui", "chat-completions", "responses"):
         assert ends[dialect][0] == f"/streams/{stream_id}/as/{dialect}"
+
+
+# -- a turn that asks ----------------------------------------------------------------------
+
+
+async def wait_for_state(page: Any, state: str) -> None:
+    await page.wait_for_function(
+        f"document.getElementById('status').dataset.state === {state!r}", timeout=WAIT_MS
+    )
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+async def test_approve_one_call_deny_the_other_and_reload_while_waiting(
+    base: str, transport: str
+) -> None:
+    async with browser_page(base) as page:
+        await start_turn(page, transport=transport, scenario="approval")
+        await wait_for_state(page, "waiting")
+        cards = page.locator(".request-card[data-kind=approval]")
+        assert await cards.count() == 2
+        assert "get_weather" in (await cards.nth(0).text_content() or "")
+        # A reload while the turn waits shows the question again, buttons and all.
+        await page.reload()
+        await wait_for_state(page, "waiting")
+        assert await page.locator(".request-card[data-state=pending] button.approve").count() == 2
+        await page.locator(".request-card button.approve").first.click()
+        await page.locator(".request-card button.deny").last.click()
+        await wait_until_done(page)
+        states = await page.eval_on_selector_all(
+            ".request-card", "cards => cards.map(c => c.dataset.state)"
+        )
+        assert states == ["approved", "denied"]
+        tools = await page.eval_on_selector_all(
+            ".tool-card", "cards => cards.map(c => c.dataset.state)"
+        )
+        assert tools == ["done", "denied"]
+        answer = await page.text_content("#answer")
+        assert answer is not None
+        assert "Paris has light rain at 18 °C." in answer
+        assert "You declined the lookup for Tokyo" in answer
+        state: dict[str, Any] = await page.evaluate("window.demoState")
+    events = await server_events(base, state["streamId"])  # both messages, the turn over
+    assert check(events) == []
+    assert state["lastEventId"] == events[-1].id
+    assert state["events"] == len(events)  # every event applied once, over the reload
+    assert len(reassemble_events(events).messages) == 2
+
+
+async def test_the_client_tool_is_answered_from_the_page(base: str) -> None:
+    async with browser_page(base) as page:
+        await start_turn(page, transport="sse", scenario="client_tool")
+        await wait_for_state(page, "waiting")
+        await page.click(".request-card[data-kind=client_tool] button.share-location")
+        await wait_until_done(page)
+        answer = await page.text_content("#answer")
+    assert answer == "You are in Tokyo. Tokyo has clear skies at 24 °C."

@@ -9,8 +9,16 @@ What it does, and the ids and attributes tests rely on:
   ``ws``), ``#start`` (POST /streams, then follow the turn), ``#drop`` (close the
   connection, reconnect with the last event id), ``#cancel`` (POST .../cancel);
 - ``#status``, with ``data-state``: ``idle``, ``starting``, ``connecting``, ``resuming``,
-  ``streaming``, ``reconnecting``, ``dropped``, then ``done`` or ``failed`` (``data-stop-reason``
-  holds the stop reason);
+  ``streaming``, ``reconnecting``, ``dropped``, ``waiting`` (the turn asks: see below),
+  ``answering``, then ``done`` or ``failed`` (``data-stop-reason`` holds the stop reason);
+- a turn that asks (docs/asking.md): ``.request-card`` per request with ``data-request-id``,
+  ``data-kind`` (``approval``, ``question``, ``client_tool``) and ``data-state``
+  (``pending``, then ``approved``, ``denied`` or ``answered``); an approval has
+  ``button.approve`` and ``button.deny``, a question ``input.answer-input`` and
+  ``button.send-answer``, the ``get_location`` call ``button.share-location``. Once every
+  request has its answer the page posts them (``POST .../answer``) and resumes the stream
+  after its last event: the continuation. A reload while waiting shows the requests
+  again;
 - ``#transcript``: the blocks in order: ``details.thinking`` (collapsed once its block
   ends), ``.text-block`` (the latest one also has the id ``answer``), ``.tool-card`` with
   ``data-tool-use-id``, ``data-state`` (``running``, ``done``, ``error``), ``.tool-name``,
@@ -97,6 +105,16 @@ _TEMPLATE: Final = r"""<!doctype html>
   .tool-result:empty::before { content: "running\2026"; color: var(--muted); font-style: italic; }
   .tool-result.is-error { background: #fff5f5; color: var(--err); }
   .other-block { font-size: .8rem; color: var(--muted); }
+  .request-card { background: #fff9db; border: 1px solid #f5d565; border-radius: 10px;
+                  padding: .6rem .8rem; display: flex; flex-wrap: wrap; gap: .5rem;
+                  align-items: center; }
+  .request-card[data-state=approved], .request-card[data-state=answered] {
+    background: #ebfbee; border-color: #8ce99a; }
+  .request-card[data-state=denied] { background: #fff5f5; border-color: #ffa8a8; }
+  .request-card .request-text { flex: 1 1 18rem; }
+  .request-card button.approve { background: var(--ok); border-color: var(--ok); color: #fff; }
+  .request-card button.deny { background: var(--err); border-color: var(--err); color: #fff; }
+  #status[data-state=waiting]::before { background: #f5d565; }
 </style>
 </head>
 <body>
@@ -108,7 +126,9 @@ the page and it picks up where it stopped.</p>
 <form id="controls">
   <label>Scenario
     <select id="scenario"><option value="agent">agent</option>
-      <option value="tool_error">tool_error</option></select></label>
+      <option value="tool_error">tool_error</option>
+      <option value="approval">approval</option>
+      <option value="client_tool">client_tool</option></select></label>
   <label>Answer deltas
     <input id="deltas" type="number" min="1" max="100000" value="{{DEFAULT_DELTAS}}"></label>
   <label>Delay (ms) <input id="delay" type="number" min="0" max="10000" value="60"></label>
@@ -177,7 +197,8 @@ window.addEventListener("pagehide", save);
 function blankState(streamId, transport) {
   return {streamId, transport, lastEventId: "", events: 0, connections: 0, message: 0,
           blocks: [], model: "", stopReason: null, usage: null, error: null, done: false,
-          phase: "connecting", statusText: "connecting"};
+          phase: "connecting", statusText: "connecting", waiting: false, pending: [],
+          decisions: {}};
 }
 
 function setStatus(phase, text) {
@@ -193,7 +214,7 @@ function setStatus(phase, text) {
 }
 
 function updateControls() {
-  const live = state !== null && !state.done;
+  const live = state !== null && !state.done && !state.waiting;
   dropButton.disabled = !(live && conn !== null);
   cancelButton.disabled = !live;
   $("stream-id").textContent = state ? state.streamId : "-";
@@ -278,6 +299,13 @@ function render(block) {
     card.dataset.state = block.isError ? "error" : "done";
     card.querySelector(".tool-state").textContent = block.isError ? "failed" : "done";
     view.root = card;
+  } else if (block.type === "approval_request" || block.type === "question") {
+    view.root = requestCard(block.requestId, block.type === "question" ? "question" : "approval",
+                            requestText(block));
+  } else if (block.type === "approval_response" || block.type === "answer") {
+    decided(block.requestId, block.type === "answer" ? "answered"
+            : block.approved ? "approved" : "denied");
+    view.root = null;
   } else {
     const div = make("div", "other-block", `(a ${block.type} block)`);
     transcript.append(div);
@@ -285,6 +313,139 @@ function render(block) {
   }
   views.set(block.key, view);
   if (block.stopped) stopped(block);
+}
+
+// -- what a turn asks ---------------------------------------------------------------------
+
+function requestText(block) {
+  if (block.type === "question") return block.question;
+  const call = state.blocks.find((b) => b.type === "tool_use" && b.id === block.toolUseId);
+  const args = call ? call.text : "";
+  return `Allow ${call ? call.name : "the tool"}(${args})?` +
+         (block.reason ? ` It ${block.reason}.` : "");
+}
+
+function findRequest(requestId) {
+  for (const card of transcript.querySelectorAll(".request-card")) {
+    if (card.dataset.requestId === requestId) return card;
+  }
+  return null;
+}
+
+function requestCard(requestId, kind, text) {
+  const card = make("section", "request-card");
+  card.dataset.requestId = requestId;
+  card.dataset.kind = kind;
+  card.dataset.state = "pending";
+  card.append(make("span", "request-text", text));
+  transcript.append(card);
+  return card;
+}
+
+function decided(requestId, outcome) {
+  const card = findRequest(requestId);
+  if (card) {
+    card.dataset.state = outcome;
+    for (const control of card.querySelectorAll("button, input")) control.remove();
+    card.append(make("span", "request-outcome", outcome));
+  }
+  if (outcome === "denied") {
+    const request = state.blocks.find((b) => b.requestId === requestId && b.toolUseId);
+    const tool = request ? findCard(request.toolUseId) : null;
+    if (tool) {
+      tool.dataset.state = "denied";
+      tool.querySelector(".tool-state").textContent = "denied";
+    }
+  }
+}
+
+function pendingOf(message) {
+  // What the message that just ended asks: its approval requests and questions, and its
+  // calls with no result that no approval names (the client runs those).
+  const mine = state.blocks.filter((b) => b.key.startsWith(`${message}:`));
+  const approved = new Set(mine.filter((b) => b.type === "approval_request")
+                               .map((b) => b.toolUseId));
+  const answered = new Set(mine.filter((b) => b.type === "tool_result").map((b) => b.toolUseId));
+  const found = [];
+  for (const b of mine) {
+    if (b.type === "approval_request") found.push({id: b.requestId, kind: "approval"});
+    else if (b.type === "question") found.push({id: b.requestId, kind: "question"});
+    else if (b.type === "tool_use" && !approved.has(b.id) && !answered.has(b.id)) {
+      found.push({id: b.id, kind: "client_tool", name: b.name});
+    }
+  }
+  return found;
+}
+
+function showControls() {
+  for (const request of state.pending) {
+    if (request.id in state.decisions) continue;
+    if (request.kind === "client_tool") {
+      let card = findRequest(request.id);
+      if (!card) {
+        const text = request.name === "get_location"
+          ? "The agent asks for your location." : `The agent asks you to run ${request.name}.`;
+        card = requestCard(request.id, "client_tool", text);
+      }
+      if (!card.querySelector("button")) {
+        const share = make("button", "share-location", "Share my location (Tokyo)");
+        share.type = "button";
+        share.onclick = () => decide(request.id, {output: {city: "Tokyo"}});
+        card.append(share);
+      }
+      continue;
+    }
+    const card = findRequest(request.id);
+    if (!card || card.querySelector("button")) continue;
+    if (request.kind === "approval") {
+      const approve = make("button", "approve", "Approve");
+      const deny = make("button", "deny", "Deny");
+      approve.type = deny.type = "button";
+      approve.onclick = () => decide(request.id, {approved: true});
+      deny.onclick = () => decide(request.id, {approved: false, reason: "denied on the page"});
+      card.append(approve, deny);
+    } else {
+      const input = make("input", "answer-input");
+      const send = make("button", "send-answer", "Answer");
+      send.type = "button";
+      send.onclick = () => decide(request.id, {value: input.value});
+      card.append(input, send);
+    }
+  }
+}
+
+function decide(requestId, answer) {
+  state.decisions[requestId] = answer;
+  const card = findRequest(requestId);
+  if (card) {
+    for (const control of card.querySelectorAll("button, input")) control.disabled = true;
+  }
+  save();
+  if (state.pending.every((request) => request.id in state.decisions)) sendAnswers();
+}
+
+async function sendAnswers() {
+  const answers = state.pending.map((request) => ({id: request.id, ...state.decisions[request.id]}));
+  setStatus("answering", "sending your answer");
+  let response = null;
+  let body = null;
+  try {
+    response = await fetch(`${streamPath()}/answer`, {method: "POST",
+      body: JSON.stringify({answers}), headers: {"content-type": "application/json"}});
+    body = await response.json();
+  } catch { /* shown below */ }
+  if (!response || !response.ok) {
+    const why = body && body.error ? body.error.message
+              : `HTTP ${response ? response.status : "unreachable"}`;
+    state.decisions = {};
+    setStatus("waiting", `the answer was refused: ${why}`);
+    renderAll();
+    return;
+  }
+  // The turn goes on in the same stream: resume after its last event.
+  Object.assign(state, {waiting: false, pending: [], decisions: {}, done: false});
+  save();
+  connect();
 }
 
 function stopped(block) {
@@ -308,6 +469,7 @@ function renderAll() {
     blocks.set(block.key, block);
     render(block);
   }
+  if (state.waiting) showControls();
   updateControls();
 }
 
@@ -335,6 +497,16 @@ function handle(name, data, id) {
         block.toolUseId = start.tool_use_id;
         block.isError = start.is_error === true;
       }
+      if (start.type === "approval_request" || start.type === "question") {
+        block.requestId = start.id;
+        block.toolUseId = start.tool_use_id;
+        block.reason = start.reason;
+        block.question = start.question;
+      }
+      if (start.type === "approval_response" || start.type === "answer") {
+        block.requestId = start.request_id;
+        block.approved = start.approved === true;
+      }
       state.blocks.push(block);
       blocks.set(block.key, block);
       render(block);
@@ -361,9 +533,20 @@ function handle(name, data, id) {
       state.stopReason = data.delta.stop_reason;
       state.usage = data.usage;
       break;
-    case "message_stop":
+    case "message_stop": {
+      const pending = state.stopReason === "tool_use" ? pendingOf(state.message) : [];
+      if (pending.length) {
+        // The turn waits for its client: the stream ends here until the answer comes.
+        Object.assign(state, {waiting: true, pending, decisions: {}});
+        stopConnecting();
+        setStatus("waiting", "waiting for your answer");
+        showControls();
+        save();
+        return;
+      }
       finish("done", `done (${state.stopReason})`);
       return;
+    }
     case "error":
       state.error = data.error;
       finish("failed", `failed: ${data.error.message}`);
@@ -393,7 +576,7 @@ function stopConnecting() {
 
 function connect() {
   stopConnecting();
-  if (!state || state.done) return;
+  if (!state || state.done || state.waiting) return;
   if (state.transport === "ws") openWebSocket(); else openEventSource();
   setStatus(state.lastEventId ? "resuming" : "connecting",
             state.lastEventId ? "resuming after the last event" : "connecting");
@@ -408,7 +591,8 @@ function retryLater(why) {
 
 function startOver() {
   // The last id is no longer retained: the server replays the turn from the start.
-  Object.assign(state, {lastEventId: "", events: 0, message: 0, blocks: [], stopReason: null});
+  Object.assign(state, {lastEventId: "", events: 0, message: 0, blocks: [], stopReason: null,
+                        waiting: false, pending: [], decisions: {}});
   renderAll();
   connect();
 }
@@ -485,7 +669,7 @@ function openWebSocket() {
   socket.onclose = (close) => {
     if (conn !== mine) return;
     conn = null;
-    if (state.done) return;
+    if (state.done || state.waiting) return;
     if (close.code === 4410) startOver();
     else if (GIVE_UP.includes(close.code)) {
       finish("failed", `unavailable (close code ${close.code}: ${close.reason})`);
@@ -560,7 +744,7 @@ if (saved && saved.streamId) {
     $("delay").value = state.options.delay_ms;
   }
   renderAll();
-  if (state.done) setStatus(state.phase, state.statusText);
+  if (state.done || state.waiting) setStatus(state.phase, state.statusText);
   else connect();
 }
 updateControls();
