@@ -33,13 +33,15 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import anyio
+import orjson
 
 from essessey import __version__
 from essessey.bindings.sse import SSEDecoder, encode
 from essessey.check import ProtocolChecker, Violation, check
 from essessey.errors import SSEDecodeError, StreamHTTPError
 from essessey.event import Event
-from essessey.protocol import BlockStart, ErrorRecord, EventType, read
+from essessey.protocol import BlockStart, BlockType, ErrorRecord, EventType, read
+from essessey.protocol.asking import ApprovalRequest, ClientToolCall, PendingRequest
 from essessey.reassemble import Fragment, ParsedStream, Reassembler, reassemble_events
 
 __all__ = [
@@ -84,6 +86,7 @@ _CONTROLS: Final = {
 
 _DIM: Final = "\x1b[2m"
 _BOLD_CYAN: Final = "\x1b[1;36m"
+_ASKING: Final = BlockType.REQUESTS | BlockType.RESPONSES
 _RED: Final = "\x1b[1;31m"
 _RESET: Final = "\x1b[0m"
 
@@ -689,7 +692,29 @@ class _Renderer:
                     self._line(f"[tool error] {who}: {text}", _RED)
                 else:
                     self._line(f"[tool result] {who}: {text}", _BOLD_CYAN)
-        # Unknown blocks and delta types are not rendered: the set is open.
+        elif name == EventType.CONTENT_BLOCK_START and fragment.block_type in _ASKING:
+            self._asking(event)
+        # Other unknown blocks and delta types are not rendered: the set is open.
+
+    def _asking(self, event: Event) -> None:
+        """A turn that asks (docs/asking.md): its requests, and the record of the answers."""
+        record = read(event)
+        if not isinstance(record, BlockStart):
+            return
+        block = record.block
+        kind = record.block_type
+        if kind == BlockType.APPROVAL_REQUEST:
+            call = str(block.get("tool_use_id", ""))
+            who = self._names.get(call) or call
+            self._line(f"[asks approval] {who} ({block.get('id')})", _BOLD_CYAN)
+        elif kind == BlockType.QUESTION:
+            self._line(f"[asks] {block.get('question')} ({block.get('id')})", _BOLD_CYAN)
+        elif kind == BlockType.APPROVAL_RESPONSE:
+            verdict = "approved" if block.get("approved") is True else "denied"
+            self._line(f"[{verdict}] {block.get('request_id')}", _BOLD_CYAN)
+        else:
+            value = _compact(orjson.dumps(block.get("value")).decode())
+            self._line(f"[answer] {block.get('request_id')}: {value}", _BOLD_CYAN)
 
     def _error(self, event: Event) -> None:
         record = read(event)
@@ -830,6 +855,9 @@ def _print_check_report(
 ) -> None:
     out = sys.stdout
     messages = parsed.messages
+    # Calls matched to results across the stream: a result may answer an earlier
+    # message's call (the continuation of a turn that asked).
+    across = {execution.call.tool_use_id: execution for execution in parsed.executions}
     _put(out, f"{name}: {_count(len(events), 'event')}, {_count(len(messages), 'message')}")
     for number, message in enumerate(messages, 1):
         about = [message.message_id or "(no id)"]
@@ -846,7 +874,10 @@ def _print_check_report(
             _put(out, f"  text: {_count(len(message.text), 'char')}: {preview}")
         for execution in message.executions:
             call = execution.call
-            if execution.result is None:
+            later = across.get(call.tool_use_id)
+            if execution.result is None and later is not None and later.result is not None:
+                answer = "result in a later message"
+            elif execution.result is None:
                 answer = "no result"
             else:
                 answer = f"{'error' if execution.is_error else 'result'}, "
@@ -855,12 +886,22 @@ def _print_check_report(
             _put(out, f"  tool call: {call.name} ({call.tool_use_id}) {args} -> {answer}")
         answered = {execution.call.tool_use_id for execution in message.executions}
         for result in message.tool_results:
-            if result.tool_use_id not in answered:
+            if result.tool_use_id in answered:
+                continue
+            earlier = across.get(result.tool_use_id)
+            if earlier is not None:
+                kind = "error" if result.is_error else "result"
+                size = _count(len(result.text), "char")
+                what = f"{earlier.call.name} ({result.tool_use_id}) of an earlier message"
+                _put(out, f"  tool result for {what}: {kind}, {size}")
+            else:
                 _put(out, f"  tool result for unknown call {result.tool_use_id}")
         if message.error is not None:
             _put(out, f"  error: {message.error.type}: {message.error.message}")
         _put(out, f"  stop reason: {message.stop_reason or 'none'}")
         _put(out, f"  usage: {_usage(message.usage)}")
+    for request in parsed.pending:
+        _put(out, f"waits for: {_pending(request)}")
     if parsed.error is not None and all(m.error is not parsed.error for m in messages):
         _put(out, f"error outside a message: {parsed.error.type}: {parsed.error.message}")
     for violation in violations:
@@ -870,6 +911,15 @@ def _print_check_report(
     else:
         _put(out, "OK: no protocol violations")
     out.flush()
+
+
+def _pending(request: PendingRequest) -> str:
+    """One request a stream waits for, for the report (names and ids, not content)."""
+    if isinstance(request, ApprovalRequest):
+        return f"approval of {request.name} ({request.tool_use_id}), request {request.id}"
+    if isinstance(request, ClientToolCall):
+        return f"the client's {request.name} ({request.id})"
+    return f"an answer to question {request.id}"
 
 
 def _put(out: TextIO, line: str) -> None:

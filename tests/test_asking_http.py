@@ -23,7 +23,10 @@ from essessey import (
     reassemble_events,
     stream_turn,
 )
+from essessey.bindings.answering import answer_route
 from essessey.bindings.sse import connect, hub_routes
+from essessey.bindings.ws import ws_route
+from tests.clients import read_ws
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +64,13 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
 
 app = Starlette(
-    routes=[*hub_routes(hub), Route("/ask/{stream_id}", ask, methods=["POST"])],
+    routes=[
+        *hub_routes(hub),
+        Route("/ask/{stream_id}", ask, methods=["POST"]),
+        # A WebSocket app's own mount: its subscriptions and the answer route alone.
+        ws_route(hub, "/ws/{stream_id}"),
+        answer_route(hub, "/ws/{stream_id}/answer"),
+    ],
     lifespan=lifespan,
 )
 
@@ -130,3 +139,22 @@ async def test_an_answer_to_a_stream_that_asks_nothing_is_a_409(base: str) -> No
         )
     assert other.status_code == 409
     assert other.json()["error"]["type"] == "conflict_error"
+
+
+async def test_a_websocket_client_answers_and_resumes_for_the_continuation(base: str) -> None:
+    ws_base = base.replace("http://", "ws://")
+    async with httpx.AsyncClient(timeout=10) as http:
+        await http.post(f"{base}/ask/w1")
+        asked = await read_ws(f"{ws_base}/ws/w1", close_code=1000)
+        body = {"answers": [{"id": "q_w1", "value": "Lima"}]}
+        answered = await http.post(f"{base}/ws/w1/answer", json=body)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["after"] == asked[-1].id
+    rest = await read_ws(f"{ws_base}/ws/w1?last_event_id={asked[-1].id}", close_code=1000)
+    assert check(asked + rest) == []
+    assert reassemble_events(asked + rest).messages[1].text == "Which city? Lima"
+
+
+def test_the_answer_route_needs_the_stream_id_in_its_path() -> None:
+    with pytest.raises(ValueError, match="stream_id"):
+        answer_route(hub, "/answer")

@@ -790,3 +790,77 @@ def test_the_command_runs_as_a_subprocess(url: str) -> None:
     )
     assert refused.returncode == EXIT_USAGE
     assert "HTTP 401: authentication_error: invalid x-api-key" in refused.stderr
+
+
+def _asked_and_answered(tmp_path: Path) -> tuple[Path, Path]:
+    """A recording of a turn that asked for an approval, without and with its answer."""
+    from essessey import StreamHub, ToolApproval
+    from essessey.demo._asking import demo_continuation
+    from essessey.demo._scenario import agent_turn
+
+    async def record() -> tuple[list[Any], list[Any]]:
+        async with StreamHub(on_answer=demo_continuation) as hub:
+            await hub.start("s", agent_turn("s", scenario="approval"))
+            await hub.wait("s")
+            asked, _ = await hub.store.since("s", None)
+            waiting = await hub.waiting("s")
+            assert waiting is not None
+            first, second = waiting.requests
+            answers = [ToolApproval(first.id, True), ToolApproval(second.id, False)]
+            await hub.answer("s", answers)
+            await hub.wait("s")
+            whole, _ = await hub.store.since("s", None)
+            return asked, whole
+
+    asked, whole = anyio.run(record)
+    (tmp_path / "asked.sse").write_bytes(encode_many(asked))
+    (tmp_path / "whole.sse").write_bytes(encode_many(whole))
+    return tmp_path / "asked.sse", tmp_path / "whole.sse"
+
+
+def test_check_says_what_a_stream_waits_for_and_where_results_came(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    asked, whole = _asked_and_answered(tmp_path)
+    code, out, _ = run(capsys, "check", str(asked))
+    assert code == EXIT_OK
+    waits = [line for line in out.splitlines() if line.startswith("waits for: ")]
+    assert len(waits) == 2
+    assert waits[0].startswith("waits for: approval of get_weather (toolu_s_1), request apr_")
+    code, out, _ = run(capsys, "check", str(whole))
+    assert code == EXIT_OK
+    assert "waits for" not in out
+    assert 'get_weather (toolu_s_1) {"city":"Paris"} -> result in a later message' in out
+    assert "tool result for get_weather (toolu_s_1) of an earlier message: result," in out
+
+
+def test_tail_shows_what_a_turn_asks_and_the_answers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from essessey import SliceSource
+    from essessey.bindings.sse import SSEDecoder
+    from tests.servers import serve
+
+    _, whole = _asked_and_answered(tmp_path)
+    decoder = SSEDecoder()
+    messages = decoder.feed(whole.read_bytes())
+    events = [essessey_event(m.event, m.data, m.id) for m in messages]
+
+    async def replay(request: Request) -> Response:
+        return EventStreamResponse(SliceSource(events))
+
+    app = Starlette(routes=[Route("/asked", replay)])
+    with serve(app) as base:
+        code, out, err = run(capsys, "tail", f"{base}/asked")
+    assert code == EXIT_OK, err
+    lines = out.splitlines()
+    asks = [line for line in lines if line.startswith("[asks approval] get_weather (apr_")]
+    assert len(asks) == 2
+    assert any(line.startswith("[approved] apr_") for line in lines)
+    assert any(line.startswith("[denied] apr_") for line in lines)
+
+
+def essessey_event(name: str, data: str, event_id: str | None) -> Any:
+    from essessey import Event
+
+    return Event(name, data.encode(), event_id or None)

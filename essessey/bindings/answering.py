@@ -28,6 +28,7 @@ from typing import Any, Final
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from essessey._public import set_public_module
 from essessey.bindings.admission import Refusal, admit
@@ -36,7 +37,7 @@ from essessey.errors import AnswerRefused, StreamNotFound
 from essessey.hub import StreamHub
 from essessey.protocol.asking import parse_answers
 
-__all__ = ["MAX_ANSWER_BODY", "answer_response"]
+__all__ = ["MAX_ANSWER_BODY", "answer_response", "answer_route"]
 
 logger = logging.getLogger("essessey.bindings")
 
@@ -66,6 +67,18 @@ async def answer_response(hub: StreamHub, request: Request, stream_id: str) -> R
     body: dict[str, Any] = {"stream_id": continued.stream_id, "after": continued.after}
     body["started"] = continued.started
     return Response(orjson.dumps(body), 200, media_type="application/json")
+
+
+def answer_route(hub: StreamHub, path: str = "/streams/{stream_id}/answer") -> Route:
+    """The answer route alone, for an app that serves its streams with ``ws_route`` and
+    not ``hub_routes`` (which has it): ``path`` must have ``{stream_id}``."""
+    if "{stream_id}" not in path:
+        raise ValueError("the answer route's path needs {stream_id}")
+
+    async def answer(request: Request) -> Response:
+        return await answer_response(hub, request, request.path_params["stream_id"])
+
+    return Route(path, answer, methods=["POST"])
 
 
 set_public_module(__name__, globals(), __all__)
