@@ -425,7 +425,8 @@ function decide(requestId, answer) {
 }
 
 async function sendAnswers() {
-  const answers = state.pending.map((request) => ({id: request.id, ...state.decisions[request.id]}));
+  const answers = state.pending.map(
+    (request) => ({id: request.id, ...state.decisions[request.id]}));
   setStatus("answering", "sending your answer");
   let response = null;
   let body = null;
