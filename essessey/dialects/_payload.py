@@ -11,7 +11,7 @@ from typing import Any, Final
 from essessey.event import Event
 from essessey.protocol import EventType, Unreadable, read
 
-__all__ = ["TurnUsage", "message_delta_totals", "read_payload"]
+__all__ = ["QUESTION_TOOL", "TurnUsage", "message_delta_totals", "read_payload"]
 
 _COUNTED: Final = (
     "input_tokens",
@@ -21,6 +21,11 @@ _COUNTED: Final = (
     "reasoning_tokens",
 )
 """The protocol's usage keys a dialect writes (docs/protocol.md, "Usage")."""
+
+QUESTION_TOOL: Final = "ask_user"
+"""The tool a turn's question is a call of in a dialect with no idiom for questions (the AI
+SDK's UI stream, Chat Completions, Responses): the call's id is the question's id, its
+arguments ``{"question", "schema"?}``, its output the answer (docs/asking.md)."""
 
 
 class TurnUsage:
