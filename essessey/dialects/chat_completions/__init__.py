@@ -16,7 +16,12 @@ Each frame is ``data: {chat.completion.chunk}`` and the stream ends with
 - usage, when asked for (``stream_options.include_usage``): one last chunk with empty
   ``choices`` and the turn's ``prompt_tokens`` and ``completion_tokens``;
 - an ``error`` event: the in-band ``{"error": {...}}`` object OpenAI-compatible servers
-  send, then ``[DONE]``.
+  send, then ``[DONE]``;
+- a turn that asks (docs/asking.md): a question is a tool call of ``ask_user``, an
+  approval request one of ``approve_tool_call`` (the call it gates is not written: a
+  round's calls are held until its approvals are known), a client call a tool call; the
+  message that asks ends the completion (``finish_reason`` ``tool_calls``). A request
+  whose ``tool`` messages answer them continues the turn (``chat_completions_routes``).
 
 Left out, because Chat Completions has no place for them in the model's output: tool
 results (a turn that runs tools and answers again reads as the rounds' output, one after
@@ -26,6 +31,7 @@ per block at debug level), citations.
 
 from essessey._public import set_public_module
 from essessey.dialects.chat_completions._encoder import (
+    APPROVAL_TOOL,
     DONE,
     FINISH_REASONS,
     ChatCompletionsEncoder,
@@ -35,20 +41,27 @@ from essessey.dialects.chat_completions._encoder import (
 from essessey.dialects.chat_completions._routes import (
     ChatCompletionRequest,
     ChatTurnFactory,
+    answering_messages,
     chat_completions_routes,
     parse_chat_completion_request,
+    split_completion_id,
+    tool_message_answers,
 )
 
 __all__ = [
+    "APPROVAL_TOOL",
     "DONE",
     "FINISH_REASONS",
     "ChatCompletionRequest",
     "ChatCompletionsEncoder",
     "ChatTurnFactory",
+    "answering_messages",
     "chat_completions_routes",
     "completion",
     "error_object",
     "parse_chat_completion_request",
+    "split_completion_id",
+    "tool_message_answers",
 ]
 
 set_public_module(__name__, globals(), __all__)

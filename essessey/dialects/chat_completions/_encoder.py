@@ -8,13 +8,20 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import TurnUsage, message_delta_totals
+from essessey.dialects._payload import QUESTION_TOOL, TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
 from essessey.reassemble import reassemble_events
 
-__all__ = ["DONE", "FINISH_REASONS", "ChatCompletionsEncoder", "completion", "error_object"]
+__all__ = [
+    "APPROVAL_TOOL",
+    "DONE",
+    "FINISH_REASONS",
+    "ChatCompletionsEncoder",
+    "completion",
+    "error_object",
+]
 
 logger = logging.getLogger("essessey.dialects.chat_completions")
 
@@ -34,6 +41,19 @@ FINISH_REASONS: Final[dict[str, str]] = {
 """Stop reasons and the ``finish_reason`` each maps to; any other is ``stop``."""
 
 
+APPROVAL_TOOL: Final = "approve_tool_call"
+"""The reserved function an approval request is a tool call of: its id is the request's,
+its arguments ``{"tool_use_id", "name", "arguments", "reason"?}`` (the call it gates, whose
+own tool call is not written); a ``tool`` message with content ``{"approved": bool,
+"reason"?: str}`` answers it (docs/dialects.md)."""
+
+MAX_HELD: Final = 16 * 1024 * 1024
+"""Characters of a call's arguments held until its round's approvals are known; a call
+that passes it goes out at once, with its round's calls before it."""
+
+_QUIET: Final = "quiet"  # a block that writes nothing at all (a request, a record)
+_GATED: Final = "gated"  # a call an approval request holds back
+
 _NO_BLOCK: Final = ("", -1)
 # The quick path's names, module globals rather than class attributes looked up per call.
 _TEXT: Final = BlockType.TEXT
@@ -52,11 +72,34 @@ def _frame(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
+class _Held:
+    """A call held until its round's approvals are known."""
+
+    __slots__ = ("block", "closed", "index", "parts", "size")
+
+    def __init__(self, index: int, block: dict[str, Any]) -> None:
+        self.index = index
+        self.block = block
+        self.parts: list[str] = []
+        self.size = 0
+        self.closed = False
+
+
 class ChatCompletionsEncoder(DialectEncoder):
     """One turn's protocol events, in order, as ``chat.completion.chunk`` frames (a
     :class:`~essessey.bindings.sse.FrameEncoder`). ``completion_id`` names the chunks
     (``chatcmpl-...``), ``model`` fills their ``model`` until the turn's first message
-    names one; ``include_usage`` adds the usage chunk at the end."""
+    names one; ``include_usage`` adds the usage chunk at the end.
+
+    A turn that asks (docs/asking.md): a question is a tool call of ``ask_user``, an
+    approval request one of ``approve_tool_call`` (:data:`APPROVAL_TOOL`), and the call
+    it gates is not written (a client would run it): a round's calls are held until the
+    block after them that is none of a call, a result and an approval request (or the
+    message's end), then written in one chunk, each whole. The message that asks ends the completion
+    (``finish_reason`` ``tool_calls``). ``after`` makes it the completion that continues
+    the turn after that event (the asking message's last): the events up to it are not
+    written. ``collect`` keeps the tool calls written, whole, in :attr:`tool_calls` (for
+    :func:`completion`)."""
 
     log = logger
 
@@ -67,6 +110,8 @@ class ChatCompletionsEncoder(DialectEncoder):
         model: str = "essessey",
         include_usage: bool = False,
         created: int | None = None,
+        collect: bool = False,
+        after: str | None = None,
     ) -> None:
         self.completion_id = completion_id
         self.model = model
@@ -74,12 +119,35 @@ class ChatCompletionsEncoder(DialectEncoder):
         self.created = int(time.time()) if created is None else created
         self._started = False
         self._blocks: dict[int, tuple[str, int]] = {}  # block index: (type, tool call index)
-        self._calls = 0
+        self._calls_written = 0
         self._stop_reason: str | None = None
         self._finished = False  # a finish_reason was written
         self.ended = False  # an error was written: nothing more is
         self._usage = TurnUsage()
         self._content_head: bytes | None = None  # a content chunk up to its text
+        self._asked = False  # a message asked: the completion ended with it
+        # The message's calls held until their round's approvals are known, and its
+        # approval requests (blocks), in order; the calls those gate.
+        self._queue: list[_Held | dict[str, Any]] = []
+        self._held: dict[int, _Held] = {}  # the open held calls, by block index
+        self._gated: set[str] = set()
+        self._calls: dict[str, _Held] = {}  # the message's calls, by id
+        self._results: set[str] = set()
+        self._asks = False  # the message asks for an approval or an answer
+        self.tool_calls: list[dict[str, Any]] | None = [] if collect else None
+        """The tool calls written, whole (with ``collect``)."""
+        self.after = after
+        if after is not None:
+            self.encode = self._skip_before  # type: ignore[method-assign]
+
+    def _skip_before(self, event: Event) -> bytes:
+        """:meth:`encode` up to the event ``after``: nothing written."""
+        if self.after is None:
+            return DialectEncoder.encode(self, event)
+        if event.id == self.after:
+            self.after = None
+            del self.encode  # the class's from here on
+        return b""
 
     # -- FrameEncoder --------------------------------------------------------------------
 
@@ -95,6 +163,8 @@ class ChatCompletionsEncoder(DialectEncoder):
         for, then ``[DONE]``."""
         out: list[bytes] = []
         if not self.ended:
+            out += self._release()
+        if not self.ended or self._asked:
             if not self._finished and self._stop_reason is not None:
                 out.append(self._finish_chunk())
             if self.include_usage:
@@ -133,37 +203,57 @@ class ChatCompletionsEncoder(DialectEncoder):
     # -- the hooks (essessey.dialects.base) -------------------------------------------------
 
     def on_block_stop(self, index: int) -> list[bytes]:
-        """Nothing: a chunk has no end of a part."""
+        """Nothing: a chunk has no end of a part (a held call is written later)."""
+        held = self._held.pop(index, None)
+        if held is not None:
+            held.closed = True
         self._blocks.pop(index, None)
         return []
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
-        """Nothing yet: the finish reason and usage go into the last chunks."""
+        """The calls held (the message ends); the finish reason and usage go into the
+        last chunks."""
         reason, _ = message_delta_totals(payload)
         if reason is not None:
             self._stop_reason = reason
         self._usage.message_delta(payload)
-        return []
+        return self._release()
 
     def on_message_stop(self) -> list[bytes]:
-        """The finish reason, unless the turn goes on (tool use)."""
-        if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
-            return [self._finish_chunk()]
-        return []
+        """The finish reason, unless the turn goes on (tool use, the message asking
+        nothing: its calls have their results); a message that asks ends the
+        completion."""
+        frames = self._release()
+        reason = self._stop_reason
+        if reason is None:
+            return frames
+        if reason != StopReason.TOOL_USE:
+            return [*frames, self._finish_chunk()]
+        if self._asks or any(call not in self._results for call in self._calls):
+            frames.append(self._finish_chunk())
+            self._asked = self.ended = True  # what follows is another completion's
+        return frames
 
     def on_error(self, error: Any) -> list[bytes]:
         """The in-band error object (``[DONE]`` follows, from :meth:`finish`)."""
+        frames = self._release()
         self.ended = True
         body = error_object(str(error.get("type") or "api_error"), str(error.get("message") or ""))
-        return [b"data: " + body + b"\n\n"]
+        return [*frames, b"data: " + body + b"\n\n"]
 
     def on_message_start(self, message: dict[str, Any], payload: dict[str, Any]) -> list[bytes]:
         """The first chunk (the assistant's role), for the turn's first message only."""
+        frames = self._release()
         self._blocks.clear()
+        self._held.clear()
+        self._calls.clear()
+        self._results.clear()
+        self._gated.clear()
+        self._asks = False
         self._stop_reason = None
         self._usage.message_start(message)
         if self._started:
-            return []  # the next round of the same turn: one completion
+            return frames  # the next round of the same turn: one completion
         self._started = True
         model = message.get("model")
         if isinstance(model, str) and model:
@@ -172,26 +262,108 @@ class ChatCompletionsEncoder(DialectEncoder):
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def on_block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:
-        """A tool call's first chunk; nothing for a text or reasoning block."""
+        """Nothing yet for a tool call (held, see the class) or a text or reasoning
+        block; a question's tool call."""
         kind = str(block.get("type"))
-        if kind != BlockType.TOOL_USE:
-            self._blocks[index] = (kind, -1)
-            if kind not in (BlockType.TEXT, BlockType.THINKING):
-                logger.debug("a %s block has no place in a chat completion", kind[:64])
+        if kind == BlockType.TOOL_USE:
+            held = _Held(index, block)
+            self._held[index] = held
+            self._calls[str(block["id"])] = held
+            self._queue.append(held)
             return []
-        call = self._calls
-        self._calls += 1
-        self._blocks[index] = (kind, call)
+        if kind == BlockType.APPROVAL_REQUEST:
+            self._blocks[index] = (_QUIET, -1)
+            self._asks = True
+            self._queue.append(block)
+            self._gated.add(str(block["tool_use_id"]))
+            return []
+        if kind == BlockType.TOOL_RESULT:
+            self._blocks[index] = (kind, -1)  # not written; its calls stay held
+            self._results.add(str(block.get("tool_use_id")))
+            return []
+        calls = self._released()
+        self._blocks[index] = (kind, -1)
+        if kind == BlockType.QUESTION:
+            self._blocks[index] = (_QUIET, -1)
+            self._asks = True
+            fields: dict[str, Any] = {"question": str(block.get("question", ""))}
+            schema = block.get("schema")
+            if isinstance(schema, dict):
+                fields["schema"] = schema
+            calls.append(self._call(str(block["id"]), QUESTION_TOOL, _json(fields)))
+        elif kind not in (BlockType.TEXT, BlockType.THINKING):
+            logger.debug("a %s block has no place in a chat completion", kind[:64])
+        return self._calls_chunk(calls)
+
+    def _calls_chunk(self, calls: list[dict[str, Any]]) -> list[bytes]:
+        return [self._chunk({"tool_calls": calls})] if calls else []
+
+    def _call(self, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        """A tool call's first entry (with its arguments so far)."""
+        call = self._calls_written
+        self._calls_written += 1
         tool_call = {
             "index": call,
-            "id": str(block["id"]),
+            "id": call_id,
             "type": "function",
-            "function": {"name": str(block["name"]), "arguments": ""},
+            "function": {"name": name, "arguments": arguments},
         }
-        return [self._chunk({"tool_calls": [tool_call]})]
+        if self.tool_calls is not None:
+            function = {"name": name, "arguments": arguments}
+            self.tool_calls.append({"id": call_id, "type": "function", "function": function})
+        return tool_call
+
+    def _release(self) -> list[bytes]:
+        """The chunk of the held calls and approval requests (see :meth:`_released`)."""
+        return self._calls_chunk(self._released())
+
+    def _released(self) -> list[dict[str, Any]]:
+        """The held calls and approval requests, in order, as the entries of one chunk:
+        each call not gated by an approval request as its tool call with its arguments
+        so far, each approval request as a call of ``approve_tool_call``."""
+        if not self._queue:
+            return []
+        queue, self._queue = self._queue, []
+        calls: list[dict[str, Any]] = []
+        for entry in queue:
+            if isinstance(entry, dict):
+                calls.append(self._approval(entry))
+                continue
+            open_block = self._held.pop(entry.index, None) is not None
+            block = entry.block
+            if str(block["id"]) in self._gated:
+                if open_block:
+                    self._blocks[entry.index] = (_GATED, -1)
+                continue
+            call = self._calls_written
+            name = str(block["name"])
+            calls.append(self._call(str(block["id"]), name, "".join(entry.parts)))
+            if open_block:
+                self._blocks[entry.index] = (BlockType.TOOL_USE, call)
+        return calls
+
+    def _approval(self, block: dict[str, Any]) -> dict[str, Any]:
+        call = self._calls.get(str(block["tool_use_id"]))
+        fields: dict[str, Any] = {"tool_use_id": str(block["tool_use_id"])}
+        fields["name"] = str(call.block.get("name", "")) if call is not None else ""
+        fields["arguments"] = "".join(call.parts) if call is not None else ""
+        reason = block.get("reason")
+        if isinstance(reason, str):
+            fields["reason"] = reason
+        return self._call(str(block["id"]), APPROVAL_TOOL, _json(fields))
 
     def on_delta(self, index: int, delta: dict[str, Any]) -> list[bytes]:
-        """A content, reasoning or tool-arguments chunk."""
+        """A content, reasoning or tool-arguments chunk (a held call's arguments are
+        kept for its chunk)."""
+        held = self._held.get(index)
+        if held is not None and delta.get("type") == DeltaType.INPUT_JSON:
+            fragment = str(delta["partial_json"])
+            if held.size + len(fragment) <= MAX_HELD:
+                held.size += len(fragment)
+                held.parts.append(fragment)
+                return []
+            frames = self._release()  # too large to hold: the round goes out now
+            return frames + self.on_delta(index, delta)
         kind, call = self._blocks.get(index, ("", -1))
         delta_type = delta.get("type")
         if kind == BlockType.TEXT and delta_type == DeltaType.TEXT:
@@ -200,8 +372,12 @@ class ChatCompletionsEncoder(DialectEncoder):
             text = delta.get("thinking", delta.get("text"))  # the two dialects
             return [self._chunk({"reasoning_content": str(text)})]
         if kind == BlockType.TOOL_USE and delta_type == DeltaType.INPUT_JSON:
-            fragment = {"index": call, "function": {"arguments": str(delta["partial_json"])}}
-            return [self._chunk({"tool_calls": [fragment]})]
+            text = str(delta["partial_json"])
+            if self.tool_calls is not None:
+                function = self.tool_calls[call]["function"]
+                function["arguments"] += text
+            entry = {"index": call, "function": {"arguments": text}}
+            return [self._chunk({"tool_calls": [entry]})]
         return []  # a signature, a tool result, a block without a place here
 
     def _finish_chunk(self) -> bytes:
@@ -220,6 +396,10 @@ class ChatCompletionsEncoder(DialectEncoder):
                 "usage": openai_usage(self._usage),
             }
         )
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 def openai_usage(usage: TurnUsage) -> dict[str, Any]:
@@ -241,21 +421,19 @@ def completion(
     events: list[Event], completion_id: str, *, model: str = "essessey", created: int | None = None
 ) -> dict[str, Any]:
     """A whole turn as one ``chat.completion`` object (for a request without
-    ``stream``): the turn's text, reasoning and tool calls, its finish reason and usage,
-    with the same omissions as the stream."""
+    ``stream``): the turn's text, reasoning and tool calls (as the stream writes them: a
+    turn's questions and approval requests too), its finish reason and usage, with the
+    same omissions as the stream."""
     turn = reassemble_events(events)
     message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
     if turn.thinking:
         message["reasoning_content"] = turn.thinking
-    if turn.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": call.tool_use_id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in turn.tool_calls
-        ]
+    encoder = ChatCompletionsEncoder(completion_id, collect=True)
+    for event in events:
+        encoder.encode(event)
+    encoder.finish()
+    if encoder.tool_calls:
+        message["tool_calls"] = encoder.tool_calls
     return {
         "id": completion_id,
         "object": "chat.completion",

@@ -13,21 +13,42 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings.sse import SSEOptions, stream_response, subscription_response
+from essessey.bindings.admission import Refusal, admit
+from essessey.bindings.http import json_error
+from essessey.bindings.sse import (
+    SSEOptions,
+    requested_resume_point,
+    stream_response,
+    subscription_response,
+)
 from essessey.dialects._routes import read_request, start_turn
 from essessey.dialects.chat_completions._encoder import (
+    APPROVAL_TOOL,
     ChatCompletionsEncoder,
     completion,
     error_object,
 )
+from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
 from essessey.hub import StreamHub
+from essessey.protocol.asking import (
+    Answer,
+    ApprovalRequest,
+    Question,
+    QuestionAnswer,
+    ToolApproval,
+    ToolOutput,
+    Waiting,
+)
 from essessey.publisher import TurnProducer
 
 __all__ = [
     "ChatCompletionRequest",
     "ChatTurnFactory",
+    "answering_messages",
     "chat_completions_routes",
     "parse_chat_completion_request",
+    "split_completion_id",
+    "tool_message_answers",
 ]
 
 logger = logging.getLogger("essessey.dialects.chat_completions")
@@ -84,6 +105,90 @@ def parse_chat_completion_request(body: Any, completion_id: str) -> ChatCompleti
     return ChatCompletionRequest(completion_id, model, messages, stream, include_usage, body)
 
 
+# -- answers (docs/asking.md) --------------------------------------------------------------
+
+
+def answering_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``tool`` messages that end ``messages`` after an assistant message with
+    ``tool_calls``: what a request answering a turn that asks sends (empty for any
+    other request)."""
+    count = 0
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        count += 1
+    if count == 0 or count == len(messages):
+        return []
+    before = messages[-count - 1]
+    if before.get("role") != "assistant" or not before.get("tool_calls"):
+        return []
+    return messages[-count:]
+
+
+def _content_text(content: Any) -> str | None:
+    """A ``tool`` message's content as text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        if all(isinstance(part, str) for part in parts):
+            return "".join(part for part in parts if isinstance(part, str))
+    return None
+
+
+def _decoded(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def tool_message_answers(
+    tool_messages: list[dict[str, Any]], asked: Waiting | None
+) -> list[Answer]:
+    """The answers ``tool`` messages give to what ``asked`` asks: for a question
+    (``ask_user``) its content, JSON-decoded when it is JSON; for an approval request
+    (``approve_tool_call``) ``{"approved": bool, "reason"?: str}``; for a client call its
+    content, as text. :class:`~essessey.InvalidAnswer` for a message without what it
+    needs."""
+    found: list[Answer] = []
+    for n, message in enumerate(tool_messages):
+        key = message.get("tool_call_id")
+        text = _content_text(message.get("content"))
+        if not isinstance(key, str) or text is None:
+            raise InvalidAnswer(f"tool message {n}: tool_call_id and a text content are required")
+        request = asked.request(key) if asked is not None else None
+        if isinstance(request, Question):
+            found.append(QuestionAnswer(key, _decoded(text)))
+        elif isinstance(request, ApprovalRequest):
+            given = _decoded(text)
+            approved = given.get("approved") if isinstance(given, dict) else None
+            reason = given.get("reason") if isinstance(given, dict) else None
+            if not isinstance(approved, bool) or not (reason is None or isinstance(reason, str)):
+                raise InvalidAnswer(
+                    f"tool message {n} answers an {APPROVAL_TOOL} call: its content is JSON "
+                    '{"approved": true|false, "reason"?: "..."}'
+                )
+            found.append(ToolApproval(key, approved, reason))
+        else:
+            found.append(ToolOutput(key, text))
+    return found
+
+
+def split_completion_id(completion_id: str) -> tuple[str, str | None]:
+    """The stream and the event a completion id names: a continuation's is ``<stream
+    id>.<event id>`` (it follows that event), a turn's first the stream id alone."""
+    stream_id, dot, after = completion_id.partition(".")
+    return stream_id, (after if dot else None)
+
+
+def _refusal(exc: AnswerRefused, headers: dict[str, str]) -> Response:
+    kind = "invalid_request_error" if exc.status == 400 else "conflict_error"
+    body = {"message": str(exc), "type": kind, "param": None, "code": exc.code}
+    data = orjson.dumps({"error": body})
+    return json_error(exc.status, kind, str(exc), headers, shape=lambda _t, _m: data)
+
+
 def chat_completions_routes(
     hub: StreamHub,
     turn: ChatTurnFactory,
@@ -100,6 +205,14 @@ def chat_completions_routes(
       it is the whole ``chat.completion`` once the turn ended.
     - ``GET {path}/{completion_id}``: the stream again, resumed after its
       ``Last-Event-ID`` on any replica (``?include_usage=true`` for the usage chunk).
+
+    A turn that asks (docs/asking.md) is answered, when the hub has an ``on_answer``
+    continuation, by a ``POST`` whose messages end with the assistant's tool calls and a
+    ``tool`` message for each: the hub finds the stream that asked
+    (:meth:`~essessey.StreamHub.asking_stream`), takes the answers and the continuation
+    is the new completion (id ``<stream id>.<event id>``), streamed or not as asked. The
+    same answers again serve the same continuation; other answers to what was answered
+    are a 409, tool call ids no kept stream asked a 400.
 
     Errors are OpenAI's error objects (400 for a bad body). ``options`` go to the SSE
     response (:class:`~essessey.bindings.sse.SSEOptions`)."""
@@ -118,6 +231,9 @@ def chat_completions_routes(
         )
         if isinstance(parsed, Response):
             return parsed
+        answered = await answer(request, parsed)
+        if answered is not None:
+            return answered
         refused = await start_turn(
             hub,
             request,
@@ -148,13 +264,73 @@ def chat_completions_routes(
             hub, completion_id, None, encoder=encoder, error_shape=error_object, **delivery
         )
 
+    async def answer(request: Request, parsed: ChatCompletionRequest) -> Response | None:
+        """The continuation of the turn the request's ``tool`` messages answer (see
+        above); None for any other request."""
+        tool_messages = answering_messages(parsed.messages) if hub.on_answer else []
+        if not tool_messages:
+            return None
+        stream_id = None
+        for tool_message in tool_messages:
+            key = tool_message.get("tool_call_id")
+            if isinstance(key, str) and (stream_id := await hub.asking_stream(key)):
+                break
+        if stream_id is None:
+            unknown = "no stream kept waits for these tool calls"
+            return json_error(400, "invalid_request_error", unknown, headers, shape=error_object)
+        verdict = await admit(hub, request, stream_id, None, logger, access="answer")
+        if isinstance(verdict, Refusal):
+            return json_error(
+                verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
+            )
+        try:
+            asked = await hub.waiting(stream_id)
+            continued = await hub.answer(stream_id, tool_message_answers(tool_messages, asked))
+        except StreamNotFound:
+            gone = "the stream that asked is no longer kept"
+            return json_error(404, "not_found_error", gone, headers, shape=error_object)
+        except AnswerRefused as exc:
+            logger.info("an answer to %s was refused: %s", stream_id, exc.code)
+            return _refusal(exc, headers)
+        after = continued.after
+        completion_id = stream_id if after is None else f"{stream_id}.{after}"
+        location = {"location": f"{path}/{completion_id}"}
+        if not parsed.stream:
+            await hub.wait(stream_id)
+            events, _ = await hub.store.since(stream_id, after)
+            whole = completion(events, completion_id, model=parsed.model)
+            return Response(
+                orjson.dumps(whole), headers={**headers, **location}, media_type="application/json"
+            )
+        encoder = ChatCompletionsEncoder(
+            completion_id, model=parsed.model, include_usage=parsed.include_usage, after=after
+        )
+        delivery: SSEOptions = {**options, "headers": {**headers, **location}}
+        return stream_response(
+            hub, stream_id, after, encoder=encoder, error_shape=error_object, **delivery
+        )
+
     async def resume(request: Request) -> Response:
         completion_id = request.path_params["completion_id"]
+        stream_id, after = split_completion_id(completion_id)
         encoder = ChatCompletionsEncoder(
-            completion_id, include_usage=request.query_params.get("include_usage") == "true"
+            completion_id,
+            include_usage=request.query_params.get("include_usage") == "true",
+            after=after,
         )
-        return await subscription_response(
-            hub, request, completion_id, encoder=encoder, shape=error_object, **options
+        if after is None:
+            return await subscription_response(
+                hub, request, completion_id, encoder=encoder, shape=error_object, **options
+            )
+        # A continuation: read from the event it follows, unless the client resumes.
+        verdict = await admit(hub, request, stream_id, requested_resume_point(request), logger)
+        if isinstance(verdict, Refusal):
+            return json_error(
+                verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
+            )
+        resume = verdict.last_event_id or after
+        return stream_response(
+            hub, stream_id, resume, encoder=encoder, error_shape=error_object, **options
         )
 
     return [

@@ -20,7 +20,14 @@ Each frame is ``event: <type>`` and ``data: {...}`` with the event's ``sequence_
 - the turn's end: ``response.completed`` with the whole response (output items and
   usage); ``response.incomplete`` for ``max_tokens`` (reason ``max_output_tokens``) and
   for a cancelled turn (status ``cancelled``); an ``error`` event becomes ``error`` then
-  ``response.failed``.
+  ``response.failed``;
+- a turn that asks (docs/asking.md): an approval request is an ``mcp_approval_request``
+  item and the call it gates is not written (a round's calls are held until its
+  approvals are known), a question a ``function_call`` of ``ask_user``, a client call a
+  ``function_call``; the response ends ``completed`` with the message that asks. A
+  request with ``previous_response_id`` and ``function_call_output`` or
+  ``mcp_approval_response`` items continues the turn as a new response
+  (``responses_routes``).
 
 Every output item of every model round is in one response, in order: ``output_index``
 counts over the turn. Resume: by ``Last-Event-ID`` (the protocol's ids) or, as OpenAI
@@ -29,6 +36,7 @@ serves a background response, by ``starting_after`` a sequence number.
 
 from essessey._public import set_public_module
 from essessey.dialects.responses._encoder import (
+    APPROVAL_SERVER_LABEL,
     DEFAULT_MAX_BUFFER,
     ResponsesEncoder,
     error_object,
@@ -36,18 +44,25 @@ from essessey.dialects.responses._encoder import (
 from essessey.dialects.responses._routes import (
     ResponsesRequest,
     ResponsesTurnFactory,
+    answers_of,
+    continuation_id,
     parse_responses_request,
     responses_routes,
+    split_response_id,
 )
 
 __all__ = [
+    "APPROVAL_SERVER_LABEL",
     "DEFAULT_MAX_BUFFER",
     "ResponsesEncoder",
     "ResponsesRequest",
     "ResponsesTurnFactory",
+    "answers_of",
+    "continuation_id",
     "error_object",
     "parse_responses_request",
     "responses_routes",
+    "split_response_id",
 ]
 
 set_public_module(__name__, globals(), __all__)

@@ -8,11 +8,13 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import TurnUsage, message_delta_totals
+from essessey.dialects._payload import QUESTION_TOOL, TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
+from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
+from essessey.protocol.asking import AskReader, ClientToolCall, Waiting
 
-__all__ = ["DEFAULT_MAX_BUFFER", "ResponsesEncoder", "error_object"]
+__all__ = ["APPROVAL_SERVER_LABEL", "DEFAULT_MAX_BUFFER", "ResponsesEncoder", "error_object"]
 
 logger = logging.getLogger("essessey.dialects.responses")
 
@@ -28,8 +30,20 @@ _TEXT_DELTA: Final = (
 )
 """A text delta's event, as ``_emit`` writes it: filled once per text item with its id
 and index (``_Item.text_frame``), then per delta with its number and text."""
+APPROVAL_SERVER_LABEL: Final = "essessey"
+"""The ``server_label`` of an ``mcp_approval_request`` item written for an approval
+request whose call names no ``server_label`` of its own."""
+
 # The quick path's names, module globals rather than class attributes looked up per call.
 _dumps: Final = orjson.dumps
+
+
+def client_calls(asked: Waiting | None) -> frozenset[str]:
+    """The client calls of what ``asked`` asks: the ``tool_result`` blocks of these that
+    open a continuation record the client's outputs."""
+    if asked is None:
+        return frozenset()
+    return frozenset(r.id for r in asked.requests if isinstance(r, ClientToolCall))
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -43,7 +57,9 @@ class _Item:
     __slots__ = (
         "annotations",
         "block",
+        "closed",
         "deltas",
+        "held",
         "id",
         "id_json",
         "kind",
@@ -65,6 +81,8 @@ class _Item:
         self.annotations: list[dict[str, Any]] = []
         self.signature: str | None = None
         self.size = 0
+        self.held = False  # a call held until its round's approvals are known
+        self.closed = False  # a held call whose block has stopped
         # A text item's delta frame, all but the number and the text filled in.
         self.text_frame = (
             _TEXT_DELTA % (self.id_json, output_index) if kind == BlockType.TEXT else None
@@ -125,6 +143,13 @@ as that item."""
 _HOSTED_CALL: Final = "hosted-call"
 """The kind of an open ``server_tool_use`` block whose item its result block writes."""
 
+_QUIET: Final = "quiet"
+"""The kind of an open block that writes nothing: an approval request (written with its
+round's calls), a question (written whole at its start), the record of an answer."""
+
+_GATED: Final = "gated"
+"""The kind of a call an approval request holds back: not the client's to run."""
+
 _CLIENT_ITEM_TYPES: Final = frozenset(
     {
         "custom_tool_call",
@@ -152,6 +177,17 @@ class ResponsesEncoder(DialectEncoder):
     until the turn's first message names one. ``starting_after`` drops the events up to
     that sequence number (they are counted, not written): a resume the way OpenAI serves
     one. ``max_buffer`` bounds the bytes of one item held for its ``done`` events.
+
+    A turn that asks (docs/asking.md): an approval request is an ``mcp_approval_request``
+    item, and the call it gates is not written (a client would run it); so a round's
+    calls (and its results) are held until the block after them that is none of a call,
+    a result and an approval request (or the message's end), then written, each call's
+    events at once. A question
+    is a ``function_call`` of ``ask_user``. The response ends ``completed`` with the
+    message that asks. ``after`` makes it the response that continues the turn after
+    that event (the asking message's last): the events up to it are read, not written,
+    and the records of the client's answers that open the continuation are not written
+    either (the client sent them).
     """
 
     log = logger
@@ -164,6 +200,7 @@ class ResponsesEncoder(DialectEncoder):
         starting_after: int | None = None,
         created_at: int | None = None,
         max_buffer: int = DEFAULT_MAX_BUFFER,
+        after: str | None = None,
     ) -> None:
         if max_buffer <= 0:
             raise ValueError("max_buffer must be > 0")
@@ -182,8 +219,34 @@ class ResponsesEncoder(DialectEncoder):
         self._stop_reason: str | None = None
         self._usage = TurnUsage()
         self._final: dict[str, Any] = {}
+        self.after = after
+        self._records: frozenset[str] = frozenset()  # client calls the answers record
+        self._asked: AskReader | None = None
+        if after is not None:
+            self._asked = AskReader()
+            self.encode = self._read_before  # type: ignore[method-assign]
+        # The message's calls held until their round's approvals are known (items), and
+        # its approval requests (blocks), in order; the calls those gate.
+        self._queue: list[_Item | dict[str, Any]] = []
+        self._gated: set[str] = set()
+        self._calls: dict[str, _Item] = {}  # the message's calls, by id
+        self._results: set[str] = set()  # the calls the message gives results of
+        self._asks = False  # the message asks for an approval or an answer
 
     # -- FrameEncoder --------------------------------------------------------------------
+
+    def _read_before(self, event: Event) -> bytes:
+        """:meth:`encode` up to the event ``after``: read for what the turn asked,
+        nothing written."""
+        asked = self._asked
+        if asked is None:
+            return DialectEncoder.encode(self, event)
+        asked.feed(event)
+        if event.id == self.after:
+            self._records = client_calls(asked.waiting())
+            self._asked = None
+            del self.encode  # the class's from here on
+        return b""
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up
@@ -211,6 +274,7 @@ class ResponsesEncoder(DialectEncoder):
         frames = []
         if not self._started:
             frames += self._start({})
+        frames += self._release()
         frames += self._end()
         return b"".join(frames)
 
@@ -218,7 +282,7 @@ class ResponsesEncoder(DialectEncoder):
         """``error`` then ``response.failed``."""
         if self.ended:
             return b""
-        frames = [] if self._started else self._start({})
+        frames = self._release() if self._started else self._start({})
         return b"".join(frames + self._failed(error_type, message))
 
     def response(self) -> dict[str, Any]:
@@ -282,30 +346,46 @@ class ResponsesEncoder(DialectEncoder):
 
     def on_error(self, error: Any) -> list[bytes]:
         """``response.failed`` (after the response's start when nothing started it)."""
-        frames = [] if self._started else self._start({})
+        frames = self._release() if self._started else self._start({})
         kind = str(error.get("type") or "api_error")
         return frames + self._failed(kind, str(error.get("message") or ""))
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
-        """Nothing yet: the stop reason and usage go into the response's end."""
+        """The calls held (the message ends); the stop reason and usage go into the
+        response's end."""
         reason, _ = message_delta_totals(payload)
         if reason is not None:
             self._stop_reason = reason
         self._usage.message_delta(payload)
-        return []
+        return self._release()
 
     def on_message_stop(self) -> list[bytes]:
-        """The response's end, unless the turn goes on (tool use)."""
-        if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
-            return self._end()
-        return []
+        """The response's end, unless the turn goes on (tool use, the message asking
+        nothing: its calls have their results)."""
+        frames = self._release()
+        reason = self._stop_reason
+        if reason is None:
+            return frames
+        if reason != StopReason.TOOL_USE or self._message_asks():
+            return frames + self._end()
+        return frames
+
+    def _message_asks(self) -> bool:
+        """Whether the message waits for its client: an approval, a question, a call
+        without a result."""
+        return self._asks or any(call not in self._results for call in self._calls)
 
     def _start(self, message: dict[str, Any]) -> list[bytes]:
+        frames = self._release()
         self._items.clear()
+        self._calls.clear()
+        self._results.clear()
+        self._gated.clear()
+        self._asks = False
         self._stop_reason = None
         self._usage.message_start(message)
         if self._started:
-            return []  # the next round of the same turn: one response
+            return frames  # the next round of the same turn: one response
         self._started = True
         model = message.get("model")
         if isinstance(model, str) and model:
@@ -315,16 +395,156 @@ class ResponsesEncoder(DialectEncoder):
             "response.in_progress", {"response": response}
         )
 
-    def _open(self, kind: str, prefix: str, index: int, block: dict[str, Any]) -> _Item:
+    def _place(self, prefix: str) -> tuple[str, int]:
         output_index = self._next_output
         self._next_output += 1
-        item = _Item(kind, f"{prefix}_{self.response_id}_{output_index}", output_index, block)
+        return f"{prefix}_{self.response_id}_{output_index}", output_index
+
+    def _open(self, kind: str, prefix: str, index: int, block: dict[str, Any]) -> _Item:
+        item_id, output_index = self._place(prefix)
+        item = _Item(kind, item_id, output_index, block)
         self._items[index] = item
         return item
 
     def on_block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:
-        """An output item's start (and its first part's), by the block's kind."""
+        """An output item's start (and its first part's), by the block's kind; a call,
+        a result after it and an approval request are held (see the class)."""
         kind = str(block.get("type"))
+        if kind == BlockType.TOOL_USE:
+            return self._hold_call(index, block)
+        if kind == BlockType.APPROVAL_REQUEST:
+            self._items[index] = _Item(_QUIET, "", -1, block)
+            self._asks = True
+            self._queue.append(block)
+            self._gated.add(str(block["tool_use_id"]))
+            return []
+        is_record = str(block.get("tool_use_id")) in self._records
+        if kind == BlockType.TOOL_RESULT and self._queue and not is_record:
+            # A result of the round held: its calls' items come first.
+            self._results.add(str(block.get("tool_use_id")))
+            item = self._items[index] = _Item(kind, "", -1, block)
+            item.held = True
+            self._queue.append(item)
+            return []
+        frames = self._release()
+        if kind == BlockType.QUESTION:
+            self._items[index] = _Item(_QUIET, "", -1, block)
+            self._asks = True
+            return frames + self._question(block)
+        if kind in BlockType.RESPONSES or (kind == BlockType.TOOL_RESULT and is_record):
+            self._items[index] = _Item(_QUIET, "", -1, block)  # the client's own answer
+            return frames
+        if kind == BlockType.TOOL_RESULT:
+            self._results.add(str(block.get("tool_use_id")))
+        return frames + self._open_block(kind, index, block)
+
+    def _hold_call(self, index: int, block: dict[str, Any]) -> list[bytes]:
+        item = _Item(BlockType.TOOL_USE, "", -1, block)
+        item.held = True
+        self._items[index] = item
+        self._calls[str(block["id"])] = item
+        self._queue.append(item)
+        return []
+
+    def _release(self) -> list[bytes]:
+        """The held calls, results and approval requests, in order: each call not gated
+        by an approval request as its items (whole when its block stopped, else its start
+        and arguments so far), each result as its item (at its stop when still open),
+        each approval request as an ``mcp_approval_request``."""
+        if not self._queue:
+            return []
+        queue, self._queue = self._queue, []
+        frames: list[bytes] = []
+        for entry in queue:
+            if isinstance(entry, dict):
+                frames += self._approval(entry)
+                continue
+            entry.held = False
+            if entry.kind == BlockType.TOOL_RESULT:
+                entry.id, entry.output_index = self._place("item")
+                entry.id_json = orjson.dumps(entry.id)
+                if entry.closed:
+                    frames += self._result_done(entry)
+                continue
+            if str(entry.block["id"]) in self._gated:
+                entry.kind = _GATED
+                continue
+            entry.id, entry.output_index = self._place("fc")
+            entry.id_json = orjson.dumps(entry.id)
+            if entry.closed:
+                frames += self._call_whole(entry)
+            else:
+                frames += self._call_start(entry)
+        return frames
+
+    def _approval(self, block: dict[str, Any]) -> list[bytes]:
+        request_id = str(block["id"])
+        call = self._calls.get(str(block["tool_use_id"]))
+        name = arguments = ""
+        label: object = None
+        if call is not None:
+            name, arguments = str(call.block.get("name", "")), "".join(call.parts)
+            label = call.block.get("server_label")
+        body: dict[str, Any] = {"id": request_id, "type": "mcp_approval_request"}
+        body.update(
+            name=name,
+            arguments=arguments,
+            server_label=label if isinstance(label, str) and label else APPROVAL_SERVER_LABEL,
+        )
+        return self._item_whole(body)
+
+    def _question(self, block: dict[str, Any]) -> list[bytes]:
+        fields: dict[str, Any] = {"question": str(block.get("question", ""))}
+        schema = block.get("schema")
+        if isinstance(schema, dict):
+            fields["schema"] = schema
+        arguments = orjson.dumps(fields).decode()
+        item_id, output_index = self._place("fc")
+        call: dict[str, Any] = {"id": item_id, "type": "function_call", "call_id": str(block["id"])}
+        call.update(name=QUESTION_TOOL, arguments="", status="in_progress")
+        done = dict(call, arguments=arguments, status="completed")
+        at = {"item_id": item_id, "output_index": output_index}
+        return (
+            self._emit("response.output_item.added", {"output_index": output_index, "item": call})
+            + self._emit("response.function_call_arguments.delta", dict(at, delta=arguments))
+            + self._emit(
+                "response.function_call_arguments.done",
+                dict(at, arguments=arguments, name=QUESTION_TOOL),
+            )
+            + self._finished(output_index, done)
+        )
+
+    def _item_whole(self, body: dict[str, Any]) -> list[bytes]:
+        """An item written whole: added and done at once."""
+        _, output_index = self._place("")
+        added = self._emit(
+            "response.output_item.added", {"output_index": output_index, "item": body}
+        )
+        return added + self._finished(output_index, body)
+
+    def _finished(self, output_index: int, body: dict[str, Any]) -> list[bytes]:
+        self._output.append(body)
+        return self._emit("response.output_item.done", {"output_index": output_index, "item": body})
+
+    def _call_start(self, item: _Item) -> list[bytes]:
+        """A released call still open: its start and its arguments so far; the rest
+        streams as it comes."""
+        if _client_item_type(item.block) is not None:
+            return []  # added and done at its stop, whole
+        call = self._call_item(item, "", "in_progress")
+        frames = self._emit(
+            "response.output_item.added", {"output_index": item.output_index, "item": call}
+        )
+        for fragment in item.parts:
+            body = {"item_id": item.id, "output_index": item.output_index, "delta": fragment}
+            frames += self._emit("response.function_call_arguments.delta", body)
+        return frames
+
+    def _call_whole(self, item: _Item) -> list[bytes]:
+        """A released call whose block had stopped: all its events."""
+        return self._call_start(item) + self._call_done(item)
+
+    def _open_block(self, kind: str, index: int, block: dict[str, Any]) -> list[bytes]:
         if kind == BlockType.TEXT:
             item = self._open(kind, "msg", index, block)
             added: dict[str, Any] = {"id": item.id, "type": "message", "role": "assistant"}
@@ -341,16 +561,6 @@ class ResponsesEncoder(DialectEncoder):
             return self._emit(
                 "response.output_item.added",
                 {"output_index": item.output_index, "item": reasoning},
-            )
-        if kind == BlockType.TOOL_USE:
-            item = self._open(kind, "fc", index, block)
-            if _client_item_type(block) is not None:
-                # A call of the client's own kind: added and done at its stop, whole (its
-                # item's fields are required from the start, and come in its input).
-                return []
-            call = self._call_item(item, "", "in_progress")
-            return self._emit(
-                "response.output_item.added", {"output_index": item.output_index, "item": call}
             )
         if kind == "server_tool_use" and block.get("item_type") in _HOSTED_ITEM_TYPES:
             # A hosted tool's call: its result block carries the provider's item whole,
@@ -382,7 +592,7 @@ class ResponsesEncoder(DialectEncoder):
         if item is None:
             logger.warning("skipped a delta for block %d, which is not open", index)
             return []
-        if item.kind == _HOSTED_CALL:
+        if item.kind in (_HOSTED_CALL, _QUIET, _GATED):
             return []
         kind = delta.get("type")
         if item.kind == BlockType.TEXT and kind == DeltaType.TEXT:
@@ -406,6 +616,14 @@ class ResponsesEncoder(DialectEncoder):
             return []
         if item.kind == BlockType.TOOL_USE and kind == DeltaType.INPUT_JSON:
             fragment = str(delta["partial_json"])
+            if item.held:
+                if item.size + len(fragment) <= self.max_buffer:
+                    self._hold(item, fragment)
+                    return []
+                # Too large to hold: the round's calls go out now, approvals or not
+                # (docs/dialects.md), and this one streams on.
+                frames = self._release()
+                return frames + self.on_delta(index, delta)
             self._hold(item, fragment)
             if _client_item_type(item.block) is not None:
                 return []  # its item carries the input whole, at its stop
@@ -447,6 +665,24 @@ class ResponsesEncoder(DialectEncoder):
         body.update(fields)
         return body
 
+    def _call_done(self, item: _Item) -> list[bytes]:
+        """A call's done events (a call of the client's own kind: added and done)."""
+        whole = "".join(item.parts)
+        if _client_item_type(item.block) is not None:
+            try:
+                given = orjson.loads(whole) if whole else {}
+            except orjson.JSONDecodeError:
+                given = {}
+            fields = given if isinstance(given, dict) else {}
+            body = self._client_item(item, fields, "completed")
+            return self._emit(
+                "response.output_item.added", {"output_index": item.output_index, "item": body}
+            ) + self._done(item, body)
+        call = self._call_item(item, whole, "completed")
+        body = {"item_id": item.id, "output_index": item.output_index, "arguments": whole}
+        body["name"] = call["name"]
+        return self._emit("response.function_call_arguments.done", body) + self._done(item, call)
+
     def _done(self, item: _Item, body: dict[str, Any]) -> list[bytes]:
         self._output.append(body)
         return self._emit(
@@ -459,6 +695,13 @@ class ResponsesEncoder(DialectEncoder):
         if item is None:
             logger.warning("skipped the stop of block %d, which is not open", index)
             return []
+        if item.held:
+            item.closed = True  # written once its round's approvals are known
+            return []
+        if item.kind in (_QUIET, _GATED):
+            return []
+        if item.kind == BlockType.TOOL_USE:
+            return self._call_done(item)
         whole = "".join(item.parts)
         if item.kind == BlockType.TEXT:
             part = {"type": "output_text", "text": whole, "annotations": item.annotations}
@@ -478,36 +721,8 @@ class ResponsesEncoder(DialectEncoder):
             if item.kind == BlockType.THINKING:
                 frames = self._emit("response.reasoning_text.done", self._at(item, text=whole))
             return frames + self._done(item, reasoning)
-        if item.kind == BlockType.TOOL_USE and _client_item_type(item.block) is not None:
-            try:
-                given = orjson.loads(whole) if whole else {}
-            except orjson.JSONDecodeError:
-                given = {}
-            fields = given if isinstance(given, dict) else {}
-            body = self._client_item(item, fields, "completed")
-            return self._emit(
-                "response.output_item.added", {"output_index": item.output_index, "item": body}
-            ) + self._done(item, body)
-        if item.kind == BlockType.TOOL_USE:
-            call = self._call_item(item, whole, "completed")
-            body = {"item_id": item.id, "output_index": item.output_index, "arguments": whole}
-            body["name"] = call["name"]
-            return self._emit("response.function_call_arguments.done", body) + self._done(
-                item, call
-            )
         if item.kind == BlockType.TOOL_RESULT:
-            output: dict[str, Any] = {
-                "id": item.id,
-                "type": "function_call_output",
-                "call_id": str(item.block["tool_use_id"]),
-                "output": whole,
-                "status": "completed",
-            }
-            if item.block.get("is_error"):
-                output["is_error"] = True  # Responses has no field for it: kept as sent
-            return self._emit(
-                "response.output_item.added", {"output_index": item.output_index, "item": output}
-            ) + self._done(item, output)
+            return self._result_done(item)
         if item.kind == _HOSTED_CALL:
             return []  # its result block writes the item
         hosted = item.block.get("content")
@@ -519,6 +734,21 @@ class ResponsesEncoder(DialectEncoder):
         other: dict[str, Any] = {"id": item.id, "type": "essessey_block", "block": item.block}
         other["deltas"] = item.deltas
         return self._done(item, other)
+
+    def _result_done(self, item: _Item) -> list[bytes]:
+        """A tool result's item, added and done at once."""
+        output: dict[str, Any] = {
+            "id": item.id,
+            "type": "function_call_output",
+            "call_id": str(item.block["tool_use_id"]),
+            "output": "".join(item.parts),
+            "status": "completed",
+        }
+        if item.block.get("is_error"):
+            output["is_error"] = True  # Responses has no field for it: kept as sent
+        return self._emit(
+            "response.output_item.added", {"output_index": item.output_index, "item": output}
+        ) + self._done(item, output)
 
     def _end(self) -> list[bytes]:
         self.ended = True

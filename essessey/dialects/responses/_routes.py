@@ -15,20 +15,39 @@ from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
-from essessey.bindings.sse import SSEOptions, stream_response, subscription_response
+from essessey.bindings.sse import (
+    SSEOptions,
+    requested_resume_point,
+    stream_response,
+    subscription_response,
+)
 from essessey.dialects._routes import read_request, start_turn
 from essessey.dialects.responses._encoder import (
     ResponsesEncoder,
     error_object,
 )
+from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
 from essessey.hub import StreamHub
+from essessey.protocol.asking import (
+    Answer,
+    ApprovalRequest,
+    ClientToolCall,
+    Question,
+    QuestionAnswer,
+    ToolApproval,
+    ToolOutput,
+    Waiting,
+)
 from essessey.publisher import TurnProducer
 
 __all__ = [
     "ResponsesRequest",
     "ResponsesTurnFactory",
+    "answers_of",
+    "continuation_id",
     "parse_responses_request",
     "responses_routes",
+    "split_response_id",
 ]
 
 logger = logging.getLogger("essessey.dialects.responses")
@@ -81,6 +100,89 @@ def parse_responses_request(body: Any, response_id: str) -> ResponsesRequest:
     return ResponsesRequest(response_id, model, given, stream, background, body)
 
 
+# -- answers (docs/asking.md) --------------------------------------------------------------
+
+
+def continuation_id(stream_id: str, after: str | None) -> str:
+    """The id of the response that continues ``stream_id`` after its event ``after``
+    (``<stream id>.<event id>``; a stream id holds no ``.``): the response an answer is
+    served as, which ``GET`` retrieves and resumes, and a later answer's
+    ``previous_response_id``."""
+    return stream_id if after is None else f"{stream_id}.{after}"
+
+
+def split_response_id(response_id: str) -> tuple[str, str | None]:
+    """The stream and the event a response id names (:func:`continuation_id`): the
+    stream alone for the turn's first response."""
+    stream_id, dot, after = response_id.partition(".")
+    return stream_id, (after if dot else None)
+
+
+def _is_answer(item: Any) -> bool:
+    if not isinstance(item, dict):
+        return False
+    kind = item.get("type")
+    if kind == "mcp_approval_response":
+        return True
+    return isinstance(kind, str) and kind.endswith("_call_output") and "call_id" in item
+
+
+def _decoded(output: Any) -> Any:
+    """A question's answer as a ``function_call_output`` carries it: JSON text decoded,
+    any other text as it is."""
+    if not isinstance(output, str):
+        return output
+    try:
+        return orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return output
+
+
+def answers_of(items: Sequence[Any], asked: Waiting | None) -> list[Answer]:
+    """The answers an answering request's ``input`` items give to what ``asked`` asks:
+    an ``mcp_approval_response`` (``approval_request_id``, ``approve``, ``reason``) an
+    approval; a ``function_call_output`` (or another ``*_call_output``: ``call_id``,
+    ``output``) a client call's output, or a question's answer when its ``call_id`` is
+    a question's id (the output JSON-decoded when it is JSON).
+    :class:`~essessey.InvalidAnswer` for an item without what it needs."""
+    found: list[Answer] = []
+    for n, item in enumerate(items):
+        if item.get("type") == "mcp_approval_response":
+            key, approve = item.get("approval_request_id"), item.get("approve")
+            reason = item.get("reason")
+            if not isinstance(key, str) or not isinstance(approve, bool):
+                raise InvalidAnswer(
+                    f"input.{n}: approval_request_id (a string) and approve (a boolean) "
+                    "are required"
+                )
+            request = asked.request(key) if asked is not None else None
+            if isinstance(request, ClientToolCall):
+                # A provider's own approval request, passed on as a client call.
+                output = {"approve": approve, "reason": reason} if reason else {"approve": approve}
+                found.append(ToolOutput(key, output))
+                continue
+            found.append(ToolApproval(key, approve, reason if isinstance(reason, str) else None))
+            continue
+        key, output = item.get("call_id"), item.get("output")
+        if not isinstance(key, str) or output is None:
+            raise InvalidAnswer(f"input.{n}: call_id and output are required")
+        request = asked.request(key) if asked is not None else None
+        if isinstance(request, Question):
+            found.append(QuestionAnswer(key, _decoded(output)))
+        elif isinstance(request, ApprovalRequest):
+            raise InvalidAnswer(
+                f"input.{n}: {key!r} is an approval request; an mcp_approval_response answers it"
+            )
+        else:
+            found.append(ToolOutput(key, output))
+    return found
+
+
+def _refusal(status: int, error_type: str, message: str, code: str) -> bytes:
+    body = {"message": message, "type": error_type, "param": None, "code": code}
+    return orjson.dumps({"error": body})
+
+
 def _sequence_number(value: str | None) -> int | None:
     if value is None:
         return None
@@ -107,6 +209,15 @@ def responses_routes(
       events, after ``starting_after`` (a sequence number) or the ``Last-Event-ID``, on
       any replica, as OpenAI serves a background response.
 
+    A turn that asks (docs/asking.md) is answered, when the hub has an ``on_answer``
+    continuation, by a ``POST`` with ``previous_response_id`` (the asking response's
+    id) whose ``input`` holds ``function_call_output`` and ``mcp_approval_response``
+    items: the hub takes the answers (:meth:`~essessey.StreamHub.answer`) and the
+    continuation is the new response (its id ``<stream id>.<event id>``, see
+    :func:`continuation_id`), streamed or not as asked. The same answers again serve the
+    same continuation; other answers to what was answered are a 409, answers to
+    requests not asked a 400, an unknown response a 404.
+
     Every response is resumable, background or not. Errors are OpenAI's error objects.
     ``options`` go to the SSE response (:class:`~essessey.bindings.sse.SSEOptions`)."""
     if max_body <= 0:
@@ -116,14 +227,58 @@ def responses_routes(
     def refuse(status: int, error_type: str, message: str) -> Response:
         return json_error(status, error_type, message, headers, shape=error_object)
 
-    async def whole(response_id: str, model: str) -> Response:
-        events, _ = await hub.store.since(response_id, None)
-        encoder = ResponsesEncoder(response_id, model=model)
+    async def whole(response_id: str, model: str) -> Response | None:
+        """The response as it stands; None when the stream does not hold the event a
+        continuation's id names."""
+        stream_id, after = split_response_id(response_id)
+        events, _ = await hub.store.since(stream_id, None)
+        if after is not None and not any(event.id == after for event in events):
+            return None
+        encoder = ResponsesEncoder(response_id, model=model, after=after)
         for event in events:
             encoder.encode(event)
         return Response(
             orjson.dumps(encoder.response()), headers=headers, media_type="application/json"
         )
+
+    async def answer(request: Request, parsed: ResponsesRequest) -> Response | None:
+        """The continuation of the response ``previous_response_id`` names, when the
+        request answers what it asks (see above); None for any other request."""
+        previous = parsed.body.get("previous_response_id")
+        given = parsed.input
+        if hub.on_answer is None or not isinstance(previous, str) or isinstance(given, str):
+            return None
+        items = [item for item in given if _is_answer(item)]
+        if not items:
+            return None
+        if len(items) != len(given):
+            message = "input: a request answering a response holds only its answers"
+            return refuse(400, "invalid_request_error", message)
+        stream_id, _ = split_response_id(previous)
+        verdict = await admit(hub, request, stream_id, None, logger, access="answer")
+        if isinstance(verdict, Refusal):
+            return refuse(verdict.status, verdict.error_type, verdict.message)
+        try:
+            asked = await hub.waiting(stream_id)
+            continued = await hub.answer(stream_id, answers_of(items, asked))
+        except StreamNotFound:
+            return refuse(404, "not_found_error", f"no response {previous!r}")
+        except AnswerRefused as exc:
+            logger.info("an answer to %s was refused: %s", stream_id, exc.code)
+            kind = "invalid_request_error" if exc.status == 400 else "conflict_error"
+            body = _refusal(exc.status, kind, str(exc), exc.code)
+            return json_error(exc.status, kind, str(exc), headers, shape=lambda _t, _m: body)
+        after = continued.after
+        response_id = continuation_id(stream_id, after)
+        if parsed.stream:
+            encoder = ResponsesEncoder(response_id, model=parsed.model, after=after)
+            return stream_response(
+                hub, stream_id, after, encoder=encoder, error_shape=error_object, **options
+            )
+        if not parsed.background:
+            await hub.wait(stream_id)
+        served = await whole(response_id, parsed.model)
+        return served or refuse(404, "not_found_error", f"no response {response_id!r}")
 
     async def create(request: Request) -> Response:
         response_id = f"resp_{secrets.token_hex(12)}"
@@ -136,6 +291,9 @@ def responses_routes(
         )
         if isinstance(parsed, Response):
             return parsed
+        answered = await answer(request, parsed)
+        if answered is not None:
+            return answered
         refused = await start_turn(
             hub, request, response_id, turn, parsed, shape=error_object, headers=headers, log=logger
         )
@@ -148,24 +306,37 @@ def responses_routes(
             )
         if not parsed.background:
             await hub.wait(response_id)
-        return await whole(response_id, parsed.model)
+        served = await whole(response_id, parsed.model)
+        return served or refuse(404, "not_found_error", f"no response {response_id!r}")
 
     async def retrieve(request: Request) -> Response:
         response_id = request.path_params["response_id"]
+        stream_id, after = split_response_id(response_id)
         try:
             starting_after = _sequence_number(request.query_params.get("starting_after"))
         except ValueError as exc:
             return refuse(400, "invalid_request_error", str(exc))
         if request.query_params.get("stream") != "true":
-            verdict = await admit(hub, request, response_id, None, logger)
+            verdict = await admit(hub, request, stream_id, None, logger)
             if isinstance(verdict, Refusal):
                 return refuse(verdict.status, verdict.error_type, verdict.message)
-            if not await hub.store.exists(response_id):
-                return refuse(404, "not_found_error", f"no response {response_id!r}")
-            return await whole(response_id, "essessey")
-        encoder = ResponsesEncoder(response_id, starting_after=starting_after)
-        return await subscription_response(
-            hub, request, response_id, encoder=encoder, shape=error_object, **options
+            served = None
+            if await hub.store.exists(stream_id):
+                served = await whole(response_id, "essessey")
+            return served or refuse(404, "not_found_error", f"no response {response_id!r}")
+        if after is None:
+            encoder = ResponsesEncoder(response_id, starting_after=starting_after)
+            return await subscription_response(
+                hub, request, response_id, encoder=encoder, shape=error_object, **options
+            )
+        # A continuation: read from the event it follows, unless the client resumes.
+        verdict = await admit(hub, request, stream_id, requested_resume_point(request), logger)
+        if isinstance(verdict, Refusal):
+            return refuse(verdict.status, verdict.error_type, verdict.message)
+        encoder = ResponsesEncoder(response_id, starting_after=starting_after, after=after)
+        resume = verdict.last_event_id or after
+        return stream_response(
+            hub, stream_id, resume, encoder=encoder, error_shape=error_object, **options
         )
 
     return [
