@@ -27,6 +27,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from essessey import (
+    ApprovalRequest,
     Event,
     InMemorySink,
     ProviderStreamError,
@@ -1558,18 +1559,6 @@ _CLIENT_ITEMS: list[tuple[dict[str, Any], str, str, dict[str, Any]]] = [
         "tool_search",
         {"arguments": {"query": "weather"}},
     ),
-    (
-        {
-            "type": "mcp_approval_request",
-            "id": "mcpr_1",
-            "server_label": "deepwiki",
-            "name": "ask_question",
-            "arguments": '{"q":"x"}',
-        },
-        "mcpr_1",
-        "mcp_approval_request",
-        {"server_label": "deepwiki", "name": "ask_question", "arguments": '{"q":"x"}'},
-    ),
 ]
 
 
@@ -1632,6 +1621,65 @@ async def test_calls_the_client_must_answer_go_back_out_as_the_items_they_were()
         assert {k: back[k] for k in fields} == fields
         assert back.get("call_id", back["id"]) == call_id
     assert not any(e.type == "response.function_call_arguments.delta" for e in events)
+
+
+_MCP_APPROVAL = {
+    "type": "mcp_approval_request",
+    "id": "mcpr_1",
+    "server_label": "deepwiki",
+    "name": "ask_question",
+    "arguments": '{"q":"x"}',
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+async def test_an_mcp_approval_request_is_the_protocol_s_approval_of_its_call(
+    dialect: Dialect, streamed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The provider asks before it runs an MCP tool: the call is a tool_use block
+    # (item_type mcp_call) and an approval_request block (the provider's request id)
+    # gates it, so that an mcp_approval_response answers it (docs/asking.md).
+    events: list[dict[str, Any]] = [_created(), _text("Checking.", out=0)]
+    if streamed:
+        events.append(_added(_MCP_APPROVAL, 1))
+        events.append(_event("response.output_item.done", output_index=1, item=_MCP_APPROVAL))
+    events.append(_completed(output=[_message_item("Checking."), _MCP_APPROVAL]))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    [call] = parsed.tool_calls
+    assert (call.tool_use_id, call.name, call.arguments, call.item_type) == (
+        "mcpr_1_call",
+        "ask_question",
+        '{"q":"x"}',
+        "mcp_call",
+    )
+    assert parsed.pending == (
+        ApprovalRequest("mcpr_1", "mcpr_1_call", "ask_question", {"q": "x"}, '{"q":"x"}'),
+    )
+    assert parsed.stop_reason == message.stop_reason == "tool_use"
+    assert [c.id for c in message.tool_calls] == ["mcpr_1_call"]
+    assert _warnings(caplog) == []
+
+
+@pytest.mark.anyio
+async def test_an_mcp_approval_request_goes_back_out_as_one() -> None:
+    # Responses API events -> the protocol -> the Responses dialect: the approval request
+    # again, answered by its own id; the call it gates is not written as a function_call.
+    _, published = await _publish([_created(), _completed(output=[_MCP_APPROVAL])])
+    events = _through_the_responses_dialect(published, "resp_mcp")
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    [item] = done
+    back = item.model_dump(mode="json", exclude_none=True)
+    assert {k: back[k] for k in ("type", "id", "name", "arguments")} == {
+        k: _MCP_APPROVAL[k] for k in ("type", "id", "name", "arguments")
+    }
+    # The provider's server label is not carried by the protocol's blocks.
+    assert back["server_label"] == "essessey"
+    assert events[-1].type == "response.completed"
 
 
 # -- hosted tools -----------------------------------------------------------------------------

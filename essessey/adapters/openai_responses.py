@@ -18,8 +18,14 @@ Responses API event                           published as
 an output item the client must answer         a tool_use block once the item is whole
 (``custom_tool_call``, ``apply_patch_call``,  (its input: the item's input, operation,
 ``shell_call``, ``local_shell_call``, a       action or arguments, as JSON); see
-client ``tool_search_call``,                  ``_CLIENT_CALLS``
-``mcp_approval_request``)
+client ``tool_search_call``)                  ``_CLIENT_CALLS``
+``mcp_approval_request``                      the MCP call it asks about, a tool_use
+                                              block (id ``<item id>_call``, the tool's
+                                              name and arguments, ``item_type``
+                                              ``mcp_call``), then (``publish``) an
+                                              ``approval_request`` block of the item's
+                                              id gating it: the turn waits for the
+                                              approval (docs/asking.md)
 ``response.function_call_arguments.delta``    an ``input_json_delta`` of that call's block
 ``response.completed``                        the epilogue: ``end_turn``, or ``tool_use``
                                               when the response made function calls
@@ -162,6 +168,10 @@ class StreamedResponse:
     mapped by :func:`map_stop_reason`. ``usage`` holds the token counts the terminal
     event reported (empty when it had none), ``model`` the first non-empty
     ``response.model`` and ``response_id`` the first ``response.id``.
+    ``approvals`` pairs each ``mcp_approval_request``'s id with the call it gates (among
+    ``tool_calls``): a caller that owns the round asks them once it ends
+    (``rounds.ask_approval(call_id, request_id=request_id, expires_in=None)``), as
+    :func:`publish` does, so that an ``mcp_approval_response`` answers them.
     """
 
     text: str = ""
@@ -173,6 +183,7 @@ class StreamedResponse:
     usage: dict[str, int] = field(default_factory=dict)
     model: str | None = None
     response_id: str | None = None
+    approvals: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -289,6 +300,12 @@ async def publish(
             result = reader.summary()
         else:
             result = await reader.finish()
+        if result.approvals and reader.error is None:
+            # The MCP calls the provider asks to approve: the turn waits for the answers.
+            if rounds.in_round:
+                await rounds.round_end(answer_missing=False)
+            for request_id, call_id in result.approvals:
+                await rounds.ask_approval(call_id, request_id=request_id, expires_in=None)
         # The error ends the message: no message_delta, no message_stop.
         return result, Ending(result.stop_reason, result.usage, reader.error)
 
@@ -348,6 +365,7 @@ class _CallItem:
     name: str | None
     arguments: str | None
     item_type: str | None = None  # the item's own type, when not a function_call
+    approval: str | None = None  # an MCP call's approval request: the request's id
 
 
 @dataclass(slots=True)
@@ -596,7 +614,6 @@ _CLIENT_CALLS: Final[dict[str, tuple[str | None, tuple[str, ...]]]] = {
     "shell_call": ("shell", ("action",)),
     "local_shell_call": ("local_shell", ("action",)),
     "tool_search_call": ("tool_search", ("arguments",)),
-    "mcp_approval_request": ("mcp_approval_request", ("server_label", "name", "arguments")),
 }
 
 
@@ -613,9 +630,7 @@ def _client_call(
     name, fields = _CLIENT_CALLS[item_type]
     if name is None:
         name = opt_str(item.get("name"), f"{where}.name")
-    # An approval request has no call id of its own: the answer names the item's id.
-    call_id = item_id if item_type == "mcp_approval_request" else None
-    call_id = opt_str(item.get("call_id"), f"{where}.call_id") or call_id
+    call_id = opt_str(item.get("call_id"), f"{where}.call_id")
     arguments = None
     if whole:
         given = {key: item[key] for key in fields if key in item}
@@ -626,10 +641,31 @@ def _client_call(
     return _CallItem(output_index, item_id, call_id, name, arguments, item_type)
 
 
+def _approval_call(
+    item: Mapping[str, Any], output_index: int | None, item_id: str | None, where: str
+) -> _CallItem:
+    """An ``mcp_approval_request``: the MCP call it asks about, a tool_use block (id
+    ``<request id>_call``, the tool's name and arguments, ``item_type`` ``mcp_call``)
+    that an approval request (the item's id) then gates (docs/asking.md)."""
+    if item_id is None:
+        raise Malformed(f"{where} has no id: an approval request is answered by its id")
+    return _CallItem(
+        output_index,
+        item_id,
+        f"{item_id}_call",
+        opt_str(item.get("name"), f"{where}.name"),
+        opt_str(item.get("arguments"), f"{where}.arguments"),
+        "mcp_call",
+        approval=item_id,
+    )
+
+
 def _read_item(value: object, output_index: int | None, where: str, *, whole: bool = True) -> _Item:
     item = req_map(value, where)
     item_type = req_str(item.get("type"), f"{where}.type")
     item_id = opt_str(item.get("id"), f"{where}.id")
+    if item_type == "mcp_approval_request":
+        return _approval_call(item, output_index, item_id, where)
     if item_type in _CLIENT_CALLS and (
         item_type != "tool_search_call" or item.get("execution") == "client"
     ):
@@ -827,6 +863,7 @@ class _Reader:
     __slots__ = (
         "_anchor_of_index",
         "_anchor_of_item",
+        "_approvals",
         "_by_index",
         "_by_item",
         "_cited",
@@ -887,6 +924,7 @@ class _Reader:
         # last thing published was not reasoning).
         self._last_part: _PartKey | None = None
         self._logged_types: set[tuple[str, str]] = set()
+        self._approvals: dict[int, str] = {}  # a call's ordinal: its approval request's id
         self.ended = False  # a terminal event (or an error) was read
         self.error: ProviderStreamError | None = None
         self.model: str | None = None
@@ -981,11 +1019,14 @@ class _Reader:
     def summary(self) -> StreamedResponse:
         """What went out so far."""
         calls = []
+        approvals = []
         for call in self._held.started:
             arguments = "".join(call.parts)
             calls.append(
                 PublishedToolCall(call.id, call.name or "", arguments, parse_arguments(arguments))
             )
+            if call.ordinal in self._approvals:
+                approvals.append((self._approvals[call.ordinal], call.id))
         return StreamedResponse(
             text="".join(self._text),
             thinking="".join(self._thinking),
@@ -998,6 +1039,7 @@ class _Reader:
             usage=dict(self.usage),
             model=self.model,
             response_id=self.response_id,
+            approvals=approvals,
         )
 
     # -- logging ---------------------------------------------------------------------
@@ -1066,6 +1108,8 @@ class _Reader:
                 call.name = item.name
             if item.item_type and call.item_type is None:
                 call.item_type = item.item_type
+            if item.approval is not None:
+                self._approvals.setdefault(call.ordinal, item.approval)
             if done:
                 await self._call_done(call, item.arguments or "")
             else:
