@@ -8,8 +8,9 @@ Each frame is ``data: {chat.completion.chunk}`` and the stream ends with
 - a text delta: ``delta.content``; a thinking delta: ``delta.reasoning_content`` (what
   vLLM, DeepSeek and LiteLLM write); a thinking signature has no field and is left out;
 - a tool use: ``delta.tool_calls`` with its ``index`` (counted over the whole turn, so
-  the calls of two rounds never merge), ``id``, ``function.name``, then one chunk per
-  argument fragment;
+  the calls of two rounds never merge), ``id``, ``function.name`` and the arguments that
+  came, at the end of its round (a round's calls are held until its approvals are known:
+  see below), then one chunk per argument fragment that comes later;
 - the stop of a message that does not stop for a tool: ``finish_reason`` (``stop``,
   ``length``, ``tool_calls``, ``content_filter``); a turn that ends on a tool stop gets
   ``tool_calls`` at its end;
@@ -34,6 +35,7 @@ from essessey.dialects.chat_completions._encoder import (
     APPROVAL_TOOL,
     DONE,
     FINISH_REASONS,
+    MAX_HELD,
     ChatCompletionsEncoder,
     completion,
     error_object,
@@ -52,6 +54,7 @@ __all__ = [
     "APPROVAL_TOOL",
     "DONE",
     "FINISH_REASONS",
+    "MAX_HELD",
     "ChatCompletionRequest",
     "ChatCompletionsEncoder",
     "ChatTurnFactory",

@@ -18,6 +18,7 @@ __all__ = [
     "APPROVAL_TOOL",
     "DONE",
     "FINISH_REASONS",
+    "MAX_HELD",
     "ChatCompletionsEncoder",
     "completion",
     "error_object",
