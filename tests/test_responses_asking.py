@@ -22,6 +22,7 @@ from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
 from essessey import Answered, InMemorySink, Publisher, StreamHub, continue_turn, stream_turn
+from essessey.adapters import openai_responses
 from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
 from essessey.event import Event
 from essessey.hub import TurnProducer
@@ -34,11 +35,54 @@ STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 SCHEMA = {"enum": ["C", "F"]}
 
 
+def provider_events(approval_id: str) -> list[dict[str, Any]]:
+    """A provider's Responses stream that asks to approve an MCP call (as OpenAI sends
+    one for an MCP server with ``require_approval``)."""
+    response = {"id": "resp_provider", "object": "response", "created_at": 1, "model": "gpt"}
+    response.update(parallel_tool_calls=True, tool_choice="auto", tools=[])
+    item = {"type": "mcp_approval_request", "id": approval_id, "server_label": "deepwiki"}
+    item.update(name="pay", arguments='{"usd":5}')
+    return [
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": dict(response, status="in_progress", output=[]),
+        },
+        {
+            "type": "response.output_item.added",
+            "sequence_number": 1,
+            "output_index": 0,
+            "item": item,
+        },
+        {
+            "type": "response.output_item.done",
+            "sequence_number": 2,
+            "output_index": 0,
+            "item": item,
+        },
+        {
+            "type": "response.completed",
+            "sequence_number": 3,
+            "response": dict(response, status="completed", output=[item]),
+        },
+    ]
+
+
 def asking_turn(request: ResponsesRequest) -> TurnProducer:
     """Asks what ``input`` names: ``approval`` (of its call ``pay``), or ``question`` (a
-    unit) and ``client`` (``get_location``, run by the client)."""
+    unit) and ``client`` (``get_location``, run by the client); ``proxied``: a provider's
+    MCP approval request, through the Responses adapter."""
     asks = str(request.input)
     suffix = secrets.token_hex(4)
+    if asks == "proxied":
+
+        async def proxied(publisher: Publisher) -> None:
+            events = provider_events("mcpr_" + suffix)
+            await openai_responses.publish(
+                publisher, events, message_id="msg_" + suffix, stream_id=request.id
+            )
+
+        return proxied
 
     async def produce(publisher: Publisher) -> None:
         async with stream_turn(
@@ -326,3 +370,19 @@ async def test_a_continuation_that_asks_again_is_answered_by_its_own_id(app: App
     assert second.output_text == "Done: get_location=Oslo"
     assert retrieved.id == second.id
     assert retrieved.output_text == second.output_text
+
+
+async def test_a_provider_s_mcp_approval_request_is_answered_through_the_dialect(app: App) -> None:
+    """A proxied provider's ``mcp_approval_request`` (essessey.adapters.openai_responses)
+    goes out as one, and an ``mcp_approval_response`` naming it continues the turn."""
+    async with client(app.url) as sdk:
+        first, _ = await streamed(sdk, input="proxied")
+        [request] = items_of(first, "mcp_approval_request")
+        assert request.id.startswith("mcpr_")
+        assert (request.name, request.arguments) == ("pay", '{"usd":5}')
+        assert items_of(first, "function_call") == []
+        approve = {"type": "mcp_approval_response", "approval_request_id": request.id}
+        second = await answered_stream(sdk, first.id, [dict(approve, approve=True)])
+    assert second.output_text == "Done: paid"
+    [result] = items_of(second, "function_call_output")
+    assert result.call_id == request.id + "_call"
