@@ -178,7 +178,7 @@ def answers_of(items: Sequence[Any], asked: Waiting | None) -> list[Answer]:
     return found
 
 
-def _refusal(status: int, error_type: str, message: str, code: str) -> bytes:
+def _refusal(error_type: str, message: str, code: str) -> bytes:
     body = {"message": message, "type": error_type, "param": None, "code": code}
     return orjson.dumps({"error": body})
 
@@ -266,7 +266,7 @@ def responses_routes(
         except AnswerRefused as exc:
             logger.info("an answer to %s was refused: %s", stream_id, exc.code)
             kind = "invalid_request_error" if exc.status == 400 else "conflict_error"
-            body = _refusal(exc.status, kind, str(exc), exc.code)
+            body = _refusal(kind, str(exc), exc.code)
             return json_error(exc.status, kind, str(exc), headers, shape=lambda _t, _m: body)
         after = continued.after
         response_id = continuation_id(stream_id, after)
