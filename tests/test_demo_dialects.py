@@ -163,3 +163,51 @@ async def test_bad_bodies_are_a_400_in_the_dialect_s_shape(
         assert error["message"]
     else:
         assert set(error["error"]) == {"message", "type", "param", "code"}
+
+
+# -- the scenarios that ask, answered in a dialect --------------------------------------
+
+
+async def test_the_approval_scenario_over_responses(base_url: str) -> None:
+    async with sdk(base_url) as client:
+        first = await client.responses.create(
+            model="demo", input="Weather?", extra_body={"scenario": "approval"}
+        )
+        requests = [item for item in first.output if item.type == "mcp_approval_request"]
+        assert [json.loads(r.arguments)["city"] for r in requests] == ["Paris", "Tokyo"]
+        assert not [item for item in first.output if item.type == "function_call"]
+        answers = [
+            {"type": "mcp_approval_response", "approval_request_id": r.id, "approve": ok}
+            for r, ok in zip(requests, (True, False), strict=True)
+        ]
+        second = await client.responses.create(
+            model="demo",
+            previous_response_id=first.id,
+            input=answers,  # type: ignore[arg-type]
+        )
+    assert second.status == "completed"
+    assert "Paris has light rain at 18 °C." in second.output_text
+    assert "You declined the lookup for Tokyo" in second.output_text
+
+
+async def test_the_client_tool_scenario_over_chat_completions(base_url: str) -> None:
+    async with sdk(base_url) as client:
+        first = await client.chat.completions.create(
+            model="demo",
+            messages=HI,  # type: ignore[arg-type]
+            extra_body={"scenario": "client_tool"},
+        )
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls or []
+        assert call.function.name == "get_location"
+        second = await client.chat.completions.create(
+            model="demo",
+            messages=[
+                *HI,
+                choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": '{"city": "Tokyo"}'},
+            ],  # type: ignore[list-item]
+        )
+    content = second.choices[0].message.content
+    assert content == "You are in Tokyo. Tokyo has clear skies at 24 °C."
