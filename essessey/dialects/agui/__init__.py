@@ -22,14 +22,22 @@ resumes (AG-UI's own encoder writes no ids). The mapping:
 - any other block (a server tool's, a type this module does not know): a ``CUSTOM``
   event ``essessey-block`` at its stop, with the block and its deltas;
 - the turn's end: ``RUN_FINISHED`` with the turn's usage; an ``error`` event, or a
-  cancelled turn, ``RUN_ERROR`` (code: the error's type, or ``CANCELLED``).
+  cancelled turn, ``RUN_ERROR`` (code: the error's type, or ``CANCELLED``);
+- a message that asks (docs/asking.md) ends the run: its approval requests and
+  questions are ``RUN_FINISHED``'s ``outcome`` ``{"type": "interrupt", "interrupts":
+  [...]}``, its client calls (tool calls without a result) ``pendingToolCallIds`` of a
+  ``success`` outcome. A run whose ``resume`` (or ``tool`` messages) answers them is the
+  continuation of the turn (:func:`agui_routes`, :func:`resume_answers`).
 """
 
 from essessey._public import set_public_module
 from essessey.dialects.agui._encoder import (
+    APPROVAL_REASON,
+    APPROVAL_SCHEMA,
     BLOCK_EVENT,
     CITATION_EVENT,
     DEFAULT_MAX_BUFFER,
+    QUESTION_REASON,
     AGUIEncoder,
     error_object,
     run_stream_id,
@@ -37,20 +45,31 @@ from essessey.dialects.agui._encoder import (
 from essessey.dialects.agui._routes import (
     AGUIRunRequest,
     AGUITurnFactory,
+    ResumeEntry,
     agui_routes,
+    answering_tool_messages,
+    parse_resume,
     parse_run_agent_input,
+    resume_answers,
 )
 
 __all__ = [
+    "APPROVAL_REASON",
+    "APPROVAL_SCHEMA",
     "BLOCK_EVENT",
     "CITATION_EVENT",
     "DEFAULT_MAX_BUFFER",
+    "QUESTION_REASON",
     "AGUIEncoder",
     "AGUIRunRequest",
     "AGUITurnFactory",
+    "ResumeEntry",
     "agui_routes",
+    "answering_tool_messages",
     "error_object",
+    "parse_resume",
     "parse_run_agent_input",
+    "resume_answers",
     "run_stream_id",
 ]
 

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
 from essessey.dialects._payload import TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
+from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
 
 __all__ = [
+    "APPROVAL_REASON",
+    "APPROVAL_SCHEMA",
     "BLOCK_EVENT",
     "CITATION_EVENT",
     "DEFAULT_MAX_BUFFER",
+    "QUESTION_REASON",
     "AGUIEncoder",
     "error_object",
     "run_stream_id",
@@ -32,6 +38,24 @@ CITATION_EVENT: Final = "essessey-citation"
 
 DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 """Bytes of one block held until its stop (a tool result, a block carried whole)."""
+
+APPROVAL_REASON: Final = "tool_approval"
+"""The ``reason`` of the interrupt an approval request is (its ``toolCallId``: the call it
+gates)."""
+
+QUESTION_REASON: Final = "question"
+"""The ``reason`` of the interrupt a question is (its ``message``: the question)."""
+
+APPROVAL_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"}, "reason": {"type": "string"}},
+    "required": ["approved"],
+}
+"""The ``responseSchema`` of an approval's interrupt: the payload of a ``resolved`` resume
+entry that answers it (a ``resolved`` entry without a payload approves)."""
+
+_QUIET: Final = "quiet"  # a block written as nothing: a request (an interrupt), a record
+_RECORDS: Final = frozenset({BlockType.APPROVAL_RESPONSE, BlockType.ANSWER})
 
 _REDACTED: Final = "redacted_thinking"
 _TEXT_CONTENT: Final = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":%b,"delta":%b}\n\n'
@@ -56,6 +80,39 @@ def run_stream_id(thread_id: str, run_id: str) -> str:
 
 def _frame(event: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def _iso(seconds: Any) -> str | None:
+    """A request's ``expires_at`` (seconds since the epoch) as AG-UI's ISO 8601 text."""
+    if type(seconds) is not int:
+        return None
+    try:
+        moment = datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def _interrupt(kind: str, block: dict[str, Any]) -> dict[str, Any]:
+    """The AG-UI ``Interrupt`` of an ``approval_request`` or ``question`` block."""
+    interrupt: dict[str, Any] = {"id": str(block["id"])}
+    if kind == BlockType.APPROVAL_REQUEST:
+        interrupt["reason"] = APPROVAL_REASON
+        interrupt["toolCallId"] = str(block["tool_use_id"])
+        reason = block.get("reason")
+        if isinstance(reason, str) and reason:
+            interrupt["message"] = reason
+        interrupt["responseSchema"] = APPROVAL_SCHEMA
+    else:
+        interrupt["reason"] = QUESTION_REASON
+        interrupt["message"] = str(block.get("question", ""))
+        schema = block.get("schema")
+        if isinstance(schema, dict):
+            interrupt["responseSchema"] = schema
+    expires_at = _iso(block.get("expires_at"))
+    if expires_at is not None:
+        interrupt["expiresAt"] = expires_at
+    return interrupt
 
 
 class _Block:
@@ -83,12 +140,28 @@ _USAGE_DETAILS: Final = (
 class AGUIEncoder(DialectEncoder):
     """One turn's protocol events, in order, as AG-UI events (a
     :class:`~essessey.bindings.sse.FrameEncoder`) for the run ``run_id`` of the thread
-    ``thread_id``. ``max_buffer`` bounds the bytes of one block held until its stop."""
+    ``thread_id``. ``max_buffer`` bounds the bytes of one block held until its stop.
+
+    A message that asks (docs/asking.md) ends the run: its approval requests and
+    questions are the interrupts of ``RUN_FINISHED``'s ``outcome`` (``{"type":
+    "interrupt"}``), written as nothing else; a message that asks only for client calls
+    (its tool calls without a result) ends it with ``{"type": "success",
+    "pendingToolCallIds": [...]}``. ``after`` makes it the run that continues the turn
+    after that event (the asking message's last): the events up to it are not written,
+    nor the records of the answers that open the continuation (``approval_response`` and
+    ``answer`` blocks, and the results of the client calls ``answered_calls``, which the
+    client sent)."""
 
     log = logger
 
     def __init__(
-        self, thread_id: str, run_id: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+        self,
+        thread_id: str,
+        run_id: str,
+        *,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        after: str | None = None,
+        answered_calls: Collection[str] = (),
     ) -> None:
         if max_buffer <= 0:
             raise ValueError("max_buffer must be > 0")
@@ -105,6 +178,25 @@ class AGUIEncoder(DialectEncoder):
         self._delta: dict[str, Any] | None = None
         self._model: str | None = None
         self._usage = TurnUsage()
+        # The message's tool calls, their results, its interrupts and the calls they gate.
+        self._calls: list[str] = []
+        self._results: set[str] = set()
+        self._interrupts: list[dict[str, Any]] = []
+        self._gated: set[str] = set()
+        self._records = frozenset(answered_calls)  # client calls answered (first message)
+        self._messages = 0
+        self.after = after
+        if after is not None:
+            self.encode = self._skip_before  # type: ignore[method-assign]
+
+    def _skip_before(self, event: Event) -> bytes:
+        """:meth:`encode` up to the event ``after``: nothing written."""
+        if self.after is None:
+            return DialectEncoder.encode(self, event)
+        if event.id == self.after:
+            self.after = None
+            del self.encode  # the class's from here on
+        return b""
 
     # -- FrameEncoder --------------------------------------------------------------------
 
@@ -158,7 +250,8 @@ class AGUIEncoder(DialectEncoder):
         return []
 
     def on_message_stop(self) -> list[bytes]:
-        """``STEP_FINISHED``, then the run's end unless the turn goes on (tool use)."""
+        """``STEP_FINISHED``, then the run's end unless the turn goes on (tool use, every
+        call with its result); a message that asks ends the run with its outcome."""
         step: dict[str, Any] = {"type": "STEP_FINISHED", "stepName": self._step_name()}
         if self._delta is not None:
             step["rawEvent"] = self._delta
@@ -167,6 +260,14 @@ class AGUIEncoder(DialectEncoder):
             return frames + self._error("CANCELLED", "the turn was cancelled")
         if self._stop_reason is not None and self._stop_reason != StopReason.TOOL_USE:
             return frames + self._end()
+        if self._stop_reason == StopReason.TOOL_USE:
+            if self._interrupts:
+                outcome = {"type": "interrupt", "interrupts": self._interrupts}
+                return frames + self._end(outcome)
+            gated, results = self._gated, self._results
+            pending = [c for c in self._calls if c not in results and c not in gated]
+            if pending:
+                return frames + self._end({"type": "success", "pendingToolCallIds": pending})
         return frames
 
     def _step_name(self) -> str:
@@ -180,6 +281,13 @@ class AGUIEncoder(DialectEncoder):
         self._blocks.clear()
         self._stop_reason = None
         self._delta = None
+        self._calls = []
+        self._results = set()
+        self._interrupts = []
+        self._gated = set()
+        self._messages += 1
+        if self._messages > 1:
+            self._records = frozenset()  # records open the continuation's first message
         message_id = message.get("id")
         self._message_id = str(message_id) if message_id else f"{self.run_id}-{self._step}"
         model = message.get("model")
@@ -191,9 +299,14 @@ class AGUIEncoder(DialectEncoder):
     def on_block_start(self, index: int, start: dict[str, Any]) -> list[bytes]:
         """The block's start event, by its kind."""
         kind = str(start.get("type"))
+        quiet = self._quiet(kind, start)
+        if quiet:
+            self._blocks[index] = _Block(_QUIET, f"{self._message_id}-{index}", start)
+            return []
         out: list[bytes] = []
         if kind == BlockType.TOOL_RESULT:
             self._after_results = True
+            self._results.add(str(start.get("tool_use_id")))
         elif self._after_results:
             # The next model round of the same message: a step of its own.
             self._after_results = False
@@ -202,10 +315,24 @@ class AGUIEncoder(DialectEncoder):
             out.append(_frame({"type": "STEP_STARTED", "stepName": self._step_name()}))
         return out + self._open_block(index, kind, start)
 
+    def _quiet(self, kind: str, start: dict[str, Any]) -> bool:
+        """Whether the block is written as nothing: a request (kept as an interrupt), the
+        record of an answer the client sent."""
+        if kind == BlockType.APPROVAL_REQUEST or kind == BlockType.QUESTION:
+            interrupt = _interrupt(kind, start)
+            self._interrupts.append(interrupt)
+            if kind == BlockType.APPROVAL_REQUEST:
+                self._gated.add(interrupt["toolCallId"])
+            return True
+        if kind in _RECORDS:
+            return True
+        return kind == BlockType.TOOL_RESULT and str(start.get("tool_use_id")) in self._records
+
     def _open_block(self, index: int, kind: str, start: dict[str, Any]) -> list[bytes]:
         block_id = f"{self._message_id}-{index}"
         if kind == BlockType.TOOL_USE:
             block_id = str(start["id"])
+            self._calls.append(block_id)
         block = self._blocks[index] = _Block(kind, block_id, start)
         if kind == BlockType.TEXT:
             return [
@@ -249,6 +376,8 @@ class AGUIEncoder(DialectEncoder):
             logger.warning("skipped a delta for block %d, which is not open", index)
             return []
         kind = delta.get("type")
+        if block.kind == _QUIET:
+            return []
         if block.kind == BlockType.TEXT and kind == DeltaType.TEXT:
             text = str(delta["text"])
             if not text:
@@ -294,6 +423,8 @@ class AGUIEncoder(DialectEncoder):
         if block is None:
             logger.warning("skipped the stop of block %d, which is not open", index)
             return []
+        if block.kind == _QUIET:
+            return []
         if block.kind == BlockType.TEXT:
             return [_frame({"type": "TEXT_MESSAGE_END", "messageId": block.id})]
         if block.kind == BlockType.THINKING:
@@ -320,7 +451,7 @@ class AGUIEncoder(DialectEncoder):
         value = {"block": block.start, "deltas": block.deltas}
         return [_frame({"type": "CUSTOM", "name": BLOCK_EVENT, "value": value})]
 
-    def _end(self) -> list[bytes]:
+    def _end(self, outcome: dict[str, Any] | None = None) -> list[bytes]:
         self.ended = True
         counts = self._usage
         prompt, output = counts.prompt_tokens, counts.output_tokens
@@ -338,6 +469,8 @@ class AGUIEncoder(DialectEncoder):
         finished: dict[str, Any] = {"type": "RUN_FINISHED", "threadId": self.thread_id}
         finished["runId"] = self.run_id
         finished["usage"] = [usage]
+        if outcome is not None:
+            finished["outcome"] = outcome
         return [_frame(finished)]
 
     def _error(self, code: str, message: str) -> list[bytes]:
