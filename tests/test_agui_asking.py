@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -69,6 +70,8 @@ def asking_turn(run: AGUIRunRequest) -> TurnProducer:
                 await turn.ask_approval("call_pay_" + suffix, reason="spends money")
             if "question" in asks:
                 await turn.ask("Which unit?", schema=SCHEMA)
+            if "hurry" in asks:
+                await turn.ask("Now?", expires_in=0.01)
 
     return produce
 
@@ -94,6 +97,9 @@ async def go_on(publisher: Publisher, answered: Answered, runs: list[str]) -> No
                 said.append(f"not paid ({approval.reason})")
         for _, answer in answered.questions():
             said.append(f"unit={json.dumps(answer.value)}")
+        if any(answer.value == "again" for _, answer in answered.questions()):
+            await turn.ask("Which unit, really?", schema=SCHEMA)
+            return
         await (await turn.text()).write("Done: " + ", ".join(said))
 
 
@@ -315,6 +321,26 @@ async def test_everything_at_once_interrupts_and_a_tool_message(app: App) -> Non
     assert text_of(events) == 'Done: get_location=Oslo, paid, unit="C"'
 
 
+async def test_a_continuation_that_asks_again_ends_its_run_on_an_interrupt(app: App) -> None:
+    thread = f"t-{secrets.token_hex(4)}"
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        first = await asked(http, app.url, thread, "question")
+        [interrupt] = first[-1]["outcome"]["interrupts"]
+        entry = {"interruptId": interrupt["id"], "status": "resolved", "payload": "again"}
+        second = events_of((await post(http, app.url, resume_run(thread, "r2", [entry]))).content)
+        [again] = second[-1]["outcome"]["interrupts"]
+        assert again["message"] == "Which unit, really?"
+        assert again["id"] != interrupt["id"]
+        entry = {"interruptId": again["id"], "status": "resolved", "payload": "F"}
+        third = events_of((await post(http, app.url, resume_run(thread, "r3", [entry]))).content)
+    assert [e["type"] for e in second].count("RUN_STARTED") == 1
+    assert second[0]["runId"] == "r2"
+    assert third[0]["runId"] == "r3"
+    assert text_of(third) == 'Done: unit="F"'
+    assert "outcome" not in third[-1]
+    assert len(app.runs) == 2
+
+
 # -- exactly once, and the refusals -------------------------------------------------------
 
 
@@ -372,6 +398,26 @@ async def test_refusals_are_run_error_objects(app: App) -> None:
         assert error["code"] == code
         assert "s3cr3t" not in error["message"]
     assert len(app.runs) == 1
+
+
+async def test_cancelling_an_expired_interrupt_is_a_run_as_any_other(app: App) -> None:
+    thread = f"t-{secrets.token_hex(4)}"
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        first = await asked(http, app.url, thread, "hurry")
+        [interrupt] = first[-1]["outcome"]["interrupts"]
+        await anyio.sleep(1.1)
+        resolved = {"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"}
+        late = await post(http, app.url, resume_run(thread, "r2", [resolved]))
+        cancelled = {"interruptId": interrupt["id"], "status": "cancelled"}
+        user = [{"id": "u2", "role": "user", "content": "hello"}]
+        body = run_input(thread, "r3", user, resume=[cancelled])
+        response = await post(http, app.url, body)
+    assert late.status_code == 409, late.text
+    assert late.json()["code"] == "answer_expired"
+    events = events_of(response.content)
+    assert events[0]["runId"] == "r3"
+    assert text_of(events) == "Let me see."
+    assert app.runs == []
 
 
 async def test_tool_messages_no_stream_asked_for_are_a_run_as_any_other(app: App) -> None:
