@@ -211,3 +211,38 @@ async def test_the_client_tool_scenario_over_chat_completions(base_url: str) -> 
         )
     content = second.choices[0].message.content
     assert content == "You are in Tokyo. Tokyo has clear skies at 24 °C."
+
+
+async def test_the_approval_scenario_over_agui(base_url: str) -> None:
+    def run(run_id: str, **extra: object) -> dict[str, object]:
+        body: dict[str, object] = {
+            "threadId": "t-ask",
+            "runId": run_id,
+            "messages": [],
+            "tools": [],
+            "context": [],
+            "state": {},
+            "forwardedProps": {"scenario": "approval"},
+        }
+        return {**body, **extra}
+
+    def events(response: httpx.Response) -> list[dict[str, object]]:
+        decoder = SSEDecoder()
+        return [json.loads(m.data) for m in decoder.feed(response.content) + decoder.close()]
+
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        first = events(await http.post(f"{base_url}/agui", json=run("r1")))
+        outcome = first[-1]["outcome"]
+        assert isinstance(outcome, dict)
+        assert outcome["type"] == "interrupt"
+        interrupts = outcome["interrupts"]
+        assert [i["reason"] for i in interrupts] == ["tool_approval", "tool_approval"]
+        resume = [
+            {"interruptId": interrupts[0]["id"], "status": "resolved"},
+            {"interruptId": interrupts[1]["id"], "status": "cancelled"},
+        ]
+        second = events(await http.post(f"{base_url}/agui", json=run("r2", resume=resume)))
+    assert (second[0]["type"], second[-1]["type"]) == ("RUN_STARTED", "RUN_FINISHED")
+    text = "".join(str(e["delta"]) for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert "Paris has light rain at 18 °C." in text
+    assert "You declined the lookup for Tokyo" in text
