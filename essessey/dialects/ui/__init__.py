@@ -8,6 +8,7 @@ from essessey.dialects.ui._routes import (
     ChatRequest,
     TurnFactory,
     parse_chat_request,
+    ui_answers,
     ui_chat_routes,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "UIMessageEncoder",
     "frame",
     "parse_chat_request",
+    "ui_answers",
     "ui_chat_routes",
 ]
 

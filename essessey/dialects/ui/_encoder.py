@@ -23,6 +23,25 @@ Inside a step:
   part with ``custom_chunks=False`` (the 6.x line has no ``custom`` chunk); past
   ``max_buffer`` bytes it is skipped with a log line.
 
+A turn that asks (docs/asking.md, docs/ui.md "Approvals, client tools and questions"):
+
+- an ``approval_request`` block is a ``tool-approval-request`` chunk naming the call it
+  gates (the part goes to ``approval-requested``); a client call (a tool use with no
+  result in its message) is a tool call like any other, which the client runs; a
+  ``question`` is a call of the tool ``ask_user`` (``tool-input-start`` then
+  ``tool-input-available`` with ``{"question", "schema"?}``), whose output is the answer;
+- the continuation is the same UI message: the message after one that asked opens its
+  step only at its first block that is not a record of an answer, so the records and the
+  approved calls' results update the parts where they are, as ``streamText`` writes them:
+  an ``approval_response`` is a ``tool-approval-response`` chunk, and when denied a
+  ``tool-output-denied`` for its call (whose later ``tool_result``, if any, is left out:
+  the part stays denied); an ``answer`` is the question's ``tool-output-available``; a
+  client call's result is its ``tool-output-available`` (``tool-output-error``), as any.
+  Written again to the client that sent them, these change nothing.
+- ``after`` makes the encoder write the continuation alone, as the answer to the POST
+  that answered: the events up to ``after`` (the asking message's last) are read, not
+  written, and what follows starts with ``start`` again, under the same message id.
+
 The turn's end: ``finish`` with the last stop reason mapped (``end_turn`` and
 ``stop_sequence`` to ``stop``, ``tool_use`` to ``tool-calls``, ``max_tokens`` to
 ``length``, anything else to ``other``); a cancelled turn ends with ``abort``, as the AI
@@ -36,11 +55,12 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import TurnUsage, read_payload
+from essessey.dialects._payload import QUESTION_TOOL, TurnUsage, read_payload
 from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, EventType, StopReason
@@ -72,6 +92,9 @@ _TEXT_DELTA: Final = b'data: {"type":"text-delta","id":%b,"delta":%b}\n\n'
 _TEXT: Final = BlockType.TEXT
 _dumps: Final = orjson.dumps
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
+_RECORDS: Final = frozenset({BlockType.TOOL_RESULT, BlockType.APPROVAL_RESPONSE, BlockType.ANSWER})
+"""Blocks that may open a continuation before its step: the answers' records, results."""
+_REQUESTS: Final = frozenset({BlockType.APPROVAL_REQUEST, BlockType.QUESTION})
 
 
 def frame(chunk: dict[str, Any]) -> bytes:
@@ -99,6 +122,11 @@ class UIMessageEncoder(DialectEncoder):
     the end (``finish`` or ``abort``, then ``[DONE]``) once the events have ended. An
     encoder serves one turn. It is a :class:`~essessey.bindings.sse.FrameEncoder` too
     (:meth:`encode`, :meth:`finish`, :meth:`fail`), so the SSE response delivers it.
+
+    ``after`` (an event id, the asking message's last) makes it write the turn's
+    continuation alone: the events up to it are read (fed through :meth:`encode`, as the
+    SSE response's resume does), not written. ``approval_calls`` maps approval request
+    ids to the calls they gate, for a denial whose request the encoder did not read.
     """
 
     log = logger
@@ -113,6 +141,8 @@ class UIMessageEncoder(DialectEncoder):
         max_buffer: int = DEFAULT_MAX_BUFFER,
         usage_metadata: bool = True,
         custom_chunks: bool = True,
+        after: str | None = None,
+        approval_calls: Mapping[str, str] | None = None,
     ) -> None:
         if max_buffer <= 0:
             raise ValueError("max_buffer must be > 0")
@@ -130,12 +160,38 @@ class UIMessageEncoder(DialectEncoder):
         # name the same one, or the client shows the turn twice.
         self.message_id = message_id
         self._step = 0  # protocol messages seen
+        self._started = False  # ``start`` written
         self._in_step = False
         self._after_results = False  # the step's last block was a tool result
         self._blocks: dict[int, _Block] = {}
         self._stop_reason: str | None = None
         self.ended = False
         """Whether an ``error`` chunk ended the stream (the client reads nothing after)."""
+        # A turn that asks: the step of the message after an asking one opens at its
+        # first block that is not an answer's record.
+        self._step_open = False
+        self._message_asks = False  # the open message has a request block
+        self._calls: set[str] = set()  # the open message's calls without a result
+        self._asked = False  # the last message that ended asked something
+        self._message_reason: str | None = None  # the open message's stop reason
+        self._approval_calls: dict[str, str] = dict(approval_calls or {})
+        self._denied: set[str] = set()  # calls whose approval was denied
+        self.after = after
+        if after is not None:
+            self.encode = self._read_before  # type: ignore[method-assign]
+
+    def _read_before(self, event: Event) -> bytes:
+        """:meth:`encode` up to the event ``after``: read, nothing written; from there on
+        the continuation is written as the turn's UI message, from its ``start``."""
+        DialectEncoder.encode(self, event)
+        if event.id == self.after:
+            self.after = None
+            del self.encode  # the class's from here on
+            self._started = False
+            self._in_step = self._step_open = self._after_results = False
+            self._blocks.clear()
+            self._stop_reason = None
+        return b""
 
     def feed(self, event: Event) -> list[bytes]:
         """The lines for ``event`` (none for a ping, a signature, a skipped event)."""
@@ -165,16 +221,16 @@ class UIMessageEncoder(DialectEncoder):
     def fail(self, error_type: str, message: str) -> bytes:
         """An ``error`` chunk with ``message``, then ``[DONE]``."""
         self.ended = True
-        self._in_step = False
+        self._in_step = self._step_open = False
         return frame({"type": "error", "errorText": message}) + DONE
 
     def close(self) -> bytes:
         """The stream's end: ``finish`` with the mapped finish reason (``abort`` for a
         cancelled turn), then ``[DONE]``; only ``[DONE]`` after an error."""
         out: list[bytes] = []
-        if self._in_step:
+        if self._step_open:
             out.append(frame({"type": "finish-step"}))
-            self._in_step = False
+        self._in_step = self._step_open = False
         if not self.ended:
             if self._stop_reason == StopReason.CANCELLED:
                 out.append(frame({"type": "abort"}))
@@ -217,31 +273,38 @@ class UIMessageEncoder(DialectEncoder):
         """An ``error`` chunk; nothing more follows but ``[DONE]``."""
         message = error.get("message") if isinstance(error, dict) else None
         self.ended = True
-        self._in_step = False
+        self._in_step = self._step_open = False
         return [frame({"type": "error", "errorText": str(message or "the turn failed")})]
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
         """Nothing yet: the stop reason goes into ``finish``."""
         reason = payload.get("delta", {}).get("stop_reason")
         if isinstance(reason, str):
-            self._stop_reason = reason
+            self._stop_reason = self._message_reason = reason
         self._usage.message_delta(payload)
         return []
 
     def on_message_stop(self) -> list[bytes]:
-        """``finish-step``."""
-        self._in_step = False
+        """``finish-step`` (after its ``start-step``, for a continuation with nothing but
+        records: every message is a step, and a client that sends once the last step's
+        calls are all answered finds none to send again)."""
+        out = [] if self._step_open else [frame({"type": "start-step"})]
+        self._asked = self._message_reason == StopReason.TOOL_USE and bool(
+            self._message_asks or self._calls
+        )
+        self._in_step = self._step_open = False
         self._blocks.clear()
-        return [frame({"type": "finish-step"})]
+        return [*out, frame({"type": "finish-step"})]
 
     def _message_start(self, payload: dict[str, Any]) -> list[bytes]:
         message = payload.get("message")
         if isinstance(message, dict):
             self._usage.message_start(message)
         out: list[bytes] = []
-        if self._in_step:  # a message that never stopped: its step ends here
+        if self._step_open:  # a message that never stopped: its step ends here
             out.append(frame({"type": "finish-step"}))
-        if self._step == 0:
+        if not self._started:
+            self._started = True
             if self.message_id is None:
                 message = payload.get("message")
                 message_id = message.get("id") if isinstance(message, dict) else None
@@ -251,17 +314,30 @@ class UIMessageEncoder(DialectEncoder):
         self._in_step = True
         self._after_results = False
         self._blocks.clear()
-        out.append(frame({"type": "start-step"}))
+        self._message_asks = False
+        self._calls.clear()
+        # The continuation of a turn that asked: its records update the parts they
+        # answer, in the step that asked; its own step opens at its first other block.
+        self._step_open = not self._asked
+        self._asked = False
+        self._message_reason = None
+        if self._step_open:
+            out.append(frame({"type": "start-step"}))
         return out
 
     def on_block_start(self, index: int, content: dict[str, Any]) -> list[bytes]:
         """The part's start chunk; a new step after a round's tool results."""
         kind = content.get("type")
         out: list[bytes] = []
-        if kind == BlockType.TOOL_RESULT:
-            self._after_results = True
-        elif self._after_results:
-            # The next model round of the same message: a step of its own.
+        if kind in _RECORDS:
+            self._after_results = self._step_open
+        elif not self._step_open:
+            self._step_open = True
+            self._after_results = False
+            out.append(frame({"type": "start-step"}))
+        elif self._after_results and kind != BlockType.APPROVAL_REQUEST:
+            # The next model round of the same message: a step of its own (not an
+            # approval request, which is about a call of the step's).
             self._after_results = False
             out += [frame({"type": "finish-step"}), frame({"type": "start-step"})]
         return out + self._open_block(index, kind, content)
@@ -277,11 +353,25 @@ class UIMessageEncoder(DialectEncoder):
         if kind == BlockType.TOOL_USE:
             block = _Block(kind, str(content["id"]), content)
             self._blocks[index] = block
+            self._calls.add(block.id)
             chunk = {"type": "tool-input-start", "toolCallId": block.id}
             chunk["toolName"] = str(content["name"])
             return [frame(chunk)]
+        if kind == BlockType.TOOL_RESULT:
+            self._calls.discard(str(content["tool_use_id"]))
+        elif kind in _REQUESTS:
+            self._message_asks = True
+        if kind == BlockType.QUESTION:
+            # A call of the question tool, whose output is the answer.
+            block = _Block(kind, str(content["id"]), content)
+            self._blocks[index] = block
+            return [
+                frame(
+                    {"type": "tool-input-start", "toolCallId": block.id, "toolName": QUESTION_TOOL}
+                )
+            ]
         self._blocks[index] = _Block(str(kind), block_id, content)
-        return []  # a tool result or an unknown block: written whole at its stop
+        return []  # a tool result, a request, a record, an unknown block: whole at its stop
 
     def _hold(self, block: _Block, item: Any, size: int) -> None:
         if block.skipped:
@@ -353,7 +443,12 @@ class UIMessageEncoder(DialectEncoder):
         if block.kind == BlockType.TOOL_USE:
             return [self._tool_input(block)]
         if block.kind == BlockType.TOOL_RESULT:
+            if str(block.content["tool_use_id"]) in self._denied:
+                return []  # the app's record of a denied call: the part stays denied
             return [self._tool_output(block)]
+        asking = self._asking(block)
+        if asking is not None:
+            return asking
         kind = _NAME.sub("_", block.kind)
         data = {"block": block.content, "deltas": block.held}
         if self.custom_chunks:
@@ -361,6 +456,49 @@ class UIMessageEncoder(DialectEncoder):
             custom = {"type": "custom", "kind": f"essessey.{kind}", "providerMetadata": metadata}
             return [frame(custom)]
         return [frame({"type": _DATA_PART, "id": f"{block.id}-{kind}", "data": data})]
+
+    def _asking(self, block: _Block) -> list[bytes] | None:
+        """The chunks of a request or a record of its answer; None for another block."""
+        content = block.content
+        if block.kind == BlockType.APPROVAL_REQUEST:
+            request_id, call_id = str(content["id"]), str(content["tool_use_id"])
+            self._approval_calls[request_id] = call_id
+            chunk: dict[str, Any] = {"type": "tool-approval-request", "approvalId": request_id}
+            chunk["toolCallId"] = call_id
+            reason = content.get("reason")
+            if isinstance(reason, str):
+                chunk["reason"] = reason
+            return [frame(chunk)]
+        if block.kind == BlockType.QUESTION:
+            tool_input: dict[str, Any] = {"question": str(content.get("question", ""))}
+            schema = content.get("schema")
+            if isinstance(schema, dict):
+                tool_input["schema"] = schema
+            chunk = {"type": "tool-input-available", "toolCallId": block.id}
+            chunk.update(toolName=QUESTION_TOOL, input=tool_input)
+            return [frame(chunk)]
+        if block.kind == BlockType.APPROVAL_RESPONSE:
+            request_id = str(content["request_id"])
+            approved = content.get("approved") is True
+            chunk = {"type": "tool-approval-response", "approvalId": request_id}
+            chunk["approved"] = approved
+            reason = content.get("reason")
+            if isinstance(reason, str):
+                chunk["reason"] = reason
+            out = [frame(chunk)]
+            gated = self._approval_calls.get(request_id)
+            if not approved:
+                if gated is None:
+                    logger.warning("a denied approval names a request this stream did not show")
+                else:
+                    self._denied.add(gated)
+                    out.append(frame({"type": "tool-output-denied", "toolCallId": gated}))
+            return out
+        if block.kind == BlockType.ANSWER:
+            chunk = {"type": "tool-output-available", "toolCallId": str(content["request_id"])}
+            chunk["output"] = content.get("value")
+            return [frame(chunk)]
+        return None
 
     def _tool_input(self, block: _Block) -> bytes:
         text = "".join(block.held)

@@ -21,16 +21,27 @@ and one more when it finishes, so any replica with the same store finds it. A UI
 is delivered as every stream is (the SSE response's pings, shutdown hand-off, stalled
 client timeout and bounds), each frame group with its event's ``id:``.
 
+A turn that asks (docs/asking.md) ends waiting; the reconnect replays it while it waits
+(the client shows its requests again). The chat request whose last message, the asking
+assistant message, carries the client's answers (tool parts in state
+``approval-responded``, or ``output-available`` / ``output-error`` for a client call or an
+``ask_user`` question, as ``addToolApprovalResponse`` and ``addToolOutput`` leave them)
+answers the chat's waiting turn (:meth:`~essessey.StreamHub.answer`, the hub's
+``on_answer`` continuing it) and streams the continuation as the rest of the same UI
+message; a request that answers nothing starts a turn as any other.
+
 Bad requests get a 400 JSON error, refusals of ``authorize`` (asked with the chat id:
-``read`` to start a turn, ``resume`` to reconnect, ``cancel`` to stop) a 403, a chat
-whose turn is already running a 409.
+``read`` to start a turn, ``resume`` to reconnect, ``cancel`` to stop, and ``answer``
+too for a request that answers) a 403, a chat whose turn is already running a 409; a
+refused answer its :class:`~essessey.AnswerRefused` status (400 or 409, with its
+``code``), an answer to a turn no longer kept a 404.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Unpack
 
@@ -45,9 +56,20 @@ from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_body
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects.ui._encoder import UIMessageEncoder
-from essessey.errors import StreamBusy
+from essessey.errors import AnswerRefused, InvalidAnswer, StreamBusy, StreamNotFound
 from essessey.event import Event
-from essessey.hub import Access, StreamHub, TurnProducer
+from essessey.hub import Access, Continuation, StreamHub, TurnProducer
+from essessey.protocol.asking import (
+    Answer,
+    Answered,
+    ApprovalRequest,
+    ClientToolCall,
+    Question,
+    QuestionAnswer,
+    ToolApproval,
+    ToolOutput,
+    Waiting,
+)
 from essessey.publisher import Publisher
 
 __all__ = [
@@ -55,6 +77,7 @@ __all__ = [
     "ChatRequest",
     "TurnFactory",
     "parse_chat_request",
+    "ui_answers",
     "ui_chat_routes",
 ]
 
@@ -127,13 +150,90 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     return ChatRequest(str(chat_id), messages, trigger, message_id, body)
 
 
+_ANSWERED_STATES: Final = frozenset({"output-available", "output-error"})
+_APPROVED_STATES: Final = frozenset(
+    {"approval-responded", "output-available", "output-error", "output-denied"}
+)
+
+
+def _tool_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool parts of a UI message (``tool-<name>``, ``dynamic-tool``)."""
+    parts = message.get("parts")
+    if not isinstance(parts, list):
+        return []
+    return [
+        part
+        for part in parts
+        if isinstance(part, dict)
+        and isinstance(kind := part.get("type"), str)
+        and (kind.startswith("tool-") or kind == "dynamic-tool")
+    ]
+
+
+def _approval(part: dict[str, Any], asked: Waiting) -> ToolApproval | None:
+    """The answer a part's ``approval`` gives to one of ``asked``'s approval requests."""
+    approval = part.get("approval")
+    if not isinstance(approval, dict) or part.get("state") not in _APPROVED_STATES:
+        return None
+    key = approval.get("id")
+    approved = approval.get("approved")
+    if not isinstance(key, str) or not isinstance(approved, bool):
+        return None
+    if not isinstance(asked.request(key), ApprovalRequest):
+        return None
+    reason = approval.get("reason")
+    return ToolApproval(key, approved, reason if isinstance(reason, str) else None)
+
+
+def ui_answers(message: dict[str, Any], asked: Waiting) -> list[Answer]:
+    """The answers a UI message (the asking assistant message, as the client sends it
+    back) gives to what ``asked`` asks: an approval's ``approval`` (``approved``,
+    ``reason``) once responded; a client call's output (``output-error``: its
+    ``errorText``, an error); a question's (``ask_user``) output, as it is. Parts that
+    answer nothing asked are left out. :class:`~essessey.InvalidAnswer` for a question
+    answered with an error."""
+    found: list[Answer] = []
+    for part in _tool_parts(message):
+        approval = _approval(part, asked)
+        if approval is not None:
+            found.append(approval)
+            continue
+        key = part.get("toolCallId")
+        state = part.get("state")
+        if not isinstance(key, str) or state not in _ANSWERED_STATES:
+            continue
+        request = asked.request(key)
+        failed = state == "output-error"
+        if isinstance(request, ClientToolCall):
+            if failed:
+                error = part.get("errorText")
+                found.append(ToolOutput(key, error if isinstance(error, str) else "", True))
+            else:
+                found.append(ToolOutput(key, part.get("output")))
+        elif isinstance(request, Question):
+            if failed:
+                raise InvalidAnswer(f"question {key!r} is answered with an error, not a value")
+            found.append(QuestionAnswer(key, part.get("output")))
+    return found
+
+
 def _streaming(
-    hub: StreamHub, turn_id: str, last_event_id: str | None, options: SSEOptions
+    hub: StreamHub,
+    turn_id: str,
+    last_event_id: str | None,
+    options: SSEOptions,
+    *,
+    after: str | None = None,
+    asked: Waiting | None = None,
 ) -> Response:
     delivery: SSEOptions = {**options}
     delivery["headers"] = {**UI_MESSAGE_STREAM_HEADERS, **(options.get("headers") or {})}
-    encoder = UIMessageEncoder(message_id=turn_id)
-    return stream_response(hub, turn_id, last_event_id, encoder=encoder, **delivery)
+    calls = {}
+    if asked is not None:
+        calls = {r.id: r.tool_use_id for r in asked.requests if isinstance(r, ApprovalRequest)}
+    encoder = UIMessageEncoder(message_id=turn_id, after=after, approval_calls=calls)
+    resume_point = after if after is not None else last_event_id
+    return stream_response(hub, turn_id, resume_point, encoder=encoder, **delivery)
 
 
 def _announced(hub: StreamHub, chat_id: str, turn_id: str, producer: TurnProducer) -> TurnProducer:
@@ -150,6 +250,42 @@ def _announced(hub: StreamHub, chat_id: str, turn_id: str, producer: TurnProduce
                 await hub.store.append(chat_id + _TURNS, finished)
 
     return run
+
+
+def _announced_continuation(
+    hub: StreamHub, chat_id: str, turn_id: str, go_on: Continuation
+) -> Continuation:
+    """``go_on``, between the marks that the chat's turn runs again and that it finished
+    (a reconnect on any replica finds the continuation running)."""
+
+    async def run(publisher: Publisher, answered: Answered) -> None:
+        await hub.store.append(chat_id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
+        try:
+            await go_on(publisher, answered)
+        finally:
+            with anyio.CancelScope(shield=True):
+                finished = Event(_FINISHED_EVENT, turn_id.encode())
+                await hub.store.append(chat_id + _TURNS, finished)
+
+    return run
+
+
+async def _waits(hub: StreamHub, turn_id: str) -> Waiting | None:
+    """What the finished turn ``turn_id`` waits for, while no answer continued it."""
+    try:
+        asked = await hub.waiting(turn_id)
+    except StreamNotFound:
+        return None
+    return asked if asked is not None and not asked.continued else None
+
+
+def _refusal(exc: AnswerRefused, headers: Mapping[str, str] | None) -> Response:
+    """A refused answer in the routes' error shape, with the refusal's ``code``."""
+    kind = "invalid_request_error"
+    body = orjson.dumps(
+        {"type": "error", "error": {"type": kind, "message": str(exc), "code": exc.code}}
+    )
+    return json_error(exc.status, kind, str(exc), headers, shape=lambda _t, _m: body)
 
 
 async def _last_turn(hub: StreamHub, chat_id: str) -> tuple[str, bool] | None:
@@ -191,6 +327,38 @@ def ui_chat_routes(
             return json_error(verdict.status, verdict.error_type, verdict.message, headers)
         return verdict.last_event_id
 
+    async def answer(request: Request, chat_request: ChatRequest) -> Response | None:
+        """The continuation of the chat's waiting turn that the request's last message
+        answers (see the module docstring); None for a request that answers nothing."""
+        go_on = hub.on_answer
+        messages = chat_request.messages
+        if go_on is None or chat_request.trigger != "submit-message" or not messages:
+            return None
+        last_message = messages[-1]
+        if last_message.get("role") != "assistant" or not _tool_parts(last_message):
+            return None
+        last = await _last_turn(hub, chat_request.id)
+        if last is None:
+            return None
+        turn_id = last[0]
+        try:
+            asked = await hub.waiting(turn_id)
+            answers = ui_answers(last_message, asked) if asked is not None else []
+            if not answers or asked is None:
+                return None
+            refused = await admitted(request, chat_request.id, "answer")
+            if isinstance(refused, Response):
+                return refused
+            marked = _announced_continuation(hub, chat_request.id, turn_id, go_on)
+            continued = await hub.answer(turn_id, answers, continuation=marked)
+        except StreamNotFound:
+            gone = "the turn that asked is no longer kept"
+            return json_error(404, "not_found_error", gone, headers)
+        except AnswerRefused as exc:
+            logger.info("an answer to %s was refused: %s", turn_id, exc.code)
+            return _refusal(exc, headers)
+        return _streaming(hub, turn_id, None, options, after=continued.after, asked=asked)
+
     async def chat(request: Request) -> Response:
         try:
             chat_request = parse_chat_request(await read_body(request, max_body))
@@ -201,6 +369,9 @@ def ui_chat_routes(
         refused = await admitted(request, chat_request.id, "read")
         if isinstance(refused, Response):
             return refused
+        answered = await answer(request, chat_request)
+        if answered is not None:
+            return answered
         try:
             made = turn(chat_request)
             producer = made if callable(made) else await made
@@ -231,9 +402,16 @@ def ui_chat_routes(
         if isinstance(verdict, Response):
             return verdict
         last = await _last_turn(hub, chat_id)
-        if last is None or (last[1] and not replay_finished):
+        if last is None:
             return Response(status_code=204, headers=headers)
-        return _streaming(hub, last[0], verdict, options)
+        turn_id, finished = last
+        if finished and not replay_finished and not hub.running(turn_id):
+            # A turn that asks is not over: it waits, and a reload shows what it asks.
+            asked = await _waits(hub, turn_id)
+            if asked is None:
+                return Response(status_code=204, headers=headers)
+            return _streaming(hub, turn_id, verdict, options, asked=asked)
+        return _streaming(hub, turn_id, verdict, options)
 
     async def stop(request: Request) -> Response:
         chat_id, verdict = await chat_in_path(request, "cancel")
