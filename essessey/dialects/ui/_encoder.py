@@ -37,7 +37,8 @@ A turn that asks (docs/asking.md, docs/ui.md "Approvals, client tools and questi
   ``tool-output-denied`` for its call (whose later ``tool_result``, if any, is left out:
   the part stays denied); an ``answer`` is the question's ``tool-output-available``; a
   client call's result is its ``tool-output-available`` (``tool-output-error``), as any.
-  Written again to the client that sent them, these change nothing.
+  Written again to the client that sent them, these change nothing; a client call's
+  output is not (``after``: the client has it as it sent it).
 - ``after`` makes the encoder write the continuation alone, as the answer to the POST
   that answered: the events up to ``after`` (the asking message's last) are read, not
   written, and what follows starts with ``start`` again, under the same message id.
@@ -172,6 +173,8 @@ class UIMessageEncoder(DialectEncoder):
         self._step_open = False
         self._message_asks = False  # the open message has a request block
         self._calls: set[str] = set()  # the open message's calls without a result
+        self._client_calls: set[str] = set()  # those of the last message that asked
+        self._sent: set[str] = set()  # client calls whose output the client sent
         self._asked = False  # the last message that ended asked something
         self._message_reason: str | None = None  # the open message's stop reason
         self._approval_calls: dict[str, str] = dict(approval_calls or {})
@@ -188,6 +191,7 @@ class UIMessageEncoder(DialectEncoder):
             self.after = None
             del self.encode  # the class's from here on
             self._started = False
+            self._sent = self._client_calls
             self._in_step = self._step_open = self._after_results = False
             self._blocks.clear()
             self._stop_reason = None
@@ -292,6 +296,8 @@ class UIMessageEncoder(DialectEncoder):
         self._asked = self._message_reason == StopReason.TOOL_USE and bool(
             self._message_asks or self._calls
         )
+        if self._asked:
+            self._client_calls = self._calls - set(self._approval_calls.values())
         self._in_step = self._step_open = False
         self._blocks.clear()
         return [*out, frame({"type": "finish-step"})]
@@ -315,7 +321,7 @@ class UIMessageEncoder(DialectEncoder):
         self._after_results = False
         self._blocks.clear()
         self._message_asks = False
-        self._calls.clear()
+        self._calls = set()
         # The continuation of a turn that asked: its records update the parts they
         # answer, in the step that asked; its own step opens at its first other block.
         self._step_open = not self._asked
@@ -443,8 +449,14 @@ class UIMessageEncoder(DialectEncoder):
         if block.kind == BlockType.TOOL_USE:
             return [self._tool_input(block)]
         if block.kind == BlockType.TOOL_RESULT:
-            if str(block.content["tool_use_id"]) in self._denied:
+            call_id = str(block.content["tool_use_id"])
+            if call_id in self._denied:
                 return []  # the app's record of a denied call: the part stays denied
+            if call_id in self._sent:
+                # The record of the output the client sent: the client has it as it
+                # was (the record holds it as text, which may read back otherwise).
+                self._sent.discard(call_id)
+                return []
             return [self._tool_output(block)]
         asking = self._asking(block)
         if asking is not None:
