@@ -531,3 +531,27 @@ async def test_the_readme_backend_serves_a_turn_and_resumes_it() -> None:
                 client, f"{base_url}/turns/{stream_id}", headers={"Last-Event-ID": delta.id}
             )
             assert rest == whole[whole.index(delta) + 1 :]
+
+
+# -- examples/approval_app.py ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "said", "sent"), [("approve", "Sent.", 1), ("deny", "I did not send it.", 0)]
+)
+def test_approval_app_asks_before_sending_and_use_chat_decides(
+    node_client: Path, action: str, said: str, sent: int
+) -> None:
+    from tests.test_ui_asking import parts_of, run_chat
+
+    example = load_example("approval_app")
+    with serve(example.app, lifespan="on") as base_url:
+        result = run_chat(base_url, f"mail-{action}", "send", "Mail ada@example.com", action)
+    assert (result["status"], result["errors"]) == ("ready", [])
+    _, answer = result["messages"]  # one assistant message, continued after the decision
+    parts = parts_of(answer)
+    call = next(part for part in parts if part["type"] == "tool-send_email")
+    assert call["input"] == {"to": "ada@example.com", "subject": "Hi"}
+    assert call["state"] == ("output-available" if action == "approve" else "output-denied")
+    assert parts[-1] == {"type": "text", "text": said, "state": "done"}
+    assert len(example.OUTBOX) == sent
