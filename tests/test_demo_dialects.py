@@ -246,3 +246,34 @@ async def test_the_approval_scenario_over_agui(base_url: str) -> None:
     text = "".join(str(e["delta"]) for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert "Paris has light rain at 18 °C." in text
     assert "You declined the lookup for Tokyo" in text
+
+
+def test_the_approval_scenario_over_the_ui_stream(base_url: str) -> None:
+    from tests.test_ui_asking import asking_message, chunks_of, of_type, user
+
+    body = {"id": "demo-ask", "messages": [user("Weather?")], "trigger": "submit-message"}
+    body["scenario"] = "approval"
+    first = chunks_of(httpx.post(f"{base_url}/api/chat", json=body, timeout=WAIT).content)
+    message_id = first[0]["messageId"]
+    requests = of_type(first, "tool-approval-request")
+    assert len(requests) == 2
+    paris, tokyo = (r["toolCallId"] for r in requests)
+    states = {
+        r["toolCallId"]: {
+            "state": "approval-responded",
+            "approval": {"id": r["approvalId"], "approved": r["toolCallId"] == paris},
+        }
+        for r in requests
+    }
+    answer = {
+        "id": "demo-ask",
+        "messages": [user("Weather?"), asking_message(message_id, first, **states)],
+        "trigger": "submit-message",
+        "messageId": message_id,
+    }
+    second = chunks_of(httpx.post(f"{base_url}/api/chat", json=answer, timeout=WAIT).content)
+    assert second[0] == {"type": "start", "messageId": message_id}
+    assert [c["toolCallId"] for c in of_type(second, "tool-output-available")] == [paris]
+    assert [c["toolCallId"] for c in of_type(second, "tool-output-denied")] == [tokyo]
+    text = "".join(c["delta"] for c in of_type(second, "text-delta"))
+    assert "You declined the lookup for Tokyo" in text
