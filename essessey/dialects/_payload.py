@@ -8,10 +8,19 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+import orjson
+
 from essessey.event import Event
 from essessey.protocol import EventType, Unreadable, read
 
-__all__ = ["QUESTION_TOOL", "TurnUsage", "message_delta_totals", "read_payload"]
+__all__ = [
+    "QUESTION_TOOL",
+    "TurnUsage",
+    "answer_value",
+    "content_text",
+    "message_delta_totals",
+    "read_payload",
+]
 
 _COUNTED: Final = (
     "input_tokens",
@@ -122,3 +131,26 @@ def message_delta_totals(payload: dict[str, Any]) -> tuple[str | None, int]:
         reason if isinstance(reason, str) else None,
         output if isinstance(output, int) else 0,
     )
+
+
+def content_text(content: Any) -> str | None:
+    """A tool message's content as text (how a client sends a tool's output or an answer):
+    a string, or its text parts joined; None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") if isinstance(p, dict) else None for p in content]
+        if all(isinstance(part, str) for part in parts):
+            return "".join(part for part in parts if isinstance(part, str))
+    return None
+
+
+def answer_value(output: Any) -> Any:
+    """An answer as a client sends it in text: JSON text decoded, any other text (or a
+    value already decoded) as it is."""
+    if not isinstance(output, str):
+        return output
+    try:
+        return orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return output

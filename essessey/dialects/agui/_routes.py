@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Unpack
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -16,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
+from essessey.dialects._payload import answer_value, content_text
 from essessey.dialects._routes import make_producer, read_request
 from essessey.dialects.agui._encoder import (
     AGUIEncoder,
@@ -135,24 +135,6 @@ def answering_tool_messages(messages: list[Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _content_text(content: Any) -> str | None:
-    """A tool message's content as text: a string, or its text parts joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") if isinstance(p, dict) else None for p in content]
-        if all(isinstance(part, str) for part in parts):
-            return "".join(part for part in parts if isinstance(part, str))
-    return None
-
-
-def _decoded(text: str) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-
-
 def _approval(n: int, entry: ResumeEntry) -> ToolApproval:
     """A resume entry's answer to an approval request (see :func:`resume_answers`)."""
     key, payload = entry.interrupt_id, entry.payload
@@ -217,15 +199,15 @@ def resume_answers(
         call = message.get("toolCallId")
         if not isinstance(call, str) or call not in calls or call in answered:
             continue
-        text = _content_text(message.get("content"))
+        text = content_text(message.get("content"))
         error = message.get("error")
         if text is None:
             raise InvalidAnswer(f"the tool message for {call!r} needs a text content")
         answered.add(call)
         if isinstance(error, str):
-            found.append(ToolOutput(call, _decoded(text) if text else error, is_error=True))
+            found.append(ToolOutput(call, answer_value(text) if text else error, is_error=True))
         else:
-            found.append(ToolOutput(call, _decoded(text)))
+            found.append(ToolOutput(call, answer_value(text)))
     return found
 
 

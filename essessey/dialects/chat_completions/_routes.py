@@ -21,6 +21,7 @@ from essessey.bindings.sse import (
     stream_response,
     subscription_response,
 )
+from essessey.dialects._payload import answer_value, content_text
 from essessey.dialects._routes import read_request, start_turn
 from essessey.dialects.chat_completions._encoder import (
     APPROVAL_TOOL,
@@ -125,24 +126,6 @@ def answering_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages[-count:]
 
 
-def _content_text(content: Any) -> str | None:
-    """A ``tool`` message's content as text: a string, or its text parts joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict)]
-        if all(isinstance(part, str) for part in parts):
-            return "".join(part for part in parts if isinstance(part, str))
-    return None
-
-
-def _decoded(text: str) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-
-
 def tool_message_answers(
     tool_messages: list[dict[str, Any]], asked: Waiting | None
 ) -> list[Answer]:
@@ -154,14 +137,14 @@ def tool_message_answers(
     found: list[Answer] = []
     for n, message in enumerate(tool_messages):
         key = message.get("tool_call_id")
-        text = _content_text(message.get("content"))
+        text = content_text(message.get("content"))
         if not isinstance(key, str) or text is None:
             raise InvalidAnswer(f"tool message {n}: tool_call_id and a text content are required")
         request = asked.request(key) if asked is not None else None
         if isinstance(request, Question):
-            found.append(QuestionAnswer(key, _decoded(text)))
+            found.append(QuestionAnswer(key, answer_value(text)))
         elif isinstance(request, ApprovalRequest):
-            given = _decoded(text)
+            given = answer_value(text)
             approved = given.get("approved") if isinstance(given, dict) else None
             reason = given.get("reason") if isinstance(given, dict) else None
             if not isinstance(approved, bool) or not (reason is None or isinstance(reason, str)):

@@ -21,6 +21,7 @@ from essessey.bindings.sse import (
     stream_response,
     subscription_response,
 )
+from essessey.dialects._payload import answer_value
 from essessey.dialects._routes import read_request, start_turn
 from essessey.dialects.responses._encoder import (
     ResponsesEncoder,
@@ -127,17 +128,6 @@ def _is_answer(item: Any) -> bool:
     return isinstance(kind, str) and kind.endswith("_call_output") and "call_id" in item
 
 
-def _decoded(output: Any) -> Any:
-    """A question's answer as a ``function_call_output`` carries it: JSON text decoded,
-    any other text as it is."""
-    if not isinstance(output, str):
-        return output
-    try:
-        return orjson.loads(output)
-    except orjson.JSONDecodeError:
-        return output
-
-
 def answers_of(items: Sequence[Any], asked: Waiting | None) -> list[Answer]:
     """The answers an answering request's ``input`` items give to what ``asked`` asks:
     an ``mcp_approval_response`` (``approval_request_id``, ``approve``, ``reason``) an
@@ -168,7 +158,7 @@ def answers_of(items: Sequence[Any], asked: Waiting | None) -> list[Answer]:
             raise InvalidAnswer(f"input.{n}: call_id and output are required")
         request = asked.request(key) if asked is not None else None
         if isinstance(request, Question):
-            found.append(QuestionAnswer(key, _decoded(output)))
+            found.append(QuestionAnswer(key, answer_value(output)))
         elif isinstance(request, ApprovalRequest):
             raise InvalidAnswer(
                 f"input.{n}: {key!r} is an approval request; an mcp_approval_response answers it"
