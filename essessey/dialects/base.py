@@ -73,6 +73,38 @@ class DialectEncoder:
     """The exceptions of a hook that skip its event (``()``: none, they propagate)."""
 
     ended: bool = False
+    after: str | None = None
+    """While not None: an event id up to which events are read (:meth:`read_before`),
+    not written (:meth:`start_after`)."""
+
+    # -- continuing after an event (docs/asking.md) -----------------------------------------
+
+    def start_after(self, after: str | None) -> None:
+        """Write nothing for the events up to ``after`` (an event id: the message that
+        asked, whose continuation this response is), only read them with
+        :meth:`read_before`; :meth:`reached_after` then, and from the next event on the
+        usual frames. None: write everything."""
+        self.after = after
+        if after is not None:
+            self.encode = self._before_after  # type: ignore[method-assign]
+
+    def _before_after(self, event: Event) -> bytes:
+        if self.after is None:
+            # Reached already, called through a reference taken before: the usual frames.
+            return type(self).encode(self, event)
+        self.read_before(event)
+        if event.id == self.after:
+            self.after = None
+            del self.encode  # the class's from here on
+            self.reached_after()
+        return b""
+
+    def read_before(self, event: Event) -> None:
+        """An event up to ``after``, read and not written (nothing by default)."""
+
+    def reached_after(self) -> None:
+        """The event ``after`` was read: what comes next is written (nothing by
+        default)."""
 
     # -- the one dispatch ----------------------------------------------------------------
 

@@ -12,7 +12,6 @@ import orjson
 
 from essessey.dialects._payload import TurnUsage, message_delta_totals
 from essessey.dialects.base import DialectEncoder
-from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
 
 __all__ = [
@@ -185,18 +184,7 @@ class AGUIEncoder(DialectEncoder):
         self._gated: set[str] = set()
         self._records = frozenset(answered_calls)  # client calls answered (first message)
         self._messages = 0
-        self.after = after
-        if after is not None:
-            self.encode = self._skip_before  # type: ignore[method-assign]
-
-    def _skip_before(self, event: Event) -> bytes:
-        """:meth:`encode` up to the event ``after``: nothing written."""
-        if self.after is None:
-            return DialectEncoder.encode(self, event)
-        if event.id == self.after:
-            self.after = None
-            del self.encode  # the class's from here on
-        return b""
+        self.start_after(after)
 
     # -- FrameEncoder --------------------------------------------------------------------
 

@@ -137,18 +137,7 @@ class ChatCompletionsEncoder(DialectEncoder):
         self._asks = False  # the message asks for an approval or an answer
         self.tool_calls: list[dict[str, Any]] | None = [] if collect else None
         """The tool calls written, whole (with ``collect``)."""
-        self.after = after
-        if after is not None:
-            self.encode = self._skip_before  # type: ignore[method-assign]
-
-    def _skip_before(self, event: Event) -> bytes:
-        """:meth:`encode` up to the event ``after``: nothing written."""
-        if self.after is None:
-            return DialectEncoder.encode(self, event)
-        if event.id == self.after:
-            self.after = None
-            del self.encode  # the class's from here on
-        return b""
+        self.start_after(after)
 
     # -- FrameEncoder --------------------------------------------------------------------
 

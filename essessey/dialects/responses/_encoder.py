@@ -219,12 +219,9 @@ class ResponsesEncoder(DialectEncoder):
         self._stop_reason: str | None = None
         self._usage = TurnUsage()
         self._final: dict[str, Any] = {}
-        self.after = after
         self._records: frozenset[str] = frozenset()  # client calls the answers record
-        self._asked: AskReader | None = None
-        if after is not None:
-            self._asked = AskReader()
-            self.encode = self._read_before  # type: ignore[method-assign]
+        self._asked = AskReader()  # what the turn asked, read up to ``after``
+        self.start_after(after)
         # The message's calls held until their round's approvals are known (items), and
         # its approval requests (blocks), in order; the calls those gate.
         self._queue: list[_Item | dict[str, Any]] = []
@@ -235,18 +232,13 @@ class ResponsesEncoder(DialectEncoder):
 
     # -- FrameEncoder --------------------------------------------------------------------
 
-    def _read_before(self, event: Event) -> bytes:
-        """:meth:`encode` up to the event ``after``: read for what the turn asked,
-        nothing written."""
-        asked = self._asked
-        if asked is None:
-            return DialectEncoder.encode(self, event)
-        asked.feed(event)
-        if event.id == self.after:
-            self._records = client_calls(asked.waiting())
-            self._asked = None
-            del self.encode  # the class's from here on
-        return b""
+    def read_before(self, event: Event) -> None:
+        """An event up to ``after``: read for what the turn asked, nothing written."""
+        self._asked.feed(event)
+
+    def reached_after(self) -> None:
+        """The answers' records name the client calls the turn asked: not written."""
+        self._records = client_calls(self._asked.waiting())
 
     def encode_text(self, index: int, text: str) -> bytes | None:
         """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up

@@ -179,23 +179,21 @@ class UIMessageEncoder(DialectEncoder):
         self._message_reason: str | None = None  # the open message's stop reason
         self._approval_calls: dict[str, str] = dict(approval_calls or {})
         self._denied: set[str] = set()  # calls whose approval was denied
-        self.after = after
-        if after is not None:
-            self.encode = self._read_before  # type: ignore[method-assign]
+        self.start_after(after)
 
-    def _read_before(self, event: Event) -> bytes:
-        """:meth:`encode` up to the event ``after``: read, nothing written; from there on
-        the continuation is written as the turn's UI message, from its ``start``."""
+    def read_before(self, event: Event) -> None:
+        """An event up to ``after``: read as the turn's UI message would be, nothing
+        written."""
         DialectEncoder.encode(self, event)
-        if event.id == self.after:
-            self.after = None
-            del self.encode  # the class's from here on
-            self._started = False
-            self._sent = self._client_calls
-            self._in_step = self._step_open = self._after_results = False
-            self._blocks.clear()
-            self._stop_reason = None
-        return b""
+
+    def reached_after(self) -> None:
+        """From here on the continuation is written as the turn's UI message, from its
+        ``start``."""
+        self._started = False
+        self._sent = self._client_calls
+        self._in_step = self._step_open = self._after_results = False
+        self._blocks.clear()
+        self._stop_reason = None
 
     def feed(self, event: Event) -> list[bytes]:
         """The lines for ``event`` (none for a ping, a signature, a skipped event)."""
