@@ -21,11 +21,10 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 import anyio
-import orjson
 
 from essessey._failure import send_failure
 from essessey.errors import ProtocolError
-from essessey.protocol import BlockType, EventType, StopReason
+from essessey.protocol import BlockType, EventType, StopReason, result_text
 from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher
 
@@ -789,12 +788,11 @@ class Turn:
         result here, and the message ends with stop reason ``tool_use``: the turn
         waits. ``expires_in`` seconds from now answers stop being taken (None: never)."""
         self._defer(tool_use_id)
-        await self._release()
-        key = await Asker(self.publisher, shared_index=self._cursor).approval(
-            tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
+        return await self._asking(
+            lambda asker: asker.approval(
+                tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
+            )
         )
-        self.stop_reason = StopReason.TOOL_USE
-        return key
 
     async def ask(
         self,
@@ -806,12 +804,11 @@ class Turn:
     ) -> str:
         """Ask the client ``question`` (``schema``: a JSON schema for the answer);
         returns its id. The message ends with stop reason ``tool_use``: the turn waits."""
-        await self._release()
-        key = await Asker(self.publisher, shared_index=self._cursor).question(
-            question, schema=schema, expires_in=expires_in, request_id=request_id
+        return await self._asking(
+            lambda asker: asker.question(
+                question, schema=schema, expires_in=expires_in, request_id=request_id
+            )
         )
-        self.stop_reason = StopReason.TOOL_USE
-        return key
 
     async def call_client_tool(
         self, name: str, arguments: Mapping[str, Any] | str, *, tool_use_id: str | None = None
@@ -819,21 +816,26 @@ class Turn:
         """Call tool ``name``, which the client runs (``arguments``: JSON text or a
         mapping); returns the call's id. The message ends with stop reason
         ``tool_use``: the turn waits for the output."""
-        await self._release()
-        key = await Asker(self.publisher, shared_index=self._cursor).client_call(
-            name, arguments, tool_use_id=tool_use_id
+        return await self._asking(
+            lambda asker: asker.client_call(name, arguments, tool_use_id=tool_use_id)
         )
-        self.stop_reason = StopReason.TOOL_USE
-        return key
 
     async def tool_result(self, tool_use_id: str, output: Any, *, is_error: bool = False) -> None:
         """The result of a call an earlier message made and left to an approval, now run
         (in the message that continues the turn): ``output`` is text, or any JSON."""
+        text = result_text(output)  # before anything goes out: a bad value emits nothing
         await self._release()
-        text = output if isinstance(output, str) else orjson.dumps(output).decode()
         await Asker(self.publisher, shared_index=self._cursor).result(
             tool_use_id, text, is_error=is_error
         )
+
+    async def _asking(self, write: Callable[[Asker], Awaitable[str]]) -> str:
+        """Close the current streamer, ``write`` what the message asks, and make the
+        message end waiting (stop reason ``tool_use``); the request's id."""
+        await self._release()
+        key = await write(Asker(self.publisher, shared_index=self._cursor))
+        self.stop_reason = StopReason.TOOL_USE
+        return key
 
     def _defer(self, tool_use_id: str) -> None:
         current = self._current

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
-import orjson
 
 from essessey._failure import send_failure
-from essessey.errors import RoundOrderError, SerializationError
-from essessey.protocol import StopReason
+from essessey.errors import RoundOrderError
+from essessey.protocol import StopReason, result_text
 from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher
 from essessey.streamers import (
@@ -89,19 +88,6 @@ class RoundSummary:
     thinking: str = ""
     signature: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
-
-
-def result_text(result: object) -> str:
-    """The text a tool result is published as: a string as it is, anything else as JSON.
-
-    Raises :class:`SerializationError` for a value JSON cannot represent.
-    """
-    if isinstance(result, str):
-        return result
-    try:
-        return orjson.dumps(result).decode()
-    except TypeError as exc:
-        raise SerializationError(f"tool result is not JSON-serialisable: {exc}") from exc
 
 
 _S = TypeVar("_S", TextStreamer, ThinkingStreamer)
@@ -488,13 +474,12 @@ class RoundStream:
         """Ask the client to approve the call ``tool_use_id`` of a round ended with
         ``round_end(answer_missing=False)``, before it runs; returns the request's id.
         The message ends with stop reason ``tool_use``: the turn waits."""
-        async with self._lock:
-            self._require_idle("ask_approval")
-            key = await Asker(self.publisher, shared_index=self._cursor).approval(
+        return await self._asking(
+            "ask_approval",
+            lambda asker: asker.approval(
                 tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
-            )
-            self.stop_reason = StopReason.TOOL_USE
-            return key
+            ),
+        )
 
     async def ask(
         self,
@@ -506,13 +491,12 @@ class RoundStream:
     ) -> str:
         """Ask the client ``question`` between rounds; returns its id. The message ends
         with stop reason ``tool_use``: the turn waits."""
-        async with self._lock:
-            self._require_idle("ask")
-            key = await Asker(self.publisher, shared_index=self._cursor).question(
+        return await self._asking(
+            "ask",
+            lambda asker: asker.question(
                 question, schema=schema, expires_in=expires_in, request_id=request_id
-            )
-            self.stop_reason = StopReason.TOOL_USE
-            return key
+            ),
+        )
 
     async def earlier_result(
         self, tool_use_id: str, result: object, *, is_error: bool = False
@@ -525,6 +509,15 @@ class RoundStream:
             await Asker(self.publisher, shared_index=self._cursor).result(
                 tool_use_id, text, is_error=is_error
             )
+
+    async def _asking(self, what: str, write: Callable[[Asker], Awaitable[str]]) -> str:
+        """Between rounds, ``write`` what the message asks and make it end waiting (stop
+        reason ``tool_use``); the request's id."""
+        async with self._lock:
+            self._require_idle(what)
+            key = await write(Asker(self.publisher, shared_index=self._cursor))
+            self.stop_reason = StopReason.TOOL_USE
+            return key
 
     def _require_idle(self, what: str) -> None:
         if self._phase is not _Phase.IDLE:

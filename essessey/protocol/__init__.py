@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
 
+import orjson
+
 from essessey._public import set_public_module
+from essessey.errors import SerializationError
 from essessey.protocol.records import (
     BlockStart,
     BlockStop,
@@ -54,6 +57,7 @@ __all__ = [
     "approval_response_block_start",
     "question_block_start",
     "read",
+    "result_text",
     "text_block_start",
     "thinking_block_start",
     "thinking_delta_field",
@@ -251,6 +255,20 @@ def answer_block_start(request_id: str, value: Any) -> dict[str, Any]:
     """The ``content_block`` recording the answer ``value`` (any JSON) to question
     ``request_id``."""
     return {"type": BlockType.ANSWER, "request_id": request_id, "value": value}
+
+
+def result_text(result: object) -> str:
+    """The text a tool result is published as (its ``json_partial`` deltas): a string as
+    it is, anything else as JSON.
+
+    Raises :class:`~essessey.SerializationError` for a value JSON cannot represent.
+    """
+    if isinstance(result, str):
+        return result
+    try:
+        return orjson.dumps(result).decode()
+    except TypeError as exc:
+        raise SerializationError(f"tool result is not JSON-serialisable: {exc}") from exc
 
 
 def tool_result_block_start(tool_use_id: str, *, is_error: bool = False) -> dict[str, Any]:

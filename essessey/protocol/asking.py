@@ -39,6 +39,7 @@ from essessey.protocol import (
     MessageStart,
     StopReason,
     read,
+    result_text,
 )
 
 __all__ = [
@@ -142,8 +143,7 @@ class ToolOutput:
     def text(self) -> str:
         """The output as the ``tool_result`` block carries it: a string as it is, any
         other value as JSON."""
-        output = self.output
-        return output if isinstance(output, str) else orjson.dumps(output).decode()
+        return result_text(self.output)
 
 
 @dataclass(frozen=True, slots=True)
