@@ -446,10 +446,9 @@ def parse_answers(body: Any) -> list[Answer]:
         raise InvalidAnswer('the body needs "answers": a non-empty list')
     found: list[Answer] = []
     for position, item in enumerate(items):
-        key = item.get("id") if isinstance(item, dict) else None
-        if not isinstance(key, str) or not key:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
             raise InvalidAnswer(f"answer {position} needs a string id")
-        assert isinstance(item, dict)
+        key: str = item["id"]
         kinds = [name for name in ("approved", "output", "value") if name in item]
         if len(kinds) != 1:
             raise InvalidAnswer(f"answer {position} needs exactly one of approved, output, value")
