@@ -707,7 +707,9 @@ class StreamHub:
         asked = await self.waiting(stream_id)
         if asked is None:
             raise NotWaiting(f"stream {stream_id!r} asks nothing")
-        if self.running(stream_id):
+        if self.running(stream_id) or (asked.continued and not asked.recorded):
+            # Another answer's continuation is being written (here, or on another
+            # replica that won the stream's lease a moment ago): its record decides.
             return await self._answered_elsewhere(stream_id, answers)
         given = match_answers(asked, answers)
         if asked.continued:
@@ -776,16 +778,19 @@ class StreamHub:
     async def _answered_elsewhere(self, stream_id: str, answers: Sequence[Answer]) -> Continued:
         """A turn runs on the stream: when it is the continuation of these same answers,
         started a moment ago here or on another replica, that is this answer's too. Its
-        record of the answers is waited for, up to :data:`ANSWER_WAIT` seconds."""
+        record of the answers, whole, is waited for, up to :data:`ANSWER_WAIT` seconds."""
+        last: Waiting | None = None
         with anyio.move_on_after(ANSWER_WAIT):
             while True:
-                asked = await self.waiting(stream_id)
-                if asked is None:
+                last = await self.waiting(stream_id)
+                if last is None:
                     break
-                if asked.answered is not None:
-                    match_answers(asked, answers)  # AnswerConflict when they differ
-                    return Continued(stream_id, asked.last_event_id, started=False)
+                if last.recorded:
+                    match_answers(last, answers)  # AnswerConflict when they differ
+                    return Continued(stream_id, last.last_event_id, started=False)
                 await anyio.sleep(0.05)
+        if last is not None and last.continued and not self.running(stream_id):
+            raise NotWaiting("the stream went on after its question without an answer")
         raise NotWaiting(f"a turn is running on stream {stream_id!r}; it takes no answer now")
 
     async def subscribe(

@@ -784,10 +784,11 @@ class Turn:
         request_id: str | None = None,
     ) -> str:
         """Ask the client to approve the call ``tool_use_id`` (made in this message by
-        :meth:`tools`) before it runs; returns the request's id. The call gets no
-        result here, and the message ends with stop reason ``tool_use``: the turn
-        waits. ``expires_in`` seconds from now answers stop being taken (None: never)."""
-        self._defer(tool_use_id)
+        :meth:`tools`) before it runs; returns the request's id. The call, and every
+        other call of the round still without a result, gets none here (ask for each
+        call's approval in turn), and the message ends with stop reason ``tool_use``:
+        the turn waits. ``expires_in`` seconds from now answers stop being taken (None:
+        never)."""
         return await self._asking(
             lambda asker: asker.approval(
                 tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
@@ -831,16 +832,17 @@ class Turn:
 
     async def _asking(self, write: Callable[[Asker], Awaitable[str]]) -> str:
         """Close the current streamer, ``write`` what the message asks, and make the
-        message end waiting (stop reason ``tool_use``); the request's id."""
+        message end waiting (stop reason ``tool_use``); the request's id. A message that
+        asks leaves its calls without a result to its client (or to the approvals asked
+        next): the current round's are deferred, not given an error result."""
+        current = self._current
+        if isinstance(current, ToolStreamer):
+            for tool_use_id in current.pending:
+                current.defer(tool_use_id)
         await self._release()
         key = await write(Asker(self.publisher, shared_index=self._cursor))
         self.stop_reason = StopReason.TOOL_USE
         return key
-
-    def _defer(self, tool_use_id: str) -> None:
-        current = self._current
-        if isinstance(current, ToolStreamer) and tool_use_id in current.calls_by_id:
-            current.defer(tool_use_id)
 
     async def _release(self) -> None:
         current = self._current

@@ -323,3 +323,59 @@ async def test_a_request_finds_its_stream() -> None:
         await _hub_waiting(hub)
         assert await hub.asking_stream("apr_1") == "s"
         assert await hub.asking_stream("apr_nope") is None
+
+
+async def test_an_answer_that_finds_another_continuation_half_written_waits_for_its_record() -> (
+    None
+):
+    # Two hubs on one store, as two replicas: the stream was continued by hub A, whose
+    # records are not all written yet when hub B takes the same answers. B waits for the
+    # whole record, then sees its own answers there: the same continuation, not a refusal.
+    from essessey import ApprovalRequest as Request
+    from essessey import InMemoryEventStore
+
+    store = InMemoryEventStore()
+    halfway = anyio.Event()
+    go = anyio.Event()
+
+    async def asks(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            tools = await turn.tools()
+            await tools.start_call("call_1", "f", "{}")
+            await tools.start_call("call_2", "g", "{}")
+            await turn.ask_approval("call_1", request_id="apr_1")
+            await turn.ask_approval("call_2", request_id="apr_2")
+
+    async def slow_continuation(publisher: Publisher) -> None:
+        assert publisher.checker is not None
+        publisher.checker.expect_answers(
+            [Request("apr_1", "call_1", "f", {}), Request("apr_2", "call_2", "g", {})]
+        )
+        await publisher.send_stream_preamble("m2", "s", "m")
+        await publisher.send_approval_response(0, "apr_1", True)
+        halfway.set()
+        await go.wait()
+        await publisher.send_approval_response(1, "apr_2", False)
+        await publisher.send_stream_epilogue("end_turn", 0)
+
+    answers = [ToolApproval("apr_1", True), ToolApproval("apr_2", False)]
+    async with StreamHub(store) as a, StreamHub(store, on_answer=go_on) as b:
+        await a.start("s", asks)
+        await a.wait("s")
+        await a.start("s", slow_continuation)
+        await halfway.wait()
+        results: list[Any] = []
+
+        async def answer() -> None:
+            results.append(await b.answer("s", answers))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(answer)
+            await anyio.sleep(0.2)  # B has read the half-written record by now
+            assert results == []
+            go.set()
+        await a.wait("s")
+        events, _ = await store.since("s", None)
+    [done] = results
+    assert done.started is False
+    assert len(reassemble_events(events).messages) == 2

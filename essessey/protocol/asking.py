@@ -181,6 +181,14 @@ class Waiting:
     """Whether a message came after the asking one (``answered`` is None while that
     message has recorded no answer yet: it is being written, or it went on without)."""
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the message that continued the stream recorded an answer to every
+        request: while it is being written (on another replica, say), it may have
+        recorded some or none yet."""
+        answered = self.answered
+        return answered is not None and all(r.id in answered for r in self.requests)
+
     def request(self, request_id: str) -> PendingRequest | None:
         """The request ``request_id``, or None."""
         for request in self.requests:
