@@ -7,10 +7,15 @@ LiteLLM, OpenRouter, Groq and Mistral send them), :mod:`essessey.adapters.openai
 (the OpenAI Responses API's typed events) and :mod:`essessey.adapters.anthropic`
 (Anthropic Messages stream events). None needs the provider's SDK; each accepts its
 objects as well as plain dicts.
+
+Agents written on a framework publish through :mod:`essessey.adapters.pydantic_ai`,
+:mod:`essessey.adapters.openai_agents` and :mod:`essessey.adapters.langgraph` (each in an
+extra of its own), which keep a run that stops to ask in :class:`RunStates`.
 """
 
 from essessey._public import set_public_module
 from essessey.adapters._message import PublishedMessage, PublishedToolCall
+from essessey.adapters._run_state import MAX_STATE_BYTES, RunStates
 from essessey.adapters.rounds import (
     RoundStream,
     RoundSummary,
@@ -21,10 +26,12 @@ from essessey.adapters.rounds import (
 )
 
 __all__ = [
+    "MAX_STATE_BYTES",
     "PublishedMessage",
     "PublishedToolCall",
     "RoundStream",
     "RoundSummary",
+    "RunStates",
     "ToolCallRequest",
     "continue_rounds",
     "result_text",

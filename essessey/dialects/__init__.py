@@ -10,6 +10,35 @@ resume by ``Last-Event-ID`` on any replica). They need the ``server`` extra (Sta
 - :mod:`essessey.dialects.agui`: AG-UI events.
 - :mod:`essessey.dialects.chat_completions`: OpenAI Chat Completions chunks.
 - :mod:`essessey.dialects.responses`: OpenAI Responses events.
+
+This package itself holds what reads a request of any dialect the same way
+(:func:`conversation`, :func:`user_text`) and :func:`dialect_routes`, which serves one turn
+factory to all four (docs/dialects.md); each dialect's own names are imported from its
+subpackage.
 """
 
-__all__: list[str] = []  # each dialect is imported from its own subpackage
+from typing import Any, Final
+
+from essessey._public import import_lazily, public_dir
+
+_NEEDS_STARLETTE: Final = {
+    "ConversationMessage": "_conversation",
+    "DialectRequest": "_conversation",
+    "DialectTurnFactory": "_conversation",
+    "Role": "_conversation",
+    "conversation": "_conversation",
+    "dialect_routes": "_conversation",
+    "user_text": "_conversation",
+}
+
+__all__ = sorted(_NEEDS_STARLETTE)
+
+
+def __getattr__(name: str) -> Any:
+    # The dialects' routes need Starlette (the ``server`` extra): imported on first use,
+    # so the base encoder imports without it.
+    return import_lazily(__name__, _NEEDS_STARLETTE, name, extra="server")
+
+
+def __dir__() -> list[str]:
+    return public_dir(globals(), __all__)
