@@ -1,0 +1,620 @@
+"""Publish a Pydantic AI agent's run as the protocol, questions included.
+
+Needs the ``pydantic-ai`` extra (``pip install 'essessey[pydantic-ai]'``, which installs
+``pydantic-ai-slim``). Two levels, as for the provider adapters (docs/pydantic_ai.md):
+
+- :class:`AgentTurns`: the few lines. ``turns = AgentTurns(agent)`` is a turn factory for
+  every dialect (``dialect_routes(hub, turns)``) and ``turns.on_answer`` the hub's
+  continuation (``StreamHub(on_answer=turns.on_answer)``), which resumes a run that
+  stopped to ask with Pydantic AI's own ``DeferredToolResults``.
+- :func:`stream_run`: the events of ``agent.run_stream_events(...)`` into an open
+  :class:`~essessey.adapters.RoundStream`, for an app that runs the agent itself.
+
+The mapping, per model request of the run (one round of the message):
+
+=============================================  ==========================================
+Pydantic AI                                    published as
+=============================================  ==========================================
+``TextPart`` and ``TextPartDelta``             a text block
+``ThinkingPart`` and ``ThinkingPartDelta``     a thinking block; the part's final
+                                               ``signature`` as its ``signature_delta``
+``ToolCallPart`` and ``ToolCallPartDelta``     a tool_use block (the part's
+                                               ``tool_call_id`` is its id), arguments as
+                                               they stream; output tools too
+                                               (``final_result``)
+``NativeToolCallPart``,                        a ``server_tool_use`` block and its
+``NativeToolReturnPart``                       ``<tool>_tool_result`` block
+``FunctionToolResultEvent``,                   the call's tool_result; ``is_error`` for
+``OutputToolResultEvent``                      the outcomes Pydantic AI counts as errors
+                                               (``failed``, ``retried``: a ``ModelRetry``
+                                               and a failed validation)
+a run ending with ``DeferredToolRequests``     the calls left without a result (the
+                                               client's to run, ``calls``), an
+                                               ``approval_request`` per call in
+                                               ``approvals``; stop reason ``tool_use``
+the run's usage                                ``input_tokens``, ``output_tokens`` and the
+                                               cache token counts of the epilogue
+=============================================  ==========================================
+
+An output tool's call (the ``final_result`` tool of a structured output) is published as
+the framework's own history has it: a tool_use block with the structured output as its
+arguments and a tool_result (``Final result processed.``). The run's output itself is
+:attr:`PublishedRun.output`. Other parts (files, speech, compaction) and events
+(custom, capability events) are skipped, with one log line per type naming only the type.
+Logs carry types, positions and lengths, never text, arguments or results.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
+from pydantic_ai import (
+    AgentRunEvents,
+    AgentRunResultEvent,
+    DeferredToolRequests,
+    DeferredToolResults,
+    ToolDenied,
+    ToolFailed,
+)
+from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.messages import (
+    ERROR_OUTCOMES,
+    AgentStreamEvent,
+    BaseToolReturnPart,
+    FinalResultEvent,
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    NativeToolCallPart,
+    NativeToolReturnPart,
+    PartDeltaEvent,
+    PartEndEvent,
+    PartStartEvent,
+    SystemPromptPart,
+    TextPart,
+    TextPartDelta,
+    ThinkingPart,
+    ThinkingPartDelta,
+    ToolCallEvent,
+    ToolCallPart,
+    ToolCallPartDelta,
+    ToolResultEvent,
+    UserPromptPart,
+)
+from pydantic_ai.models import Model
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.usage import RunUsage
+from pydantic_core import to_jsonable_python
+
+from essessey._public import set_public_module
+from essessey.adapters._message import PublishedToolCall, parse_arguments
+from essessey.adapters._run_state import RunStates
+from essessey.adapters.rounds import (
+    RoundStream,
+    ToolCallRequest,
+    continue_rounds,
+    stream_rounds,
+)
+from essessey.dialects import DialectRequest, conversation
+from essessey.protocol import StopReason
+from essessey.protocol.asking import Answered
+from essessey.publisher import Publisher, TurnProducer
+
+__all__ = [
+    "AgentTurns",
+    "PublishedRun",
+    "agent_model_name",
+    "history_of",
+    "stream_run",
+]
+
+logger = logging.getLogger("essessey.adapters.pydantic_ai")
+
+RunEvent = AgentStreamEvent | AgentRunResultEvent[Any]
+"""An event of ``agent.run_stream_events(...)``: the run's own, then its result."""
+
+_NO_STATE: Final = "no run state is kept for this answer's request (expired, or another store)"
+
+
+@dataclass(slots=True)
+class PublishedRun:
+    """What :func:`stream_run` published and learned from one run.
+
+    ``result`` is the run's ``AgentRunResult`` (None when the events ended without one)
+    and ``output`` its output: the agent's answer, or the ``DeferredToolRequests`` it
+    stopped at (``deferred``). ``tool_calls`` are the calls published, in order, with
+    their parsed arguments; ``results`` the tool results published, by call id, as text.
+    ``asked`` are the ids of the requests the message ended with (client calls left
+    without a result first, then approval requests): ``asked[0]`` is the key
+    :class:`AgentTurns` keeps the run's state under. ``usage`` is the run's, ``model``
+    the model name of its last response.
+    """
+
+    result: AgentRunResult[Any] | None = None
+    tool_calls: list[PublishedToolCall] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)
+    asked: list[str] = field(default_factory=list)
+    usage: RunUsage | None = None
+    model: str | None = None
+
+    @property
+    def output(self) -> Any:
+        """The run's output (None without a result)."""
+        return None if self.result is None else self.result.output
+
+    @property
+    def deferred(self) -> DeferredToolRequests | None:
+        """The calls the run stopped at, when it did."""
+        output = self.output
+        return output if isinstance(output, DeferredToolRequests) else None
+
+    def messages(self) -> list[ModelMessage]:
+        """The run's whole message history (empty without a result)."""
+        return [] if self.result is None else self.result.all_messages()
+
+
+def agent_model_name(agent: AbstractAgent[Any, Any]) -> str:
+    """The name of ``agent``'s model, for ``message_start``: a ``Model``'s
+    ``model_name``, the ``"provider:model"`` string it was given, or ``""``."""
+    model = agent.model
+    if isinstance(model, Model):
+        return model.model_name
+    return model or ""
+
+
+def history_of(request: DialectRequest) -> tuple[str, list[ModelMessage]]:
+    """The prompt of a dialect request and the conversation before it, as Pydantic AI's
+    history: the last user message's text, and every earlier message (system prompts as
+    ``SystemPromptPart``, user messages as ``UserPromptPart``, the assistant's as a
+    ``ModelResponse`` with a ``TextPart``)."""
+    said = conversation(request)
+    last = max((i for i, message in enumerate(said) if message.role == "user"), default=None)
+    if last is None:
+        return "", _as_history(said)
+    return said[last].text, _as_history(said[:last])
+
+
+def _as_history(said: Sequence[Any]) -> list[ModelMessage]:
+    history: list[ModelMessage] = []
+    for message in said:
+        if message.role == "assistant":
+            history.append(ModelResponse(parts=[TextPart(message.text)]))
+        elif message.role == "system":
+            history.append(ModelRequest(parts=[SystemPromptPart(message.text)]))
+        else:
+            history.append(ModelRequest(parts=[UserPromptPart(message.text)]))
+    return history
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    name: str
+    arguments: str
+    part_index: int
+
+
+class _RunReader:
+    """Reads one run's events into rounds (see :func:`stream_run`)."""
+
+    def __init__(
+        self,
+        rounds: RoundStream,
+        handle: AgentRunEvents[Any] | None,
+        answered_calls: Collection[str],
+    ) -> None:
+        self.rounds = rounds
+        self.handle = handle
+        self.answered_calls = answered_calls
+        self.run = PublishedRun()
+        self.side: Literal["none", "response", "request"] = "none"
+        self.skipped: set[str] = set()
+        self._new_round()
+
+    def _new_round(self) -> None:
+        self.calls: list[_Call] = []
+        self.by_id: dict[str, int] = {}
+        self.open_call: int | None = None  # the part index of the call whose block is open
+        self.last_part: int | None = None  # the part whose content went out last
+        self.thinking: set[int] = set()  # thinking parts with content out
+        self.natives: dict[int, NativeToolCallPart] = {}
+        self.results: dict[int, tuple[str, bool]] = {}
+        self.next_result = 0
+        self.declared = False
+        self.messages = -1
+        self.max_part = -1
+        self.late = 0
+
+    # -- events ------------------------------------------------------------------------
+
+    async def feed(self, event: RunEvent) -> None:
+        if isinstance(event, PartStartEvent):
+            await self._part_start(event)
+        elif isinstance(event, PartDeltaEvent):
+            await self._part_delta(event)
+        elif isinstance(event, PartEndEvent):
+            await self._part_end(event)
+        elif isinstance(event, ToolCallEvent):
+            self.side = "request"
+            if self.rounds.in_round and not self.declared:
+                await self._declare()
+        elif isinstance(event, ToolResultEvent):
+            self.side = "request"
+            await self._result(event.part)
+        elif isinstance(event, AgentRunResultEvent):
+            self.run.result = event.result
+        elif not isinstance(event, FinalResultEvent):
+            self._skip(type(event).__name__)
+
+    def _skip(self, kind: str) -> None:
+        if kind not in self.skipped:
+            self.skipped.add(kind)
+            logger.info("a Pydantic AI %s has no place in the protocol; skipped", kind)
+
+    def _starts_response(self, event: PartStartEvent) -> bool:
+        if self.side != "response":
+            return True
+        if self.handle is not None:
+            # The run's history grows by the request before each model request: exact.
+            return len(self.handle.all_messages()) != self.messages
+        # Without the run's handle: parts count from 0 in every response.
+        return event.index == 0 and self.max_part >= 0
+
+    async def _part_start(self, event: PartStartEvent) -> None:
+        if self._starts_response(event):
+            if self.rounds.in_round:
+                await self._end_round()
+            self._new_round()
+            await self.rounds.round_start()
+            self.side = "response"
+            if self.handle is not None:
+                self.messages = len(self.handle.all_messages())
+        self.max_part = max(self.max_part, event.index)
+        part = event.part
+        if isinstance(part, TextPart):
+            await self._content(event.index, text=part.content)
+        elif isinstance(part, ThinkingPart):
+            await self._content(event.index, reasoning=part.content)
+        elif isinstance(part, ToolCallPart):
+            i = len(self.calls)
+            call = _Call(part.tool_call_id, part.tool_name, _arguments(part.args), event.index)
+            self.calls.append(call)
+            self.by_id[call.id] = i
+            await self.rounds.tool_call_start(
+                i, ToolCallRequest(call.id, call.name, call.arguments)
+            )
+            self.open_call = event.index
+            self.last_part = None
+        elif isinstance(part, NativeToolCallPart):
+            self.natives[event.index] = part  # published whole, at its end
+        elif isinstance(part, NativeToolReturnPart):
+            await self._native_result(part)
+        else:
+            self._skip(type(part).__name__)
+
+    async def _content(self, index: int, *, text: str = "", reasoning: str = "") -> None:
+        if not (text or reasoning):
+            return
+        if self.last_part != index:
+            self.open_call = None
+        await self.rounds.delta(text=text, reasoning=reasoning)
+        self.last_part = index
+        if reasoning:
+            self.thinking.add(index)
+
+    async def _part_delta(self, event: PartDeltaEvent) -> None:
+        delta = event.delta
+        if self.side != "response":
+            logger.warning("a part delta outside a model response; skipped")
+            return
+        if isinstance(delta, TextPartDelta):
+            await self._content(event.index, text=delta.content_delta)
+        elif isinstance(delta, ThinkingPartDelta):
+            await self._content(event.index, reasoning=delta.content_delta or "")
+        elif isinstance(delta, ToolCallPartDelta):
+            await self._call_delta(event.index, delta)
+        else:
+            self._skip(type(delta).__name__)
+
+    async def _call_delta(self, index: int, delta: ToolCallPartDelta) -> None:
+        args = delta.args_delta
+        if not args:
+            return
+        found = next((i for i, call in enumerate(self.calls) if call.part_index == index), None)
+        if found is None:
+            return  # a native tool call's arguments: it goes out whole at its end
+        if index != self.open_call or not isinstance(args, str):
+            # Its block is closed (another part went out since) or the provider merges
+            # arguments as objects: the block keeps what went out; the part has the rest.
+            self.late += 1
+            logger.warning(
+                "arguments of tool call %d came after its block closed (%d chars); not streamed",
+                found,
+                len(args) if isinstance(args, str) else -1,
+            )
+            return
+        self.calls[found].arguments += args
+        await self.rounds.tool_call_delta(found, args)
+
+    async def _part_end(self, event: PartEndEvent) -> None:
+        part = event.part
+        if (
+            isinstance(part, ThinkingPart)
+            and part.signature
+            and event.index in self.thinking
+            and self.last_part == event.index
+        ):
+            await self.rounds.delta(signature=part.signature)
+        elif isinstance(part, NativeToolCallPart) and event.index in self.natives:
+            del self.natives[event.index]
+            await self._native_call(part)
+        elif isinstance(part, ToolCallPart):
+            i = self.by_id.get(part.tool_call_id)
+            if i is not None and _arguments(part.args) != self.calls[i].arguments:
+                logger.warning("tool call %d ended with other arguments than streamed", i)
+
+    async def _native_call(self, part: NativeToolCallPart) -> None:
+        block = {
+            "type": "server_tool_use",
+            "id": part.tool_call_id,
+            "name": part.tool_name,
+            "input": part.args_as_dict(),
+        }
+        self.open_call = self.last_part = None
+        await self.rounds.block_start(block)
+        await self.rounds.block_stop()
+
+    async def _native_result(self, part: NativeToolReturnPart) -> None:
+        block = {
+            "type": f"{part.tool_name}_tool_result",
+            "tool_use_id": part.tool_call_id,
+            "content": to_jsonable_python(part.content, fallback=str),
+        }
+        self.open_call = self.last_part = None
+        await self.rounds.block_start(block)
+        await self.rounds.block_stop()
+
+    async def _declare(self) -> None:
+        self.declared = True
+        await self.rounds.assistant_message(
+            [ToolCallRequest(call.id, call.name, call.arguments) for call in self.calls]
+        )
+
+    async def _result(self, part: BaseToolReturnPart[Any]) -> None:
+        text = part.model_response_str(wrap_if_error=False)
+        is_error = part.outcome in ERROR_OUTCOMES
+        i = self.by_id.get(part.tool_call_id) if self.rounds.in_round else None
+        if i is None:
+            await self._earlier_result(part, text, is_error)
+            return
+        if not self.declared:
+            await self._declare()
+        self.run.results[part.tool_call_id] = text
+        self.results[i] = (text, is_error)
+        # Results go out in call order; one held behind a call that waits for its answer
+        # goes out after the round (see finish).
+        while self.next_result in self.results:
+            text, is_error = self.results.pop(self.next_result)
+            await self.rounds.tool_result(self.next_result, text, is_error=is_error)
+            self.next_result += 1
+
+    async def _earlier_result(self, part: BaseToolReturnPart[Any], text: str, err: bool) -> None:
+        """A result of a call an earlier message made: a resumed run's approved calls."""
+        call_id = part.tool_call_id
+        if part.outcome == "denied" or call_id in self.answered_calls:
+            return  # the answer's record already says it (approval_response, tool_result)
+        if self.rounds.in_round:
+            logger.warning("a tool result for a call of no round; skipped")
+            return
+        self.run.results[call_id] = text
+        await self.rounds.earlier_result(call_id, text, is_error=err)
+
+    async def _end_round(self, *, waiting: bool = False) -> None:
+        for call in self.calls:
+            self.run.tool_calls.append(
+                PublishedToolCall(
+                    call.id, call.name, call.arguments, parse_arguments(call.arguments)
+                )
+            )
+        if not waiting:
+            # Nothing waits: results held behind a call without one go to the round,
+            # which answers that call with an error result and keeps their order.
+            for i in sorted(self.results):
+                text, is_error = self.results[i]
+                await self.rounds.tool_result(i, text, is_error=is_error)
+            self.results.clear()
+        await self.rounds.round_end(answer_missing=not waiting)
+        if waiting:
+            # Results of later calls that waited behind a call left to the client.
+            for i in sorted(self.results):
+                text, is_error = self.results[i]
+                await self.rounds.earlier_result(self.calls[i].id, text, is_error=is_error)
+        self.results.clear()
+
+    # -- the end -------------------------------------------------------------------------
+
+    async def finish(self) -> PublishedRun:
+        run = self.run
+        deferred = run.deferred
+        if self.rounds.in_round:
+            await self._end_round(waiting=deferred is not None)
+        if run.result is not None:
+            run.usage = run.result.usage
+            run.model = run.result.response.model_name
+            self.rounds.output_tokens = run.usage.output_tokens
+            usage = {"input_tokens": run.usage.input_tokens}
+            if run.usage.cache_read_tokens:
+                usage["cache_read_input_tokens"] = run.usage.cache_read_tokens
+            if run.usage.cache_write_tokens:
+                usage["cache_creation_input_tokens"] = run.usage.cache_write_tokens
+            self.rounds.usage = usage
+        if deferred is None:
+            self.rounds.stop_reason = StopReason.END_TURN
+            return run
+        run.asked.extend(call.tool_call_id for call in deferred.calls)
+        for call in deferred.approvals:
+            reason = _reason(deferred.metadata.get(call.tool_call_id))
+            run.asked.append(await self.rounds.ask_approval(call.tool_call_id, reason=reason))
+        self.rounds.stop_reason = StopReason.TOOL_USE
+        return run
+
+
+def _arguments(args: str | Mapping[str, Any] | None) -> str:
+    if args is None:
+        return ""
+    if isinstance(args, str):
+        return args
+    return orjson.dumps(to_jsonable_python(args, fallback=str)).decode()
+
+
+def _reason(metadata: Any) -> str | None:
+    """An approval's reason: the ``reason`` of the ``ApprovalRequired`` metadata, if any."""
+    if isinstance(metadata, Mapping):
+        reason = metadata.get("reason")
+        if isinstance(reason, str):
+            return reason
+    return None
+
+
+async def stream_run(
+    rounds: RoundStream,
+    events: AsyncIterable[RunEvent],
+    *,
+    answered_calls: Collection[str] = (),
+) -> PublishedRun:
+    """Publish a Pydantic AI run's events into ``rounds``; what it published and learned.
+
+    ``events`` is what ``agent.run_stream_events(...)`` yields (the ``AgentRunEvents``
+    handle itself, or any async iterable of its events). Each model request of the run
+    is a round: its thinking, text and tool calls as they stream, then the results of
+    the tools the framework ran (in call order), then the next round. Give it the
+    handle and a new round starts exactly where the run makes its next model request
+    (the run's history grows by the request); given another iterable, a part at index 0
+    after a response's parts, or after tool events, starts one.
+
+    When the run stops at ``DeferredToolRequests``, the round ends with the deferred
+    calls left without a result (``calls``: the client's to run) and an
+    ``approval_request`` per call in ``approvals`` (its reason: the ``reason`` in the
+    ``ApprovalRequired`` metadata, if any); the stop reason is ``tool_use`` and
+    :attr:`PublishedRun.asked` names the requests. A resumed run's results for calls of
+    the earlier message (approved calls) go out first, between rounds; a denied call's
+    result and the results of ``answered_calls`` (the client's outputs the answer's
+    record carries) are not published again.
+
+    Usage goes to ``rounds.usage`` and ``rounds.output_tokens``, the stop reason to
+    ``rounds.stop_reason``. What the events raise propagates (:func:`stream_rounds`
+    then ends the message with an ``error`` event).
+    """
+    handle = events if isinstance(events, AgentRunEvents) else None
+    reader = _RunReader(rounds, handle, answered_calls)
+    async for event in events:
+        await reader.feed(event)
+    return await reader.finish()
+
+
+class AgentTurns:
+    """A Pydantic AI agent served to every dialect, and resumed when a run asked.
+
+    ``turns(request)`` is the turn of a dialect request (``dialect_routes(hub, turns)``):
+    the prompt is the request's last user message and the earlier messages are the run's
+    ``message_history`` (:func:`history_of`). ``turns.on_answer`` is the hub's
+    continuation (``StreamHub(on_answer=turns.on_answer)``): it loads the message
+    history of the run that stopped to ask and resumes it with ``DeferredToolResults``
+    (an approval as ``True``, a denial as ``ToolDenied`` with the client's reason, a
+    client call's output as its result, ``ToolFailed`` for an error output).
+
+    The agent's ``output_type`` must include ``DeferredToolRequests`` for a run to stop
+    at tools with ``requires_approval=True`` or deferred tools (Pydantic AI's rule).
+    ``states`` keeps the histories: ``RunStates(store)`` on the hub's shared store for
+    replicas (the default keeps them in this process). ``deps`` goes to every run;
+    ``model_name`` overrides the name ``message_start`` carries (default: the agent's
+    model's, :func:`agent_model_name`).
+    """
+
+    __slots__ = ("agent", "deps", "model_name", "states")
+
+    def __init__(
+        self,
+        agent: AbstractAgent[Any, Any],
+        *,
+        states: RunStates | None = None,
+        deps: Any = None,
+        model_name: str | None = None,
+    ) -> None:
+        self.agent = agent
+        self.states = states if states is not None else RunStates()
+        self.deps = deps
+        self.model_name = model_name if model_name is not None else agent_model_name(agent)
+
+    def __call__(self, request: DialectRequest) -> TurnProducer:
+        """The turn answering ``request``, as a hub producer on the request's stream."""
+        prompt, history = history_of(request)
+        stream_id = request.id
+
+        async def produce(publisher: Publisher) -> None:
+            async with stream_rounds(
+                publisher,
+                message_id=_message_id(),
+                stream_id=stream_id,
+                model=self.model_name,
+            ) as rounds:
+                async with self.agent.run_stream_events(
+                    prompt, message_history=history, deps=self.deps
+                ) as events:
+                    published = await stream_run(rounds, events)
+                await self._keep(published)
+
+        return produce
+
+    async def on_answer(self, publisher: Publisher, answered: Answered) -> None:
+        """Resume the run whose message ``answered`` answers, in the hub's new message."""
+        key = answered.requests[0].id
+        async with continue_rounds(publisher, answered) as rounds:
+            state = await self.states.load(key)
+            if state is None:
+                raise LookupError(_NO_STATE)
+            history = ModelMessagesTypeAdapter.validate_json(state)
+            results = DeferredToolResults()
+            for request, approval in answered.approvals():
+                results.approvals[request.tool_use_id] = (
+                    True
+                    if approval.approved
+                    else ToolDenied(approval.reason)
+                    if approval.reason
+                    else ToolDenied()
+                )
+            for call, output in answered.tool_outputs():
+                results.calls[call.id] = (
+                    ToolFailed(output.text) if output.is_error else output.output
+                )
+            if answered.questions():
+                logger.warning(
+                    "%d answered question(s) a Pydantic AI run never asks; ignored",
+                    len(answered.questions()),
+                )
+            answered_calls = {call.id for call, _ in answered.tool_outputs()}
+            async with self.agent.run_stream_events(
+                message_history=history, deferred_tool_results=results, deps=self.deps
+            ) as events:
+                published = await stream_run(rounds, events, answered_calls=answered_calls)
+            await self._keep(published)
+        await self.states.drop(key)
+
+    async def _keep(self, published: PublishedRun) -> None:
+        # Saved before the message ends: an answer is taken only once it has.
+        if published.asked:
+            state = ModelMessagesTypeAdapter.dump_json(published.messages())
+            await self.states.save(published.asked[0], state)
+
+
+def _message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+set_public_module(__name__, globals(), __all__)

@@ -1,0 +1,181 @@
+"""Pydantic AI agents on the framework's own offline test doubles, for the adapter's tests.
+
+``FunctionModel`` with a ``stream_function`` scripts each model request by how many
+requests the run has made (so a resumed run goes on with the script), ``TestModel``
+calls every tool once and answers with JSON of their results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic_ai import Agent, DeferredToolRequests, ModelRetry
+from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
+from pydantic_ai.models.function import (
+    AgentInfo,
+    DeltaThinkingPart,
+    DeltaToolCall,
+    DeltaToolCalls,
+    FunctionModel,
+)
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import ExternalToolset
+
+MODEL_NAME = "scripted-pydantic-ai"
+SENT: list[dict[str, Any]] = []
+"""The mails the approval agents sent (the tool's effect)."""
+
+
+def requests_made(messages: list[ModelMessage]) -> int:
+    """How many model requests the run's history holds (this one included)."""
+    return sum(1 for message in messages if isinstance(message, ModelRequest))
+
+
+def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    """Every tool return in the history, in order."""
+    return [
+        part
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+
+
+async def _weather_script(
+    messages: list[ModelMessage], info: AgentInfo
+) -> AsyncIterator[str | DeltaToolCalls | dict[int, DeltaThinkingPart]]:
+    n = requests_made(messages)
+    if n == 1:
+        yield {0: DeltaThinkingPart(content="Two cities, ")}
+        yield {0: DeltaThinkingPart(content="two calls.", signature="sig-1")}
+        yield {1: DeltaToolCall(name="weather", json_args='{"city": ', tool_call_id="call_oslo")}
+        yield {1: DeltaToolCall(json_args='"Oslo"}')}
+        yield {
+            2: DeltaToolCall(name="weather", json_args='{"city": "Rome"}', tool_call_id="call_rome")
+        }
+    elif n == 2:
+        yield {0: DeltaToolCall(name="flaky", json_args="{}", tool_call_id="call_flaky_1")}
+    elif n == 3:
+        yield {0: DeltaToolCall(name="flaky", json_args="{}", tool_call_id="call_flaky_2")}
+    else:
+        for word in ("Oslo ", "is ", "cold, ", "Rome ", "is ", "warm."):
+            yield word
+
+
+def weather_agent() -> Agent[None, str]:
+    """Thinking, two parallel calls, a call that fails once (``ModelRetry``) and works
+    again, then streamed text: four model requests."""
+    agent = Agent(FunctionModel(stream_function=_weather_script, model_name=MODEL_NAME))
+    attempts: list[int] = []
+
+    @agent.tool_plain
+    def weather(city: str) -> dict[str, Any]:
+        return {"city": city, "celsius": -3 if city == "Oslo" else 21}
+
+    @agent.tool_plain(retries=2)
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ModelRetry("not yet, try again")
+        return "worked"
+
+    return agent
+
+
+async def _mail_script(
+    messages: list[ModelMessage], info: AgentInfo
+) -> AsyncIterator[str | DeltaToolCalls]:
+    n = requests_made(messages)
+    if n == 1:
+        yield "I will look it up and send it."
+        yield {
+            1: DeltaToolCall(
+                name="send_email", json_args='{"to": "ada@example.com"}', tool_call_id="call_mail"
+            )
+        }
+        yield {
+            2: DeltaToolCall(name="lookup", json_args='{"name": "ada"}', tool_call_id="call_look")
+        }
+    else:
+        returns = {part.tool_name: part for part in tool_returns(messages)}
+        mail = returns.get("send_email")
+        if mail is not None and mail.outcome == "success":
+            yield "Sent."
+        else:
+            yield "I did not send it."
+
+
+def mail_agent() -> Agent[None, str | DeferredToolRequests]:
+    """Text, then a call that needs approval and one that runs; after the answer, says
+    whether the mail went."""
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(stream_function=_mail_script, model_name=MODEL_NAME),
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def send_email(to: str) -> dict[str, Any]:
+        SENT.append({"to": to})
+        return {"sent": True, "to": to}
+
+    @agent.tool_plain
+    def lookup(name: str) -> str:
+        return f"{name}@example.com"
+
+    return agent
+
+
+async def _client_script(
+    messages: list[ModelMessage], info: AgentInfo
+) -> AsyncIterator[str | DeltaToolCalls]:
+    if requests_made(messages) == 1:
+        yield {0: DeltaToolCall(name="locate", json_args="{}", tool_call_id="call_where")}
+    else:
+        [where] = [part for part in tool_returns(messages) if part.tool_name == "locate"]
+        yield f"You are in {where.content}."
+
+
+def client_tool_agent() -> Agent[None, str | DeferredToolRequests]:
+    """A deferred (external) tool the client runs: the run stops at its call."""
+    locate = ToolDefinition(
+        name="locate",
+        parameters_json_schema={"type": "object", "properties": {}},
+        description="The user's city, from the device.",
+    )
+    return Agent(
+        FunctionModel(stream_function=_client_script, model_name=MODEL_NAME),
+        output_type=[str, DeferredToolRequests],
+        toolsets=[ExternalToolset([locate])],
+    )
+
+
+def failing_agent() -> Agent[None, str]:
+    """Text, then a tool that raises a plain exception: the run fails."""
+
+    async def script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        yield "Trying."
+        yield {1: DeltaToolCall(name="broken", json_args="{}", tool_call_id="call_broken")}
+
+    agent = Agent(FunctionModel(stream_function=script, model_name=MODEL_NAME))
+
+    @agent.tool_plain
+    def broken() -> str:
+        raise RuntimeError("the disk is on fire")
+
+    return agent
+
+
+def slow_agent(started: list[int], gate: Any) -> Agent[None, str]:
+    """Streams words, waiting on ``gate`` (an anyio Event) after the first: for
+    cancellation and drop-and-resume in the middle of a run."""
+
+    async def script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        started.append(1)
+        yield "first "
+        await gate.wait()
+        for n in range(20):
+            yield f"w{n} "
+
+    return Agent(FunctionModel(stream_function=script, model_name=MODEL_NAME))
