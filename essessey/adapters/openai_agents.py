@@ -1,0 +1,554 @@
+"""Publish an OpenAI Agents SDK run as the protocol: every model response a round.
+
+``Runner.run_streamed(agent, input)`` runs an agent loop and streams it as
+``result.stream_events()``: the model's raw Responses API events, the items the run made of
+them (``RunItemStreamEvent``: the tool calls, the tool outputs the SDK ran, handoffs) and the
+agent switches (``AgentUpdatedStreamEvent``). :func:`stream_run` publishes that stream into
+one message of a :class:`~essessey.adapters.RoundStream`:
+
+==============================================  ==========================================
+Agents SDK event                                published as
+==============================================  ==========================================
+a model response's raw events                   one round, through
+(``RawResponsesStreamEvent``)                   ``openai_responses.stream_round``:
+                                                reasoning, text, tool calls (parallel ones
+                                                too), hosted tools (web search, file
+                                                search, code interpreter) as its
+                                                ``server_tool_use`` blocks
+``tool_output`` (``ToolCallOutputItem``)        the ``tool_result`` of the call it names,
+                                                the output as the SDK sends it to the model
+``handoff_occured`` (``HandoffOutputItem``)     the ``tool_result`` of the handoff's call
+                                                (``transfer_to_<agent>``): the SDK's own
+                                                handoff output, which names the new agent
+``AgentUpdatedStreamEvent``                     nothing of its own: the protocol has no
+                                                block for an agent switch; the handoff's
+                                                result names the agent, and
+                                                :attr:`StreamedRun.agents` lists them
+``tool_called``, ``message_output_created``,    nothing more: the raw events carried them
+``reasoning_item_created``, ``handoff_requested``
+``result.interruptions`` (tools with            the call's tool_use block stays without a
+``needs_approval``)                             result and the message asks to approve it
+                                                (``approval_request``, stop reason
+                                                ``tool_use``); see :class:`AgentTurns`
+==============================================  ==========================================
+
+The next model response is the next round, all in one message. The usage is the sum of the
+responses' ``response.completed`` usage; the model name is the responses' own
+(``response.created``); the stop reason is the last response's (``end_turn`` once the SDK
+ran every call of it). An error the run raises (a tool's exception with
+``failure_error_function=None``, ``MaxTurnsExceeded``, a guardrail's tripwire, a failed
+response) ends the message with an ``error`` event and propagates; a run whose publisher is
+cancelled, or that fails, is cancelled (``result.cancel()``) and its stream closed, so
+nothing of it keeps running.
+
+:class:`AgentTurns` serves an agent to every dialect through a
+:class:`~essessey.StreamHub` in a few lines, approvals included: the SDK's ``RunState`` of a
+run that stops to ask is kept in :class:`~essessey.adapters.RunStates` (the hub's store, so
+any replica sharing it can go on), and ``turns.on_answer`` applies the answers
+(``state.approve`` / ``state.reject``) and resumes the run where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias, cast
+
+import anyio
+from agents import Agent, RunConfig, RunHooks, Runner, RunState
+from agents.items import (
+    HandoffOutputItem,
+    ToolApprovalItem,
+    ToolCallOutputItem,
+    TResponseInputItem,
+)
+from agents.result import RunResultStreaming
+from agents.stream_events import (
+    AgentUpdatedStreamEvent,
+    RawResponsesStreamEvent,
+    RunItemStreamEvent,
+    StreamEvent,
+)
+from openai.types.responses import ResponseCreatedEvent
+
+from essessey._public import set_public_module
+from essessey.adapters._run_state import RunStates
+from essessey.adapters.openai_responses import StreamedResponse, stream_round
+from essessey.adapters.rounds import RoundStream, continue_rounds, stream_rounds
+from essessey.dialects import DialectRequest, conversation
+from essessey.hub import TurnProducer
+from essessey.protocol import StopReason, result_text
+from essessey.protocol.asking import Answered
+from essessey.publisher import Publisher
+
+__all__ = [
+    "AgentTurns",
+    "StreamedRun",
+    "agent_input",
+    "publish_run",
+    "stream_run",
+]
+
+logger = logging.getLogger("essessey.adapters.openai_agents")
+
+# The events that end one model response's raw stream.
+_TERMINAL: Final = frozenset(
+    {"response.completed", "response.incomplete", "response.failed", "error"}
+)
+# How long a cancelled run is given to wind down (its tasks are cancelled, not waited for).
+_CLOSE_TIMEOUT: Final = 5.0
+
+RunInput: TypeAlias = str | list[TResponseInputItem]
+"""What ``Runner.run_streamed`` takes as a new run's input."""
+
+
+@dataclass(slots=True)
+class StreamedRun:
+    """What :func:`stream_run` published for one run (or one resumed run).
+
+    ``responses`` holds each model response's :class:`StreamedResponse` (one per round), in
+    order; ``text`` is the text of every round, ``final_output`` the SDK's
+    (``result.final_output``: None when the run stopped to ask). ``tool_results`` maps each
+    call id the SDK ran to the output published for it. ``agents`` names the agents that
+    ran, the first one first and each handoff's target after it. ``interruptions`` are the
+    SDK's ``result.interruptions`` (tools that need approval) and ``requests`` the ids of
+    the approval requests published for them, in the same order; ``stop_reason``,
+    ``usage`` and ``model`` are what the message's epilogue and preamble say.
+    """
+
+    responses: list[StreamedResponse] = field(default_factory=list)
+    text: str = ""
+    final_output: Any = None
+    tool_results: dict[str, str] = field(default_factory=dict)
+    agents: list[str] = field(default_factory=list)
+    interruptions: list[ToolApprovalItem] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    stop_reason: str = StopReason.END_TURN
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+
+    @property
+    def asked(self) -> bool:
+        """Whether the run stopped to ask (its message waits for approvals)."""
+        return bool(self.requests)
+
+
+class _Events:
+    """The run's stream events, with room to put events back (a look ahead)."""
+
+    __slots__ = ("_back", "_iterator")
+
+    def __init__(self, result: RunResultStreaming) -> None:
+        self._iterator: AsyncIterator[StreamEvent] = result.stream_events()
+        self._back: deque[StreamEvent] = deque()
+
+    async def next(self) -> StreamEvent | None:
+        if self._back:
+            return self._back.popleft()
+        try:
+            return await anext(self._iterator)
+        except StopAsyncIteration:
+            return None
+
+    def put_back(self, events: Sequence[StreamEvent]) -> None:
+        self._back.extendleft(reversed(events))
+
+    async def close(self) -> None:
+        iterator = self._iterator
+        if isinstance(iterator, AsyncGenerator):
+            await iterator.aclose()
+
+
+class _Response:
+    """One model response's raw events, read off the run's stream up to its terminal
+    event (an iterator, not a generator: nothing is left for the event loop to close)."""
+
+    __slots__ = ("_done", "_events", "_first")
+
+    def __init__(self, first: RawResponsesStreamEvent, events: _Events) -> None:
+        self._first: RawResponsesStreamEvent | None = first
+        self._events = events
+        self._done = False
+
+    def __aiter__(self) -> _Response:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        event: StreamEvent | None
+        if self._first is not None:
+            event, self._first = self._first, None
+        else:
+            event = await self._events.next()
+        if not isinstance(event, RawResponsesStreamEvent):
+            # The response's stream was cut short: stream_round says so (an api_error).
+            self._done = True
+            if event is not None:
+                self._events.put_back([event])
+            raise StopAsyncIteration
+        data = event.data
+        if data.type in _TERMINAL:
+            self._done = True
+        return data
+
+
+class _Run:
+    """The state of one published run: the open round's calls and their results."""
+
+    def __init__(
+        self, rounds: RoundStream, result: RunResultStreaming, answered: Answered | None
+    ) -> None:
+        self.rounds = rounds
+        self.result = result
+        self.out = StreamedRun()
+        self.earlier: dict[str, bool] = {}  # calls of the asking message: denied?
+        if answered is not None:
+            for request, approval in answered.approvals():
+                self.earlier[request.tool_use_id] = not approval.approved
+        self.calls: list[str] = []  # the open round's call ids
+        self.held: dict[int, str] = {}  # results waiting for an earlier call's
+        self.next_result = 0
+        self.last: StreamedResponse | None = None
+
+    async def response(self, first: RawResponsesStreamEvent, events: _Events) -> None:
+        await self.end_round()
+        await self.rounds.round_start()
+        streamed = await stream_round(self.rounds, _Response(first, events))
+        self.out.responses.append(streamed)
+        self.out.text += streamed.text
+        if self.out.model is None and streamed.model:
+            self.out.model = streamed.model
+        for key, value in streamed.usage.items():
+            self.out.usage[key] = self.out.usage.get(key, 0) + value
+        self.calls = [call.id for call in streamed.tool_calls]
+        self.held = {}
+        self.next_result = 0
+        self.last = streamed
+
+    async def output(self, call_id: str | None, output: object) -> None:
+        if not call_id:
+            logger.warning("a tool output without a call id; not published")
+            return
+        text = _text(output)
+        if self.rounds.in_round and call_id in self.calls:
+            i = self.calls.index(call_id)
+            if i < self.next_result or i in self.held:
+                logger.warning("tool call %d got a second output; not published", i)
+                return
+            self.out.tool_results[call_id] = text
+            self.held[i] = text
+            # In call order: a result waits for the earlier calls' (an earlier call may wait
+            # for an approval, and its result then comes in the next message).
+            while self.next_result in self.held:
+                await self.rounds.tool_result(self.next_result, self.held.pop(self.next_result))
+                self.next_result += 1
+        elif not self.rounds.in_round and call_id in self.earlier:
+            self.out.tool_results[call_id] = text
+            await self.rounds.earlier_result(call_id, text, is_error=self.earlier.pop(call_id))
+        else:
+            logger.warning("an output for a call this message does not know; not published")
+
+    async def end_round(self, *, asking: bool = False) -> None:
+        rounds = self.rounds
+        if not rounds.in_round:
+            return
+        held = sorted(self.held.items())
+        self.held = {}
+        if asking:
+            # The calls that wait for an approval keep no result; the results of the calls
+            # after them go out once the round is closed, naming their calls.
+            await rounds.round_end(answer_missing=False)
+            for i, text in held:
+                await rounds.earlier_result(self.calls[i], text)
+            return
+        for i, text in held:
+            await rounds.tool_result(i, text)
+        await rounds.round_end()
+
+    async def ask(self, states: RunStates | None, reason: _Reason | None) -> None:
+        interruptions = list(self.result.interruptions)
+        self.out.interruptions = interruptions
+        await self.end_round(asking=True)
+        ids = [_request_id() for _ in interruptions]
+        if states is not None:
+            # Saved before anything asks: an answer may come as soon as a client reads it.
+            state = self.result.to_state().to_string()
+            await states.save(ids[0], state.encode())
+        for item, request_id in zip(interruptions, ids, strict=True):
+            call_id = item.call_id
+            if not call_id:
+                raise ValueError("an interruption without a call id cannot be asked")
+            await self.rounds.ask_approval(
+                call_id, reason=None if reason is None else reason(item), request_id=request_id
+            )
+            self.out.requests.append(request_id)
+        self.out.stop_reason = StopReason.TOOL_USE
+
+    def finish(self) -> None:
+        out = self.out
+        out.final_output = self.result.final_output
+        last = self.last
+        usage = dict(out.usage)
+        self.rounds.output_tokens = usage.pop("output_tokens", 0)
+        self.rounds.usage = usage
+        if out.asked:
+            return  # asking made the stop reason tool_use
+        if last is not None and not (
+            last.stop_reason == StopReason.TOOL_USE
+            and all(c in out.tool_results for c in self.calls)
+        ):
+            out.stop_reason = last.stop_reason
+        else:
+            out.stop_reason = StopReason.END_TURN
+        self.rounds.stop_reason = out.stop_reason
+
+
+_Reason: TypeAlias = Callable[[ToolApprovalItem], "str | None"]
+
+
+async def stream_run(
+    rounds: RoundStream,
+    result: RunResultStreaming,
+    *,
+    states: RunStates | None = None,
+    answered: Answered | None = None,
+    approval_reason: _Reason | None = None,
+) -> StreamedRun:
+    """Publish the run ``result`` (of ``Runner.run_streamed``) into ``rounds``' message.
+
+    Reads ``result.stream_events()`` to its end: each model response is a round (see the
+    module's table), the tool outputs the SDK ran are the round's results, in call order.
+    Between rounds ``rounds`` must be idle (no round open) when this starts; it is idle
+    when this returns. Sets ``rounds.stop_reason``, ``output_tokens`` and ``usage`` for the
+    epilogue; the caller (or :func:`~essessey.adapters.stream_rounds`) ends the message.
+
+    When the run stops for approvals (``result.interruptions``), each interrupted call's
+    tool_use block stays without a result and the message asks to approve it
+    (``approval_reason(item)`` is the request's reason); with ``states``, the run's
+    ``RunState`` (``result.to_state().to_string()``) is saved under the first request's id
+    before anything asks. ``answered``: the run resumes a message that asked, and the
+    outputs of the calls it approved or denied are their results in this message (a
+    denied call's, the SDK's rejection message, with ``is_error``).
+
+    What the run raises propagates (a stream of :func:`stream_rounds` then ends with an
+    ``error`` event). Whatever ends this (an error, a cancellation), a run not complete is
+    cancelled (``result.cancel()``) and its event stream closed before this returns.
+    """
+    return await _stream_from(rounds, result, _Events(result), answered, states, approval_reason)
+
+
+async def _close(result: RunResultStreaming, events: _Events) -> None:
+    """End the run: cancel it unless it is complete, close its stream and wait for its
+    loop (its tools with it) to be done, shielded from a cancellation and bounded."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+        if not result.is_complete:
+            result.cancel()
+        await events.close()
+        task = result.run_loop_task
+        if task is not None and not task.done():
+            await asyncio.wait([task])
+
+
+async def publish_run(
+    publisher: Publisher,
+    result: RunResultStreaming,
+    *,
+    message_id: str,
+    stream_id: str,
+    model: str | None = None,
+    states: RunStates | None = None,
+    approval_reason: _Reason | None = None,
+) -> StreamedRun:
+    """Publish the run ``result`` as one whole message, preamble to epilogue.
+
+    ``message_start`` names the model the first response names (its ``response.created``),
+    else ``model``, else ``""``: the stream is read up to the first response's first event
+    before the message opens. The rest is :func:`stream_run` (``states`` and
+    ``approval_reason`` as there) inside :func:`~essessey.adapters.stream_rounds`: an error
+    of the run ends the message with an ``error`` event and propagates.
+    """
+    events = _Events(result)
+    seen: list[StreamEvent] = []
+    name = model or ""
+    failure: Exception | None = None
+    try:
+        while (event := await events.next()) is not None:
+            seen.append(event)
+            if isinstance(event, RawResponsesStreamEvent):
+                data = event.data
+                if isinstance(data, ResponseCreatedEvent) and data.response.model:
+                    name = data.response.model
+                break
+    except Exception as exc:
+        failure = exc
+    events.put_back(seen)
+    async with stream_rounds(
+        publisher, message_id=message_id, stream_id=stream_id, model=name
+    ) as rounds:
+        if failure is not None:
+            await _close(result, events)
+            raise failure
+        return await _stream_from(rounds, result, events, None, states, approval_reason)
+
+
+async def _stream_from(
+    rounds: RoundStream,
+    result: RunResultStreaming,
+    events: _Events,
+    answered: Answered | None,
+    states: RunStates | None,
+    approval_reason: _Reason | None,
+) -> StreamedRun:
+    # publish_run reads ahead to name the model: the events may have begun.
+    run = _Run(rounds, result, answered)
+    try:
+        while (event := await events.next()) is not None:
+            if isinstance(event, RawResponsesStreamEvent):
+                await run.response(event, events)
+            elif isinstance(event, RunItemStreamEvent):
+                item = event.item
+                if isinstance(item, ToolCallOutputItem | HandoffOutputItem):
+                    payload = cast(Mapping[str, Any], item.to_input_item())
+                    await run.output(_call_id(payload), payload.get("output"))
+            elif isinstance(event, AgentUpdatedStreamEvent):
+                run.out.agents.append(event.new_agent.name)
+        if result.interruptions:
+            await run.ask(states, approval_reason)
+        else:
+            await run.end_round()
+        run.finish()
+        return run.out
+    finally:
+        await _close(result, events)
+
+
+def _call_id(payload: Mapping[str, Any]) -> str | None:
+    value = payload.get("call_id")
+    return value if isinstance(value, str) else None
+
+
+def _text(output: object) -> str:
+    """A tool output as the model reads it: text as it is, anything else as JSON."""
+    return result_text(output if output is not None else "")
+
+
+def _request_id() -> str:
+    return "apr_" + secrets.token_hex(12)
+
+
+def agent_input(request: DialectRequest) -> RunInput:
+    """A new run's input from any dialect's request: every message's text
+    (:func:`essessey.dialects.conversation`) as the Responses input messages the SDK takes
+    (``{"role", "content"}``), in order, the last user message last."""
+    return [
+        cast(TResponseInputItem, {"role": message.role, "content": message.text})
+        for message in conversation(request)
+    ]
+
+
+class AgentTurns:
+    """An Agents SDK agent served to every dialect through a hub, approvals included.
+
+    ``turns = AgentTurns(agent)`` is the turn factory of
+    :func:`essessey.dialects.dialect_routes` (``turns(request)`` runs the agent on the
+    request's conversation, :func:`agent_input`, or on what ``input(request)`` returns) and
+    ``turns.on_answer`` the hub's continuation (``StreamHub(on_answer=turns.on_answer)``).
+    A run that stops for approvals keeps its ``RunState`` in ``states``
+    (:class:`~essessey.adapters.RunStates`: give it the hub's store so every replica finds
+    it; the default keeps it in this process); the answer, in any dialect, approves or
+    rejects each call (a denial's reason, when given, is the rejection message the model
+    reads) and resumes the run with ``Runner.run_streamed(agent, state)``.
+
+    ``run_config``, ``context``, ``max_turns`` and ``hooks`` go to every
+    ``Runner.run_streamed`` (``context`` replaces the saved one on a resumed run).
+    ``approval_reason(item)`` is an approval request's reason.
+    """
+
+    def __init__(
+        self,
+        agent: Agent[Any],
+        *,
+        states: RunStates | None = None,
+        run_config: RunConfig | None = None,
+        context: Any = None,
+        max_turns: int | None = None,
+        hooks: RunHooks[Any] | None = None,
+        input: Callable[[DialectRequest], RunInput] | None = None,
+        approval_reason: _Reason | None = None,
+    ) -> None:
+        self.agent = agent
+        self.states = states if states is not None else RunStates()
+        self.run_config = run_config
+        self.context = context
+        self.max_turns = max_turns
+        self.hooks = hooks
+        self.input = input if input is not None else agent_input
+        self.approval_reason = approval_reason
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"run_config": self.run_config, "hooks": self.hooks}
+        if self.max_turns is not None:
+            options["max_turns"] = self.max_turns
+        return options
+
+    def __call__(self, request: DialectRequest) -> TurnProducer:
+        """The producer of the agent's turn for ``request`` (served on ``request.id``)."""
+        run_input = self.input(request)
+        stream_id = request.id
+
+        async def produce(publisher: Publisher) -> None:
+            result = Runner.run_streamed(
+                self.agent, run_input, context=self.context, **self._options()
+            )
+            await publish_run(
+                publisher,
+                result,
+                message_id=_message_id(),
+                stream_id=stream_id,
+                states=self.states,
+                approval_reason=self.approval_reason,
+            )
+
+        return produce
+
+    async def on_answer(self, publisher: Publisher, answered: Answered) -> None:
+        """The hub's continuation: resume the run that asked, with the answers applied."""
+        async with continue_rounds(publisher, answered) as rounds:
+            key = answered.requests[0].id
+            saved = await self.states.load(key)
+            if saved is None:
+                raise LookupError("no run state is kept for this turn's requests")
+            options: dict[str, Any] = {}
+            if self.context is not None:
+                options["context_override"] = self.context
+            state = await RunState.from_string(self.agent, saved.decode(), **options)
+            waiting = {item.call_id: item for item in state.get_interruptions()}
+            for request, approval in answered.approvals():
+                item = waiting.get(request.tool_use_id)
+                if item is None:
+                    raise LookupError("an answered call is not one the run waits for")
+                if approval.approved:
+                    state.approve(item)
+                else:
+                    state.reject(item, rejection_message=approval.reason)
+            result = Runner.run_streamed(self.agent, state, **self._options())
+            await stream_run(
+                rounds,
+                result,
+                states=self.states,
+                answered=answered,
+                approval_reason=self.approval_reason,
+            )
+            await self.states.drop(key)
+
+
+def _message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+set_public_module(__name__, globals(), __all__)

@@ -1,0 +1,557 @@
+"""The OpenAI Agents SDK adapter (essessey.adapters.openai_agents), offline: an Agents SDK
+``Model`` of the tests' own streams scripted Responses events (tests/openai_agents_models.py).
+
+Every published turn passes the checker, and ``reassemble`` gives back what the SDK's own
+result says (final output, the calls with their arguments and the outputs it ran). Through
+a hub: approvals answered in process on another replica (two hubs, one store), over HTTP by
+the protocol's answer route and by the openai SDK (the Responses dialect), the turn read by
+the openai SDK's Responses and Chat Completions clients, a drop and resume in the middle of
+the run, an error and a cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from agents import (
+    Agent,
+    RunConfig,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from agents.items import ToolCallItem, ToolCallOutputItem
+from agents.result import RunResultBase
+from starlette.applications import Starlette
+
+from essessey import (
+    Event,
+    InMemoryEventStore,
+    InMemorySink,
+    Publisher,
+    StreamHub,
+    ToolApproval,
+    check,
+    reassemble_events,
+)
+from essessey.adapters import RunStates
+from essessey.adapters.openai_agents import AgentTurns, StreamedRun, agent_input, publish_run
+from essessey.dialects import dialect_routes
+from essessey.dialects.ui import ChatRequest
+from essessey.errors import ProviderStreamError
+from tests.adapter_views import starts
+from tests.clients import read_sse
+from tests.openai_agents_models import MODEL_NAME, Pause, Response, ScriptedResponses, call
+from tests.processes import WAIT
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+set_tracing_disabled(True)
+
+
+# -- agents and tools ------------------------------------------------------------------------
+
+
+@function_tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+@function_tool
+def get_time(city: str) -> dict[str, str]:
+    """The time in a city."""
+    return {"city": city, "time": "12:00"}
+
+
+@function_tool
+def broken(city: str) -> str:
+    """A tool that fails."""
+    raise RuntimeError("the weather service is down")
+
+
+@function_tool(failure_error_function=None)
+def fatal(city: str) -> str:
+    """A tool whose failure ends the run."""
+    raise RuntimeError("fatal")
+
+
+SENT: list[str] = []
+
+
+@function_tool(needs_approval=True)
+def send_email(to: str) -> str:
+    """Send an email (asks first)."""
+    SENT.append(to)
+    return f"sent to {to}"
+
+
+def weather_script() -> list[list[Any]]:
+    """Reasoning and two parallel calls (fragments interleaved), then the answer."""
+    return [
+        Response()
+        .reasoning("Two cities, ", "two calls.")
+        .text("Let me look.")
+        .calls(
+            call("call_w", "get_weather", '{"city":"Oslo"}', pieces=3),
+            call("call_t", "get_time", '{"city":"Rome"}', pieces=2),
+        )
+        .done(),
+        Response(usage=(30, 7)).text("Oslo is ", "sunny; ", "it is noon in Rome.").done(),
+    ]
+
+
+def agent_of(scripts: list[list[Any]], **options: Any) -> tuple[Agent[Any], ScriptedResponses]:
+    model = ScriptedResponses(scripts)
+    options.setdefault("tools", [get_weather, get_time])
+    return Agent(name="assistant", model=model, **options), model
+
+
+async def run_to_sink(
+    agent: Agent[Any], prompt: str = "hi", **options: Any
+) -> tuple[list[Event], StreamedRun | None, RunResultBase, BaseException | None]:
+    sink = InMemorySink()
+    result = Runner.run_streamed(agent, prompt, **options)
+    run: StreamedRun | None = None
+    error: BaseException | None = None
+    try:
+        run = await publish_run(Publisher(sink), result, message_id="msg_1", stream_id="s1")
+    except Exception as exc:
+        error = exc
+    events = [Event(e.event, e.data, str(n + 1)) for n, e in enumerate(sink.events)]
+    assert check(events) == []
+    return events, run, result, error
+
+
+def sdk_calls(result: RunResultBase) -> list[tuple[str, str, Any]]:
+    found = []
+    for item in result.new_items:
+        if isinstance(item, ToolCallItem):
+            raw = item.raw_item
+            assert not isinstance(raw, dict)
+            found.append((item.call_id, item.tool_name, json.loads(raw.arguments)))  # type: ignore[union-attr]
+    return found
+
+
+def sdk_outputs(result: RunResultBase) -> dict[str, str]:
+    found = {}
+    for item in result.new_items:
+        if isinstance(item, ToolCallOutputItem):
+            payload: Any = item.to_input_item()
+            found[payload["call_id"]] = payload["output"]
+    return found
+
+
+def published_calls(events: list[Event]) -> tuple[list[tuple[str, str, Any]], dict[str, str]]:
+    parsed = reassemble_events(events)
+    calls = [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls]
+    results = {r.tool_use_id: r.text for r in parsed.tool_results}
+    return calls, results
+
+
+# -- the publisher ---------------------------------------------------------------------------
+
+
+async def test_reasoning_text_and_parallel_calls_are_rounds_of_one_message() -> None:
+    agent, _ = agent_of(weather_script())
+    events, run, result, error = await run_to_sink(agent)
+    assert error is None
+    assert run is not None
+    parsed = reassemble_events(events)
+    [message] = parsed.messages
+    assert message.model == MODEL_NAME
+    assert message.stop_reason == "end_turn"
+    assert parsed.thinking == "Two cities, two calls."
+    assert result.final_output == "Oslo is sunny; it is noon in Rome."
+    assert parsed.text == "Let me look." + result.final_output
+    assert run.final_output == result.final_output
+    calls, results = published_calls(events)
+    assert (
+        calls
+        == sdk_calls(result)
+        == [
+            ("call_w", "get_weather", {"city": "Oslo"}),
+            ("call_t", "get_time", {"city": "Rome"}),
+        ]
+    )
+    assert results == sdk_outputs(result)
+    assert results["call_w"] == "sunny in Oslo"
+    # The layout: round 1's thinking, text, both calls, then both results; round 2's text.
+    assert [kind for _, kind in starts(events)] == [
+        "thinking",
+        "text",
+        "tool_use",
+        "tool_use",
+        "tool_result",
+        "tool_result",
+        "text",
+    ]
+    # Usage: both responses' completed usage, summed (OpenAI's input less the cached).
+    assert message.usage["output_tokens"] == 12
+    assert message.usage["input_tokens"] == 40 - 4
+    assert message.usage["cache_read_input_tokens"] == 4
+    assert run.usage["reasoning_tokens"] == 2
+    assert len(run.responses) == 2
+    assert run.agents == ["assistant"]
+
+
+async def test_a_tool_that_raises_gives_the_sdk_s_error_output_and_the_run_goes_on() -> None:
+    scripts = [
+        Response().calls(call("call_b", "broken", '{"city":"Oslo"}')).done(),
+        Response().text("The service is down.").done(),
+    ]
+    agent, _ = agent_of(scripts, tools=[broken])
+    events, _run, result, error = await run_to_sink(agent)
+    assert error is None
+    _, results = published_calls(events)
+    assert results == sdk_outputs(result)
+    assert "error" in results["call_b"].lower()
+    assert reassemble_events(events).messages[0].stop_reason == "end_turn"
+
+
+async def test_a_tool_error_that_ends_the_run_is_an_error_event_and_the_exception() -> None:
+    scripts = [Response().text("Trying.").calls(call("call_f", "fatal", '{"city":"x"}')).done()]
+    agent, _ = agent_of(scripts, tools=[fatal])
+    events, run, result, error = await run_to_sink(agent)
+    assert run is None
+    assert error is not None
+    assert "fatal" in str(error)
+    parsed = reassemble_events(events)
+    assert parsed.error is not None
+    assert parsed.text == "Trying."
+    assert result.is_complete
+
+
+async def test_a_model_that_fails_mid_response_is_an_error_event_and_the_exception() -> None:
+    events_of_response = Response().text("Half an ans", "wer").done()
+    scripts = [[*events_of_response[:4], ConnectionError("the provider went away")]]
+    agent, _ = agent_of(scripts)
+    events, _run, result, error = await run_to_sink(agent)
+    assert isinstance(error, ConnectionError)
+    parsed = reassemble_events(events)
+    assert parsed.error is not None
+    assert parsed.error.type == "api_error"
+    # What the SDK had queued before the model raised it drops: the error is what comes.
+    assert not parsed.messages[0].complete
+    assert result.is_complete
+
+
+async def test_a_failed_response_is_the_provider_s_error() -> None:
+    response = Response()
+    failed = response._response("failed", [])
+    failed["error"] = {"code": "server_error", "message": "overloaded"}
+    response._add("response.failed", response=failed)
+    agent, _ = agent_of([response.events])
+    events, _, result, error = await run_to_sink(agent)
+    assert isinstance(error, ProviderStreamError)
+    parsed = reassemble_events(events)
+    assert parsed.error is not None
+    assert (parsed.error.type, parsed.error.message) == ("server_error", "overloaded")
+    assert result.is_complete
+
+
+async def test_a_handoff_is_a_call_whose_result_names_the_new_agent() -> None:
+    model = ScriptedResponses(
+        [
+            Response()
+            .text("Passing you on.")
+            .calls(call("call_h", "transfer_to_billing", "{}"))
+            .done(),
+            Response(model="gpt-billing").text("Billing here: ", "paid.").done(),
+        ]
+    )
+    billing = Agent(name="billing", model=model, handoff_description="Payments")
+    triage = Agent(name="triage", model=model, handoffs=[billing])
+    events, run, result, error = await run_to_sink(triage)
+    assert error is None
+    assert run is not None
+    assert run.agents == ["triage", "billing"]
+    assert result.last_agent.name == "billing"
+    parsed = reassemble_events(events)
+    [(call_id, name, params)] = [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls]
+    assert (call_id, name, params) == ("call_h", "transfer_to_billing", {})
+    [handoff_result] = parsed.tool_results
+    assert json.loads(handoff_result.text) == {"assistant": "billing"}
+    assert parsed.text == "Passing you on.Billing here: paid."
+    assert result.final_output == "Billing here: paid."
+    assert parsed.messages[0].model == MODEL_NAME  # the first response's model
+
+
+async def test_agent_input_is_the_conversation_as_responses_messages() -> None:
+    chat = ChatRequest(
+        "c1",
+        [
+            {"role": "system", "parts": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "parts": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "parts": [{"type": "text", "text": "Hello."}]},
+            {"role": "user", "parts": [{"type": "text", "text": "Weather?"}]},
+        ],
+        "submit-message",
+    )
+    assert agent_input(chat) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Weather?"},
+    ]
+
+
+# -- through the hub -----------------------------------------------------------------------
+
+
+def chat(stream_id: str, text: str = "hi") -> ChatRequest:
+    return ChatRequest(
+        stream_id, [{"role": "user", "parts": [{"type": "text", "text": text}]}], "submit-message"
+    )
+
+
+def approval_scripts(to: str = "ada@example.com") -> list[list[Any]]:
+    """A gated call before a plain one, then (once answered) the answer."""
+    return [
+        Response()
+        .text("Sending it.")
+        .calls(
+            call("call_mail", "send_email", json.dumps({"to": to})),
+            call("call_w", "get_weather", '{"city":"Oslo"}'),
+        )
+        .done(),
+        Response().text("All done.").done(),
+    ]
+
+
+def mail_agent(model: ScriptedResponses) -> Agent[Any]:
+    return Agent(name="mailer", model=model, tools=[send_email, get_weather])
+
+
+async def test_an_approval_answered_on_another_replica_resumes_the_sdk_run() -> None:
+    SENT.clear()
+    store = InMemoryEventStore()
+    model = ScriptedResponses(approval_scripts())
+    # Two replicas: each its own agent object and turns, sharing the store.
+    turns_a = AgentTurns(mail_agent(model), states=RunStates(store))
+    turns_b = AgentTurns(mail_agent(model), states=RunStates(store))
+    async with (
+        StreamHub(store, on_answer=turns_a.on_answer) as a,
+        StreamHub(store, on_answer=turns_b.on_answer) as b,
+    ):
+        await a.start("s1", turns_a(chat("s1")))
+        await a.wait("s1")
+        waiting = await b.waiting("s1")
+        assert waiting is not None
+        [request] = waiting.requests
+        assert request.tool_use_id == "call_mail"  # type: ignore[union-attr]
+        assert SENT == []
+        continued = await b.answer("s1", [ToolApproval(request.id, approved=True)])
+        assert continued.started
+        await b.wait("s1")
+        events, _ = await store.since("s1", None)
+    assert check(events) == []
+    assert SENT == ["ada@example.com"]
+    parsed = reassemble_events(events)
+    first, second = parsed.messages
+    assert first.stop_reason == "tool_use"
+    # The plain call's result went out in the asking message; the gated one's after.
+    assert {r.tool_use_id: r.text for r in first.tool_results} == {"call_w": "sunny in Oslo"}
+    assert {r.tool_use_id: r.text for r in second.tool_results} == {
+        "call_mail": "sent to ada@example.com"
+    }
+    assert second.text == "All done."
+    assert second.stop_reason == "end_turn"
+    assert parsed.pending == ()
+    assert await RunStates(store).load(request.id) is None  # dropped once resumed
+
+
+async def test_a_denied_approval_is_the_sdk_s_rejection_and_the_tool_never_runs() -> None:
+    SENT.clear()
+    model = ScriptedResponses(approval_scripts())
+    turns = AgentTurns(mail_agent(model))
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s2", turns(chat("s2")))
+        await hub.wait("s2")
+        waiting = await hub.waiting("s2")
+        assert waiting is not None
+        [request] = waiting.requests
+        await hub.answer("s2", [ToolApproval(request.id, approved=False, reason="not now")])
+        await hub.wait("s2")
+        events, _ = await hub.store.since("s2", None)
+    assert check(events) == []
+    assert SENT == []
+    second = reassemble_events(events).messages[1]
+    [result] = second.tool_results
+    assert (result.tool_use_id, result.text, result.is_error) == ("call_mail", "not now", True)
+    assert second.text == "All done."
+
+
+async def test_a_cancelled_turn_cancels_the_sdk_run() -> None:
+    started, never = anyio.Event(), anyio.Event()
+    cancelled: list[bool] = []
+
+    @function_tool
+    async def slow() -> str:
+        """Waits forever."""
+        started.set()
+        try:
+            await never.wait()
+        except BaseException:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    model = ScriptedResponses([Response().text("Working.").calls(call("c1", "slow", "{}")).done()])
+    agent = Agent(name="a", model=model, tools=[slow])
+    turns = AgentTurns(agent)
+    async with StreamHub() as hub:
+        await hub.start("s3", turns(chat("s3")))
+        with anyio.fail_after(WAIT):
+            await started.wait()
+        assert await hub.cancel("s3")
+        await hub.wait("s3")
+        events, _ = await hub.store.since("s3", None)
+    assert cancelled == [True]
+    parsed = reassemble_events(events)
+    assert parsed.messages[-1].stop_reason == "cancelled"
+    assert check(events) == []
+
+
+async def test_drop_and_resume_in_the_middle_of_the_run_gives_every_event_once() -> None:
+    gate = anyio.Event()
+
+    async def wait_for_gate() -> None:
+        await gate.wait()
+
+    first = (
+        Response()
+        .text("Let me ", "look.")
+        .calls(call("call_w", "get_weather", '{"city":"Oslo"}'))
+        .done()
+    )
+    second = Response().text("It is ", "sunny.").done()
+    model = ScriptedResponses([first, [*second[:3], Pause(wait_for_gate), *second[3:]]])
+    agent, _ = agent_of([])
+    agent = Agent(name="a", model=model, tools=[get_weather])
+    turns = AgentTurns(agent)
+    async with StreamHub() as hub:
+        await hub.start("s4", turns(chat("s4")))
+        seen: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async for event in hub.subscribe("s4"):
+                seen.append(event)
+                if event.event == "content_block_start" and b"tool_result" in event.data:
+                    break  # the reader drops here, mid-run
+        gate.set()
+        rest = []
+        with anyio.fail_after(WAIT):
+            async for event in hub.subscribe("s4", seen[-1].id):
+                rest.append(event)
+        whole, _ = await hub.store.since("s4", None)
+    assert [e.id for e in seen + rest] == [e.id for e in whole]
+    assert check(seen + rest) == []
+    assert reassemble_events(seen + rest).text == "Let me look.It is sunny."
+
+
+# -- over HTTP -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, list[ScriptedResponses]]]:
+    """An app of AgentTurns on every dialect; each request's agent plays the scripts the
+    test put in ``models`` (one model per turn, in order)."""
+    models: list[ScriptedResponses] = []
+    agent = Agent(name="mailer", tools=[send_email, get_weather, get_time])
+
+    # One agent, its model given per run by the run config (the model the test queued).
+    turns = AgentTurns(agent, run_config=RunConfig())
+
+    def factory(request: Any) -> Any:
+        turns.run_config = RunConfig(model=models[0])
+        return turns(request)
+
+    async def on_answer(publisher: Publisher, answered: Any) -> None:
+        turns.run_config = RunConfig(model=models[0])
+        await turns.on_answer(publisher, answered)
+
+    hub = StreamHub(on_answer=on_answer)
+    app = Starlette(routes=list(dialect_routes(hub, factory)), lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url, models
+
+
+async def test_the_openai_sdk_reads_a_turn_as_responses_and_as_chat_completions(
+    served: tuple[str, list[ScriptedResponses]],
+) -> None:
+    url, models = served
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as sdk:
+        models[:] = [ScriptedResponses(weather_script())]
+        response = await sdk.responses.create(model="m", input="weather?")
+        assert response.output_text == "Let me look.Oslo is sunny; it is noon in Rome."
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert [(c.call_id, c.name, json.loads(c.arguments)) for c in calls] == [
+            ("call_w", "get_weather", {"city": "Oslo"}),
+            ("call_t", "get_time", {"city": "Rome"}),
+        ]
+        outputs = [item for item in response.output if item.type == "function_call_output"]
+        assert [o.output for o in outputs] == [
+            "sunny in Oslo",
+            str({"city": "Rome", "time": "12:00"}),
+        ]
+
+        models[:] = [ScriptedResponses(weather_script())]
+        stream = await sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "weather?"}], stream=True
+        )
+        text = "".join(
+            [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        )
+        assert text.endswith("it is noon in Rome.")
+
+
+async def test_approvals_over_http_the_protocol_route_and_the_responses_dialect(
+    served: tuple[str, list[ScriptedResponses]],
+) -> None:
+    url, models = served
+    SENT.clear()
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as sdk:
+        # The Responses dialect: denied by an mcp_approval_response.
+        models[:] = [ScriptedResponses(approval_scripts("bob@example.com"))]
+        first = await sdk.responses.create(model="m", input="mail bob")
+        [request] = [item for item in first.output if item.type == "mcp_approval_request"]
+        assert request.name == "send_email"
+        deny = {
+            "type": "mcp_approval_response",
+            "approval_request_id": request.id,
+            "approve": False,
+        }
+        second = await sdk.responses.create(model="m", previous_response_id=first.id, input=[deny])
+        assert second.output_text == "All done."
+        assert SENT == []
+
+        # The protocol's answer route, on a turn a Chat Completions client started.
+        models[:] = [ScriptedResponses(approval_scripts("ada@example.com"))]
+        completion = await sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "mail ada"}]
+        )
+        stream_id = completion.id
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        asked = await read_sse(http, f"{url}/streams/{stream_id}")
+        assert check(asked) == []
+        [pending] = reassemble_events(asked).pending
+        answer = await http.post(
+            f"{url}/streams/{stream_id}/answer",
+            json={"answers": [{"id": pending.id, "approved": True}]},
+        )
+        assert answer.status_code == 200, answer.text
+        after = answer.json()["after"]
+        rest = await read_sse(http, f"{url}/streams/{stream_id}", last_event_id=after)
+    assert SENT == ["ada@example.com"]
+    assert check(asked + rest) == []
+    continuation = reassemble_events(asked + rest).messages[-1]
+    assert continuation.text == "All done."
+    assert {r.tool_use_id: r.text for r in continuation.tool_results} == {
+        "call_mail": "sent to ada@example.com"
+    }
