@@ -25,6 +25,8 @@ from pydantic_ai.toolsets import ExternalToolset
 MODEL_NAME = "scripted-pydantic-ai"
 SENT: list[dict[str, Any]] = []
 """The mails the approval agents sent (the tool's effect)."""
+DENIALS: list[str] = []
+"""What the model was told of each denied mail."""
 
 
 def requests_made(messages: list[ModelMessage]) -> int:
@@ -104,6 +106,8 @@ async def _mail_script(
         if mail is not None and mail.outcome == "success":
             yield "Sent."
         else:
+            if mail is not None:
+                DENIALS.append(str(mail.content))
             yield "I did not send it."
 
 
@@ -167,15 +171,23 @@ def failing_agent() -> Agent[None, str]:
     return agent
 
 
-def slow_agent(started: list[int], gate: Any) -> Agent[None, str]:
-    """Streams words, waiting on ``gate`` (an anyio Event) after the first: for
-    cancellation and drop-and-resume in the middle of a run."""
+def slow_agent(started: Any, gate: Any, closed: list[int]) -> Agent[None, str]:
+    """Streams words, waiting on ``gate`` (an anyio Event) after the first and setting
+    ``started`` (another) before it: for
+    cancellation and drop-and-resume in the middle of a run. ``closed`` gets a 1 when the
+    model's stream is closed before its end."""
 
     async def script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
-        started.append(1)
-        yield "first "
-        await gate.wait()
-        for n in range(20):
-            yield f"w{n} "
+        started.set()
+        ended = False
+        try:
+            yield "first "
+            await gate.wait()
+            for n in range(20):
+                yield f"w{n} "
+            ended = True
+        finally:
+            if not ended:
+                closed.append(1)
 
     return Agent(FunctionModel(stream_function=script, model_name=MODEL_NAME))

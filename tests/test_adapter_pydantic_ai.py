@@ -1,0 +1,501 @@
+"""The Pydantic AI adapter (essessey.adapters.pydantic_ai) on the framework's own offline
+test doubles (``FunctionModel`` streaming, ``TestModel``): every published turn passes the
+checker, ``reassemble`` gives back what the run's own result says, approvals and client
+calls resume the framework's run (through the hub, on another replica, over HTTP), a
+reader that drops mid-run resumes with every event once, an error is in-band and raised,
+and a cancelled run stops."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from pydantic_ai import Agent, DeferredToolRequests
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    ThinkingPart,
+    ToolCallPart,
+)
+from pydantic_ai.models.test import TestModel
+from starlette.applications import Starlette
+
+from essessey import (
+    Event,
+    InMemoryEventStore,
+    InMemorySink,
+    ParsedStream,
+    Publisher,
+    StreamHub,
+    ToolApproval,
+    ToolOutput,
+    check,
+    reassemble_events,
+)
+from essessey.adapters import RunStates, stream_rounds
+from essessey.adapters.pydantic_ai import (
+    AgentTurns,
+    agent_model_name,
+    history_of,
+    stream_run,
+)
+from essessey.dialects import dialect_routes
+from essessey.dialects.chat_completions import ChatCompletionRequest
+from essessey.dialects.ui import ChatRequest
+from tests import pydantic_ai_agents as agents
+from tests.processes import WAIT
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+NODE = Path(__file__).parent / "node"
+
+
+def request(text: str, stream_id: str = "s1") -> ChatCompletionRequest:
+    return ChatCompletionRequest(
+        id=stream_id, model="m", messages=[{"role": "user", "content": text}]
+    )
+
+
+async def events_of(hub: StreamHub, stream_id: str) -> list[Event]:
+    events, known = await hub.store.since(stream_id, None)
+    assert known
+    assert check(events) == []
+    return events
+
+
+def calls_in(messages: list[ModelMessage]) -> list[ToolCallPart]:
+    return [
+        part
+        for message in messages
+        if isinstance(message, ModelResponse)
+        for part in message.parts
+        if isinstance(part, ToolCallPart)
+    ]
+
+
+def assert_same_as_run(parsed: ParsedStream, messages: list[ModelMessage], output: str) -> None:
+    """What the stream says is what the run's history and output say."""
+    assert parsed.text == output
+    assert [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls] == [
+        (c.tool_call_id, c.tool_name, c.args_as_dict()) for c in calls_in(messages)
+    ]
+    returns = [
+        part
+        for part in agents.tool_returns(messages)
+        if part.tool_call_id in {c.tool_use_id for c in parsed.tool_calls}
+    ]
+    assert sorted((r.tool_use_id, r.text, r.is_error) for r in parsed.tool_results) == sorted(
+        (
+            part.tool_call_id,
+            part.model_response_str(wrap_if_error=False),
+            part.outcome in ("failed", "retried"),
+        )
+        for part in returns
+    )
+
+
+async def publish_one(agent: Agent[Any, Any], prompt: str) -> tuple[list[Event], Any]:
+    """The low-level path: ``run_stream_events`` into ``stream_rounds``."""
+    sink = InMemorySink()
+    publisher = Publisher(sink)
+    model = agent_model_name(agent)
+    async with (
+        stream_rounds(publisher, message_id="msg_1", stream_id="s1", model=model) as rounds,
+        agent.run_stream_events(prompt) as events,
+    ):
+        published = await stream_run(rounds, events)
+    return sink.events, published
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+async def test_thinking_parallel_calls_a_retry_and_text_are_one_message() -> None:
+    events, published = await publish_one(agents.weather_agent(), "Weather in Oslo and Rome?")
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    [message] = parsed.messages
+    messages = published.messages()
+    assert_same_as_run(parsed, messages, published.output)
+    assert published.output == "Oslo is cold, Rome is warm."
+    # The thinking part and its signature, in the first round.
+    [thinking] = [
+        p
+        for m in messages
+        if isinstance(m, ModelResponse)
+        for p in m.parts
+        if isinstance(p, ThinkingPart)
+    ]
+    assert parsed.thinking == thinking.content == "Two cities, two calls."
+    assert parsed.signature == thinking.signature == "sig-1"
+    # The retry is the failed call's error result; the call made again works.
+    results = {r.tool_use_id: (r.text, r.is_error) for r in parsed.tool_results}
+    assert results["call_flaky_1"] == ("not yet, try again", True)
+    assert results["call_flaky_2"] == ("worked", False)
+    # Both calls of the first round before both results (the round layout).
+    kinds = [
+        (json.loads(e.data)["content_block"]["type"])
+        for e in events
+        if e.event == "content_block_start"
+    ]
+    assert kinds[:5] == ["thinking", "tool_use", "tool_use", "tool_result", "tool_result"]
+    assert parsed.stop_reason == "end_turn"
+    assert message.model == agents.MODEL_NAME == published.model
+    usage = published.usage
+    assert message.usage["output_tokens"] == usage.output_tokens > 0
+    assert message.usage["input_tokens"] == usage.input_tokens > 0
+
+
+async def test_a_test_model_run_is_reassembled_as_the_run_says() -> None:
+    agent = Agent(TestModel(seed=1))
+
+    @agent.tool_plain
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @agent.tool_plain
+    def shout(word: str) -> str:
+        return word.upper()
+
+    events, published = await publish_one(agent, "go")
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert sorted(parsed.tool_names) == ["add", "shout"]
+    assert_same_as_run(parsed, published.messages(), published.output)
+    assert reassemble_events(events).messages[0].model == "test"
+
+
+async def test_a_plain_iterable_of_events_rounds_the_same() -> None:
+    agent = agents.weather_agent()
+    sink = InMemorySink()
+    async with (
+        stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="x") as rounds,
+        agent.run_stream_events("go") as events,
+    ):
+
+        async def plain() -> AsyncIterator[Any]:
+            async for event in events:
+                yield event
+
+        published = await stream_run(rounds, plain())
+    assert check(sink.events) == []
+    assert_same_as_run(reassemble_events(sink.events), published.messages(), published.output)
+
+
+async def test_an_error_a_tool_raises_is_in_band_and_raised() -> None:
+    sink = InMemorySink()
+    agent = agents.failing_agent()
+
+    async def run() -> None:
+        async with (
+            stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="x") as r,
+            agent.run_stream_events("go") as events,
+        ):
+            await stream_run(r, events)
+
+    with pytest.raises(RuntimeError, match="on fire"):
+        await run()
+    assert check(sink.events) == []
+    assert sink.events[-1].event == "error"
+    # Nothing of the error's text (it could carry a payload): its class only.
+    assert b"on fire" not in sink.events[-1].data
+    parsed = reassemble_events(sink.events)
+    assert parsed.text == "Trying."
+    assert parsed.error is not None
+
+
+async def test_a_cancelled_run_stops_and_its_stream_ends() -> None:
+    gate = anyio.Event()
+    started = anyio.Event()
+    closed: list[int] = []
+    agent = agents.slow_agent(started, gate, closed)
+    turns = AgentTurns(agent)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("go")))
+        with anyio.fail_after(WAIT):
+            await started.wait()
+        assert await hub.cancel("s1")
+        events = await events_of(hub, "s1")
+    assert reassemble_events(events).stop_reason == "cancelled"
+    assert closed == [1]  # the model's stream was closed: nothing left running
+
+
+# -- asking ----------------------------------------------------------------------------------
+
+
+async def test_an_approved_call_runs_and_the_run_goes_on() -> None:
+    agents.SENT.clear()
+    turns = AgentTurns(agents.mail_agent())
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("Mail Ada")))
+        await hub.wait("s1")
+        waiting = await hub.waiting("s1")
+        assert waiting is not None
+        [asked] = waiting.requests
+        assert asked.tool_use_id == "call_mail"
+        assert asked.input == {"to": "ada@example.com"}
+        first = reassemble_events(await events_of(hub, "s1"))
+        assert first.stop_reason == "tool_use"
+        # The call that needed no approval ran; its result is out before the question.
+        assert [(r.tool_use_id, r.text) for r in first.tool_results] == [
+            ("call_look", "ada@example.com")
+        ]
+        continued = await hub.answer("s1", [ToolApproval(asked.id, approved=True)])
+        assert continued.started
+        await hub.wait("s1")
+        parsed = reassemble_events(await events_of(hub, "s1"))
+    assert agents.SENT == [{"to": "ada@example.com"}]
+    assert parsed.messages[-1].text == "Sent."
+    assert parsed.stop_reason == "end_turn"
+    assert ("call_mail", '{"sent":true,"to":"ada@example.com"}', False) in [
+        (r.tool_use_id, r.text, r.is_error) for r in parsed.tool_results
+    ]
+    assert await turns.states.load(asked.id) is None  # the run went on: its state is gone
+
+
+async def test_a_denied_call_is_the_framework_s_denial_with_the_reason() -> None:
+    agents.SENT.clear()
+    agents.DENIALS.clear()
+    turns = AgentTurns(agents.mail_agent())
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("Mail Ada")))
+        await hub.wait("s1")
+        [asked] = (await hub.waiting("s1")).requests  # type: ignore[union-attr]
+        await hub.answer("s1", [ToolApproval(asked.id, approved=False, reason="not today")])
+        await hub.wait("s1")
+        parsed = reassemble_events(await events_of(hub, "s1"))
+    assert agents.SENT == []
+    assert agents.DENIALS == ["not today"]
+    assert parsed.messages[-1].text == "I did not send it."
+    # The denial is the approval_response the hub recorded, not a result of its own.
+    assert "call_mail" not in [r.tool_use_id for r in parsed.tool_results]
+
+
+async def test_a_client_call_is_left_to_the_client_and_its_output_resumes_the_run() -> None:
+    turns = AgentTurns(agents.client_tool_agent())
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("Where am I?")))
+        await hub.wait("s1")
+        first = reassemble_events(await events_of(hub, "s1"))
+        assert first.stop_reason == "tool_use"
+        assert [c.name for c in first.tool_calls] == ["locate"]
+        assert first.tool_results == ()
+        await hub.answer("s1", [ToolOutput("call_where", "Bergen")])
+        await hub.wait("s1")
+        parsed = reassemble_events(await events_of(hub, "s1"))
+    assert parsed.messages[-1].text == "You are in Bergen."
+    # The client's output is recorded once, by the hub.
+    assert [(r.tool_use_id, r.text) for r in parsed.tool_results] == [("call_where", "Bergen")]
+
+
+async def test_the_answer_resumes_the_run_on_another_replica() -> None:
+    agents.SENT.clear()
+    store = InMemoryEventStore()
+    # Two replicas: their own agent objects and hubs, one store for streams and states.
+    one = AgentTurns(agents.mail_agent(), states=RunStates(store))
+    two = AgentTurns(agents.mail_agent(), states=RunStates(store))
+    async with StreamHub(store, on_answer=one.on_answer) as hub_one:
+        await hub_one.start("s1", one(request("Mail Ada")))
+        await hub_one.wait("s1")
+        async with StreamHub(store, on_answer=two.on_answer) as hub_two:
+            [asked] = (await hub_two.waiting("s1")).requests  # type: ignore[union-attr]
+            continued = await hub_two.answer("s1", [ToolApproval(asked.id, approved=True)])
+            assert continued.started
+            await hub_two.wait("s1")
+            parsed = reassemble_events(await events_of(hub_two, "s1"))
+    assert agents.SENT == [{"to": "ada@example.com"}]
+    assert parsed.messages[-1].text == "Sent."
+
+
+async def test_an_answer_without_a_kept_state_ends_in_an_error() -> None:
+    store = InMemoryEventStore()
+    one = AgentTurns(agents.mail_agent(), states=RunStates(store))
+    two = AgentTurns(agents.mail_agent())  # its own states: not the replica's
+    async with StreamHub(store, on_answer=one.on_answer) as hub_one:
+        await hub_one.start("s1", one(request("Mail Ada")))
+        await hub_one.wait("s1")
+    async with StreamHub(store, on_answer=two.on_answer) as hub_two:
+        [asked] = (await hub_two.waiting("s1")).requests  # type: ignore[union-attr]
+        await hub_two.answer("s1", [ToolApproval(asked.id, approved=True)])
+        await hub_two.wait("s1")
+        events = await events_of(hub_two, "s1")
+    assert events[-1].event == "error"
+
+
+# -- reading the turn ------------------------------------------------------------------------
+
+
+async def test_a_reader_that_drops_mid_run_resumes_with_every_event_once() -> None:
+    gate = anyio.Event()
+    turns = AgentTurns(agents.slow_agent(anyio.Event(), gate, []))
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("go")))
+        read: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async for event in hub.subscribe("s1"):
+                read.append(event)
+                if event.event == "content_block_delta":
+                    break  # dropped in the middle of the run: the model waits
+            gate.set()
+            async for event in hub.subscribe("s1", read[-1].id):
+                read.append(event)
+        stored = await events_of(hub, "s1")
+    assert [e.id for e in read] == [e.id for e in stored]
+    assert reassemble_events(read).text == "first " + "".join(f"w{n} " for n in range(20))
+
+
+def test_history_of_a_request_is_the_conversation_before_its_prompt() -> None:
+    chat = ChatRequest(
+        id="c",
+        messages=[
+            {"id": "1", "role": "system", "parts": [{"type": "text", "text": "Be brief."}]},
+            {"id": "2", "role": "user", "parts": [{"type": "text", "text": "Hi"}]},
+            {"id": "3", "role": "assistant", "parts": [{"type": "text", "text": "Hello"}]},
+            {"id": "4", "role": "user", "parts": [{"type": "text", "text": "Weather?"}]},
+        ],
+        trigger="submit-message",
+    )
+    prompt, history = history_of(chat)
+    assert prompt == "Weather?"
+    kinds = [type(part).__name__ for message in history for part in message.parts]
+    assert kinds == ["SystemPromptPart", "UserPromptPart", "TextPart"]
+
+
+async def test_the_history_reaches_the_model() -> None:
+    seen: list[list[ModelMessage]] = []
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[str]:
+        seen.append(messages)
+        yield "ok"
+
+    from pydantic_ai.models.function import FunctionModel
+
+    turns = AgentTurns(Agent(FunctionModel(stream_function=script)))
+    conversation = ChatCompletionRequest(
+        id="s1",
+        model="m",
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Again"},
+        ],
+    )
+    async with StreamHub() as hub:
+        await hub.start("s1", turns(conversation))
+        await hub.wait("s1")
+    [messages] = seen
+    assert len(messages) == 3
+
+
+# -- over HTTP -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def weather_app() -> Iterator[str]:
+    turns = AgentTurns(agents.weather_agent())
+    hub = StreamHub(on_answer=turns.on_answer)
+    app = Starlette(routes=list(dialect_routes(hub, turns)), lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url
+
+
+@pytest.fixture
+def mail_app() -> Iterator[str]:
+    turns = AgentTurns(agents.mail_agent())
+    hub = StreamHub(on_answer=turns.on_answer)
+    app = Starlette(routes=list(dialect_routes(hub, turns)), lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url
+
+
+def test_the_openai_sdk_reads_the_run(weather_app: str) -> None:
+    client = openai.OpenAI(base_url=weather_app + "/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Weather?"}], stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "Oslo is cold, Rome is warm."
+    response = client.responses.create(model="any", input="Weather?")
+    assert response.output_text == "Oslo is cold, Rome is warm."
+
+
+def test_an_approval_answered_on_the_protocol_s_route(mail_app: str) -> None:
+    agents.SENT.clear()
+    with httpx.Client(base_url=mail_app, timeout=WAIT) as http:
+        first = http.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "Mail Ada"}]},
+        ).json()
+        stream_id = first["id"]
+        assert first["choices"][0]["finish_reason"] == "tool_calls"
+        body = http.get(f"/streams/{stream_id}").content
+        approvals = [
+            json.loads(line[6:])["content_block"]
+            for line in body.split(b"\n")
+            if line.startswith(b"data: ") and b'"approval_request"' in line
+        ]
+        [approval] = approvals
+        answered = http.post(
+            f"/streams/{stream_id}/answer",
+            json={"answers": [{"id": approval["id"], "approved": True}]},
+        )
+        assert answered.status_code == 200, answered.text
+        after = answered.json()["after"]
+        rest = http.get(f"/streams/{stream_id}", params={"last_event_id": after}).content
+    assert b"Sent." in rest
+    assert agents.SENT == [{"to": "ada@example.com"}]
+
+
+def run_node(script: str, *args: str) -> Any:
+    done = subprocess.run(
+        ["node", str(NODE / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["approve", "deny"])
+def test_use_chat_approves_and_denies(node_client: Path, mail_app: str, action: str) -> None:
+    agents.SENT.clear()
+    seen = run_node("ui_asking.mjs", mail_app, f"chat-{action}", "send", "Mail Ada", action)
+    assert seen["error"] is None
+    assert seen["errors"] == []
+    [assistant] = [m for m in seen["messages"] if m["role"] == "assistant"]
+    text = "".join(p.get("text", "") for p in assistant["parts"] if p["type"] == "text")
+    parts = {p.get("toolCallId"): p for p in assistant["parts"] if p["type"].startswith("tool-")}
+    if action == "approve":
+        assert text.endswith("Sent.")
+        assert parts["call_mail"]["state"] == "output-available"
+        assert agents.SENT == [{"to": "ada@example.com"}]
+    else:
+        assert text.endswith("I did not send it.")
+        assert parts["call_mail"]["state"] == "output-denied"
+        assert agents.SENT == []
+    assert parts["call_look"]["output"] == "ada@example.com"
+
+
+@pytest.mark.slow
+def test_ag_ui_client_reads_the_run(node_client: Path, weather_app: str) -> None:
+    seen = run_node("agui.mjs", weather_app + "/agui", "thread-1", "run-1")
+    assert seen["events"][0] == "RUN_STARTED"
+    assert seen["events"][-1] == "RUN_FINISHED"
+    assert "TOOL_CALL_RESULT" in seen["events"]
+    [answer] = [m for m in seen["messages"] if m["role"] == "assistant" and m.get("content")]
+    assert answer["content"] == "Oslo is cold, Rome is warm."
+
+
+def test_deferred_tool_requests_are_the_agent_s_own_output_type() -> None:
+    # The rule AgentTurns documents: without DeferredToolRequests among its output types,
+    # an agent cannot stop at a call that needs approval.
+    assert DeferredToolRequests in agents.mail_agent().output_type  # type: ignore[operator]
