@@ -40,7 +40,7 @@ from essessey import (
     reassemble_events,
 )
 from essessey.adapters import RunStates
-from essessey.adapters.openai_agents import AgentTurns, StreamedRun, agent_input, publish_run
+from essessey.adapters.openai_agents import AgentTurns, PublishedRun, agent_input, publish_run
 from essessey.dialects import dialect_routes
 from essessey.dialects.ui import ChatRequest
 from essessey.errors import ProviderStreamError
@@ -115,10 +115,10 @@ def agent_of(scripts: list[list[Any]], **options: Any) -> tuple[Agent[Any], Scri
 
 async def run_to_sink(
     agent: Agent[Any], prompt: str = "hi", **options: Any
-) -> tuple[list[Event], StreamedRun | None, RunResultBase, BaseException | None]:
+) -> tuple[list[Event], PublishedRun | None, RunResultBase, BaseException | None]:
     sink = InMemorySink()
     result = Runner.run_streamed(agent, prompt, **options)
-    run: StreamedRun | None = None
+    run: PublishedRun | None = None
     error: BaseException | None = None
     try:
         run = await publish_run(Publisher(sink), result, message_id="msg_1", stream_id="s1")
@@ -170,7 +170,7 @@ async def test_reasoning_text_and_parallel_calls_are_rounds_of_one_message() -> 
     assert parsed.thinking == "Two cities, two calls."
     assert result.final_output == "Oslo is sunny; it is noon in Rome."
     assert parsed.text == "Let me look." + result.final_output
-    assert run.final_output == result.final_output
+    assert run.output == result.final_output
     calls, results = published_calls(events)
     assert (
         calls

@@ -23,7 +23,7 @@ a model response's raw events                   one round, through
 ``AgentUpdatedStreamEvent``                     nothing of its own: the protocol has no
                                                 block for an agent switch; the handoff's
                                                 result names the agent, and
-                                                :attr:`StreamedRun.agents` lists them
+                                                :attr:`PublishedRun.agents` lists them
 ``tool_called``, ``message_output_created``,    nothing more: the raw events carried them
 ``reasoning_item_created``, ``handoff_requested``
 ``result.interruptions`` (tools with            the call's tool_use block stays without a
@@ -87,7 +87,7 @@ from essessey.publisher import Publisher
 
 __all__ = [
     "AgentTurns",
-    "StreamedRun",
+    "PublishedRun",
     "agent_input",
     "publish_run",
     "stream_run",
@@ -107,34 +107,30 @@ RunInput: TypeAlias = str | list[TResponseInputItem]
 
 
 @dataclass(slots=True)
-class StreamedRun:
-    """What :func:`stream_run` published for one run (or one resumed run).
+class PublishedRun:
+    """What :func:`stream_run` published and learned from one run (or one resumed run).
 
     ``responses`` holds each model response's :class:`StreamedResponse` (one per round), in
-    order; ``text`` is the text of every round, ``final_output`` the SDK's
-    (``result.final_output``: None when the run stopped to ask). ``tool_results`` maps each
-    call id the SDK ran to the output published for it. ``agents`` names the agents that
+    order; ``text`` is the text of every round and ``output`` the SDK's
+    ``result.final_output`` (None when the run stopped to ask). ``results`` maps each call
+    the SDK ran to the output published for it, as text. ``agents`` names the agents that
     ran, the first one first and each handoff's target after it. ``interruptions`` are the
-    SDK's ``result.interruptions`` (tools that need approval) and ``requests`` the ids of
-    the approval requests published for them, in the same order; ``stop_reason``,
-    ``usage`` and ``model`` are what the message's epilogue and preamble say.
+    SDK's ``result.interruptions`` (tools that need approval) and ``asked`` the ids of the
+    approval requests published for them, in the same order: ``asked[0]`` is the key the
+    run's state is kept under. ``stop_reason``, ``usage`` and ``model`` are what the
+    message's epilogue and preamble say.
     """
 
     responses: list[StreamedResponse] = field(default_factory=list)
     text: str = ""
-    final_output: Any = None
-    tool_results: dict[str, str] = field(default_factory=dict)
+    output: Any = None
+    results: dict[str, str] = field(default_factory=dict)
     agents: list[str] = field(default_factory=list)
     interruptions: list[ToolApprovalItem] = field(default_factory=list)
-    requests: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
     stop_reason: str = StopReason.END_TURN
     usage: dict[str, int] = field(default_factory=dict)
     model: str | None = None
-
-    @property
-    def asked(self) -> bool:
-        """Whether the run stopped to ask (its message waits for approvals)."""
-        return bool(self.requests)
 
 
 class _Events:
@@ -205,12 +201,13 @@ class _Run:
     ) -> None:
         self.rounds = rounds
         self.result = result
-        self.out = StreamedRun()
+        self.out = PublishedRun()
         self.earlier: dict[str, bool] = {}  # calls of the asking message: denied?
         if answered is not None:
             for request, approval in answered.approvals():
                 self.earlier[request.tool_use_id] = not approval.approved
         self.calls: list[str] = []  # the open round's call ids
+        self.message_calls: set[str] = set()  # every call of the message
         self.held: dict[int, str] = {}  # results waiting for an earlier call's
         self.next_result = 0
         self.last: StreamedResponse | None = None
@@ -226,6 +223,7 @@ class _Run:
         for key, value in streamed.usage.items():
             self.out.usage[key] = self.out.usage.get(key, 0) + value
         self.calls = [call.id for call in streamed.tool_calls]
+        self.message_calls.update(self.calls)
         self.held = {}
         self.next_result = 0
         self.last = streamed
@@ -240,7 +238,7 @@ class _Run:
             if i < self.next_result or i in self.held:
                 logger.warning("tool call %d got a second output; not published", i)
                 return
-            self.out.tool_results[call_id] = text
+            self.out.results[call_id] = text
             self.held[i] = text
             # In call order: a result waits for the earlier calls' (an earlier call may wait
             # for an approval, and its result then comes in the next message).
@@ -248,7 +246,7 @@ class _Run:
                 await self.rounds.tool_result(self.next_result, self.held.pop(self.next_result))
                 self.next_result += 1
         elif not self.rounds.in_round and call_id in self.earlier:
-            self.out.tool_results[call_id] = text
+            self.out.results[call_id] = text
             await self.rounds.earlier_result(call_id, text, is_error=self.earlier.pop(call_id))
         else:
             logger.warning("an output for a call this message does not know; not published")
@@ -281,17 +279,22 @@ class _Run:
             await states.save(ids[0], state.encode())
         for item, request_id in zip(interruptions, ids, strict=True):
             call_id = item.call_id
-            if not call_id:
-                raise ValueError("an interruption without a call id cannot be asked")
+            if call_id not in self.message_calls:
+                # A nested agent's call (an agent used as a tool), a hosted MCP server's: no
+                # tool_use block of this message to gate.
+                raise ValueError(
+                    f"the run waits to approve a call of {type(item.raw_item).__name__} "
+                    "that is not a tool call of its message; it cannot be asked"
+                )
             await self.rounds.ask_approval(
                 call_id, reason=None if reason is None else reason(item), request_id=request_id
             )
-            self.out.requests.append(request_id)
+            self.out.asked.append(request_id)
         self.out.stop_reason = StopReason.TOOL_USE
 
     def finish(self) -> None:
         out = self.out
-        out.final_output = self.result.final_output
+        out.output = self.result.final_output
         last = self.last
         usage = dict(out.usage)
         self.rounds.output_tokens = usage.pop("output_tokens", 0)
@@ -299,8 +302,7 @@ class _Run:
         if out.asked:
             return  # asking made the stop reason tool_use
         if last is not None and not (
-            last.stop_reason == StopReason.TOOL_USE
-            and all(c in out.tool_results for c in self.calls)
+            last.stop_reason == StopReason.TOOL_USE and all(c in out.results for c in self.calls)
         ):
             out.stop_reason = last.stop_reason
         else:
@@ -318,7 +320,7 @@ async def stream_run(
     states: RunStates | None = None,
     answered: Answered | None = None,
     approval_reason: _Reason | None = None,
-) -> StreamedRun:
+) -> PublishedRun:
     """Publish the run ``result`` (of ``Runner.run_streamed``) into ``rounds``' message.
 
     Reads ``result.stream_events()`` to its end: each model response is a round (see the
@@ -363,7 +365,7 @@ async def publish_run(
     model: str | None = None,
     states: RunStates | None = None,
     approval_reason: _Reason | None = None,
-) -> StreamedRun:
+) -> PublishedRun:
     """Publish the run ``result`` as one whole message, preamble to epilogue.
 
     ``message_start`` names the model the first response names (its ``response.created``),
@@ -403,7 +405,7 @@ async def _stream_from(
     answered: Answered | None,
     states: RunStates | None,
     approval_reason: _Reason | None,
-) -> StreamedRun:
+) -> PublishedRun:
     # publish_run reads ahead to name the model: the events may have begun.
     run = _Run(rounds, result, answered)
     try:

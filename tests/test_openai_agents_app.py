@@ -1,0 +1,119 @@
+"""examples/openai_agents_app.py served by real uvicorn: the agent's turn asks to approve
+its ``send_email`` call; approved through the AI SDK's UI stream (useChat's second POST),
+denied through Chat Completions (the openai SDK's tool messages), and as a script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from essessey import check, reassemble_events
+from essessey.bindings.sse import SSEDecoder
+from tests.processes import WAIT, free_port, stop_process, wait_for_port
+from tests.servers import serve
+from tests.test_examples import EXAMPLES, load_example
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def app() -> Iterator[tuple[Any, str]]:
+    example = load_example("openai_agents_app")
+    with serve(example.app, lifespan="on") as url:
+        yield example, url
+
+
+def ui_chunks(body: bytes) -> list[dict[str, Any]]:
+    decoder = SSEDecoder()
+    events = decoder.feed(body) + decoder.close()
+    return [json.loads(e.data) for e in events if e.data and e.data not in ("[DONE]", b"[DONE]")]
+
+
+async def test_use_chat_approves_and_the_mail_is_sent(app: tuple[Any, str]) -> None:
+    example, url = app
+    example.OUTBOX.clear()
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "mail ada@example.com"}]}
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        first = await http.post(f"{url}/api/chat", json={"id": "chat-1", "messages": [user]})
+        assert first.status_code == 200
+        chunks = ui_chunks(first.content)
+        [request] = [c for c in chunks if c["type"] == "tool-approval-request"]
+        [call] = [c for c in chunks if c["type"] == "tool-input-available"]
+        assert call["toolName"] == "send_email"
+        assert call["input"] == {"to": "ada@example.com", "subject": "Hello"}
+        assert example.OUTBOX == []
+        assistant = {
+            "id": "a1",
+            "role": "assistant",
+            "parts": [
+                {"type": "text", "text": "I drafted a mail to ada@example.com."},
+                {
+                    "type": "tool-send_email",
+                    "toolCallId": call["toolCallId"],
+                    "state": "approval-responded",
+                    "input": call["input"],
+                    "approval": {"id": request["approvalId"], "approved": True},
+                },
+            ],
+        }
+        second = await http.post(
+            f"{url}/api/chat", json={"id": "chat-1", "messages": [user, assistant]}
+        )
+        assert second.status_code == 200
+        said = ui_chunks(second.content)
+    # The chat's turn runs on a stream of its own, which the chat's turn log names.
+    turns, _ = await example.hub.store.since("chat-1~turns", None)
+    events, _ = await example.hub.store.since(turns[-1].data.decode(), None)
+    assert example.OUTBOX == ["ada@example.com"]
+    outputs = [c for c in said if c["type"] == "tool-output-available"]
+    assert [o["output"] for o in outputs] == ["sent to ada@example.com"]
+    assert "Sent." in "".join(c.get("delta", "") for c in said if c["type"] == "text-delta")
+    assert check(events) == []
+    assert reassemble_events(events).messages[-1].text == "Sent."
+
+
+async def test_chat_completions_denies_and_nothing_is_sent(app: tuple[Any, str]) -> None:
+    example, url = app
+    example.OUTBOX.clear()
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as sdk:
+        messages: list[Any] = [{"role": "user", "content": "mail bob@example.com"}]
+        first = await sdk.chat.completions.create(model="m", messages=messages)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        [approve] = choice.message.tool_calls or []
+        assert approve.function.name == "approve_tool_call"  # type: ignore[union-attr]
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": approve.id, "content": '{"approved": false}'},
+        ]
+        second = await sdk.chat.completions.create(model="m", messages=messages)
+    assert second.choices[0].message.content == "I did not send it."
+    assert example.OUTBOX == []
+
+
+def test_the_example_runs_as_a_script() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "openai_agents_app.py"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_port(port, process, "examples/openai_agents_app.py")
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/responses",
+            json={"model": "m", "input": "mail eve@example.com"},
+            timeout=WAIT,
+        )
+        assert reply.status_code == 200
+        kinds = [item["type"] for item in reply.json()["output"]]
+        assert kinds == ["message", "mcp_approval_request"]
+    finally:
+        stop_process(process)
