@@ -87,10 +87,12 @@ def send_email(to: str) -> dict[str, Any]:
 
 # The few lines: the agent's turns for every dialect, and the continuation of a turn that
 # asked (on every replica: give them RunStates(store) and StreamHub(store) on one store).
+# integration: begin
 turns = AgentTurns(agent)
 hub = StreamHub(on_answer=turns.on_answer)
 app = FastAPI(lifespan=hub.lifespan)
 app.router.routes.extend(dialect_routes(hub, turns))
+# integration: end
 
 
 def main() -> None:
