@@ -141,6 +141,18 @@ class Response:
         self.output.append(item)
         return self
 
+    def web_search(self, query: str) -> Response:
+        """A hosted web search the provider ran itself."""
+        n = len(self.output)
+        action = {"type": "search", "query": query}
+        item = {"type": "web_search_call", "id": f"ws_{self.id}_{n}", "status": "in_progress"}
+        item["action"] = action
+        self._add("response.output_item.added", output_index=n, item=item)
+        whole = dict(item, status="completed")
+        self._add("response.output_item.done", output_index=n, item=whole)
+        self.output.append(whole)
+        return self
+
     def calls(self, *calls: tuple[str, str, Sequence[str]]) -> Response:
         """Function calls ``(call_id, name, argument fragments)``, all announced first,
         their fragments interleaved (one of each in turn), then each done."""

@@ -22,6 +22,7 @@ from agents import (
     Agent,
     RunConfig,
     Runner,
+    WebSearchTool,
     function_tool,
     set_tracing_disabled,
 )
@@ -281,6 +282,40 @@ async def test_a_handoff_is_a_call_whose_result_names_the_new_agent() -> None:
     assert parsed.text == "Passing you on.Billing here: paid."
     assert result.final_output == "Billing here: paid."
     assert parsed.messages[0].model == MODEL_NAME  # the first response's model
+
+
+async def test_a_hosted_web_search_is_a_server_tool_block_of_its_round() -> None:
+    agent, _ = agent_of(
+        [Response().web_search("essessey").text("Found it.").done()], tools=[WebSearchTool()]
+    )
+    events, run, result, error = await run_to_sink(agent)
+    assert error is None
+    assert run is not None
+    assert [kind for _, kind in starts(events)] == [
+        "server_tool_use",
+        "web_search_tool_result",
+        "text",
+    ]
+    assert reassemble_events(events).text == result.final_output == "Found it."
+
+
+async def test_a_continuation_without_its_state_is_an_error_in_band() -> None:
+    model = ScriptedResponses(approval_scripts())
+    states = RunStates()
+    turns = AgentTurns(mail_agent(model), states=states)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s5", turns(chat("s5")))
+        await hub.wait("s5")
+        waiting = await hub.waiting("s5")
+        assert waiting is not None
+        [request] = waiting.requests
+        await states.drop(request.id)  # gone (the store's retention, say)
+        await hub.answer("s5", [ToolApproval(request.id, approved=True)])
+        await hub.wait("s5")
+        events, _ = await hub.store.since("s5", None)
+    parsed = reassemble_events(events)
+    assert parsed.error is not None
+    assert "LookupError" in parsed.error.message
 
 
 async def test_agent_input_is_the_conversation_as_responses_messages() -> None:

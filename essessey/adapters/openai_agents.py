@@ -73,7 +73,14 @@ from agents.stream_events import (
     RunItemStreamEvent,
     StreamEvent,
 )
-from openai.types.responses import ResponseCreatedEvent
+from openai.types.responses import (
+    ResponseCreatedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseReasoningSummaryTextDeltaEvent,
+    ResponseReasoningTextDeltaEvent,
+    ResponseRefusalDeltaEvent,
+    ResponseTextDeltaEvent,
+)
 
 from essessey._public import set_public_module
 from essessey.adapters._run_state import RunStates
@@ -188,8 +195,43 @@ class _Response:
                 self._events.put_back([event])
             raise StopAsyncIteration
         data = event.data
-        if data.type in _TERMINAL:
+        kind = data.type
+        if kind in _TERMINAL:
             self._done = True
+        # The deltas, most of a response's events, go as mappings of the fields the
+        # Responses adapter reads: a model_dump of each would cost more than the rest of
+        # publishing it. Every other event goes as the SDK's object.
+        if isinstance(data, ResponseTextDeltaEvent | ResponseRefusalDeltaEvent):
+            return {
+                "type": kind,
+                "item_id": data.item_id,
+                "output_index": data.output_index,
+                "content_index": data.content_index,
+                "delta": data.delta,
+            }
+        if isinstance(data, ResponseFunctionCallArgumentsDeltaEvent):
+            return {
+                "type": kind,
+                "item_id": data.item_id,
+                "output_index": data.output_index,
+                "delta": data.delta,
+            }
+        if isinstance(data, ResponseReasoningSummaryTextDeltaEvent):
+            return {
+                "type": kind,
+                "item_id": data.item_id,
+                "output_index": data.output_index,
+                "summary_index": data.summary_index,
+                "delta": data.delta,
+            }
+        if isinstance(data, ResponseReasoningTextDeltaEvent):
+            return {
+                "type": kind,
+                "item_id": data.item_id,
+                "output_index": data.output_index,
+                "content_index": data.content_index,
+                "delta": data.delta,
+            }
         return data
 
 

@@ -1,0 +1,270 @@
+"""What publishing an OpenAI Agents SDK run costs: the SDK's own streamed run consumed to
+nothing, beside the same run through ``essessey.adapters.openai_agents.AgentTurns`` into a
+``StreamHub`` (in-memory store, every turn read to its end by a subscriber).
+
+Run ``python benchmarks/bench_openai_agents.py [--turns 200] [--rounds 3] [--deltas 40]
+[--json [PATH]]``. Each turn is one run of ``--rounds`` model responses: every response
+streams ``--deltas`` text deltas, and every one but the last calls a tool (its output the
+next round's input).
+
+The model comes two ways, each measured on both paths:
+
+- ``parsed``: each event is read from its JSON text (``model_validate_json``), as a
+  provider's client reads a Responses stream: the SDK's own run as it costs with a model
+  behind a wire (the connection itself left out);
+- ``replayed``: the events are built once and handed out again, the SDK's run with no
+  model cost at all: the floor, where the adapter's share is largest.
+
+Both paths run the same turns, one after the other, in one process (a turn of each first,
+untimed). The figures are CPU time (``time.process_time()``) per turn and per event (the
+SDK's stream events for the SDK alone, the protocol events published for the adapter), and
+the ratio adapter / SDK per turn: the adapter's turn includes the SDK's, so a ratio of
+1.15 means the adapter adds 15% to the SDK's own CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _cli import add_json_option, json_only, write_json
+
+
+def scripts(rounds: int, deltas: int) -> list[list[Any]]:
+    """The events of each model response of one run."""
+    from openai.types.responses import (
+        ResponseCompletedEvent,
+        ResponseCreatedEvent,
+        ResponseFunctionCallArgumentsDeltaEvent,
+        ResponseOutputItemAddedEvent,
+        ResponseOutputItemDoneEvent,
+        ResponseTextDeltaEvent,
+    )
+
+    out: list[list[Any]] = []
+    for n in range(rounds):
+        seq = iter(range(10_000))
+        base: dict[str, Any] = {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": 0,
+            "model": "gpt-bench",
+            "tool_choice": "auto",
+            "tools": [],
+            "parallel_tool_calls": True,
+        }
+        events: list[Any] = [
+            ResponseCreatedEvent.model_validate(
+                {
+                    "type": "response.created",
+                    "sequence_number": next(seq),
+                    "response": {**base, "status": "in_progress", "output": []},
+                }
+            )
+        ]
+        text = "".join(f"word{i} " for i in range(deltas))
+        message = {"type": "message", "id": f"m{n}", "role": "assistant", "status": "completed"}
+        part = {"type": "output_text", "text": text, "annotations": []}
+        added = dict(message, status="in_progress", content=[])
+        events.append(
+            ResponseOutputItemAddedEvent.model_validate(
+                {"type": "response.output_item.added", "sequence_number": next(seq)}
+                | {"output_index": 0, "item": added}
+            )
+        )
+        for i in range(deltas):
+            events.append(
+                ResponseTextDeltaEvent.model_validate(
+                    {"type": "response.output_text.delta", "sequence_number": next(seq)}
+                    | {"item_id": f"m{n}", "output_index": 0, "content_index": 0}
+                    | {"delta": f"word{i} ", "logprobs": []}
+                )
+            )
+        whole = dict(message, content=[part])
+        events.append(
+            ResponseOutputItemDoneEvent.model_validate(
+                {"type": "response.output_item.done", "sequence_number": next(seq)}
+                | {"output_index": 0, "item": whole}
+            )
+        )
+        output: list[Any] = [whole]
+        if n < rounds - 1:
+            call = {"type": "function_call", "id": f"fc{n}", "call_id": f"call_{n}"}
+            call |= {"name": "lookup", "arguments": "", "status": "in_progress"}
+            events.append(
+                ResponseOutputItemAddedEvent.model_validate(
+                    {"type": "response.output_item.added", "sequence_number": next(seq)}
+                    | {"output_index": 1, "item": call}
+                )
+            )
+            for fragment in ('{"q": ', f'"n{n}"', "}"):
+                events.append(
+                    ResponseFunctionCallArgumentsDeltaEvent.model_validate(
+                        {"type": "response.function_call_arguments.delta"}
+                        | {"sequence_number": next(seq), "item_id": f"fc{n}"}
+                        | {"output_index": 1, "delta": fragment}
+                    )
+                )
+            done = dict(call, arguments=f'{{"q": "n{n}"}}', status="completed")
+            events.append(
+                ResponseOutputItemDoneEvent.model_validate(
+                    {"type": "response.output_item.done", "sequence_number": next(seq)}
+                    | {"output_index": 1, "item": done}
+                )
+            )
+            output.append(done)
+        usage = {
+            "input_tokens": 100,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": deltas,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 100 + deltas,
+        }
+        events.append(
+            ResponseCompletedEvent.model_validate(
+                {"type": "response.completed", "sequence_number": next(seq)}
+                | {"response": {**base, "status": "completed", "output": output, "usage": usage}}
+            )
+        )
+        out.append(events)
+    return out
+
+
+def make_agent(responses: list[list[Any]], *, parsed: bool) -> Any:
+    from agents import Agent, function_tool, set_tracing_disabled
+    from agents.models.interface import Model
+
+    set_tracing_disabled(True)
+
+    class Replay(Model):
+        """Hands out the responses' events in order, a run after a run: parsed from
+        their JSON text, or the objects themselves."""
+
+        def __init__(self) -> None:
+            self.n = 0
+            self.texts = [[(type(e), e.model_dump_json()) for e in r] for r in responses]
+
+        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+        async def stream_response(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            n = self.n % len(responses)
+            self.n += 1
+            if parsed:
+                for cls, text in self.texts[n]:
+                    yield cls.model_validate_json(text)
+            else:
+                for event in responses[n]:
+                    yield event
+
+    @function_tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    return Agent(name="bench", model=Replay(), tools=[lookup])
+
+
+async def sdk_turn(agent: Any) -> int:
+    from agents import Runner
+
+    result = Runner.run_streamed(agent, "go")
+    count = 0
+    async for _ in result.stream_events():
+        count += 1
+    return count
+
+
+async def adapter_turns(agent: Any, turns: int) -> tuple[float, int]:
+    from essessey import StreamHub
+    from essessey.adapters.openai_agents import AgentTurns
+    from essessey.dialects.responses import ResponsesRequest
+
+    agent_turns = AgentTurns(agent)
+    count = 0
+    async with StreamHub() as hub:
+        # One untimed turn first: imports and first-call caches out of the measurement.
+        for n in range(turns + 1):
+            if n == 1:
+                gc.collect()
+                start = time.process_time()
+            stream = f"resp_{n}"
+            await hub.start(stream, agent_turns(ResponsesRequest(stream, "m", "go")))
+            async for _ in hub.subscribe(stream):
+                if n:
+                    count += 1
+        return time.process_time() - start, count
+
+
+async def measure(turns: int, rounds: int, deltas: int, *, parsed: bool) -> dict[str, Any]:
+    responses = scripts(rounds, deltas)
+    agent = make_agent(responses, parsed=parsed)
+    await sdk_turn(agent)
+    gc.collect()
+    start = time.process_time()
+    sdk_events = 0
+    for _ in range(turns):
+        sdk_events += await sdk_turn(agent)
+    sdk_cpu = time.process_time() - start
+    adapter_cpu, published = await adapter_turns(agent, turns)
+    return {
+        "sdk": {
+            "cpu_s": sdk_cpu,
+            "events": sdk_events,
+            "us_per_turn": sdk_cpu / turns * 1e6,
+            "us_per_event": sdk_cpu / sdk_events * 1e6,
+        },
+        "adapter": {
+            "cpu_s": adapter_cpu,
+            "events": published,
+            "us_per_turn": adapter_cpu / turns * 1e6,
+            "us_per_event": adapter_cpu / published * 1e6,
+        },
+        "ratio_per_turn": adapter_cpu / sdk_cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=200, help="runs per path")
+    parser.add_argument("--rounds", type=int, default=3, help="model responses per run")
+    parser.add_argument("--deltas", type=int, default=40, help="text deltas per response")
+    add_json_option(parser)
+    args = parser.parse_args()
+    if min(args.turns, args.rounds, args.deltas) < 1:
+        parser.error("--turns, --rounds and --deltas must be at least 1")
+    figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
+    for model in ("parsed", "replayed"):
+        figures[model] = asyncio.run(
+            measure(args.turns, args.rounds, args.deltas, parsed=model == "parsed")
+        )
+    if args.json is not None:
+        write_json(args.json, figures, __file__)
+        if json_only(args.json):
+            return
+    print(f"{args.turns} turns of {args.rounds} responses x {args.deltas} text deltas")
+    print(f"{'model':<10}{'path':<44}{'events/turn':>12}{'CPU us/turn':>13}{'CPU us/event':>14}")
+    for model in ("parsed", "replayed"):
+        for key, label in (
+            ("sdk", "Agents SDK run, events consumed to nothing"),
+            ("adapter", "the same run through AgentTurns into a hub"),
+        ):
+            row = figures[model][key]
+            per_turn = row["events"] / args.turns
+            print(
+                f"{model:<10}{label:<44}{per_turn:>12.0f}"
+                f"{row['us_per_turn']:>13.0f}{row['us_per_event']:>14.1f}"
+            )
+        print(f"{model:<10}adapter / SDK CPU per turn: {figures[model]['ratio_per_turn']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
