@@ -17,7 +17,8 @@ import anyio
 import httpx
 import openai
 import pytest
-from pydantic_ai import Agent, DeferredToolRequests
+from pydantic import BaseModel
+from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -170,6 +171,51 @@ async def test_a_test_model_run_is_reassembled_as_the_run_says() -> None:
     assert sorted(parsed.tool_names) == ["add", "shout"]
     assert_same_as_run(parsed, published.messages(), published.output)
     assert reassemble_events(events).messages[0].model == "test"
+
+
+class City(BaseModel):
+    name: str
+    celsius: int
+
+
+async def test_a_structured_output_is_the_output_tool_s_call_and_result() -> None:
+    agent = Agent(TestModel(), output_type=City)
+    events, published = await publish_one(agent, "A city?")
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert isinstance(published.output, City)
+    [call] = parsed.tool_calls
+    assert call.name == "final_result"
+    assert call.params == published.output.model_dump()
+    assert [(r.tool_use_id, r.text) for r in parsed.tool_results] == [
+        (call.tool_use_id, "Final result processed.")
+    ]
+
+
+async def test_a_provider_s_native_tool_is_a_server_tool_block() -> None:
+    from pydantic_ai.messages import NativeToolCallPart, NativeToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        if agents.requests_made(messages) == 1:
+            yield {0: NativeToolCallPart("web_search", {"query": "oslo"}, tool_call_id="ws_1")}
+            yield {1: NativeToolReturnPart("web_search", {"hits": 2}, tool_call_id="ws_1")}
+        else:
+            # No text came: Pydantic AI asked again (no tool event in between).
+            yield "Two hits."
+
+    agent = Agent(FunctionModel(stream_function=script))
+    events, published = await publish_one(agent, "Search")
+    assert check(events) == []
+    blocks = [
+        json.loads(e.data)["content_block"] for e in events if e.event == "content_block_start"
+    ]
+    assert blocks == [
+        {"type": "server_tool_use", "id": "ws_1", "name": "web_search", "input": {"query": "oslo"}},
+        {"type": "web_search_tool_result", "tool_use_id": "ws_1", "content": {"hits": 2}},
+        {"type": "text"},
+    ]
+    assert published.output == "Two hits."
 
 
 async def test_a_plain_iterable_of_events_rounds_the_same() -> None:
@@ -493,9 +539,3 @@ def test_ag_ui_client_reads_the_run(node_client: Path, weather_app: str) -> None
     assert "TOOL_CALL_RESULT" in seen["events"]
     [answer] = [m for m in seen["messages"] if m["role"] == "assistant" and m.get("content")]
     assert answer["content"] == "Oslo is cold, Rome is warm."
-
-
-def test_deferred_tool_requests_are_the_agent_s_own_output_type() -> None:
-    # The rule AgentTurns documents: without DeferredToolRequests among its output types,
-    # an agent cannot stop at a call that needs approval.
-    assert DeferredToolRequests in agents.mail_agent().output_type  # type: ignore[operator]

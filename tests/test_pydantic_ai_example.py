@@ -5,7 +5,9 @@ request resumes the run, and the script starts with --port."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -138,3 +140,56 @@ def test_the_app_runs_as_a_script() -> None:
         ).json()
     assert reply["choices"][0]["message"]["content"] == "I drafted a mail to a@b.co."
     assert reply["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# -- against Pydantic AI's own VercelAIAdapter (docs/pydantic_ai.md) ---------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+_INTEGRATION_IMPORTS = re.compile(r"^from (fastapi|starlette|essessey|pydantic_ai\.ui)\b")
+LINES = {"essessey": 8, "VercelAIAdapter": 8}
+"""The lines a user writes for the app each way, as docs/pydantic_ai.md gives them."""
+
+
+def integration_lines(path: Path) -> int:
+    """The imports of the web framework and the integration, and the code between the
+    integration markers, blank lines and comments left out."""
+    count = 0
+    inside = False
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped == "# integration: begin":
+            inside = True
+        elif stripped == "# integration: end":
+            inside = False
+        elif _INTEGRATION_IMPORTS.match(stripped) or (
+            inside and stripped and not stripped.startswith("#")
+        ):
+            count += 1
+    return count
+
+
+def test_the_lines_a_user_writes_are_the_docs_count() -> None:
+    assert integration_lines(ROOT / "examples" / "pydantic_ai_app.py") == LINES["essessey"]
+    vercel = ROOT / "tests" / "pydantic_ai_vercel_app.py"
+    assert integration_lines(vercel) == LINES["VercelAIAdapter"]
+    docs = (ROOT / "docs" / "pydantic_ai.md").read_text()
+    assert f"| lines you write | {LINES['essessey']} | {LINES['VercelAIAdapter']} |" in docs
+
+
+def test_the_vercel_ai_adapter_app_asks_too() -> None:
+    from tests import pydantic_ai_vercel_app
+
+    body = {
+        "trigger": "submit-message",
+        "id": "chat-v",
+        "messages": [user("Mail ada@example.com")],
+    }
+    with (
+        serve(pydantic_ai_vercel_app.app) as base,
+        httpx.Client(base_url=base, timeout=WAIT) as http,
+    ):
+        chunks = chunks_of(http.post("/api/chat", json=body).content)
+        # What it does not serve: the reconnect useChat's resume asks for.
+        assert http.get("/api/chat/chat-v/stream").status_code in (404, 405)
+    [asked] = [c for c in chunks if c["type"] == "tool-approval-request"]
+    assert asked["toolCallId"] == "call_send"
