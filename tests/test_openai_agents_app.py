@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +22,7 @@ from tests.servers import serve
 from tests.test_examples import EXAMPLES, load_example
 
 pytestmark = pytest.mark.anyio
+NODE = Path(__file__).parent / "node"
 
 
 @pytest.fixture
@@ -117,3 +119,35 @@ def test_the_example_runs_as_a_script() -> None:
         assert kinds == ["message", "mcp_approval_request"]
     finally:
         stop_process(process)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["approve", "deny"])
+def test_the_ai_sdk_s_own_chat_approves_and_denies(
+    node_client: Path, app: tuple[Any, str], action: str
+) -> None:
+    """The AI SDK's ``Chat`` (what ``useChat`` runs; tests/node/ui_asking.mjs) answers the
+    approval with ``addToolApprovalResponse`` and reads the same message go on."""
+    example, url = app
+    example.OUTBOX.clear()
+    done = subprocess.run(
+        ["node", str(NODE / "ui_asking.mjs"), url, f"oa-{action}", "send", "mail ada@x.io", action],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert (result["status"], result["error"], result["errors"]) == ("ready", None, [])
+    _, answer = result["messages"]  # one assistant message, continued
+    [call] = [p for p in answer["parts"] if p["type"] == "tool-send_email"]
+    texts = [p["text"] for p in answer["parts"] if p["type"] == "text"]
+    if action == "approve":
+        assert call["state"] == "output-available"
+        assert call["output"] == "sent to ada@x.io"
+        assert texts[-1] == "Sent."
+        assert example.OUTBOX == ["ada@x.io"]
+    else:
+        assert call["state"] == "output-denied"
+        assert texts[-1] == "I did not send it."
+        assert example.OUTBOX == []

@@ -94,7 +94,9 @@ from essessey.publisher import Publisher
 
 __all__ = [
     "AgentTurns",
+    "ApprovalReason",
     "PublishedRun",
+    "RunInput",
     "agent_input",
     "publish_run",
     "stream_run",
@@ -106,11 +108,15 @@ logger = logging.getLogger("essessey.adapters.openai_agents")
 _TERMINAL: Final = frozenset(
     {"response.completed", "response.incomplete", "response.failed", "error"}
 )
-# How long a cancelled run is given to wind down (its tasks are cancelled, not waited for).
+# How long a run that ends early is given to wind down (its loop cancelled, then waited for).
 _CLOSE_TIMEOUT: Final = 5.0
 
 RunInput: TypeAlias = str | list[TResponseInputItem]
 """What ``Runner.run_streamed`` takes as a new run's input."""
+
+ApprovalReason: TypeAlias = Callable[[ToolApprovalItem], "str | None"]
+"""``approval_reason(item) -> reason``: the reason an approval request for the SDK's
+``ToolApprovalItem`` shows (None for none)."""
 
 
 @dataclass(slots=True)
@@ -310,7 +316,7 @@ class _Run:
             await rounds.tool_result(i, text)
         await rounds.round_end()
 
-    async def ask(self, states: RunStates | None, reason: _Reason | None) -> None:
+    async def ask(self, states: RunStates | None, reason: ApprovalReason | None) -> None:
         interruptions = list(self.result.interruptions)
         self.out.interruptions = interruptions
         await self.end_round(asking=True)
@@ -352,16 +358,13 @@ class _Run:
         self.rounds.stop_reason = out.stop_reason
 
 
-_Reason: TypeAlias = Callable[[ToolApprovalItem], "str | None"]
-
-
 async def stream_run(
     rounds: RoundStream,
     result: RunResultStreaming,
     *,
     states: RunStates | None = None,
     answered: Answered | None = None,
-    approval_reason: _Reason | None = None,
+    approval_reason: ApprovalReason | None = None,
 ) -> PublishedRun:
     """Publish the run ``result`` (of ``Runner.run_streamed``) into ``rounds``' message.
 
@@ -406,7 +409,7 @@ async def publish_run(
     stream_id: str,
     model: str | None = None,
     states: RunStates | None = None,
-    approval_reason: _Reason | None = None,
+    approval_reason: ApprovalReason | None = None,
 ) -> PublishedRun:
     """Publish the run ``result`` as one whole message, preamble to epilogue.
 
@@ -446,7 +449,7 @@ async def _stream_from(
     events: _Events,
     answered: Answered | None,
     states: RunStates | None,
-    approval_reason: _Reason | None,
+    approval_reason: ApprovalReason | None,
 ) -> PublishedRun:
     # publish_run reads ahead to name the model: the events may have begun.
     run = _Run(rounds, result, answered)
@@ -523,7 +526,7 @@ class AgentTurns:
         max_turns: int | None = None,
         hooks: RunHooks[Any] | None = None,
         input: Callable[[DialectRequest], RunInput] | None = None,
-        approval_reason: _Reason | None = None,
+        approval_reason: ApprovalReason | None = None,
     ) -> None:
         self.agent = agent
         self.states = states if states is not None else RunStates()
