@@ -423,6 +423,40 @@ async def test_a_denied_approval_is_the_sdk_s_rejection_and_the_tool_never_runs(
     assert second.text == "All done."
 
 
+async def test_two_gated_calls_of_one_round_answered_one_yes_one_no() -> None:
+    SENT.clear()
+    model = ScriptedResponses(
+        [
+            Response()
+            .calls(
+                call("call_a", "send_email", '{"to":"a@example.com"}'),
+                call("call_b", "send_email", '{"to":"b@example.com"}'),
+            )
+            .done(),
+            Response().text("One sent.").done(),
+        ]
+    )
+    turns = AgentTurns(mail_agent(model), approval_reason=lambda item: f"{item.name} asks")
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s6", turns(chat("s6")))
+        await hub.wait("s6")
+        waiting = await hub.waiting("s6")
+        assert waiting is not None
+        first, second = waiting.requests
+        assert [first.reason, second.reason] == ["send_email asks"] * 2  # type: ignore[union-attr]
+        answers = [ToolApproval(first.id, approved=True), ToolApproval(second.id, approved=False)]
+        await hub.answer("s6", answers)
+        await hub.wait("s6")
+        events, _ = await hub.store.since("s6", None)
+    assert check(events) == []
+    assert SENT == ["a@example.com"]
+    continued = reassemble_events(events).messages[1]
+    results = {r.tool_use_id: (r.text, r.is_error) for r in continued.tool_results}
+    assert results["call_a"] == ("sent to a@example.com", False)
+    assert results["call_b"][1] is True
+    assert continued.text == "One sent."
+
+
 async def test_a_cancelled_turn_cancels_the_sdk_run() -> None:
     started, never = anyio.Event(), anyio.Event()
     cancelled: list[bool] = []
