@@ -21,8 +21,9 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import interrupt
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import ToolCallWithContext
+from langgraph.types import Send, interrupt
 
 from essessey.adapters.langgraph import request_approval
 
@@ -32,10 +33,11 @@ Respond = Callable[[list[BaseMessage]], list[AIMessageChunk]]
 
 class ScriptedChatModel(BaseChatModel):
     """A chat model whose every call streams ``respond(messages)``'s chunks, one at a
-    time (``delay`` seconds apart)."""
+    time (``delay`` seconds apart, each shown to ``on_chunk`` as it goes)."""
 
     respond: Respond
     delay: float = 0.0
+    on_chunk: Callable[[AIMessageChunk], None] | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -69,6 +71,8 @@ class ScriptedChatModel(BaseChatModel):
         for chunk in self.respond(messages):
             if self.delay:
                 await anyio.sleep(self.delay)
+            if self.on_chunk is not None:
+                self.on_chunk(chunk)
             generation = ChatGenerationChunk(message=chunk)
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=generation)
@@ -94,7 +98,7 @@ def thinking(text: str, signature: str = "sig") -> list[AIMessageChunk]:
     meta = {"model_provider": "anthropic"}
     return [
         AIMessageChunk(
-            content=[{"type": "thinking", "thinking": part.text, "index": 0}],
+            content=[{"type": "thinking", "thinking": str(part.content), "index": 0}],
             response_metadata=meta,
         )
         for part in words(text)
@@ -201,13 +205,20 @@ def react_graph(
     *,
     checkpointer: Any = None,
     delay: float = 0.0,
+    on_chunk: Callable[[AIMessageChunk], None] | None = None,
     tools: Sequence[Any] = TOOLS,
     ask_node: bool = False,
+    send: bool = False,
 ) -> Any:
     """A ReAct graph: ``agent`` (the model) and ``tools`` (``ToolNode``, errors as error
-    messages) in a loop. ``ask_node``: after the answer, ``confirm`` asks a question with
-    ``interrupt()`` and writes what it got as an AI message."""
-    model = ScriptedChatModel(respond=respond, delay=delay).bind_tools(list(tools))
+    messages) in a loop, routed by ``tools_condition`` (one ``tools`` task runs all the
+    round's calls) or, with ``send``, one ``Send`` per call (as ``create_react_agent``
+    does: a call that interrupts leaves the others' results kept). ``ask_node``: after the
+    answer, ``confirm`` asks a question with ``interrupt()`` and writes what it got as an
+    AI message."""
+    model = ScriptedChatModel(respond=respond, delay=delay, on_chunk=on_chunk).bind_tools(
+        list(tools)
+    )
 
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
@@ -216,16 +227,28 @@ def react_graph(
         answer = interrupt({"question": "Is that right?", "schema": {"enum": ["yes", "no"]}})
         return {"messages": [AIMessage(f"You said {answer}.")]}
 
+    def route(state: MessagesState) -> Any:
+        last = state["messages"][-1]
+        if not (isinstance(last, AIMessage) and last.tool_calls):
+            return "confirm" if ask_node else END
+        if not send:
+            return "tools"
+        return [
+            Send(
+                "tools",
+                ToolCallWithContext(__type="tool_call_with_context", tool_call=call, state=state),
+            )
+            for call in last.tool_calls
+        ]
+
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", ToolNode(list(tools), handle_tool_errors=True))
     builder.add_edge(START, "agent")
     if ask_node:
         builder.add_node("confirm", confirm)
-        builder.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: "confirm"})
         builder.add_edge("confirm", END)
-    else:
-        builder.add_conditional_edges("agent", tools_condition)
+    builder.add_conditional_edges("agent", route, ["tools", "confirm" if ask_node else END])
     builder.add_edge("tools", "agent")
     return builder.compile(
         checkpointer=checkpointer if checkpointer is not None else InMemorySaver()

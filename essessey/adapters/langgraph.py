@@ -2,7 +2,7 @@
 
 ``graph.astream(input, config, stream_mode=["messages", "updates"])`` streams a compiled
 graph's run as the chat models' message chunks, the messages the nodes return, and each
-node's update. :func:`stream_graph` publishes that stream into one message of a
+node's update. :func:`stream_run` publishes that stream into one message of a
 :class:`~essessey.adapters.RoundStream` (:func:`graph_stream` starts it with the modes it
 reads):
 
@@ -66,11 +66,11 @@ Logs carry types, counts and lengths, never text or arguments.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import secrets
 from collections.abc import (
-    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Callable,
@@ -80,6 +80,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, cast
 
+import anyio
 import orjson
 from langchain_core.messages import (
     AIMessage,
@@ -113,18 +114,18 @@ __all__ = [
     "STREAM_MODES",
     "AgentTurns",
     "Approval",
-    "StreamedGraph",
+    "PublishedRun",
     "graph_input",
     "graph_stream",
-    "publish_graph",
+    "publish_run",
     "request_approval",
-    "stream_graph",
+    "stream_run",
 ]
 
 logger = logging.getLogger("essessey.adapters.langgraph")
 
 STREAM_MODES: Final = ("messages", "updates")
-"""The ``stream_mode`` s :func:`stream_graph` reads (others are skipped)."""
+"""The ``stream_mode`` s :func:`stream_run` reads (others are skipped)."""
 
 APPROVAL: Final = "tool_approval"
 """The ``"type"`` of the interrupt value :func:`request_approval` sends."""
@@ -136,6 +137,8 @@ _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _MAX_TOKENS: Final = frozenset({"length", "max_tokens", "MAX_TOKENS"})
 _REFUSAL: Final = frozenset({"content_filter", "refusal", "SAFETY"})
 _STATE_VERSION: Final = 1
+# How long a run that ends early (cancelled, failed) is given to close its tasks.
+_CLOSE_TIMEOUT: Final = 5.0
 
 _Graph: TypeAlias = "Pregel[Any, Any, Any, Any]"
 _Piece: TypeAlias = tuple[Literal["text", "reasoning", "signature"], str]
@@ -190,15 +193,16 @@ def _approval_call(value: object) -> str | None:
 
 
 @dataclass(slots=True)
-class StreamedGraph:
-    """What :func:`stream_graph` published for one run (or one resumed run).
+class PublishedRun:
+    """What :func:`stream_run` published for one run (or one resumed run).
 
-    ``text`` is the last round's text (the graph's answer: its last AI message),
-    ``tool_calls`` every call of every round, ``tool_results`` each call's published
-    result text and whether it was an error, by call id. ``interrupts`` are the run's
-    ``Interrupt`` s and ``requests`` the ids of what the message asked, in the order
-    written (an unanswered call's id, then each interrupt's request: the first is the key
-    of the run's state in :class:`~essessey.adapters.RunStates`). ``resume_ids`` maps a
+    ``rounds`` counts the LLM calls published, ``text`` is the last one's text (the
+    graph's answer: its last AI message), ``tool_calls`` every call of every round with
+    its parsed arguments, ``results`` each published result's text by call id (``failed``
+    the ids of those that were errors). ``interrupts`` are the run's ``Interrupt`` s and
+    ``asked`` the ids of the requests the message ended with, in the order written (calls
+    left to the client, then approvals, then questions): ``asked[0]`` is the key of the
+    run's state in :class:`~essessey.adapters.RunStates`. ``resume_ids`` maps a
     request id to the interrupt id that ``Command(resume=...)`` takes. ``stop_reason``,
     ``usage`` and ``model`` are what the message's epilogue says and the model the LLM
     calls named (None when none did).
@@ -207,18 +211,14 @@ class StreamedGraph:
     rounds: int = 0
     text: str = ""
     tool_calls: list[PublishedToolCall] = field(default_factory=list)
-    tool_results: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    results: dict[str, str] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
     interrupts: list[Interrupt] = field(default_factory=list)
-    requests: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
     resume_ids: dict[str, str] = field(default_factory=dict)
     stop_reason: str = StopReason.END_TURN
     usage: dict[str, int] = field(default_factory=dict)
     model: str | None = None
-
-    @property
-    def asked(self) -> bool:
-        """Whether the run stopped to ask (its message waits for answers)."""
-        return bool(self.requests)
 
 
 # -- reading the parts ------------------------------------------------------------------------
@@ -309,7 +309,9 @@ class _Round:
         "done",
         "finish_reason",
         "held",
+        "held_results",
         "ids",
+        "next_result",
         "node",
         "requests",
         "rounds",
@@ -329,6 +331,8 @@ class _Round:
         self.done = False  # the model's output is whole: assistant_message was sent
         self.requests: list[PublishedToolCall] = []
         self.slots: dict[str, int] = {}  # a call's id (given and published) -> its slot
+        self.held_results: dict[int, tuple[str, bool]] = {}
+        self.next_result = 0
         self.text: list[str] = []
         self.signable = False  # a thinking block is open: a signature may follow
         self.finish_reason: str | None = None
@@ -459,7 +463,7 @@ class _Run:
         self, rounds: RoundStream, nodes: Collection[str] | None, answered: Answered | None
     ) -> None:
         self.rounds = rounds
-        self.out = StreamedGraph()
+        self.out = PublishedRun()
         self._nodes = nodes
         self._round: _Round | None = None
         self._position = -1
@@ -580,10 +584,15 @@ class _Run:
             slot = current.slots.get(call_id)
             if slot is not None:
                 published = current.requests[slot].id
-                if published in self.out.tool_results:
+                if published in self.out.results:
                     return  # the same message again (a resumed node writes it anew)
-                await self.rounds.tool_result(slot, text, is_error=is_error)
-                self.out.tool_results[published] = (text, is_error)
+                self._result(published, text, is_error)
+                # In call order: a result waits for the earlier calls' (an earlier call may
+                # wait for an approval, and its result then comes in the next message).
+                current.held_results[slot] = (text, is_error)
+                while (ready := current.held_results.pop(current.next_result, None)) is not None:
+                    await self.rounds.tool_result(current.next_result, ready[0], is_error=ready[1])
+                    current.next_result += 1
                 return
         if self._waiting:
             # A call of an LLM call that streamed beside the current one: its round next.
@@ -594,12 +603,17 @@ class _Run:
         earlier = self._earlier.get(call_id)
         if earlier is None:
             logger.warning("a tool message names no call of this run; not published")
-        elif earlier and call_id not in self.out.tool_results:
-            self.out.tool_results[call_id] = (text, is_error)
+        elif earlier and call_id not in self.out.results:
+            self._result(call_id, text, is_error)
             if self.rounds.in_round:
                 self._owed.append((call_id, text, is_error))
             else:
                 await self.rounds.earlier_result(call_id, text, is_error=is_error)
+
+    def _result(self, call_id: str, text: str, is_error: bool) -> None:
+        self.out.results[call_id] = text
+        if is_error:
+            self.out.failed.add(call_id)
 
     def _updates(self, data: Mapping[str, Any]) -> None:
         for node, update in data.items():
@@ -613,7 +627,17 @@ class _Run:
         if current is None:
             return
         await self._output_done()
+        held = sorted(current.held_results.items())
+        if answer_missing:
+            for slot, (text, is_error) in held:
+                await self.rounds.tool_result(slot, text, is_error=is_error)
         summary = await self.rounds.round_end(answer_missing=answer_missing)
+        if not answer_missing:
+            # The calls that wait (for an approval, for the client) keep no result; the
+            # results of the calls after them go out now, naming their calls.
+            for slot, (text, is_error) in held:
+                call_id = current.requests[slot].id
+                await self.rounds.earlier_result(call_id, text, is_error=is_error)
         self._round = None
         self.out.rounds += 1
         self.out.text = summary.text
@@ -622,14 +646,14 @@ class _Run:
             await self.rounds.earlier_result(call_id, text, is_error=is_error)
         self._owed.clear()
 
-    async def end(self, states: RunStates | None, config: RunnableConfig | None) -> StreamedGraph:
+    async def end(self, states: RunStates | None, config: RunnableConfig | None) -> PublishedRun:
         """The stream ended: publish what waits, then ask what the run waits for."""
         await self._flush_waiting()
         current = self._round
         unanswered: list[PublishedToolCall] = []
         if current is not None:
             await self._output_done()
-            unanswered = [c for c in current.requests if c.id not in self.out.tool_results]
+            unanswered = [c for c in current.requests if c.id not in self.out.results]
         out = self.out
         asks: list[tuple[str, Interrupt, str | None]] = []  # (request id, interrupt, call)
         gated: set[str] = set()
@@ -647,14 +671,14 @@ class _Run:
             used.add(request_id)
             asks.append((request_id, item, call))
         asks.sort(key=lambda ask: ask[2] is None)  # approvals before questions
-        out.requests = [c.id for c in unanswered if c.id not in gated] + [a[0] for a in asks]
+        out.asked = [c.id for c in unanswered if c.id not in gated] + [a[0] for a in asks]
         out.resume_ids = {request_id: item.id for request_id, item, _ in asks}
         if current is not None:
-            await self._end_round(answer_missing=not out.requests)
-        if out.requests:
+            await self._end_round(answer_missing=not out.asked)
+        if out.asked:
             out.stop_reason = StopReason.TOOL_USE
             if states is not None:
-                await states.save(out.requests[0], _state(config, out.resume_ids))
+                await states.save(out.asked[0], _state(config, out.resume_ids))
             for request_id, item, call in asks:
                 if call is not None:
                     await self.rounds.ask_approval(
@@ -723,12 +747,12 @@ def graph_stream(
     **options: Any,
 ) -> AsyncIterator[Any]:
     """``graph.astream(input, config, stream_mode=STREAM_MODES, version="v2", **options)``:
-    the run's stream as :func:`stream_graph` reads it (``options``: ``context``,
+    the run's stream as :func:`stream_run` reads it (``options``: ``context``,
     ``subgraphs``, ``durability``, ...)."""
     return graph.astream(input, config, stream_mode=list(STREAM_MODES), version="v2", **options)
 
 
-async def stream_graph(
+async def stream_run(
     rounds: RoundStream,
     parts: AsyncIterable[Any],
     *,
@@ -736,7 +760,7 @@ async def stream_graph(
     states: RunStates | None = None,
     answered: Answered | None = None,
     nodes: Collection[str] | None = None,
-) -> StreamedGraph:
+) -> PublishedRun:
     """Publish a graph run's stream ``parts`` into ``rounds``' message (see the module's
     table); ``rounds`` is idle (between rounds) before and after.
 
@@ -744,7 +768,7 @@ async def stream_graph(
     (:func:`graph_stream`), in either of its shapes (``version="v2"`` or the tuples).
     ``nodes``: only the LLM calls of these nodes are published (None: every node's).
     When the run stops at interrupts, or with calls it did not run, the message asks
-    (:attr:`StreamedGraph.requests`); with ``states``, the thread's config (from
+    (:attr:`PublishedRun.asked`); with ``states``, the thread's config (from
     ``config``) and the interrupt ids are saved under the first request's id before
     anything asks. ``answered``: the run resumes a message that asked; the results of the
     calls it approved are published here (between rounds).
@@ -754,18 +778,65 @@ async def stream_graph(
     a run cancelled or failed leaves nothing running.
     """
     if rounds.in_round:
-        raise RuntimeError("stream_graph starts between rounds: end the open round first")
+        raise RuntimeError("stream_run starts between rounds: end the open round first")
     run = _Run(rounds, nodes, answered)
+    pump = _Pump(parts)
     try:
-        async for raw in parts:
+        while (raw := await pump.next()) is not _END:
             await run.feed(raw)
         return await run.end(states, config)
     finally:
-        if isinstance(parts, AsyncGenerator):
-            await parts.aclose()
+        await pump.close()
 
 
-async def publish_graph(
+_END: Final = object()
+
+
+class _Pump:
+    """Reads a run's stream parts in an asyncio task of its own.
+
+    LangGraph cancels a run's node tasks when the task iterating ``astream`` is cancelled
+    once, the asyncio way; a cancel scope of anyio (the hub's), which cancels again at
+    every await until the task gives up, ends the iteration without them, and they run
+    on. So the parts are read apart, and a turn that ends early cancels that task once
+    (:meth:`close`), then waits for the run to wind down.
+    """
+
+    __slots__ = ("_queue", "_task")
+
+    def __init__(self, parts: AsyncIterable[Any]) -> None:
+        # Bounded: the graph runs ahead of publishing by a few parts at most.
+        self._queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue(64)
+        self._task = asyncio.ensure_future(self._read(parts))
+
+    async def _read(self, parts: AsyncIterable[Any]) -> None:
+        try:
+            async for raw in parts:
+                await self._queue.put((raw, None))
+        except Exception as exc:
+            await self._queue.put((_END, exc))
+        else:
+            await self._queue.put((_END, None))
+
+    async def next(self) -> object:
+        """The next part, or ``_END``; what reading the parts raised, raised here."""
+        raw, error = await self._queue.get()
+        if error is not None:
+            raise error
+        return raw
+
+    async def close(self) -> None:
+        """Cancel the reading (the run) unless it ended, and wait for it to wind down."""
+        task = self._task
+        if not task.done():
+            task.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+            await asyncio.wait([task])
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a failure was raised from next() already
+
+
+async def publish_run(
     publisher: Publisher,
     graph: _Graph,
     input: Any,
@@ -777,18 +848,18 @@ async def publish_graph(
     states: RunStates | None = None,
     nodes: Collection[str] | None = None,
     **options: Any,
-) -> StreamedGraph:
+) -> PublishedRun:
     """Run ``graph`` on ``input`` and publish the run as one whole message.
 
     ``message_start`` names ``model`` (default: the graph's name). The rest is
-    :func:`stream_graph` over :func:`graph_stream` (``options`` go to ``astream``) inside
+    :func:`stream_run` over :func:`graph_stream` (``options`` go to ``astream``) inside
     :func:`~essessey.adapters.stream_rounds`: an error of the run ends the message with an
     ``error`` event and propagates.
     """
     async with stream_rounds(
         publisher, message_id=message_id, stream_id=stream_id, model=model or graph.name
     ) as rounds:
-        return await stream_graph(
+        return await stream_run(
             rounds,
             graph_stream(graph, input, config, **options),
             config=config,
@@ -842,7 +913,7 @@ class AgentTurns:
     thread with ``Command(resume={interrupt id: value})`` (an approval's value is
     ``{"approved": bool, "reason": str | None}``, what :func:`request_approval` reads) and
     a client's tool outputs as ``ToolMessage`` s. ``model`` is the name ``message_start``
-    carries (default: the graph's name); ``nodes`` as in :func:`stream_graph`; ``options``
+    carries (default: the graph's name); ``nodes`` as in :func:`stream_run`; ``options``
     go to every ``astream`` (``context``, ``subgraphs``, ``durability``).
     """
 
@@ -887,7 +958,7 @@ class AgentTurns:
 
         async def produce(publisher: Publisher) -> None:
             run_input = self.input(request, await self._new_thread(config))
-            await publish_graph(
+            await publish_run(
                 publisher,
                 self.graph,
                 run_input,
@@ -932,7 +1003,7 @@ class AgentTurns:
             # With interrupts pending, the graph is paused in a node and runs the round's
             # other calls itself when it resumes; without, they were the client's to run.
             run_input: Any = Command(resume=resume) if resume else {"messages": outputs}
-            await stream_graph(
+            await stream_run(
                 rounds,
                 graph_stream(self.graph, run_input, config, **self.options),
                 config=config,

@@ -1,0 +1,636 @@
+"""The LangGraph adapter (essessey.adapters.langgraph), offline: ReAct-style graphs
+(a model node, ``ToolNode`` and ``tools_condition``) on a langchain-core chat model that
+streams scripted chunks (tests/langgraph_graphs.py), and graphs that ``interrupt()``.
+
+Every published turn passes the checker, and ``reassemble`` gives back what the graph's
+final state says (the last AI message's text, the calls with their parsed arguments, the
+tool messages). Through a hub: a question and approvals answered in process on another
+replica (two hubs sharing one store and one checkpointer), over HTTP by the protocol's
+answer route, the Chat Completions dialect (the openai SDK) and the AG-UI dialect (its
+``resume``, every event validated by the ``ag-ui-protocol`` models), a turn read by the
+openai SDK, a drop and resume in the middle of the run, an error and a cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from ag_ui.core import Event as AGUIEvent
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.types import Interrupt
+from pydantic import TypeAdapter
+from starlette.applications import Starlette
+
+from essessey import (
+    Event,
+    InMemoryEventStore,
+    InMemorySink,
+    Publisher,
+    QuestionAnswer,
+    StreamHub,
+    ToolApproval,
+    ToolOutput,
+    check,
+    reassemble_events,
+)
+from essessey.adapters import RunStates, stream_rounds
+from essessey.adapters.langgraph import (
+    AgentTurns,
+    PublishedRun,
+    graph_input,
+    graph_stream,
+    publish_run,
+    stream_run,
+)
+from essessey.bindings.sse import SSEDecoder
+from essessey.dialects import dialect_routes
+from essessey.dialects.agui import AGUIRunRequest
+from essessey.dialects.chat_completions import ChatCompletionRequest
+from essessey.dialects.ui import ChatRequest
+from tests.adapter_views import starts
+from tests.clients import read_sse
+from tests.langgraph_graphs import (
+    MODEL,
+    SENT,
+    ScriptedChatModel,
+    after_tools,
+    calls,
+    finish,
+    react_graph,
+    reply,
+    two_rounds,
+    words,
+)
+from tests.processes import WAIT
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+AGUI_EVENT: TypeAdapter[Any] = TypeAdapter(AGUIEvent)
+
+
+def config(thread: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread}}
+
+
+async def run_to_sink(
+    graph: Any, prompt: str = "hi", thread: str = "t1", **options: Any
+) -> tuple[list[Event], PublishedRun | None, BaseException | None]:
+    sink = InMemorySink()
+    run: PublishedRun | None = None
+    error: BaseException | None = None
+    try:
+        run = await publish_run(
+            Publisher(sink),
+            graph,
+            {"messages": [HumanMessage(prompt)]},
+            config(thread),
+            message_id="msg_1",
+            stream_id="s1",
+            **options,
+        )
+    except Exception as exc:
+        error = exc
+    events = [Event(e.event, e.data, str(n + 1)) for n, e in enumerate(sink.events)]
+    assert check(events) == []
+    return events, run, error
+
+
+async def final_state(graph: Any, thread: str) -> list[BaseMessage]:
+    snapshot = await graph.aget_state(config(thread))
+    return list(snapshot.values["messages"])
+
+
+def graph_calls(messages: list[BaseMessage]) -> list[tuple[str, str, Any]]:
+    return [
+        (call["id"], call["name"], call["args"])
+        for message in messages
+        if isinstance(message, AIMessage)
+        for call in message.tool_calls
+    ]
+
+
+def graph_results(messages: list[BaseMessage]) -> dict[str, tuple[str, bool]]:
+    return {
+        message.tool_call_id: (str(message.content), message.status == "error")
+        for message in messages
+        if isinstance(message, ToolMessage)
+    }
+
+
+# -- one run, one message ------------------------------------------------------------------------
+
+
+async def test_reasoning_text_and_parallel_calls_are_rounds_of_one_message() -> None:
+    graph = react_graph(two_rounds)
+    events, run, error = await run_to_sink(graph)
+    assert error is None
+    assert run is not None
+    parsed = reassemble_events(events)
+    [message] = parsed.messages
+    state = await final_state(graph, "t1")
+    # What the graph's state says, the message says.
+    last = state[-1]
+    assert isinstance(last, AIMessage)
+    assert run.text == last.text == "The sum is 5 and the sky is clear."
+    assert message.text == "Let me check. " + last.text
+    assert message.thinking == "I need both tools"
+    assert message.signature == "sig"
+    assert [(c.tool_use_id, c.name, c.params) for c in message.tool_calls] == graph_calls(state)
+    assert {r.tool_use_id: (r.text, r.is_error) for r in message.tool_results} == graph_results(
+        state
+    )
+    # Round 1: thinking, text, two calls, two results; round 2: the answer.
+    assert starts(events) == [
+        (0, "thinking"),
+        (1, "text"),
+        (2, "tool_use"),
+        (3, "tool_use"),
+        (4, "tool_result"),
+        (5, "tool_result"),
+        (6, "text"),
+    ]
+    assert message.stop_reason == "end_turn"
+    assert message.usage == {"input_tokens": 20, "output_tokens": 10}
+    assert message.model == "LangGraph"  # the graph's name, as message_start goes out first
+    assert run.model == MODEL
+    assert run.rounds == 2
+    assert run.asked == []
+
+
+async def test_interleaved_call_fragments_keep_each_call_whole() -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if after_tools(messages):
+            return reply("Done.")
+
+        def fragment(index: int, args: str, call: tuple[str, str] | None = None) -> AIMessageChunk:
+            call_id, name = call if call is not None else (None, None)
+            chunk = {"index": index, "id": call_id, "name": name, "args": args}
+            return AIMessageChunk(content="", tool_call_chunks=[chunk])
+
+        return [
+            fragment(0, '{"a":', ("c0", "add")),
+            fragment(1, '{"ci', ("c1", "weather")),
+            fragment(0, ' 1, "b": 2}'),
+            fragment(1, 'ty": "Rome"}'),
+            finish("tool_calls"),
+        ]
+
+    graph = react_graph(respond)
+    events, run, error = await run_to_sink(graph)
+    assert error is None
+    assert run is not None
+    message = reassemble_events(events).messages[0]
+    assert [(c.tool_use_id, c.params) for c in message.tool_calls] == [
+        ("c0", {"a": 1, "b": 2}),
+        ("c1", {"city": "Rome"}),
+    ]
+    assert [r.text for r in message.tool_results] == ["3", '{"city": "Rome", "sky": "clear"}']
+    assert message.text == "Done."
+
+
+async def test_a_tool_that_raises_is_an_error_result_and_the_run_goes_on() -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if results := after_tools(messages):
+            return reply(f"It failed: {results[0].status}.")
+        return [*calls(("call_x", "explode", {"reason": "test"})), finish("tool_calls")]
+
+    graph = react_graph(respond)
+    events, run, error = await run_to_sink(graph)
+    assert error is None
+    assert run is not None
+    message = reassemble_events(events).messages[0]
+    [result] = message.tool_results
+    assert result.is_error
+    assert result.text == graph_results(await final_state(graph, "t1"))["call_x"][0]
+    assert "the tool failed" in result.text
+    assert message.text == "It failed: error."
+
+
+async def test_an_error_the_run_raises_is_an_error_event_and_the_exception() -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if after_tools(messages):
+            raise RuntimeError("the provider is down")
+        return [*words("Checking. "), *calls(("c1", "add", {"a": 1, "b": 1})), finish("tool_calls")]
+
+    events, run, error = await run_to_sink(react_graph(respond))
+    assert isinstance(error, RuntimeError)
+    assert run is None
+    parsed = reassemble_events(events)
+    assert parsed.messages[0].error is not None
+    assert events[-1].event == "error"
+    assert json.loads(events[-1].data)["error"]["message"] == "the turn failed: RuntimeError"
+    assert "provider is down" not in events[-1].data.decode()
+
+
+async def test_only_the_assistant_s_messages_of_the_chosen_nodes_are_published() -> None:
+    """A node's whole AI message is a round; human and system messages a node writes,
+    the LLM calls of nodes not in ``nodes`` and a ``nostream`` model are not published."""
+    router = ScriptedChatModel(respond=lambda _: reply("route: answer"))
+    hidden = ScriptedChatModel(respond=lambda _: reply("hidden")).with_config(tags=["nostream"])
+    speaker = ScriptedChatModel(respond=lambda _: reply("Hello there."))
+
+    async def route(state: MessagesState) -> dict[str, Any]:
+        await router.ainvoke(state["messages"])
+        await hidden.ainvoke(state["messages"])
+        return {"messages": [SystemMessage("routed"), HumanMessage("(note)")]}
+
+    async def speak(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await speaker.ainvoke(state["messages"]), AIMessage("Bye.")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("route", route)
+    builder.add_node("speak", speak)
+    builder.add_edge(START, "route")
+    builder.add_edge("route", "speak")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    events, run, _ = await run_to_sink(graph, nodes={"speak"})
+    assert run is not None
+    assert reassemble_events(events).text == "Hello there.Bye."
+    assert run.rounds == 2
+    events, run, _ = await run_to_sink(graph, thread="t2")
+    assert reassemble_events(events).text == "route: answerHello there.Bye."
+
+
+async def test_the_v1_tuple_parts_read_as_the_v2_dicts() -> None:
+    graph = react_graph(two_rounds)
+    sink = InMemorySink()
+    parts = graph.astream(
+        {"messages": [HumanMessage("hi")]}, config("t9"), stream_mode=["messages", "updates"]
+    )
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
+        run = await stream_run(rounds, parts)
+    assert check(sink.events) == []
+    assert run.text == "The sum is 5 and the sky is clear."
+    assert reassemble_events(sink.events).messages[0].tool_results[0].text == "5"
+
+
+def test_graph_input_is_the_conversation_or_the_last_user_message() -> None:
+    request = ChatCompletionRequest(
+        "chatcmpl-1",
+        "m",
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Weather?"},
+        ],
+    )
+    whole = graph_input(request)["messages"]
+    assert [(type(m).__name__, m.content) for m in whole] == [
+        ("SystemMessage", "Be brief."),
+        ("HumanMessage", "Hi"),
+        ("AIMessage", "Hello."),
+        ("HumanMessage", "Weather?"),
+    ]
+    [last] = graph_input(request, new_thread=False)["messages"]
+    assert (type(last).__name__, last.content) == ("HumanMessage", "Weather?")
+
+
+# -- through the hub -----------------------------------------------------------------------
+
+
+def chat(stream_id: str, text: str = "hi") -> ChatRequest:
+    return ChatRequest(
+        stream_id, [{"role": "user", "parts": [{"type": "text", "text": text}]}], "submit-message"
+    )
+
+
+def mail(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+    """Mails ada and adds two numbers (parallel calls), then answers."""
+    if results := after_tools(messages):
+        return reply(" / ".join(str(r.content) for r in results))
+    return [
+        *words("Sending it. "),
+        *calls(
+            ("call_mail", "send_email", {"to": "ada@example.com"}),
+            ("call_add", "add", {"a": 1, "b": 2}),
+        ),
+        finish("tool_calls"),
+    ]
+
+
+async def test_a_question_answered_on_another_replica_resumes_the_graph() -> None:
+    store, saver = InMemoryEventStore(), InMemorySaver()
+    # Two replicas: each its own graph object and turns, one store and one checkpointer.
+    turns_a = AgentTurns(
+        react_graph(lambda _: reply("Five."), checkpointer=saver, ask_node=True),
+        states=RunStates(store),
+    )
+    graph_b = react_graph(lambda _: reply("Five."), checkpointer=saver, ask_node=True)
+    turns_b = AgentTurns(graph_b, states=RunStates(store))
+    async with (
+        StreamHub(store, on_answer=turns_a.on_answer) as a,
+        StreamHub(store, on_answer=turns_b.on_answer) as b,
+    ):
+        await a.start("q1", turns_a(chat("q1", "2+3?")))
+        await a.wait("q1")
+        waiting = await b.waiting("q1")
+        assert waiting is not None
+        [question] = waiting.requests
+        snapshot = await graph_b.aget_state(config("q1"))
+        [pending] = snapshot.interrupts
+        assert question.id == pending.id  # the interrupt's own id is the request's
+        assert question.question == "Is that right?"  # type: ignore[union-attr]
+        assert question.schema == {"enum": ["yes", "no"]}  # type: ignore[union-attr]
+        continued = await b.answer("q1", [QuestionAnswer(question.id, "yes")])
+        assert continued.started
+        await b.wait("q1")
+        events, _ = await store.since("q1", None)
+    assert check(events) == []
+    first, second = reassemble_events(events).messages
+    assert (first.text, first.stop_reason) == ("Five.", "tool_use")
+    assert (second.text, second.stop_reason) == ("You said yes.", "end_turn")
+    state = await final_state(graph_b, "q1")
+    assert [m.text for m in state if isinstance(m, AIMessage)] == ["Five.", "You said yes."]
+    assert await RunStates(store).load(question.id) is None  # dropped once resumed
+
+
+@pytest.mark.parametrize(("approved", "sent"), [(True, True), (False, False)])
+async def test_an_approval_a_tool_asks_is_the_approval_of_its_call(
+    approved: bool, sent: bool
+) -> None:
+    SENT.clear()
+    graph = react_graph(mail, send=True)
+    turns = AgentTurns(graph)
+    stream = f"mail-{approved}"
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start(stream, turns(chat(stream)))
+        await hub.wait(stream)
+        waiting = await hub.waiting(stream)
+        assert waiting is not None
+        [request] = waiting.requests
+        assert request.tool_use_id == "call_mail"  # type: ignore[union-attr]
+        assert request.input == {"to": "ada@example.com"}  # type: ignore[union-attr]
+        assert request.reason == "sends an email"  # type: ignore[union-attr]
+        answer = ToolApproval(request.id, approved=approved, reason=None if approved else "no")
+        await hub.answer(stream, [answer])
+        await hub.wait(stream)
+        events, _ = await hub.store.since(stream, None)
+    assert check(events) == []
+    assert len(SENT) == int(sent)
+    first, second = reassemble_events(events).messages
+    assert first.stop_reason == "tool_use"
+    # One task per call: the add's result is in the asking message, the mail's after.
+    assert {r.tool_use_id: r.text for r in first.tool_results} == {"call_add": "3"}
+    mail_result = "sent to ada@example.com" if sent else "not sent: no"
+    assert {r.tool_use_id: r.text for r in second.tool_results} == {"call_mail": mail_result}
+    assert second.text == f"{mail_result} / 3"
+    state = await final_state(graph, stream)
+    assert graph_results(state)["call_mail"] == (mail_result, False)
+
+
+async def test_a_call_the_graph_does_not_run_is_the_client_s_and_its_output_resumes() -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if results := after_tools(messages):
+            return reply(f"You are at {results[0].content}.")
+        return [*calls(("call_loc", "get_location", {"precise": True})), finish("tool_calls")]
+
+    model_graph = StateGraph(MessagesState)
+    model = ScriptedChatModel(respond=respond)
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    model_graph.add_node("agent", agent)
+    model_graph.add_edge(START, "agent")
+    graph = model_graph.compile(checkpointer=InMemorySaver())
+    turns = AgentTurns(graph)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("loc", turns(chat("loc")))
+        await hub.wait("loc")
+        waiting = await hub.waiting("loc")
+        assert waiting is not None
+        [call] = waiting.requests
+        assert (call.id, call.name) == ("call_loc", "get_location")  # type: ignore[union-attr]
+        await hub.answer("loc", [ToolOutput("call_loc", "Oslo")])
+        await hub.wait("loc")
+        events, _ = await hub.store.since("loc", None)
+    assert check(events) == []
+    first, second = reassemble_events(events).messages
+    assert first.stop_reason == "tool_use"
+    assert second.text == "You are at Oslo."
+    state = await final_state(graph, "loc")
+    assert graph_results(state) == {"call_loc": ("Oslo", False)}
+
+
+async def test_a_cancelled_turn_closes_the_graph_run() -> None:
+    streamed: list[AIMessageChunk] = []
+    two = anyio.Event()
+
+    def on_chunk(chunk: AIMessageChunk) -> None:
+        streamed.append(chunk)
+        if len(streamed) == 2:
+            two.set()
+
+    graph = react_graph(
+        lambda _: reply("one two three four five six seven eight"), delay=0.05, on_chunk=on_chunk
+    )
+    turns = AgentTurns(graph)
+    async with StreamHub() as hub:
+        await hub.start("c1", turns(chat("c1")))
+        with anyio.fail_after(WAIT):
+            await two.wait()
+        assert await hub.cancel("c1")
+        await hub.wait("c1")
+        count = len(streamed)
+        await anyio.sleep(0.2)
+        # The model's stream stopped with the turn: nothing of the run goes on.
+        assert len(streamed) == count < 9
+        events, _ = await hub.store.since("c1", None)
+    parsed = reassemble_events(events)
+    assert parsed.messages[-1].stop_reason == "cancelled"
+    assert check(events) == []
+
+
+async def test_drop_and_resume_in_the_middle_of_the_run_gives_every_event_once() -> None:
+    graph = react_graph(two_rounds, delay=0.01)
+    turns = AgentTurns(graph)
+    async with StreamHub() as hub:
+        await hub.start("d1", turns(chat("d1")))
+        seen: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async for event in hub.subscribe("d1"):
+                seen.append(event)
+                if event.event == "content_block_start" and b"tool_result" in event.data:
+                    break  # the reader drops here, mid-run
+        rest: list[Event] = []
+        with anyio.fail_after(WAIT):
+            async for event in hub.subscribe("d1", seen[-1].id):
+                rest.append(event)
+        whole, _ = await hub.store.since("d1", None)
+    assert [e.id for e in seen + rest] == [e.id for e in whole]
+    assert len({e.id for e in whole}) == len(whole)
+    assert check(seen + rest) == []
+    assert reassemble_events(seen + rest).text == "Let me check. The sum is 5 and the sky is clear."
+
+
+# -- over HTTP -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    """Every dialect on AgentTurns of a graph that answers, asks ``Is that right?`` and,
+    when told to ``mail``, asks to approve the mail first."""
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        user = next(m for m in reversed(messages) if isinstance(m, HumanMessage))
+        if "mail" in str(user.content):
+            return mail(messages)
+        return two_rounds(messages)
+
+    graph = react_graph(respond, ask_node=True, send=True)
+    turns = AgentTurns(graph)
+    hub = StreamHub(on_answer=turns.on_answer)
+    app = Starlette(routes=list(dialect_routes(hub, turns)), lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url
+
+
+def agui_events(body: bytes) -> list[dict[str, Any]]:
+    decoder = SSEDecoder()
+    found = [json.loads(m.data) for m in decoder.feed(body) + decoder.close()]
+    for item in found:
+        AGUI_EVENT.validate_python(item)
+    return found
+
+
+def agui_run(thread: str, run_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "threadId": thread,
+        "runId": run_id,
+        "messages": [{"id": "u1", "role": "user", "content": "2+3 and the weather?"}],
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {},
+        **extra,
+    }
+
+
+async def test_a_question_answered_by_the_protocol_route_and_by_the_openai_sdk(
+    served: str,
+) -> None:
+    url = served
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as sdk:
+        # Chat Completions: the graph's turn, then its question as a call of ask_user.
+        first = await sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "2+3 and the weather?"}]
+        )
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content is not None
+        assert choice.message.content.endswith("The sum is 5 and the sky is clear.")
+        [ask] = [c for c in choice.message.tool_calls or [] if c.function.name == "ask_user"]  # type: ignore[union-attr]
+        assert json.loads(ask.function.arguments)["question"] == "Is that right?"  # type: ignore[union-attr]
+        answer = [
+            {"role": "user", "content": "2+3 and the weather?"},
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": ask.id, "content": "yes"},
+        ]
+        second = await sdk.chat.completions.create(model="m", messages=answer)  # type: ignore[arg-type]
+        assert second.choices[0].message.content == "You said yes."
+        assert second.choices[0].finish_reason == "stop"
+
+        # The protocol's answer route, on a turn a Chat Completions client started.
+        started = await sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "again?"}]
+        )
+        stream_id = started.id
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        asked = await read_sse(http, f"{url}/streams/{stream_id}")
+        assert check(asked) == []
+        [pending] = reassemble_events(asked).pending
+        response = await http.post(
+            f"{url}/streams/{stream_id}/answer",
+            json={"answers": [{"id": pending.id, "value": "no"}]},
+        )
+        assert response.status_code == 200, response.text
+        rest = await read_sse(
+            http, f"{url}/streams/{stream_id}", last_event_id=response.json()["after"]
+        )
+    assert check(asked + rest) == []
+    assert reassemble_events(asked + rest).messages[-1].text == "You said no."
+
+
+async def test_an_approval_answered_by_an_ag_ui_resume(served: str) -> None:
+    SENT.clear()
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        body = agui_run("thread-mail", "run-1")
+        body["messages"][0]["content"] = "mail ada"
+        first = agui_events((await http.post(f"{served}/agui", json=body)).content)
+        outcome = first[-1]["outcome"]
+        assert outcome["type"] == "interrupt"
+        [request] = outcome["interrupts"]
+        assert request["toolCallId"] == "call_mail"
+        assert request["message"] == "sends an email"
+        resume = agui_run(
+            "thread-mail", "run-2", resume=[{"interruptId": request["id"], "status": "resolved"}]
+        )
+        second = agui_events((await http.post(f"{served}/agui", json=resume)).content)
+    assert SENT == [{"to": "ada@example.com"}]
+    results = {e["toolCallId"]: e["content"] for e in second if e["type"] == "TOOL_CALL_RESULT"}
+    assert results["call_mail"] == "sent to ada@example.com"
+    text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "sent to ada@example.com / 3"
+    # After the answer the graph asks its closing question: the run ends on it.
+    [question] = second[-1]["outcome"]["interrupts"]
+    assert question["message"] == "Is that right?"
+
+
+async def test_the_openai_sdk_reads_a_turn_as_a_stream(served: str) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{served}/v1", api_key="x", max_retries=0) as sdk:
+        stream = await sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "weather?"}], stream=True
+        )
+        text = ""
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+        response = await sdk.responses.create(model="m", input="weather?")
+    assert text.endswith("The sum is 5 and the sky is clear.")
+    outputs = [item for item in response.output if item.type == "function_call_output"]
+    assert [o.output for o in outputs] == ["5", '{"city": "Oslo", "sky": "clear"}']
+
+
+def test_agui_requests_run_on_their_thread() -> None:
+    request = AGUIRunRequest("stream-1", "thread-1", "run-1", [], {})
+    turns = AgentTurns(react_graph(two_rounds))
+    assert turns.thread_id(request) == "thread-1"
+    assert turns.thread_id(chat("chat-1")) == "chat-1"
+
+
+def test_an_interrupt_value_becomes_a_question() -> None:
+    from essessey.adapters.langgraph import _question
+
+    assert _question(Interrupt("Sure?", "i1")) == ("Sure?", None)
+    schema = {"type": "string"}
+    assert _question(Interrupt("Sure?", "i1", response_schema=schema)) == ("Sure?", schema)
+    assert _question(Interrupt({"question": "Which?", "schema": schema}, "i1")) == (
+        "Which?",
+        schema,
+    )
+    assert _question(Interrupt({"action": "book", "nights": 2}, "i1")) == (
+        '{"action":"book","nights":2}',
+        None,
+    )
+
+
+async def test_graph_stream_reads_what_stream_run_takes() -> None:
+    graph = react_graph(two_rounds)
+    kinds = {part["type"] async for part in graph_stream(graph, {"messages": []}, config("g"))}
+    assert kinds == {"messages", "updates"}
