@@ -139,6 +139,7 @@ _REFUSAL: Final = frozenset({"content_filter", "refusal", "SAFETY"})
 _STATE_VERSION: Final = 1
 # How long a run that ends early (cancelled, failed) is given to close its tasks.
 _CLOSE_TIMEOUT: Final = 5.0
+_AHEAD: Final = 256  # stream parts read ahead of publishing, at most
 
 _Graph: TypeAlias = "Pregel[Any, Any, Any, Any]"
 _Piece: TypeAlias = tuple[Literal["text", "reasoning", "signature"], str]
@@ -317,7 +318,6 @@ class _Round:
         "rounds",
         "signable",
         "slots",
-        "text",
     )
 
     def __init__(self, rounds: RoundStream, message_id: str | None, node: object) -> None:
@@ -333,7 +333,6 @@ class _Round:
         self.slots: dict[str, int] = {}  # a call's id (given and published) -> its slot
         self.held_results: dict[int, tuple[str, bool]] = {}
         self.next_result = 0
-        self.text: list[str] = []
         self.signable = False  # a thinking block is open: a signature may follow
         self.finish_reason: str | None = None
 
@@ -358,7 +357,6 @@ class _Round:
         kind, text = piece
         if kind == "text":
             await self.rounds.delta(text=text)
-            self.text.append(text)
             self.signable = False
         elif kind == "reasoning":
             await self.rounds.delta(reasoning=text)
@@ -371,9 +369,20 @@ class _Round:
     async def chunk(self, message: AIMessageChunk, position: int) -> None:
         """Publish what one chunk carries."""
         held = self.held
-        for piece in _pieces(message):
-            await held.put(piece)
-        for fragment in message.tool_call_chunks:
+        content = message.content
+        if isinstance(content, str) and not message.additional_kwargs:
+            if not content:
+                pass
+            elif held.open is None and not held.pending:  # the common chunk: text, live
+                await self.rounds.delta(text=_clean(content))
+                self.signable = False
+            else:
+                await held.put(("text", _clean(content)))
+        else:
+            for piece in _pieces(message):
+                await held.put(piece)
+        fragments = message.tool_call_chunks
+        for fragment in fragments:
             index = fragment.get("index")
             given = fragment.get("id")
             call = self.by_index.get(index) if index is not None else None
@@ -392,9 +401,10 @@ class _Round:
             args = fragment.get("args")
             if args:
                 await held.fragment(call, _clean(args), position)
-        if message.tool_call_chunks or held.pending:
+        if fragments or held.pending:
             await held.advance()
-        self._metadata(message)
+        if message.response_metadata:
+            self._metadata(message)
 
     async def whole(self, message: AIMessage) -> None:
         """Publish a whole message as the round's output."""
@@ -482,10 +492,13 @@ class _Run:
     async def feed(self, raw: object) -> None:
         """Publish what one stream part carries."""
         self._position += 1
-        part = _part(raw)
-        if part is None:
-            return
-        mode, data = part
+        if type(raw) is dict:  # version="v2", the shape graph_stream asks for
+            mode, data = raw.get("type"), raw.get("data")
+        else:
+            part = _part(raw)
+            if part is None:
+                return
+            mode, data = part
         if mode == "messages":
             if not (isinstance(data, tuple) and len(data) == 2):
                 logger.warning("skipping messages part %d: not a pair", self._position)
@@ -511,7 +524,10 @@ class _Run:
         node = metadata.get("langgraph_node")
         if self._nodes is not None and node not in self._nodes:
             return
-        self._model(message, metadata)
+        if message.usage_metadata:
+            _usage(message, self.out.usage)
+        if self.out.model is None:
+            self._model(message, metadata)
         current = self._round
         if not isinstance(message, AIMessageChunk):
             if current is not None and message.id in current.ids:
@@ -541,12 +557,10 @@ class _Run:
             await self._output_done()
 
     def _model(self, message: AIMessage, metadata: Mapping[str, Any]) -> None:
-        """Count a message's usage; learn the model's name from the first that names it."""
-        _usage(message, self.out.usage)
-        if self.out.model is None:
-            name = metadata.get("ls_model_name") or message.response_metadata.get("model_name")
-            if isinstance(name, str) and name:
-                self.out.model = name
+        """Learn the model's name from the first message that names it."""
+        name = metadata.get("ls_model_name") or message.response_metadata.get("model_name")
+        if isinstance(name, str) and name:
+            self.out.model = name
 
     async def _start(self, message_id: str | None, node: object) -> None:
         await self._end_round(answer_missing=True)
@@ -782,14 +796,12 @@ async def stream_run(
     run = _Run(rounds, nodes, answered)
     pump = _Pump(parts)
     try:
-        while (raw := await pump.next()) is not _END:
-            await run.feed(raw)
+        while (batch := await pump.batch()) is not None:
+            for raw in batch:
+                await run.feed(raw)
         return await run.end(states, config)
     finally:
         await pump.close()
-
-
-_END: Final = object()
 
 
 class _Pump:
@@ -799,31 +811,53 @@ class _Pump:
     once, the asyncio way; a cancel scope of anyio (the hub's), which cancels again at
     every await until the task gives up, ends the iteration without them, and they run
     on. So the parts are read apart, and a turn that ends early cancels that task once
-    (:meth:`close`), then waits for the run to wind down.
+    (:meth:`close`), then waits for the run to wind down. The parts are handed over in
+    batches (all that came since the last), a list swap instead of a queue's put and get
+    for each.
     """
 
-    __slots__ = ("_queue", "_task")
+    __slots__ = ("_ended", "_error", "_more", "_ready", "_room", "_task")
 
     def __init__(self, parts: AsyncIterable[Any]) -> None:
-        # Bounded: the graph runs ahead of publishing by a few parts at most.
-        self._queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue(64)
+        self._ready: list[Any] = []
+        self._more = asyncio.Event()  # set when parts are ready, or the reading ended
+        self._room = asyncio.Event()  # set when the reader may run ahead
+        self._room.set()
+        self._ended = False
+        self._error: Exception | None = None
         self._task = asyncio.ensure_future(self._read(parts))
 
     async def _read(self, parts: AsyncIterable[Any]) -> None:
         try:
             async for raw in parts:
-                await self._queue.put((raw, None))
+                ready = self._ready  # batch() swaps the list
+                ready.append(raw)
+                if len(ready) == 1:
+                    self._more.set()
+                elif len(ready) >= _AHEAD:
+                    # Bounded: the graph runs ahead of publishing by this many parts.
+                    self._room.clear()
+                    await self._room.wait()
         except Exception as exc:
-            await self._queue.put((_END, exc))
-        else:
-            await self._queue.put((_END, None))
+            self._error = exc
+        finally:
+            self._ended = True
+            self._more.set()
 
-    async def next(self) -> object:
-        """The next part, or ``_END``; what reading the parts raised, raised here."""
-        raw, error = await self._queue.get()
-        if error is not None:
-            raise error
-        return raw
+    async def batch(self) -> list[Any] | None:
+        """The parts read since the last batch (waiting for one), or None once the
+        reading ended; what reading the parts raised, raised here after them."""
+        while not self._ready:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return None
+            self._more.clear()
+            await self._more.wait()
+        ready = self._ready
+        self._ready = []
+        self._room.set()
+        return ready
 
     async def close(self) -> None:
         """Cancel the reading (the run) unless it ended, and wait for it to wind down."""
@@ -832,8 +866,6 @@ class _Pump:
             task.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
             await asyncio.wait([task])
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: a failure was raised from next() already
 
 
 async def publish_run(

@@ -1,0 +1,244 @@
+"""What publishing a LangGraph run costs: the graph's own ``astream`` consumed to nothing,
+beside the same run through ``essessey.adapters.langgraph.AgentTurns`` into a
+``StreamHub`` (in-memory store, every turn read to its end by a subscriber).
+
+Run ``python benchmarks/bench_langgraph.py [--turns 200] [--rounds 3] [--deltas 40]
+[--checkpointer] [--json [PATH]]``. Each turn is one run of a ReAct graph (a model node,
+``ToolNode`` and ``tools_condition``) of ``--rounds`` LLM calls: every call streams
+``--deltas`` text chunks, and every one but the last calls a tool (its arguments in three
+fragments; the tool's result the next call's input). The model is a langchain-core chat
+model that streams scripted chunks, two ways, each measured on both paths:
+
+- ``parsed``: each chunk is read from its JSON text (``AIMessageChunk.model_validate_json``),
+  about what a provider's integration does with each chunk of its stream: the graph's run
+  as it costs with a model behind a wire (the connection itself left out);
+- ``replayed``: copies of chunks built once, the graph's run with no model cost at all:
+  the floor, where the adapter's share is largest.
+
+``--checkpointer``
+compiles the graph with an ``InMemorySaver`` (a thread per turn), as a graph that
+interrupts needs.
+
+Both paths run the same turns, one after the other, in one process (a turn of each first,
+untimed). The graph's own path reads ``astream`` with the modes the adapter reads
+(``messages`` and ``updates``, ``version="v2"``). The figures are CPU time
+(``time.process_time()``) per turn and per event (LangGraph's stream parts for the graph
+alone, the protocol events published for the adapter), and the ratio adapter / graph per
+turn: the adapter's turn includes the graph's, so a ratio of 1.15 means the adapter adds
+15% to the graph's own CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _cli import add_json_option, json_only, write_json
+
+
+def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) -> Any:
+    """The ReAct graph on a model that streams the same chunks on every run: parsed from
+    their JSON text, or copies of the chunks themselves."""
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    def call(n: int) -> list[AIMessageChunk]:
+        chunks = [AIMessageChunk(content=f"word{i} ") for i in range(deltas)]
+        if n < rounds - 1:
+            first = {"index": 0, "id": f"call_{n}", "name": "lookup", "args": '{"q": '}
+            chunks.append(AIMessageChunk(content="", tool_call_chunks=[first]))
+            for args in (f'"n{n}"', "}"):
+                rest = {"index": 0, "id": None, "name": None, "args": args}
+                chunks.append(AIMessageChunk(content="", tool_call_chunks=[rest]))
+        chunks.append(
+            AIMessageChunk(
+                content="",
+                response_metadata={"finish_reason": "stop", "model_name": "bench"},
+                usage_metadata={"input_tokens": 100, "output_tokens": deltas, "total_tokens": 0},
+            )
+        )
+        return chunks
+
+    script = [call(n) for n in range(rounds)]
+    texts = [[chunk.model_dump_json() for chunk in chunks] for chunks in script]
+
+    class Replay(BaseChatModel):
+        """Streams the script's call for the run's next LLM call."""
+
+        def chunks(self, messages: list[BaseMessage]) -> list[AIMessageChunk]:
+            done = min(sum(isinstance(m, ToolMessage) for m in messages), rounds - 1)
+            if parsed:
+                return [AIMessageChunk.model_validate_json(text) for text in texts[done]]
+            # Copies: LangChain gives the chunks ids and positions as they stream.
+            return [chunk.model_copy() for chunk in script[done]]
+
+        @property
+        def _llm_type(self) -> str:
+            return "replay"
+
+        def _generate(self, messages: list[BaseMessage], *a: Any, **k: Any) -> ChatResult:
+            whole = AIMessageChunk(content="")
+            for chunk in self.chunks(messages):
+                whole += chunk
+            message = AIMessage(content=whole.content, tool_calls=whole.tool_calls)
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+        async def _astream(
+            self, messages: list[BaseMessage], *a: Any, **k: Any
+        ) -> AsyncIterator[ChatGenerationChunk]:
+            run_manager = k.get("run_manager")
+            for chunk in self.chunks(messages):
+                generation = ChatGenerationChunk(message=chunk)
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=generation)
+                yield generation
+
+        def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+            return self
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    model = Replay()
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([lookup]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=InMemorySaver() if checkpointer else None)
+
+
+async def graph_turn(graph: Any, n: int) -> int:
+    from langchain_core.messages import HumanMessage
+
+    from essessey.adapters.langgraph import graph_stream
+
+    config = {"configurable": {"thread_id": f"graph_{n}"}}
+    count = 0
+    async for _ in graph_stream(graph, {"messages": [HumanMessage("go")]}, config):
+        count += 1
+    return count
+
+
+async def adapter_turns(graph: Any, turns: int) -> tuple[float, int]:
+    from essessey import StreamHub
+    from essessey.adapters.langgraph import AgentTurns
+    from essessey.dialects.responses import ResponsesRequest
+
+    agent_turns = AgentTurns(graph)
+    count = 0
+    async with StreamHub() as hub:
+        # One untimed turn first: imports and first-call caches out of the measurement.
+        for n in range(turns + 1):
+            if n == 1:
+                gc.collect()
+                start = time.process_time()
+            stream = f"resp_{n}"
+            await hub.start(stream, agent_turns(ResponsesRequest(stream, "m", "go")))
+            async for _ in hub.subscribe(stream):
+                if n:
+                    count += 1
+        return time.process_time() - start, count
+
+
+async def measure(
+    turns: int, rounds: int, deltas: int, *, checkpointer: bool, parsed: bool
+) -> dict[str, Any]:
+    graph = make_graph(rounds, deltas, checkpointer=checkpointer, parsed=parsed)
+    await graph_turn(graph, -1)
+    gc.collect()
+    start = time.process_time()
+    parts = 0
+    for n in range(turns):
+        parts += await graph_turn(graph, n)
+    graph_cpu = time.process_time() - start
+    adapter_cpu, published = await adapter_turns(graph, turns)
+    return {
+        "graph": {
+            "cpu_s": graph_cpu,
+            "events": parts,
+            "us_per_turn": graph_cpu / turns * 1e6,
+            "us_per_event": graph_cpu / parts * 1e6,
+        },
+        "adapter": {
+            "cpu_s": adapter_cpu,
+            "events": published,
+            "us_per_turn": adapter_cpu / turns * 1e6,
+            "us_per_event": adapter_cpu / published * 1e6,
+        },
+        "ratio_per_turn": adapter_cpu / graph_cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=200, help="runs per path")
+    parser.add_argument("--rounds", type=int, default=3, help="LLM calls per run")
+    parser.add_argument("--deltas", type=int, default=40, help="text chunks per LLM call")
+    parser.add_argument(
+        "--checkpointer", action="store_true", help="compile the graph with an InMemorySaver"
+    )
+    add_json_option(parser)
+    args = parser.parse_args()
+    if min(args.turns, args.rounds, args.deltas) < 1:
+        parser.error("--turns, --rounds and --deltas must be at least 1")
+    figures: dict[str, Any] = {
+        "turns": args.turns,
+        "rounds": args.rounds,
+        "deltas": args.deltas,
+        "checkpointer": args.checkpointer,
+    }
+    for model in ("parsed", "replayed"):
+        figures[model] = asyncio.run(
+            measure(
+                args.turns,
+                args.rounds,
+                args.deltas,
+                checkpointer=args.checkpointer,
+                parsed=model == "parsed",
+            )
+        )
+    if args.json is not None:
+        write_json(args.json, figures, __file__)
+        if json_only(args.json):
+            return
+    saver = ", InMemorySaver" if args.checkpointer else ""
+    print(f"{args.turns} turns of {args.rounds} LLM calls x {args.deltas} text chunks{saver}")
+    print(f"{'model':<10}{'path':<46}{'events/turn':>12}{'CPU us/turn':>13}{'CPU us/event':>14}")
+    for model in ("parsed", "replayed"):
+        for key, label in (
+            ("graph", "LangGraph astream, consumed to nothing"),
+            ("adapter", "the same run through AgentTurns into a hub"),
+        ):
+            row = figures[model][key]
+            per_turn = row["events"] / args.turns
+            print(
+                f"{model:<10}{label:<46}{per_turn:>12.0f}"
+                f"{row['us_per_turn']:>13.0f}{row['us_per_event']:>14.1f}"
+            )
+        print(f"{model:<10}adapter / graph CPU per turn: {figures[model]['ratio_per_turn']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
