@@ -267,7 +267,10 @@ def two_rounds(messages: list[BaseMessage]) -> list[AIMessageChunk]:
     if not results:
         return [
             *thinking("I need both tools"),
-            AIMessageChunk(content="Let me check. "),
+            AIMessageChunk(
+                content=[{"type": "text", "text": "Let me check. ", "index": 1}],
+                response_metadata={"model_provider": "anthropic"},
+            ),
             *calls(("call_add", "add", {"a": 2, "b": 3}), ("call_w", "weather", {"city": "Oslo"})),
             finish("tool_calls"),
         ]

@@ -266,6 +266,44 @@ async def test_only_the_assistant_s_messages_of_the_chosen_nodes_are_published()
     assert reassemble_events(events).text == "route: answerHello there.Bye."
 
 
+async def test_llm_calls_that_stream_at_once_are_rounds_one_after_the_other() -> None:
+    first = ScriptedChatModel(respond=lambda _: reply("alpha beta gamma delta"), delay=0.01)
+    second = ScriptedChatModel(respond=lambda _: reply("one two three four five"), delay=0.013)
+
+    async def left(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await first.ainvoke(state["messages"])]}
+
+    async def right(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await second.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("left", left)
+    builder.add_node("right", right)
+    builder.add_edge(START, "left")
+    builder.add_edge(START, "right")  # parallel branches: their chunks interleave
+    events, run, _ = await run_to_sink(builder.compile())
+    assert run is not None
+    assert run.rounds == 2
+    assert starts(events) == [(0, "text"), (1, "text")]
+    assert reassemble_events(events).text == "alpha beta gamma deltaone two three four five"
+
+
+@pytest.mark.parametrize("subgraphs", [False, True])
+async def test_a_subgraph_s_messages_whole_or_streamed(subgraphs: bool) -> None:
+    builder = StateGraph(MessagesState)
+    builder.add_node("inner", react_graph(two_rounds))
+    builder.add_edge(START, "inner")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    events, run, _ = await run_to_sink(graph, subgraphs=subgraphs)
+    assert run is not None
+    message = reassemble_events(events).messages[0]
+    # The same message either way; streamed, its text goes out chunk by chunk.
+    assert message.text == "Let me check. The sum is 5 and the sky is clear."
+    assert [r.text for r in message.tool_results] == ["5", '{"city": "Oslo", "sky": "clear"}']
+    deltas = [e for e in events if b"text_delta" in e.data]
+    assert len(deltas) == (10 if subgraphs else 2)
+
+
 async def test_the_v1_tuple_parts_read_as_the_v2_dicts() -> None:
     graph = react_graph(two_rounds)
     sink = InMemorySink()
