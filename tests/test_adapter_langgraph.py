@@ -653,7 +653,7 @@ def test_agui_requests_run_on_their_thread() -> None:
 
 
 def test_an_interrupt_value_becomes_a_question() -> None:
-    from essessey.adapters.langgraph import _question
+    from essessey.adapters.langgraph._run import _question
 
     assert _question(Interrupt("Sure?", "i1")) == ("Sure?", None)
     schema = {"type": "string"}

@@ -1,0 +1,527 @@
+"""A LangGraph run's stream parts, published into one message (see the package's table)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import anyio
+import orjson
+from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.pregel import Pregel
+from langgraph.types import Interrupt
+
+from essessey.adapters._message import PublishedToolCall
+from essessey.adapters._run_state import RunStates
+from essessey.adapters.langgraph._approval import approval_call
+from essessey.adapters.langgraph._round import LLMCall, add_usage, clean, read_part, result_of
+from essessey.adapters.rounds import RoundStream, stream_rounds
+from essessey.protocol import StopReason
+from essessey.protocol.asking import Answered
+from essessey.publisher import Publisher
+
+__all__ = ["STREAM_MODES", "Graph", "PublishedRun", "graph_stream", "publish_run", "stream_run"]
+
+logger = logging.getLogger("essessey.adapters.langgraph")
+
+STREAM_MODES: Final = ("messages", "updates")
+"""The ``stream_mode`` s :func:`stream_run` reads (others are skipped)."""
+
+_INTERRUPTS: Final = "__interrupt__"
+# A request id the protocol carries as it is: an interrupt's id (hex) always is.
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_MAX_TOKENS: Final = frozenset({"length", "max_tokens", "MAX_TOKENS"})
+_REFUSAL: Final = frozenset({"content_filter", "refusal", "SAFETY"})
+_STATE_VERSION: Final = 1
+# How long a run that ends early (cancelled, failed) is given to close its tasks.
+_CLOSE_TIMEOUT: Final = 5.0
+_AHEAD: Final = 256  # stream parts read ahead of publishing, at most
+
+Graph: TypeAlias = "Pregel[Any, Any, Any, Any]"
+"""A compiled graph (``StateGraph.compile()``, ``create_react_agent``)."""
+
+
+# -- what a run published ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PublishedRun:
+    """What :func:`stream_run` published for one run (or one resumed run).
+
+    ``rounds`` counts the LLM calls published, ``text`` is the last one's text (the
+    graph's answer: its last AI message), ``tool_calls`` every call of every round with
+    its parsed arguments, ``results`` each published result's text by call id (``failed``
+    the ids of those that were errors). ``interrupts`` are the run's ``Interrupt`` s and
+    ``asked`` the ids of the requests the message ended with, in the order written (calls
+    left to the client, then approvals, then questions): ``asked[0]`` is the key of the
+    run's state in :class:`~essessey.adapters.RunStates`. ``resume_ids`` maps a
+    request id to the interrupt id that ``Command(resume=...)`` takes. ``stop_reason``,
+    ``usage`` and ``model`` are what the message's epilogue says and the model the LLM
+    calls named (None when none did).
+    """
+
+    rounds: int = 0
+    text: str = ""
+    tool_calls: list[PublishedToolCall] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    interrupts: list[Interrupt] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
+    resume_ids: dict[str, str] = field(default_factory=dict)
+    stop_reason: str = StopReason.END_TURN
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+class _Run:
+    """The state of one message while a graph's stream parts are read."""
+
+    __slots__ = (
+        "_earlier",
+        "_nodes",
+        "_owed",
+        "_position",
+        "_round",
+        "_waiting",
+        "out",
+        "rounds",
+    )
+
+    def __init__(
+        self, rounds: RoundStream, nodes: Collection[str] | None, answered: Answered | None
+    ) -> None:
+        self.rounds = rounds
+        self.out = PublishedRun()
+        self._nodes = nodes
+        self._round: LLMCall | None = None
+        self._position = -1
+        # Chunks of an LLM call that streams while another one's output is not whole yet.
+        self._waiting: dict[str, tuple[object, list[AIMessageChunk]]] = {}
+        # Calls an earlier message made: approved ones get their result here, between
+        # rounds; the client's outputs the hub recorded already are not published again.
+        self._earlier: dict[str, bool] = {}
+        self._owed: list[tuple[str, str, bool]] = []
+        if answered is not None:
+            for request, _ in answered.approvals():
+                self._earlier[request.tool_use_id] = True
+            for call, _ in answered.tool_outputs():
+                self._earlier[call.id] = False
+
+    async def feed(self, raw: object) -> None:
+        """Publish what one stream part carries."""
+        self._position += 1
+        if type(raw) is dict:  # version="v2", the shape graph_stream asks for
+            mode, data = raw.get("type"), raw.get("data")
+        else:
+            part = read_part(raw)
+            if part is None:
+                return
+            mode, data = part
+        if mode == "messages":
+            if not (isinstance(data, tuple) and len(data) == 2):
+                logger.warning("skipping messages part %d: not a pair", self._position)
+                return
+            message, metadata = data
+            if not isinstance(metadata, Mapping):
+                metadata = {}
+            await self._message(message, metadata)
+        elif mode == "updates":
+            if isinstance(data, Mapping):
+                self._updates(data)
+            else:
+                logger.warning(
+                    "skipping updates part %d: a %s", self._position, type(data).__name__
+                )
+
+    async def _message(self, message: object, metadata: Mapping[str, Any]) -> None:
+        if isinstance(message, ToolMessage):
+            await self._tool_message(message)
+            return
+        if not isinstance(message, AIMessage):
+            return  # a human or system message a node wrote: not the assistant's
+        node = metadata.get("langgraph_node")
+        if self._nodes is not None and node not in self._nodes:
+            return
+        if message.usage_metadata:
+            add_usage(message, self.out.usage)
+        if self.out.model is None:
+            self._model(message, metadata)
+        current = self._round
+        if not isinstance(message, AIMessageChunk):
+            if current is not None and message.id in current.ids:
+                return  # the whole message of the call that streamed it
+            await self._start(message.id, node)
+            assert self._round is not None
+            await self._round.whole(message)
+            await self._output_done()
+            return
+        if current is not None and current.continues(message.id, node):
+            if current.done:
+                logger.warning("a chunk came after its call's output ended; skipped")
+                return
+            await current.chunk(message, self._position)
+        elif message.id and (message.id in self._waiting or (current and not current.done)):
+            # Another call streams meanwhile: it is published once this one's output is.
+            self._waiting.setdefault(message.id, (node, []))[1].append(message)
+            if current is None or current.done:
+                await self._flush_waiting()
+            return
+        else:
+            await self._start(message.id, node)
+            current = self._round
+            assert current is not None
+            await current.chunk(message, self._position)
+        if message.chunk_position == "last":
+            await self._output_done()
+
+    def _model(self, message: AIMessage, metadata: Mapping[str, Any]) -> None:
+        """Learn the model's name from the first message that names it."""
+        name = metadata.get("ls_model_name") or message.response_metadata.get("model_name")
+        if isinstance(name, str) and name:
+            self.out.model = name
+
+    async def _start(self, message_id: str | None, node: object) -> None:
+        await self._end_round(answer_missing=True)
+        await self.rounds.round_start()
+        self._round = LLMCall(self.rounds, message_id, node)
+
+    async def _output_done(self) -> None:
+        """The current call's output is whole: its calls are declared."""
+        current = self._round
+        if current is not None and await current.finish():
+            self.out.tool_calls.extend(current.requests)
+
+    async def _flush_waiting(self) -> None:
+        while self._waiting:
+            message_id = next(iter(self._waiting))
+            node, chunks = self._waiting.pop(message_id)
+            await self._start(message_id, node)
+            current = self._round
+            assert current is not None
+            last = False
+            for chunk in chunks:
+                await current.chunk(chunk, self._position)
+                last = last or chunk.chunk_position == "last"
+            if last:
+                await self._output_done()
+            else:
+                return  # it still streams: its next chunks continue it
+
+    async def _tool_message(self, message: ToolMessage) -> None:
+        call_id = message.tool_call_id
+        text, is_error = result_of(message), message.status == "error"
+        current = self._round
+        if current is not None:
+            await self._output_done()
+            slot = current.slots.get(call_id)
+            if slot is not None:
+                published = current.requests[slot].id
+                if published in self.out.results:
+                    return  # the same message again (a resumed node writes it anew)
+                self._record(published, text, is_error)
+                # In call order: a result waits for the earlier calls' (an earlier call may
+                # wait for an approval, and its result then comes in the next message).
+                current.held_results[slot] = (text, is_error)
+                while (ready := current.held_results.pop(current.next_result, None)) is not None:
+                    await self.rounds.tool_result(current.next_result, ready[0], is_error=ready[1])
+                    current.next_result += 1
+                return
+        if self._waiting:
+            # A call of an LLM call that streamed beside the current one: its round next.
+            await self._flush_waiting()
+            if self._round is not current:
+                await self._tool_message(message)
+                return
+        earlier = self._earlier.get(call_id)
+        if earlier is None:
+            logger.warning("a tool message names no call of this run; not published")
+        elif earlier and call_id not in self.out.results:
+            self._record(call_id, text, is_error)
+            if self.rounds.in_round:
+                self._owed.append((call_id, text, is_error))
+            else:
+                await self.rounds.earlier_result(call_id, text, is_error=is_error)
+
+    def _record(self, call_id: str, text: str, is_error: bool) -> None:
+        self.out.results[call_id] = text
+        if is_error:
+            self.out.failed.add(call_id)
+
+    def _updates(self, data: Mapping[str, Any]) -> None:
+        for node, update in data.items():
+            if node == _INTERRUPTS:
+                for item in update if isinstance(update, tuple | list) else ():
+                    if isinstance(item, Interrupt):
+                        self.out.interrupts.append(item)
+
+    async def _end_round(self, *, answer_missing: bool) -> None:
+        current = self._round
+        if current is None:
+            return
+        await self._output_done()
+        held = sorted(current.held_results.items())
+        if answer_missing:
+            for slot, (text, is_error) in held:
+                await self.rounds.tool_result(slot, text, is_error=is_error)
+        summary = await self.rounds.round_end(answer_missing=answer_missing)
+        if not answer_missing:
+            # The calls that wait (for an approval, for the client) keep no result; the
+            # results of the calls after them go out now, naming their calls.
+            for slot, (text, is_error) in held:
+                call_id = current.requests[slot].id
+                await self.rounds.earlier_result(call_id, text, is_error=is_error)
+        self._round = None
+        self.out.rounds += 1
+        self.out.text = summary.text
+        self.out.stop_reason = _stop_reason(current.finish_reason)
+        for call_id, text, is_error in self._owed:
+            await self.rounds.earlier_result(call_id, text, is_error=is_error)
+        self._owed.clear()
+
+    async def end(self, states: RunStates | None, config: RunnableConfig | None) -> PublishedRun:
+        """The stream ended: publish what waits, then ask what the run waits for."""
+        await self._flush_waiting()
+        current = self._round
+        unanswered: list[PublishedToolCall] = []
+        if current is not None:
+            await self._output_done()
+            unanswered = [c for c in current.requests if c.id not in self.out.results]
+        out = self.out
+        asks: list[tuple[str, Interrupt, str | None]] = []  # (request id, interrupt, call)
+        gated: set[str] = set()
+        used = {c.id for c in out.tool_calls}
+        open_ids = {c.id for c in unanswered}
+        for item in out.interrupts:
+            call = approval_call(item.value)
+            if call is not None and (call not in open_ids or call in gated):
+                call = None
+            if call is not None:
+                gated.add(call)
+            request_id = item.id
+            if not _REQUEST_ID.fullmatch(request_id) or request_id in used:
+                request_id = ("apr_" if call else "q_") + secrets.token_hex(12)
+            used.add(request_id)
+            asks.append((request_id, item, call))
+        asks.sort(key=lambda ask: ask[2] is None)  # approvals before questions
+        out.asked = [c.id for c in unanswered if c.id not in gated] + [a[0] for a in asks]
+        out.resume_ids = {request_id: item.id for request_id, item, _ in asks}
+        if current is not None:
+            await self._end_round(answer_missing=not out.asked)
+        if out.asked:
+            out.stop_reason = StopReason.TOOL_USE
+            if states is not None:
+                await states.save(out.asked[0], _state(config, out.resume_ids))
+            for request_id, item, call in asks:
+                if call is not None:
+                    await self.rounds.ask_approval(
+                        call, reason=_reason(item.value), request_id=request_id
+                    )
+                else:
+                    question, schema = _question(item)
+                    await self.rounds.ask(question, schema=schema, request_id=request_id)
+        self.rounds.stop_reason = out.stop_reason
+        usage = dict(out.usage)
+        self.rounds.output_tokens = usage.pop("output_tokens", 0)
+        self.rounds.usage = usage
+        return out
+
+
+def _stop_reason(finish_reason: str | None) -> str:
+    if finish_reason in _MAX_TOKENS:
+        return StopReason.MAX_TOKENS
+    if finish_reason in _REFUSAL:
+        return StopReason.REFUSAL
+    return StopReason.END_TURN
+
+
+def _reason(value: object) -> str | None:
+    reason = value.get("reason") if isinstance(value, Mapping) else None
+    return reason if isinstance(reason, str) else None
+
+
+def _question(item: Interrupt) -> tuple[str, Mapping[str, Any] | None]:
+    """An interrupt's question and its answer's schema (see the module's docstring)."""
+    value = item.value
+    schema = item.response_schema if isinstance(item.response_schema, Mapping) else None
+    if isinstance(value, str):
+        return clean(value), schema
+    if isinstance(value, Mapping) and isinstance(value.get("question"), str):
+        given = value.get("schema")
+        return clean(value["question"]), given if isinstance(given, Mapping) else schema
+    try:
+        return orjson.dumps(value, default=str).decode(), schema
+    except TypeError:
+        logger.warning("an interrupt value of type %s is not JSON", type(value).__name__)
+        return type(value).__name__, schema
+
+
+def _state(config: RunnableConfig | None, resume_ids: Mapping[str, str]) -> bytes:
+    """What :class:`AgentTurns` keeps of a run that asked: the thread's config (its
+    JSON values) and the interrupt id of each request."""
+    configurable = (config or {}).get("configurable") or {}
+    kept = {
+        key: value
+        for key, value in configurable.items()
+        if isinstance(value, str | int | float | bool) and not key.startswith("__")
+    }
+    return orjson.dumps(
+        {"version": _STATE_VERSION, "configurable": kept, "interrupts": dict(resume_ids)}
+    )
+
+
+# -- the public functions ------------------------------------------------------------------------
+
+
+def graph_stream(
+    graph: Graph,
+    input: Any,
+    config: RunnableConfig | None = None,
+    **options: Any,
+) -> AsyncIterator[Any]:
+    """``graph.astream(input, config, stream_mode=STREAM_MODES, version="v2", **options)``:
+    the run's stream as :func:`stream_run` reads it (``options``: ``context``,
+    ``subgraphs``, ``durability``, ...)."""
+    return graph.astream(input, config, stream_mode=list(STREAM_MODES), version="v2", **options)
+
+
+async def stream_run(
+    rounds: RoundStream,
+    parts: AsyncIterable[Any],
+    *,
+    config: RunnableConfig | None = None,
+    states: RunStates | None = None,
+    answered: Answered | None = None,
+    nodes: Collection[str] | None = None,
+) -> PublishedRun:
+    """Publish a graph run's stream ``parts`` into ``rounds``' message (see the module's
+    table); ``rounds`` is idle (between rounds) before and after.
+
+    ``parts`` is ``graph.astream(...)`` with the ``messages`` and ``updates`` modes
+    (:func:`graph_stream`), in either of its shapes (``version="v2"`` or the tuples).
+    ``nodes``: only the LLM calls of these nodes are published (None: every node's).
+    When the run stops at interrupts, or with calls it did not run, the message asks
+    (:attr:`PublishedRun.asked`); with ``states``, the thread's config (from
+    ``config``) and the interrupt ids are saved under the first request's id before
+    anything asks. ``answered``: the run resumes a message that asked; the results of the
+    calls it approved are published here (between rounds).
+
+    Sets ``rounds.stop_reason``, ``output_tokens`` and ``usage`` for the epilogue. What
+    the run raises propagates; whatever ends this, ``parts`` is closed (``aclose``), so
+    a run cancelled or failed leaves nothing running.
+    """
+    if rounds.in_round:
+        raise RuntimeError("stream_run starts between rounds: end the open round first")
+    run = _Run(rounds, nodes, answered)
+    pump = _Pump(parts)
+    try:
+        while (batch := await pump.batch()) is not None:
+            for raw in batch:
+                await run.feed(raw)
+        return await run.end(states, config)
+    finally:
+        await pump.close()
+
+
+class _Pump:
+    """Reads a run's stream parts in an asyncio task of its own.
+
+    LangGraph cancels a run's node tasks when the task iterating ``astream`` is cancelled
+    once, the asyncio way; a cancel scope of anyio (the hub's), which cancels again at
+    every await until the task gives up, ends the iteration without them, and they run
+    on. So the parts are read apart, and a turn that ends early cancels that task once
+    (:meth:`close`), then waits for the run to wind down. The parts are handed over in
+    batches (all that came since the last), a list swap instead of a queue's put and get
+    for each.
+    """
+
+    __slots__ = ("_ended", "_error", "_more", "_ready", "_room", "_task")
+
+    def __init__(self, parts: AsyncIterable[Any]) -> None:
+        self._ready: list[Any] = []
+        self._more = asyncio.Event()  # set when parts are ready, or the reading ended
+        self._room = asyncio.Event()  # set when the reader may run ahead
+        self._room.set()
+        self._ended = False
+        self._error: Exception | None = None
+        self._task = asyncio.ensure_future(self._read(parts))
+
+    async def _read(self, parts: AsyncIterable[Any]) -> None:
+        try:
+            async for raw in parts:
+                ready = self._ready  # batch() swaps the list
+                ready.append(raw)
+                if len(ready) == 1:
+                    self._more.set()
+                elif len(ready) >= _AHEAD:
+                    # Bounded: the graph runs ahead of publishing by this many parts.
+                    self._room.clear()
+                    await self._room.wait()
+        except Exception as exc:
+            self._error = exc
+        finally:
+            self._ended = True
+            self._more.set()
+
+    async def batch(self) -> list[Any] | None:
+        """The parts read since the last batch (waiting for one), or None once the
+        reading ended; what reading the parts raised, raised here after them."""
+        while not self._ready:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return None
+            self._more.clear()
+            await self._more.wait()
+        ready = self._ready
+        self._ready = []
+        self._room.set()
+        return ready
+
+    async def close(self) -> None:
+        """Cancel the reading (the run) unless it ended, and wait for it to wind down."""
+        task = self._task
+        if not task.done():
+            task.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+            await asyncio.wait([task])
+
+
+async def publish_run(
+    publisher: Publisher,
+    graph: Graph,
+    input: Any,
+    config: RunnableConfig | None = None,
+    *,
+    message_id: str,
+    stream_id: str,
+    model: str | None = None,
+    states: RunStates | None = None,
+    nodes: Collection[str] | None = None,
+    **options: Any,
+) -> PublishedRun:
+    """Run ``graph`` on ``input`` and publish the run as one whole message.
+
+    ``message_start`` names ``model`` (default: the graph's name). The rest is
+    :func:`stream_run` over :func:`graph_stream` (``options`` go to ``astream``) inside
+    :func:`~essessey.adapters.stream_rounds`: an error of the run ends the message with an
+    ``error`` event and propagates.
+    """
+    async with stream_rounds(
+        publisher, message_id=message_id, stream_id=stream_id, model=model or graph.name
+    ) as rounds:
+        return await stream_run(
+            rounds,
+            graph_stream(graph, input, config, **options),
+            config=config,
+            states=states,
+            nodes=nodes,
+        )
