@@ -317,6 +317,56 @@ async def test_the_v1_tuple_parts_read_as_the_v2_dicts() -> None:
     assert reassemble_events(sink.events).messages[0].tool_results[0].text == "5"
 
 
+async def test_parts_of_any_source_reasoning_content_cache_usage_and_a_cut_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """stream_run reads any async iterable of parts: here made by hand, as a provider's
+    integration would give them (DeepSeek's ``reasoning_content``, OpenAI's cached tokens,
+    a ``length`` finish); what it cannot read is skipped with a log line."""
+    meta = {"langgraph_node": "agent", "ls_model_name": "deep-1"}
+
+    def chunk(**fields: Any) -> dict[str, Any]:
+        return {"type": "messages", "ns": (), "data": (AIMessageChunk(id="run-1", **fields), meta)}
+
+    parts = [
+        chunk(content="", additional_kwargs={"reasoning_content": "Think."}),
+        chunk(content="Cut"),
+        "not a part",
+        {"type": "updates", "ns": (), "data": "not a mapping"},
+        chunk(
+            content=" off",
+            response_metadata={"finish_reason": "length"},
+            usage_metadata={
+                "input_tokens": 100,
+                "output_tokens": 7,
+                "total_tokens": 107,
+                "input_token_details": {"cache_read": 60},
+            },
+        ),
+    ]
+
+    async def given() -> Any:
+        for part in parts:
+            yield part
+
+    sink = InMemorySink()
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
+        run = await stream_run(rounds, given())
+    assert check(sink.events) == []
+    message = reassemble_events(sink.events).messages[0]
+    assert (message.thinking, message.text) == ("Think.", "Cut off")
+    assert message.stop_reason == "max_tokens"
+    assert message.usage == {
+        "input_tokens": 40,
+        "cache_read_input_tokens": 60,
+        "output_tokens": 7,
+    }
+    assert run.model == "deep-1"
+    assert "Cut" not in caplog.text
+    assert "no known shape" in caplog.text
+    assert "not a mapping" not in caplog.text  # the reason names the type, not the value
+
+
 def test_graph_input_is_the_conversation_or_the_last_user_message() -> None:
     request = ChatCompletionRequest(
         "chatcmpl-1",
