@@ -367,6 +367,27 @@ async def test_parts_of_any_source_reasoning_content_cache_usage_and_a_cut_answe
     assert "not a mapping" not in caplog.text  # the reason names the type, not the value
 
 
+async def test_interleaved_calls_without_an_end_chunk_are_all_published() -> None:
+    meta = {"langgraph_node": "agent"}
+
+    def chunk(message_id: str, text: str) -> dict[str, Any]:
+        message = AIMessageChunk(id=message_id, content=text)
+        return {"type": "messages", "ns": (), "data": (message, meta)}
+
+    parts = [chunk("a", "A1 "), chunk("b", "B1 "), chunk("c", "C1 "), chunk("b", "B2 ")]
+
+    async def given() -> Any:
+        for part in parts:
+            yield part
+
+    sink = InMemorySink()
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
+        run = await stream_run(rounds, given())
+    assert check(sink.events) == []
+    assert run.rounds == 3
+    assert reassemble_events(sink.events).text == "A1 B1 B2 C1 "
+
+
 def test_graph_input_is_the_conversation_or_the_last_user_message() -> None:
     request = ChatCompletionRequest(
         "chatcmpl-1",

@@ -200,7 +200,10 @@ class _Run:
         if current is not None and await current.finish():
             self.out.tool_calls.extend(current.requests)
 
-    async def _flush_waiting(self) -> None:
+    async def _flush_waiting(self, *, final: bool = False) -> None:
+        """Publish the calls that streamed beside the current one, in the order they
+        began; one that still streams stays the current round (unless ``final``: the
+        stream ended)."""
         while self._waiting:
             message_id = next(iter(self._waiting))
             node, chunks = self._waiting.pop(message_id)
@@ -211,7 +214,7 @@ class _Run:
             for chunk in chunks:
                 await current.chunk(chunk, self._position)
                 last = last or chunk.chunk_position == "last"
-            if last:
+            if last or final:
                 await self._output_done()
             else:
                 return  # it still streams: its next chunks continue it
@@ -289,7 +292,7 @@ class _Run:
 
     async def end(self, states: RunStates | None, config: RunnableConfig | None) -> PublishedRun:
         """The stream ended: publish what waits, then ask what the run waits for."""
-        await self._flush_waiting()
+        await self._flush_waiting(final=True)
         current = self._round
         unanswered: list[PublishedToolCall] = []
         if current is not None:
