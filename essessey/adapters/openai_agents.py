@@ -303,18 +303,12 @@ class _Run:
         rounds = self.rounds
         if not rounds.in_round:
             return
-        held = sorted(self.held.items())
-        self.held = {}
-        if asking:
-            # The calls that wait for an approval keep no result; the results of the calls
-            # after them go out once the round is closed, naming their calls.
-            await rounds.round_end(answer_missing=False)
-            for i, text in held:
-                await rounds.earlier_result(self.calls[i], text)
-            return
-        for i, text in held:
+        # Results held behind a call without one: the round publishes them in call order,
+        # and leaves the calls that wait for an approval to the next message.
+        for i, text in sorted(self.held.items()):
             await rounds.tool_result(i, text)
-        await rounds.round_end()
+        self.held = {}
+        await rounds.round_end(answer_missing=not asking)
 
     async def ask(self, states: RunStates | None, reason: ApprovalReason | None) -> None:
         interruptions = list(self.result.interruptions)

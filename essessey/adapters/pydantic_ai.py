@@ -422,20 +422,13 @@ class _RunReader:
                     call.id, call.name, call.arguments, parse_arguments(call.arguments)
                 )
             )
-        if not waiting:
-            # Nothing waits: results held behind a call without one go to the round,
-            # which answers that call with an error result and keeps their order.
-            for i in sorted(self.results):
-                text, is_error = self.results[i]
-                await self.rounds.tool_result(i, text, is_error=is_error)
-            self.results.clear()
-        await self.rounds.round_end(answer_missing=not waiting)
-        if waiting:
-            # Results of later calls that waited behind a call left to the client.
-            for i in sorted(self.results):
-                text, is_error = self.results[i]
-                await self.rounds.earlier_result(self.calls[i].id, text, is_error=is_error)
+        # Results held behind a call without one: the round publishes them in call order,
+        # and answers that call with an error result unless it waits for the client.
+        for i in sorted(self.results):
+            text, is_error = self.results[i]
+            await self.rounds.tool_result(i, text, is_error=is_error)
         self.results.clear()
+        await self.rounds.round_end(answer_missing=not waiting)
 
     # -- the end -------------------------------------------------------------------------
 

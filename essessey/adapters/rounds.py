@@ -220,9 +220,17 @@ class RoundStream:
         """
         if not (text or reasoning or signature):
             return
-        async with self._lock:
+        if not self._take_nowait():
+            await self._lock.acquire()
+        try:
+            content = self._content
+            if text and not (reasoning or signature) and type(content) is TextStreamer:
+                if self._phase is not _Phase.OUTPUT:
+                    self._require_output("delta")
+                await content.write(text)
+                return
             self._require_output("delta")
-            if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
+            if signature and not reasoning and not isinstance(content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
             if reasoning or signature:
                 thinking = await self._switch_to(ThinkingStreamer)
@@ -234,6 +242,8 @@ class RoundStream:
             if text:
                 streamer = await self._switch_to(TextStreamer)
                 await streamer.write(text)
+        finally:
+            self._lock.release()
 
     async def block_start(self, content_block: Mapping[str, Any]) -> None:
         """Open a block of a type this class does not model (passed through as given).
@@ -340,7 +350,9 @@ class RoundStream:
 
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
-        async with self._lock:
+        if not self._take_nowait():
+            await self._lock.acquire()
+        try:
             calls = self._tool_calls
             open_id = self._tools.open_call
             open_i = len(calls) - 1 if open_id is not None else -1
@@ -351,6 +363,8 @@ class RoundStream:
                     + " is open"
                 )
             await self._tools.write_arguments(calls[i].tool_use_id, partial_json)
+        finally:
+            self._lock.release()
 
     async def assistant_message(self, tool_calls: Sequence[ToolCallRequest] = ()) -> None:
         """The model's round is complete: close its content and fix its tool calls.
@@ -416,7 +430,9 @@ class RoundStream:
         ``answer_missing=False`` leaves owed calls unanswered instead, for a message that
         ends at the model's tool calls (stop reason ``tool_use``) and whose results come
         in a later message: declared calls not yet out get their tool_use blocks, and a
-        result held back for an earlier unanswered call is dropped with a warning.
+        result held back for an earlier unanswered call goes out now, after the results
+        before it, in call order (the unanswered call's result comes in the later
+        message, wherever the others are).
         """
         async with self._lock:
             if self._phase is _Phase.IDLE:
@@ -441,13 +457,14 @@ class RoundStream:
                 # Once results began, _flush_results has announced every declared call.
                 await self._announce_declared()
             await self._flush_results()
-            if self._pending_results:
-                logger.warning(
-                    "%d tool result(s) of round %d wait for an earlier call's result; dropped",
-                    len(self._pending_results),
-                    self._rounds,
+            # Only with answer_missing=False: results behind a call whose answer comes in
+            # a later message. They are whole, so none waits for that message.
+            held = self._pending_results
+            for i in sorted(held):
+                text, is_error = held.pop(i)
+                await self._tools.write_result(
+                    self._tool_calls[i].tool_use_id, text, is_error=is_error
                 )
-                self._pending_results.clear()
             summary = RoundSummary(
                 number=self._rounds,
                 start_index=self._round_start,
@@ -518,6 +535,15 @@ class RoundStream:
             key = await write(Asker(self.publisher, shared_index=self._cursor))
             self.stop_reason = StopReason.TOOL_USE
             return key
+
+    def _take_nowait(self) -> bool:
+        """Take the lock if it is free, without a coroutine: the deltas' path (the lock is
+        nearly always free; only tool results come from other tasks)."""
+        lock = self._lock
+        if lock.locked():
+            return False
+        lock.acquire_nowait()
+        return True
 
     def _require_idle(self, what: str) -> None:
         if self._phase is not _Phase.IDLE:

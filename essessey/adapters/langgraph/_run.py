@@ -271,17 +271,11 @@ class _Run:
         if current is None:
             return
         await self._output_done()
-        held = sorted(current.held_results.items())
-        if answer_missing:
-            for slot, (text, is_error) in held:
-                await self.rounds.tool_result(slot, text, is_error=is_error)
+        # Results held behind a call without one: the round publishes them in call order,
+        # and with answer_missing=False leaves that call to the next message.
+        for slot, (text, is_error) in sorted(current.held_results.items()):
+            await self.rounds.tool_result(slot, text, is_error=is_error)
         summary = await self.rounds.round_end(answer_missing=answer_missing)
-        if not answer_missing:
-            # The calls that wait (for an approval, for the client) keep no result; the
-            # results of the calls after them go out now, naming their calls.
-            for slot, (text, is_error) in held:
-                call_id = current.requests[slot].id
-                await self.rounds.earlier_result(call_id, text, is_error=is_error)
         self._round = None
         self.out.rounds += 1
         self.out.text = summary.text
