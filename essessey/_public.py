@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["import_lazily", "public_dir", "set_public_module"]
+__all__ = ["import_lazily", "missing_extra", "public_dir", "set_public_module"]
 
 
 def set_public_module(module: str, namespace: Mapping[str, Any], names: Iterable[str]) -> None:
@@ -56,19 +56,28 @@ def import_lazily(package: str, modules: Mapping[str, str], name: str, *, extra:
         try:
             namespace = vars(importlib.import_module(f"{package}.{module}"))
         except ModuleNotFoundError as exc:
-            missing = (exc.name or "essessey").partition(".")[0]
-            if missing == "essessey":
+            error = missing_extra(f"{package}.{name}", exc, extra=extra)
+            if error is exc:
                 raise
-            raise ModuleNotFoundError(
-                f"{package}.{name} needs {missing}, which is not installed: "
-                f"pip install 'essessey[{extra}]'",
-                name=missing,
-            ) from exc
+            raise error from exc
         names = [lazy for lazy, home in modules.items() if home == module]
         set_public_module(package, namespace, names)
         for lazy in names:
             setattr(target, lazy, namespace[lazy])
     return getattr(target, name)
+
+
+def missing_extra(what: str, exc: ModuleNotFoundError, *, extra: str) -> ModuleNotFoundError:
+    """The error for ``what`` (a module or name of essessey's) whose import failed with
+    ``exc``: one naming the missing library and the extra that installs it, or ``exc``
+    itself when what is missing is essessey's own (a bug, not an extra)."""
+    missing = (exc.name or "essessey").partition(".")[0]
+    if missing == "essessey":
+        return exc
+    return ModuleNotFoundError(
+        f"{what} needs {missing}, which is not installed: pip install 'essessey[{extra}]'",
+        name=missing,
+    )
 
 
 def public_dir(namespace: Mapping[str, Any], names: Iterable[str]) -> list[str]:

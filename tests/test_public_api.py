@@ -185,6 +185,32 @@ def test_a_lazy_name_without_its_extra_says_which_extra_to_install() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("module", "framework", "extra"),
+    [
+        ("essessey.adapters.pydantic_ai", "pydantic_ai", "pydantic-ai"),
+        ("essessey.adapters.openai_agents", "agents", "openai-agents"),
+        ("essessey.adapters.langgraph", "langchain_core", "langgraph"),
+        ("essessey.adapters.langgraph", "langgraph", "langgraph"),
+    ],
+)
+def test_a_framework_adapter_without_its_extra_says_which_extra_to_install(
+    module: str, framework: str, extra: str
+) -> None:
+    code = (
+        "import sys\n"
+        f"sys.modules[{framework!r}] = None\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name, '|', exc)\n"
+    )
+    assert _fresh(code) == (
+        f"{framework} | {module} needs {framework}, which is not installed: "
+        f"pip install 'essessey[{extra}]'\n"
+    )
+
+
 def test_a_name_a_package_does_not_have_is_an_attribute_error() -> None:
     import essessey.bindings.sse as sse
 

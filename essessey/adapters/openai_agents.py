@@ -59,28 +59,34 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias, cast
 
 import anyio
-from agents import Agent, RunConfig, RunHooks, Runner, RunState
-from agents.items import (
-    HandoffOutputItem,
-    ToolApprovalItem,
-    ToolCallOutputItem,
-    TResponseInputItem,
-)
-from agents.result import RunResultStreaming
-from agents.stream_events import (
-    AgentUpdatedStreamEvent,
-    RawResponsesStreamEvent,
-    RunItemStreamEvent,
-    StreamEvent,
-)
-from openai.types.responses import (
-    ResponseCreatedEvent,
-    ResponseFunctionCallArgumentsDeltaEvent,
-    ResponseReasoningSummaryTextDeltaEvent,
-    ResponseReasoningTextDeltaEvent,
-    ResponseRefusalDeltaEvent,
-    ResponseTextDeltaEvent,
-)
+
+from essessey._public import missing_extra
+
+try:
+    from agents import Agent, RunConfig, RunHooks, Runner, RunState
+    from agents.items import (
+        HandoffOutputItem,
+        ToolApprovalItem,
+        ToolCallOutputItem,
+        TResponseInputItem,
+    )
+    from agents.result import RunResultStreaming
+    from agents.stream_events import (
+        AgentUpdatedStreamEvent,
+        RawResponsesStreamEvent,
+        RunItemStreamEvent,
+        StreamEvent,
+    )
+    from openai.types.responses import (
+        ResponseCreatedEvent,
+        ResponseFunctionCallArgumentsDeltaEvent,
+        ResponseReasoningSummaryTextDeltaEvent,
+        ResponseReasoningTextDeltaEvent,
+        ResponseRefusalDeltaEvent,
+        ResponseTextDeltaEvent,
+    )
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(__name__, exc, extra="openai-agents") from None
 
 from essessey._public import set_public_module
 from essessey.adapters._run_state import RunStates

@@ -53,44 +53,50 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import orjson
-from pydantic_ai import (
-    AgentRunEvents,
-    AgentRunResultEvent,
-    DeferredToolRequests,
-    DeferredToolResults,
-    ToolDenied,
-    ToolFailed,
-)
-from pydantic_ai.agent import AbstractAgent
-from pydantic_ai.messages import (
-    ERROR_OUTCOMES,
-    AgentStreamEvent,
-    BaseToolReturnPart,
-    FinalResultEvent,
-    ModelMessage,
-    ModelMessagesTypeAdapter,
-    ModelRequest,
-    ModelResponse,
-    NativeToolCallPart,
-    NativeToolReturnPart,
-    PartDeltaEvent,
-    PartEndEvent,
-    PartStartEvent,
-    SystemPromptPart,
-    TextPart,
-    TextPartDelta,
-    ThinkingPart,
-    ThinkingPartDelta,
-    ToolCallEvent,
-    ToolCallPart,
-    ToolCallPartDelta,
-    ToolResultEvent,
-    UserPromptPart,
-)
-from pydantic_ai.models import Model
-from pydantic_ai.run import AgentRunResult
-from pydantic_ai.usage import RunUsage
-from pydantic_core import to_jsonable_python
+
+from essessey._public import missing_extra
+
+try:
+    from pydantic_ai import (
+        AgentRunEvents,
+        AgentRunResultEvent,
+        DeferredToolRequests,
+        DeferredToolResults,
+        ToolDenied,
+        ToolFailed,
+    )
+    from pydantic_ai.agent import AbstractAgent
+    from pydantic_ai.messages import (
+        ERROR_OUTCOMES,
+        AgentStreamEvent,
+        BaseToolReturnPart,
+        FinalResultEvent,
+        ModelMessage,
+        ModelMessagesTypeAdapter,
+        ModelRequest,
+        ModelResponse,
+        NativeToolCallPart,
+        NativeToolReturnPart,
+        PartDeltaEvent,
+        PartEndEvent,
+        PartStartEvent,
+        SystemPromptPart,
+        TextPart,
+        TextPartDelta,
+        ThinkingPart,
+        ThinkingPartDelta,
+        ToolCallEvent,
+        ToolCallPart,
+        ToolCallPartDelta,
+        ToolResultEvent,
+        UserPromptPart,
+    )
+    from pydantic_ai.models import Model
+    from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.usage import RunUsage
+    from pydantic_core import to_jsonable_python
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(__name__, exc, extra="pydantic-ai") from None
 
 from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall, parse_arguments

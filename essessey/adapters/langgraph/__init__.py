@@ -73,17 +73,21 @@ LLM call's chunks into a round, ``_approval`` the approval a graph asks for, ``_
 :class:`AgentTurns`.
 """
 
-from essessey._public import set_public_module
-from essessey.adapters.langgraph._approval import APPROVAL, Approval, request_approval
-from essessey.adapters.langgraph._run import (
-    STREAM_MODES,
-    Graph,
-    PublishedRun,
-    graph_stream,
-    publish_run,
-    stream_run,
-)
-from essessey.adapters.langgraph._turns import AgentTurns, graph_input
+from essessey._public import missing_extra, set_public_module
+
+try:
+    from essessey.adapters.langgraph._approval import APPROVAL, Approval, request_approval
+    from essessey.adapters.langgraph._run import (
+        STREAM_MODES,
+        Graph,
+        PublishedRun,
+        graph_stream,
+        publish_run,
+        stream_run,
+    )
+    from essessey.adapters.langgraph._turns import AgentTurns, graph_input
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(__name__, exc, extra="langgraph") from None
 
 __all__ = [
     "APPROVAL",
