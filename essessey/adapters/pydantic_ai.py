@@ -117,6 +117,7 @@ __all__ = [
     "PublishedRun",
     "agent_model_name",
     "history_of",
+    "publish_run",
     "stream_run",
 ]
 
@@ -517,6 +518,37 @@ async def stream_run(
     return await reader.finish()
 
 
+async def publish_run(
+    publisher: Publisher,
+    events: AsyncIterable[RunEvent],
+    *,
+    message_id: str,
+    stream_id: str,
+    model: str,
+    states: RunStates | None = None,
+) -> PublishedRun:
+    """Publish a Pydantic AI run's events as one whole message, preamble to epilogue.
+
+    :func:`stream_run` inside :func:`~essessey.adapters.stream_rounds`: an error of the
+    run ends the message with an ``error`` event and propagates. With ``states``, a run
+    that stopped to ask keeps its message history there under the id of the first
+    request (:class:`AgentTurns` resumes it), saved before the message ends.
+    """
+    async with stream_rounds(
+        publisher, message_id=message_id, stream_id=stream_id, model=model
+    ) as rounds:
+        published = await stream_run(rounds, events)
+        await _keep(states, published)
+        return published
+
+
+async def _keep(states: RunStates | None, published: PublishedRun) -> None:
+    # Saved before the message ends: an answer is taken only once it has.
+    if states is not None and published.asked:
+        state = ModelMessagesTypeAdapter.dump_json(published.messages())
+        await states.save(published.asked[0], state)
+
+
 class AgentTurns:
     """A Pydantic AI agent served to every dialect, and resumed when a run asked.
 
@@ -563,11 +595,13 @@ class AgentTurns:
                 stream_id=stream_id,
                 model=self.model_name,
             ) as rounds:
+                # The run starts inside the message: what its start raises is an in-band
+                # error too.
                 async with self.agent.run_stream_events(
                     prompt, message_history=history, deps=self.deps
                 ) as events:
                     published = await stream_run(rounds, events)
-                await self._keep(published)
+                await _keep(self.states, published)
 
         return produce
 
@@ -602,14 +636,8 @@ class AgentTurns:
                 message_history=history, deferred_tool_results=results, deps=self.deps
             ) as events:
                 published = await stream_run(rounds, events, answered_calls=answered_calls)
-            await self._keep(published)
+            await _keep(self.states, published)
         await self.states.drop(key)
-
-    async def _keep(self, published: PublishedRun) -> None:
-        # Saved before the message ends: an answer is taken only once it has.
-        if published.asked:
-            state = ModelMessagesTypeAdapter.dump_json(published.messages())
-            await self.states.save(published.asked[0], state)
 
 
 def _message_id() -> str:
