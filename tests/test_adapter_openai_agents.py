@@ -11,7 +11,9 @@ the run, an error and a cancel."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -624,3 +626,26 @@ async def test_approvals_over_http_the_protocol_route_and_the_responses_dialect(
     assert {r.tool_use_id: r.text for r in continuation.tool_results} == {
         "call_mail": "sent to ada@example.com"
     }
+
+
+@pytest.mark.slow
+def test_the_ag_ui_client_reads_a_turn(
+    node_client: Path, served: tuple[str, list[ScriptedResponses]]
+) -> None:
+    url, models = served
+    models[:] = [ScriptedResponses(weather_script())]
+    done = subprocess.run(
+        ["node", str(node_client.parent / "agui.mjs"), f"{url}/agui", "thread-1", "run-1"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    seen = json.loads(done.stdout)
+    assert seen["events"][0] == "RUN_STARTED"
+    assert seen["events"][-1] == "RUN_FINISHED"
+    assert seen["events"].count("TOOL_CALL_RESULT") == 2
+    text = "".join(m.get("content") or "" for m in seen["messages"] if m["role"] == "assistant")
+    assert text.endswith("it is noon in Rome.")
+    results = {m["toolCallId"]: m["content"] for m in seen["messages"] if m["role"] == "tool"}
+    assert results["call_w"] == "sunny in Oslo"
