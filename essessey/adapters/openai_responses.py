@@ -75,6 +75,7 @@ positions, types and lengths, never text or arguments.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
@@ -86,9 +87,11 @@ from essessey.adapters._message import PublishedMessage, PublishedToolCall, pars
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
+    MAX_COUNT,
     Malformed,
     as_mapping,
     count,
+    has_lone_surrogate,
     kind,
     opt_int,
     opt_list,
@@ -802,6 +805,81 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
     return _Unmodelled(name), []
 
 
+# The deltas, most of a response's events, read straight off the event: a dict by key, a
+# pydantic model (the SDK's event objects) by attribute, without the whole-event reader
+# and without a model_dump. Only the exact types the reader takes are read here; an event
+# with any field of another type (or a mapping of another class, an object of another
+# kind) goes the whole way, so what is read and what is refused stay the reader's.
+_QUICK: Final[dict[str, tuple[str, str | None]]] = {
+    # event type -> (part kind, or "arguments" for a call's; the field of its part index)
+    "response.output_text.delta": ("message", "content_index"),
+    "response.refusal.delta": ("message", "content_index"),
+    "response.reasoning_summary_text.delta": ("summary", "summary_index"),
+    "response.reasoning_text.delta": ("reasoning", "content_index"),
+    "response.function_call_arguments.delta": ("arguments", None),
+}
+
+# A delta read quickly: (part kind, item id, output index, part index, text).
+_Delta: TypeAlias = tuple[str, str | None, int | None, int | None, str]
+
+_pydantic_models: dict[type, bool] = {}
+
+
+def _is_model(cls: type) -> bool:
+    """Whether ``cls`` is a pydantic model whose ``model_dump`` is pydantic's own (its
+    fields are what the dump would hold), remembered per class."""
+    known = _pydantic_models.get(cls)
+    if known is None:
+        # Never imported here: without pydantic loaded, no object is one of its models.
+        base = getattr(sys.modules.get("pydantic"), "BaseModel", None)
+        known = (
+            isinstance(base, type)
+            and issubclass(cls, base)
+            and getattr(cls, "model_dump", None) is getattr(base, "model_dump", None)
+        )
+        _pydantic_models[cls] = known
+    return known
+
+
+def _quick_delta(raw: object) -> _Delta | None:
+    """A delta event's fields, when it is one and every field is of the type the whole
+    reader takes; None sends the event the whole way."""
+    if type(raw) is dict:
+        data: dict[str, Any] = raw
+    else:
+        known = _pydantic_models.get(type(raw))
+        if not (known or (known is None and _is_model(type(raw)))):
+            return None
+        # A pydantic model keeps its fields' values in its __dict__ (a field never set
+        # is absent, as model_dump(exclude_unset=True) leaves it out).
+        data = raw.__dict__
+    name = data.get("type")
+    spec = _QUICK.get(name) if type(name) is str else None
+    if spec is None:
+        return None
+    text = data.get("delta")
+    item_id = data.get("item_id")
+    output_index = data.get("output_index")
+    index = None if spec[1] is None else data.get(spec[1])
+    # Each as the whole reader takes it: a str (no lone surrogate), an int (not a bool)
+    # within 64 bits, None where a field may be absent.
+    if type(text) is not str or (not text.isascii() and has_lone_surrogate(text)):
+        return None
+    if item_id is not None and (
+        type(item_id) is not str or (not item_id.isascii() and has_lone_surrogate(item_id))
+    ):
+        return None
+    if output_index is not None and (
+        type(output_index) is not int or not -MAX_COUNT - 1 <= output_index <= MAX_COUNT
+    ):
+        return None
+    if index is not None and (type(index) is not int or not -MAX_COUNT - 1 <= index <= MAX_COUNT):
+        return None
+    if spec[1] is None and output_index is None and item_id is None:
+        return None  # a call's fragment must name its call: the reader refuses it
+    return (spec[0], item_id, output_index, index, text)
+
+
 # -- publishing one response ------------------------------------------------------------
 
 
@@ -870,7 +948,12 @@ class _Reader:
         "_differs",
         "_held",
         "_hosted",
+        "_last_call",
+        "_last_call_at",
+        "_last_key",
         "_last_part",
+        "_last_received",
+        "_last_where",
         "_logged_types",
         "_opener",
         "_position",
@@ -924,6 +1007,15 @@ class _Reader:
         # last thing published was not reasoning).
         self._last_part: _PartKey | None = None
         self._logged_types: set[tuple[str, str]] = set()
+        # The part and the call the last deltas named, with what they were found as: a
+        # part's deltas come in a row, and finding it again costs more than the rest.
+        # Exact: _key gives the same key for the same names once it has seen them (its
+        # maps only gain entries), and _call_for's maps change only in _call_for.
+        self._last_where: tuple[str, str | None, int | None, int | None] | None = None
+        self._last_key: _PartKey = ("", ("item", None), 0)
+        self._last_received: list[str] = []
+        self._last_call_at: tuple[int | None, str | None] | None = None
+        self._last_call: _Call | None = None
         self._approvals: dict[int, str] = {}  # a call's ordinal: its approval request's id
         self.ended = False  # a terminal event (or an error) was read
         self.error: ProviderStreamError | None = None
@@ -943,6 +1035,11 @@ class _Reader:
     async def feed(self, raw: Any) -> None:
         """Read the next event and publish what it carries."""
         self._position += 1
+        if not self.ended:
+            quick = _quick_delta(raw)
+            if quick is not None:
+                await self._delta(*quick)
+                return
         name: object = None
         try:
             data = as_mapping(raw, "event")
@@ -969,15 +1066,12 @@ class _Reader:
             if op.done:
                 await self._settle_part(op)
             else:
-                key = self._key(op)
-                self._received.setdefault(key, []).append(op.text)
-                await self._content(key, op.text, op.output_index)
+                await self._delta(op.kind, op.item_id, op.output_index, op.index, op.text)
         elif isinstance(op, _Arguments):
-            call = self._call_for(op.output_index, op.item_id)
             if op.done:
-                await self._call_done(call, op.text)
+                await self._call_done(self._call_for(op.output_index, op.item_id), op.text)
             else:
-                await self._fragment(call, op.text)
+                await self._delta("arguments", op.item_id, op.output_index, None, op.text)
         elif isinstance(op, _ItemEvent):
             await self._item(op.item, done=op.done)
         elif isinstance(op, _Lifecycle):
@@ -993,6 +1087,41 @@ class _Reader:
             await self._cite(self._key(part), op.output_index, [op.annotation], op.annotation_index)
         elif isinstance(op, _Unmodelled):
             self._once("event", op.name)
+
+    async def _delta(
+        self,
+        kind: str,
+        item_id: str | None,
+        output_index: int | None,
+        index: int | None,
+        text: str,
+    ) -> None:
+        """A delta of a text or reasoning part (``kind``), or of a call's arguments
+        (``"arguments"``): straight to the round when it goes out now (its part's block,
+        or its open call's, with nothing waiting), else through what holds it."""
+        held = self._held
+        if kind == "arguments":
+            call = self._call_for(output_index, item_id)
+            if text and call is held.open and not call.done and not held.pending:
+                await self.rounds.tool_call_delta(call.slot, text)
+                call.parts.append(text)
+            else:
+                await self._fragment(call, text)
+            return
+        where = (kind, item_id, output_index, index)
+        if where == self._last_where:
+            key, received = self._last_key, self._last_received
+        else:
+            key = self._key(_Part(kind, item_id, output_index, index, text))
+            received = self._received.setdefault(key, [])
+            self._last_where, self._last_key, self._last_received = where, key, received
+        received.append(text)
+        if not text:
+            return
+        if held.open is None and not held.pending and self._opener is None:
+            await self._publish_text(key, text)
+        else:
+            await held.put(_Piece(key, text), output_index)
 
     async def finish(self) -> StreamedResponse:
         """End of the events: publish what waits, then declare the round's calls."""
@@ -1176,20 +1305,23 @@ class _Reader:
                 return
             await self.rounds.raw_delta({"type": "citations_delta", "citation": piece.citation})
             return
-        text = piece.text
-        if piece.key[0] == "message":
+        await self._publish_text(piece.key, piece.text)
+
+    async def _publish_text(self, key: _PartKey, text: str) -> None:
+        """Text or reasoning of the part ``key``, into its block."""
+        if key[0] == "message":
             await self.rounds.delta(text=text)
             self._text.append(text)
             self._last_part = None
             self._text_open = True
             return
         self._text_open = False
-        if self._last_part is not None and piece.key != self._last_part:
+        if self._last_part is not None and key != self._last_part:
             # A new reasoning part (summary parts each open with their own heading): a
             # thinking block of its own, so the parts do not run together ("**A****B**")
             # and nothing is added to what the provider sent.
             await self.rounds.close_block()
-        self._last_part = piece.key
+        self._last_part = key
         await self.rounds.delta(reasoning=text)
         self._thinking.append(text)
 
@@ -1259,6 +1391,15 @@ class _Reader:
     # -- function calls --------------------------------------------------------------
 
     def _call_for(self, output_index: int | None, item_id: str | None) -> _Call:
+        at = (output_index, item_id)
+        call = self._last_call
+        if call is not None and at == self._last_call_at:
+            return call  # what the last lookup found: the maps changed only in it
+        call = self._find_call(output_index, item_id)
+        self._last_call, self._last_call_at = call, at
+        return call
+
+    def _find_call(self, output_index: int | None, item_id: str | None) -> _Call:
         call = self._by_index.get(output_index) if output_index is not None else None
         if call is None and item_id:
             call = self._by_item.get(item_id)
