@@ -77,14 +77,7 @@ try:
         RunItemStreamEvent,
         StreamEvent,
     )
-    from openai.types.responses import (
-        ResponseCreatedEvent,
-        ResponseFunctionCallArgumentsDeltaEvent,
-        ResponseReasoningSummaryTextDeltaEvent,
-        ResponseReasoningTextDeltaEvent,
-        ResponseRefusalDeltaEvent,
-        ResponseTextDeltaEvent,
-    )
+    from openai.types.responses import ResponseCreatedEvent
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise missing_extra(__name__, exc, extra="openai-agents") from None
 
@@ -199,51 +192,28 @@ class _Response:
         if self._first is not None:
             event, self._first = self._first, None
         else:
-            event = await self._events.next()
-        if not isinstance(event, RawResponsesStreamEvent):
+            # _Events.next, inline: this runs once per event of the response.
+            events = self._events
+            if events._back:
+                event = events._back.popleft()
+            else:
+                try:
+                    event = await anext(events._iterator)
+                except StopAsyncIteration:
+                    event = None
+        if type(event) is not RawResponsesStreamEvent and not isinstance(
+            event, RawResponsesStreamEvent
+        ):
             # The response's stream was cut short: stream_round says so (an api_error).
             self._done = True
             if event is not None:
                 self._events.put_back([event])
             raise StopAsyncIteration
         data = event.data
-        kind = data.type
-        if kind in _TERMINAL:
+        if data.type in _TERMINAL:
             self._done = True
-        # The deltas, most of a response's events, go as mappings of the fields the
-        # Responses adapter reads: a model_dump of each would cost more than the rest of
-        # publishing it. Every other event goes as the SDK's object.
-        if isinstance(data, ResponseTextDeltaEvent | ResponseRefusalDeltaEvent):
-            return {
-                "type": kind,
-                "item_id": data.item_id,
-                "output_index": data.output_index,
-                "content_index": data.content_index,
-                "delta": data.delta,
-            }
-        if isinstance(data, ResponseFunctionCallArgumentsDeltaEvent):
-            return {
-                "type": kind,
-                "item_id": data.item_id,
-                "output_index": data.output_index,
-                "delta": data.delta,
-            }
-        if isinstance(data, ResponseReasoningSummaryTextDeltaEvent):
-            return {
-                "type": kind,
-                "item_id": data.item_id,
-                "output_index": data.output_index,
-                "summary_index": data.summary_index,
-                "delta": data.delta,
-            }
-        if isinstance(data, ResponseReasoningTextDeltaEvent):
-            return {
-                "type": kind,
-                "item_id": data.item_id,
-                "output_index": data.output_index,
-                "content_index": data.content_index,
-                "delta": data.delta,
-            }
+        # The SDK's object as it is: the Responses adapter reads a delta's fields off it
+        # without a model_dump.
         return data
 
 
