@@ -1119,7 +1119,13 @@ class _Reader:
         if not text:
             return
         if held.open is None and not held.pending and self._opener is None:
-            await self._publish_text(key, text)
+            if kind == "message":  # _publish_text's text case, one call fewer per delta
+                await self.rounds.delta(text=text)
+                self._text.append(text)
+                self._last_part = None
+                self._text_open = True
+            else:
+                await self._publish_text(key, text)
         else:
             await held.put(_Piece(key, text), output_index)
 
