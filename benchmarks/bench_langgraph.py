@@ -1,13 +1,14 @@
 """What publishing a LangGraph run costs: the graph's own ``astream`` consumed to nothing,
 beside the same run through ``essessey.adapters.langgraph.AgentTurns`` into a
-``StreamHub`` (in-memory store, every turn read to its end by a subscriber).
+``StreamHub`` (in-memory store; stored only, and stored and read to its end by a
+subscriber).
 
 Run ``python benchmarks/bench_langgraph.py [--turns 200] [--rounds 3] [--deltas 40]
-[--checkpointer] [--json [PATH]]``. Each turn is one run of a ReAct graph (a model node,
-``ToolNode`` and ``tools_condition``) of ``--rounds`` LLM calls: every call streams
+[--batch 10] [--checkpointer] [--json [PATH]]``. Each turn is one run of a ReAct graph (a
+model node, ``ToolNode`` and ``tools_condition``) of ``--rounds`` LLM calls: every call streams
 ``--deltas`` text chunks, and every one but the last calls a tool (its arguments in three
 fragments; the tool's result the next call's input). The model is a langchain-core chat
-model that streams scripted chunks, two ways, each measured on both paths:
+model that streams scripted chunks, two ways, each measured on every path:
 
 - ``parsed``: each chunk is read from its JSON text (``AIMessageChunk.model_validate_json``),
   about what a provider's integration does with each chunk of its stream: the graph's run
@@ -19,8 +20,8 @@ model that streams scripted chunks, two ways, each measured on both paths:
 compiles the graph with an ``InMemorySaver`` (a thread per turn), as a graph that
 interrupts needs.
 
-Both paths run the same turns, one after the other, in one process (a turn of each first,
-untimed). The graph's own path reads ``astream`` with the modes the adapter reads
+The paths run the same turns in one process, in batches taking turns (``_sidebyside.py``).
+The graph's own path reads ``astream`` with the modes the adapter reads
 (``messages`` and ``updates``, ``version="v2"``). The figures are CPU time
 (``time.process_time()``) per turn and per event (LangGraph's stream parts for the graph
 alone, the protocol events published for the adapter), and the ratio adapter / graph per
@@ -32,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import sys
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
+from _sidebyside import compare, hub_paths, plain, print_rows
 
 
 def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) -> Any:
@@ -141,54 +141,23 @@ async def graph_turn(graph: Any, n: int) -> int:
     return count
 
 
-async def adapter_turns(graph: Any, turns: int) -> tuple[float, int]:
-    from essessey import StreamHub
+def producer(graph: Any) -> Callable[[str], Any]:
+    """The turn of ``AgentTurns(graph)`` for a Responses request, on a stream (the
+    request's id names the thread: a new one each turn)."""
     from essessey.adapters.langgraph import AgentTurns
     from essessey.dialects.responses import ResponsesRequest
 
-    agent_turns = AgentTurns(graph)
-    count = 0
-    async with StreamHub() as hub:
-        # One untimed turn first: imports and first-call caches out of the measurement.
-        for n in range(turns + 1):
-            if n == 1:
-                gc.collect()
-                start = time.process_time()
-            stream = f"resp_{n}"
-            await hub.start(stream, agent_turns(ResponsesRequest(stream, "m", "go")))
-            async for _ in hub.subscribe(stream):
-                if n:
-                    count += 1
-        return time.process_time() - start, count
+    turns = AgentTurns(graph)
+    return lambda stream_id: turns(ResponsesRequest(stream_id, "m", "go"))
 
 
-async def measure(
-    turns: int, rounds: int, deltas: int, *, checkpointer: bool, parsed: bool
-) -> dict[str, Any]:
-    graph = make_graph(rounds, deltas, checkpointer=checkpointer, parsed=parsed)
-    await graph_turn(graph, -1)
-    gc.collect()
-    start = time.process_time()
-    parts = 0
-    for n in range(turns):
-        parts += await graph_turn(graph, n)
-    graph_cpu = time.process_time() - start
-    adapter_cpu, published = await adapter_turns(graph, turns)
-    return {
-        "graph": {
-            "cpu_s": graph_cpu,
-            "events": parts,
-            "us_per_turn": graph_cpu / turns * 1e6,
-            "us_per_event": graph_cpu / parts * 1e6,
-        },
-        "adapter": {
-            "cpu_s": adapter_cpu,
-            "events": published,
-            "us_per_turn": adapter_cpu / turns * 1e6,
-            "us_per_event": adapter_cpu / published * 1e6,
-        },
-        "ratio_per_turn": adapter_cpu / graph_cpu,
-    }
+async def measure(args: argparse.Namespace, *, parsed: bool) -> list[dict[str, Any]]:
+    graph = make_graph(args.rounds, args.deltas, checkpointer=args.checkpointer, parsed=parsed)
+    paths = [
+        plain("LangGraph astream", lambda n: graph_turn(graph, n)),
+        *hub_paths("essessey AgentTurns", producer(graph)),
+    ]
+    return await compare(paths, turns=args.turns, batch=args.batch)
 
 
 def main() -> None:
@@ -196,13 +165,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=200, help="runs per path")
     parser.add_argument("--rounds", type=int, default=3, help="LLM calls per run")
     parser.add_argument("--deltas", type=int, default=40, help="text chunks per LLM call")
+    parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
     parser.add_argument(
         "--checkpointer", action="store_true", help="compile the graph with an InMemorySaver"
     )
     add_json_option(parser)
     args = parser.parse_args()
-    if min(args.turns, args.rounds, args.deltas) < 1:
-        parser.error("--turns, --rounds and --deltas must be at least 1")
+    if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
+        parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
     figures: dict[str, Any] = {
         "turns": args.turns,
         "rounds": args.rounds,
@@ -210,34 +180,15 @@ def main() -> None:
         "checkpointer": args.checkpointer,
     }
     for model in ("parsed", "replayed"):
-        figures[model] = asyncio.run(
-            measure(
-                args.turns,
-                args.rounds,
-                args.deltas,
-                checkpointer=args.checkpointer,
-                parsed=model == "parsed",
-            )
-        )
+        figures[model] = asyncio.run(measure(args, parsed=model == "parsed"))
     if args.json is not None:
         write_json(args.json, figures, __file__)
         if json_only(args.json):
             return
     saver = ", InMemorySaver" if args.checkpointer else ""
-    print(f"{args.turns} turns of {args.rounds} LLM calls x {args.deltas} text chunks{saver}")
-    print(f"{'model':<10}{'path':<46}{'events/turn':>12}{'CPU us/turn':>13}{'CPU us/event':>14}")
     for model in ("parsed", "replayed"):
-        for key, label in (
-            ("graph", "LangGraph astream, consumed to nothing"),
-            ("adapter", "the same run through AgentTurns into a hub"),
-        ):
-            row = figures[model][key]
-            per_turn = row["events"] / args.turns
-            print(
-                f"{model:<10}{label:<46}{per_turn:>12.0f}"
-                f"{row['us_per_turn']:>13.0f}{row['us_per_event']:>14.1f}"
-            )
-        print(f"{model:<10}adapter / graph CPU per turn: {figures[model]['ratio_per_turn']:.3f}")
+        title = f"{model}: {args.rounds} LLM calls of {args.deltas} text chunks per turn{saver}"
+        print_rows(title, figures[model])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """What publishing an OpenAI Agents SDK run costs: the SDK's own streamed run consumed to
 nothing, beside the same run through ``essessey.adapters.openai_agents.AgentTurns`` into a
-``StreamHub`` (in-memory store, every turn read to its end by a subscriber).
+``StreamHub`` (in-memory store; stored only, and stored and read to its end by a
+subscriber).
 
 Run ``python benchmarks/bench_openai_agents.py [--turns 200] [--rounds 3] [--deltas 40]
-[--json [PATH]]``. Each turn is one run of ``--rounds`` model responses: every response
+[--batch 10] [--json [PATH]]``. Each turn is one run of ``--rounds`` model responses: every response
 streams ``--deltas`` text deltas, and every one but the last calls a tool (its output the
 next round's input).
 
-The model comes two ways, each measured on both paths:
+The model comes two ways, each measured on every path:
 
 - ``parsed``: each event is read from its JSON text (``model_validate_json``), as a
   provider's client reads a Responses stream: the SDK's own run as it costs with a model
@@ -15,8 +16,9 @@ The model comes two ways, each measured on both paths:
 - ``replayed``: the events are built once and handed out again, the SDK's run with no
   model cost at all: the floor, where the adapter's share is largest.
 
-Both paths run the same turns, one after the other, in one process (a turn of each first,
-untimed). The figures are CPU time (``time.process_time()``) per turn and per event (the
+The paths run the same turns in one process, in batches taking turns (``_sidebyside.py``):
+the SDK's run alone, and through ``AgentTurns`` into a hub, stored only and stored and read
+by a subscriber. The figures are CPU time (``time.process_time()``) per turn and per event (the
 SDK's stream events for the SDK alone, the protocol events published for the adapter), and
 the ratio adapter / SDK per turn: the adapter's turn includes the SDK's, so a ratio of
 1.15 means the adapter adds 15% to the SDK's own CPU.
@@ -26,9 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
+from _sidebyside import compare, hub_paths, plain, print_rows
 
 
 def scripts(rounds: int, deltas: int) -> list[list[Any]]:
@@ -183,53 +185,22 @@ async def sdk_turn(agent: Any) -> int:
     return count
 
 
-async def adapter_turns(agent: Any, turns: int) -> tuple[float, int]:
-    from essessey import StreamHub
+def producer(agent: Any) -> Callable[[str], Any]:
+    """The turn of ``AgentTurns(agent)`` for a Responses request, on a stream."""
     from essessey.adapters.openai_agents import AgentTurns
     from essessey.dialects.responses import ResponsesRequest
 
-    agent_turns = AgentTurns(agent)
-    count = 0
-    async with StreamHub() as hub:
-        # One untimed turn first: imports and first-call caches out of the measurement.
-        for n in range(turns + 1):
-            if n == 1:
-                gc.collect()
-                start = time.process_time()
-            stream = f"resp_{n}"
-            await hub.start(stream, agent_turns(ResponsesRequest(stream, "m", "go")))
-            async for _ in hub.subscribe(stream):
-                if n:
-                    count += 1
-        return time.process_time() - start, count
+    turns = AgentTurns(agent)
+    return lambda stream_id: turns(ResponsesRequest(stream_id, "m", "go"))
 
 
-async def measure(turns: int, rounds: int, deltas: int, *, parsed: bool) -> dict[str, Any]:
-    responses = scripts(rounds, deltas)
-    agent = make_agent(responses, parsed=parsed)
-    await sdk_turn(agent)
-    gc.collect()
-    start = time.process_time()
-    sdk_events = 0
-    for _ in range(turns):
-        sdk_events += await sdk_turn(agent)
-    sdk_cpu = time.process_time() - start
-    adapter_cpu, published = await adapter_turns(agent, turns)
-    return {
-        "sdk": {
-            "cpu_s": sdk_cpu,
-            "events": sdk_events,
-            "us_per_turn": sdk_cpu / turns * 1e6,
-            "us_per_event": sdk_cpu / sdk_events * 1e6,
-        },
-        "adapter": {
-            "cpu_s": adapter_cpu,
-            "events": published,
-            "us_per_turn": adapter_cpu / turns * 1e6,
-            "us_per_event": adapter_cpu / published * 1e6,
-        },
-        "ratio_per_turn": adapter_cpu / sdk_cpu,
-    }
+async def measure(args: argparse.Namespace, *, parsed: bool) -> list[dict[str, Any]]:
+    agent = make_agent(scripts(args.rounds, args.deltas), parsed=parsed)
+    paths = [
+        plain("Agents SDK run_streamed", lambda n: sdk_turn(agent)),
+        *hub_paths("essessey AgentTurns", producer(agent)),
+    ]
+    return await compare(paths, turns=args.turns, batch=args.batch)
 
 
 def main() -> None:
@@ -237,33 +208,21 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=200, help="runs per path")
     parser.add_argument("--rounds", type=int, default=3, help="model responses per run")
     parser.add_argument("--deltas", type=int, default=40, help="text deltas per response")
+    parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
     add_json_option(parser)
     args = parser.parse_args()
-    if min(args.turns, args.rounds, args.deltas) < 1:
-        parser.error("--turns, --rounds and --deltas must be at least 1")
+    if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
+        parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
     figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
     for model in ("parsed", "replayed"):
-        figures[model] = asyncio.run(
-            measure(args.turns, args.rounds, args.deltas, parsed=model == "parsed")
-        )
+        figures[model] = asyncio.run(measure(args, parsed=model == "parsed"))
     if args.json is not None:
         write_json(args.json, figures, __file__)
         if json_only(args.json):
             return
-    print(f"{args.turns} turns of {args.rounds} responses x {args.deltas} text deltas")
-    print(f"{'model':<10}{'path':<44}{'events/turn':>12}{'CPU us/turn':>13}{'CPU us/event':>14}")
     for model in ("parsed", "replayed"):
-        for key, label in (
-            ("sdk", "Agents SDK run, events consumed to nothing"),
-            ("adapter", "the same run through AgentTurns into a hub"),
-        ):
-            row = figures[model][key]
-            per_turn = row["events"] / args.turns
-            print(
-                f"{model:<10}{label:<44}{per_turn:>12.0f}"
-                f"{row['us_per_turn']:>13.0f}{row['us_per_event']:>14.1f}"
-            )
-        print(f"{model:<10}adapter / SDK CPU per turn: {figures[model]['ratio_per_turn']:.3f}")
+        title = f"{model}: {args.rounds} responses of {args.deltas} text deltas per turn"
+        print_rows(title, figures[model])
 
 
 if __name__ == "__main__":

@@ -1,29 +1,27 @@
 """What publishing a Pydantic AI run costs: the framework's own ``run_stream_events``
 consumed to nothing, beside the same run through ``essessey.adapters.pydantic_ai.AgentTurns``
-into a ``StreamHub`` (in-memory store, every turn read to its end by a subscriber), and
-through Pydantic AI's own ``VercelAIEventStream`` (what ``VercelAIAdapter`` streams to
-``useChat``) encoded to SSE strings and dropped.
+into a ``StreamHub`` (in-memory store; stored only, and stored and read to its end by a
+subscriber), and through Pydantic AI's own ``VercelAIEventStream`` (what ``VercelAIAdapter``
+streams to ``useChat``) encoded to SSE strings and dropped.
 
 Run ``python benchmarks/bench_pydantic_ai.py [--turns 200] [--rounds 3] [--deltas 40]
-[--json [PATH]]``. Each turn is one run of ``--rounds`` model requests on Pydantic AI's
-``FunctionModel``: every response streams ``--deltas`` text deltas, and every one but the
-last calls a tool (whose result the next request carries).
+[--batch 10] [--json [PATH]]``. Each turn is one run of ``--rounds`` model requests on
+Pydantic AI's ``FunctionModel``: every response streams ``--deltas`` text deltas, and every
+one but the last calls a tool (whose result the next request carries).
 
-The three paths run the same turns, one after the other, in one process (a turn of each
-first, untimed). The figures are CPU time (``time.process_time()``) per turn and per
-event (the framework's stream events for the framework alone, the events each path
-publishes otherwise), and the ratio path / framework per turn: each path's turn includes
-the framework's, so a ratio of 1.15 means the path adds 15% to the framework's own CPU.
+The paths run the same turns in one process, in batches taking turns (``_sidebyside.py``).
+The figures are CPU time per turn and per event (the framework's stream events for the
+framework alone, the events each path stores or encodes otherwise), and the ratio path /
+framework per turn: each path's turn includes the framework's, so a ratio of 1.15 means
+the path adds 15% to the framework's own CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
+from _sidebyside import compare, hub_paths, plain, print_rows
 
 
 def make_agent(rounds: int, deltas: int) -> Any:
@@ -67,33 +66,18 @@ async def framework(agent: Any, turn: int) -> int:
     return count
 
 
-def adapter_path() -> tuple[Callable[[Any, int], Awaitable[int]], Callable[[], Awaitable[None]]]:
-    from essessey import StreamHub
+def producer(agent: Any) -> Callable[[str], Any]:
+    """The turn of ``AgentTurns(agent)`` for a Chat Completions request, on a stream."""
     from essessey.adapters.pydantic_ai import AgentTurns
     from essessey.dialects.chat_completions import ChatCompletionRequest
 
-    hub = StreamHub()
-    entered: list[bool] = []
+    turns = AgentTurns(agent)
 
-    async def run(agent: Any, turn: int) -> int:
-        if not entered:
-            await hub.__aenter__()
-            entered.append(True)
-        stream_id = f"s{turn}-{time.monotonic_ns()}"
-        request = ChatCompletionRequest(
-            id=stream_id, model="m", messages=[{"role": "user", "content": "go"}]
-        )
-        await hub.start(stream_id, AgentTurns(agent)(request))
-        count = 0
-        async for _ in hub.subscribe(stream_id):
-            count += 1
-        return count
+    def turn(stream_id: str) -> Any:
+        messages = [{"role": "user", "content": "go"}]
+        return turns(ChatCompletionRequest(id=stream_id, model="m", messages=messages))
 
-    async def close() -> None:
-        if entered:
-            await hub.__aexit__(None, None, None)
-
-    return run, close
+    return turn
 
 
 async def vercel(agent: Any, turn: int) -> int:
@@ -108,40 +92,14 @@ async def vercel(agent: Any, turn: int) -> int:
     return count
 
 
-async def measure(
-    name: str, run: Callable[[Any, int], Awaitable[int]], agent: Any, turns: int
-) -> dict[str, Any]:
-    await run(agent, -1)  # untimed: imports, first-use caches
-    gc.collect()
-    events = 0
-    start = time.process_time()
-    for turn in range(turns):
-        events += await run(agent, turn)
-    cpu = time.process_time() - start
-    return {
-        "path": name,
-        "turns": turns,
-        "events_per_turn": events / turns,
-        "cpu_us_per_turn": cpu / turns * 1e6,
-        "cpu_us_per_event": cpu / events * 1e6 if events else 0.0,
-    }
-
-
 async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     agent = make_agent(args.rounds, args.deltas)
-    adapter, close = adapter_path()
-    try:
-        rows = [
-            await measure("pydantic-ai run_stream_events", framework, agent, args.turns),
-            await measure("essessey AgentTurns -> hub", adapter, agent, args.turns),
-            await measure("pydantic-ai VercelAIEventStream", vercel, agent, args.turns),
-        ]
-    finally:
-        await close()
-    base = rows[0]["cpu_us_per_turn"]
-    for row in rows:
-        row["ratio_to_framework"] = row["cpu_us_per_turn"] / base if base else 0.0
-    return rows
+    paths = [
+        plain("pydantic-ai run_stream_events", lambda n: framework(agent, n)),
+        *hub_paths("essessey AgentTurns", producer(agent)),
+        plain("pydantic-ai VercelAIEventStream", lambda n: vercel(agent, n)),
+    ]
+    return await compare(paths, turns=args.turns, batch=args.batch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,22 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=200, help="runs per path (default 200)")
     parser.add_argument("--rounds", type=int, default=3, help="model requests per run")
     parser.add_argument("--deltas", type=int, default=40, help="text deltas per request")
+    parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
     add_json_option(parser)
     args = parser.parse_args(argv)
-    if args.turns < 1 or args.rounds < 1 or args.deltas < 1:
-        parser.error("--turns, --rounds and --deltas must be at least 1")
+    if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
+        parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
     rows = asyncio.run(run_all(args))
     if args.json is not None:
         figures = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas, "rows": rows}
         write_json(args.json, figures, __file__, argv)
         if json_only(args.json):
             return 0
-    print(f"{'path':34} {'events/turn':>11} {'CPU us/turn':>12} {'CPU us/event':>13} {'ratio':>6}")
-    for row in rows:
-        print(
-            f"{row['path']:34} {row['events_per_turn']:11.1f} {row['cpu_us_per_turn']:12.0f}"
-            f" {row['cpu_us_per_event']:13.1f} {row['ratio_to_framework']:6.2f}"
-        )
+    print_rows(f"{args.rounds} model requests of {args.deltas} deltas per turn", rows)
     return 0
 
 
