@@ -1930,3 +1930,50 @@ async def test_agui_carries_a_citation_as_a_custom_event() -> None:
     ]
     assert [c.name for c in customs] == [CITATION_EVENT, CITATION_EVENT]
     assert customs[1].value["citation"] == _FILE_CITATION
+
+
+def test_the_sdk_s_delta_objects_are_read_without_a_model_dump() -> None:
+    # The one place the adapter reads a pydantic model's fields off its __dict__ (the
+    # deltas' fast path): if pydantic stops keeping them there, this fails, instead of
+    # every delta quietly taking the whole reader's longer way.
+    from openai.types.responses import (
+        ResponseFunctionCallArgumentsDeltaEvent,
+        ResponseTextDeltaEvent,
+    )
+
+    from essessey.adapters import openai_responses
+
+    text = ResponseTextDeltaEvent(
+        type="response.output_text.delta",
+        item_id="msg_1",
+        output_index=0,
+        content_index=1,
+        delta="Hi",
+        logprobs=[],
+        sequence_number=4,
+    )
+    arguments = ResponseFunctionCallArgumentsDeltaEvent(
+        type="response.function_call_arguments.delta",
+        item_id="fc_1",
+        output_index=2,
+        delta='{"a"',
+        sequence_number=5,
+    )
+    assert openai_responses._quick_delta(text) == ("message", "msg_1", 0, 1, "Hi")
+    assert openai_responses._quick_delta(arguments) == ("arguments", "fc_1", 2, None, '{"a"')
+    assert openai_responses._quick_delta(text.model_dump()) == ("message", "msg_1", 0, 1, "Hi")
+    # A field of another type than the reader takes: the whole way, as before.
+    odd = ResponseTextDeltaEvent.model_construct(**{**text.model_dump(), "output_index": True})
+    assert openai_responses._quick_delta(odd) is None
+    # A model whose read fields have defaults is read the whole way: an unset field is
+    # in its __dict__ (its default) but not in its model_dump(exclude_unset=True).
+
+    class Defaulted(pydantic.BaseModel):
+        type: str
+        delta: str
+        item_id: str | None = None
+        output_index: int = 0
+        content_index: int = 0
+
+    defaulted = Defaulted(type="response.output_text.delta", delta="Hi", item_id="msg_1")
+    assert openai_responses._quick_delta(defaulted) is None

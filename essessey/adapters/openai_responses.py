@@ -825,9 +825,17 @@ _Delta: TypeAlias = tuple[str, str | None, int | None, int | None, str]
 _pydantic_models: dict[type, bool] = {}
 
 
+# The fields the fast path reads.
+_QUICK_FIELDS: Final = frozenset(
+    {"type", "delta", "item_id", "output_index", "content_index", "summary_index"}
+)
+
+
 def _is_model(cls: type) -> bool:
-    """Whether ``cls`` is a pydantic model whose ``model_dump`` is pydantic's own (its
-    fields are what the dump would hold), remembered per class."""
+    """Whether ``cls`` is a pydantic model whose ``model_dump`` is pydantic's own and
+    whose fields the fast path reads have no default (so a field is in its ``__dict__``
+    exactly when ``model_dump(exclude_unset=True)`` would hold it), remembered per
+    class."""
     known = _pydantic_models.get(cls)
     if known is None:
         # Never imported here: without pydantic loaded, no object is one of its models.
@@ -836,6 +844,11 @@ def _is_model(cls: type) -> bool:
             isinstance(base, type)
             and issubclass(cls, base)
             and getattr(cls, "model_dump", None) is getattr(base, "model_dump", None)
+            and all(
+                field.is_required()
+                for name, field in cls.model_fields.items()  # type: ignore[attr-defined]
+                if name in _QUICK_FIELDS
+            )
         )
         _pydantic_models[cls] = known
     return known
@@ -850,8 +863,8 @@ def _quick_delta(raw: object) -> _Delta | None:
         known = _pydantic_models.get(type(raw))
         if not (known or (known is None and _is_model(type(raw)))):
             return None
-        # A pydantic model keeps its fields' values in its __dict__ (a field never set
-        # is absent, as model_dump(exclude_unset=True) leaves it out).
+        # A pydantic model keeps its fields' values in its __dict__; a required field
+        # never set is absent, as model_dump(exclude_unset=True) leaves it out.
         data = raw.__dict__
     name = data.get("type")
     spec = _QUICK.get(name) if type(name) is str else None
