@@ -8,11 +8,14 @@ one the others accept too.
   unprintable characters (controls, NUL) have no business in a URL or a log line. This
   also refuses ``..`` and anything holding ``%00`` once decoded.
 - A **last event id** is opaque: 1 to :data:`MAX_ID_LENGTH` printable characters.
+- A **message id** essessey makes itself (a continuation's, a framework run's) is
+  ``msg_`` and 24 random hex digits: :func:`new_message_id`.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Final
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "is_event_id",
     "is_stream_id",
     "is_token",
+    "new_message_id",
     "parse_event_id",
 ]
 
@@ -87,3 +91,8 @@ def check_token(value: str, what: str = "token") -> str:
             "whitespace"
         )
     return value
+
+
+def new_message_id() -> str:
+    """A fresh message id, as the Anthropic API's are shaped (``msg_`` and random hex)."""
+    return "msg_" + secrets.token_hex(12)

@@ -53,7 +53,7 @@ from typing import Any, Final, Literal, TypeAlias
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from essessey._ids import MAX_ID_LENGTH, is_stream_id
+from essessey._ids import MAX_ID_LENGTH, is_stream_id, new_message_id
 from essessey.errors import (
     EssesseyError,
     NotWaiting,
@@ -751,7 +751,7 @@ class StreamHub:
                 checker = publisher.checker
                 if checker is not None:
                     checker.expect_answers(asked.requests)
-                message_id = "msg_" + secrets.token_hex(12)
+                message_id = new_message_id()
                 model = asked.model or "essessey"
                 await publisher.send_stream_preamble(message_id, stream_id, model)
                 index = 0

@@ -94,3 +94,16 @@ async def test_two_replicas_on_one_store_share_a_state(broker: NatsServer | Redi
         assert await RunStates(b).load("req_shared") == state
         await RunStates(b).drop("req_shared")
         assert await RunStates(a).load("req_shared") is None
+
+
+async def test_an_answer_finds_the_state_its_first_request_keeps() -> None:
+    from essessey.protocol.asking import Answered, Question
+
+    states = RunStates()
+    asked = (Question("q_first", "Which city?"), Question("q_second", "When?"))
+    answered = Answered("s1", "msg_2", "m", 2, asked)
+    assert RunStates.key_of(answered) == "q_first"
+    with pytest.raises(LookupError, match="no run state is kept"):
+        await states.load_answered(answered)
+    await states.save("q_first", b"the run")
+    assert await states.load_answered(answered) == b"the run"

@@ -14,6 +14,7 @@ import logging
 from typing import Final
 
 from essessey.event import Event
+from essessey.protocol.asking import Answered
 from essessey.stores import EventStore, InMemoryEventStore
 
 __all__ = ["MAX_STATE_BYTES", "RunStates"]
@@ -77,3 +78,20 @@ class RunStates:
     async def drop(self, key: str) -> None:
         """Forget the state under ``key`` (a run that went on and ended)."""
         await self.store.clear(key + _SUFFIX)
+
+    @staticmethod
+    def key_of(answered: Answered) -> str:
+        """The key of the run that ``answered`` answers: the id of the first request its
+        asking message wrote, under which the run that asked kept its state."""
+        return answered.requests[0].id
+
+    async def load_answered(self, answered: Answered) -> bytes:
+        """The state of the run that ``answered`` answers. Raises ``LookupError`` when
+        none is kept (the answer came after the store's retention, or to a replica on
+        another store)."""
+        state = await self.load(self.key_of(answered))
+        if state is None:
+            raise LookupError(
+                "no run state is kept for this answer's requests (expired, or another store)"
+            )
+        return state

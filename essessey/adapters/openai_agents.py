@@ -81,6 +81,7 @@ try:
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise missing_extra(__name__, exc, extra="openai-agents") from None
 
+from essessey._ids import new_message_id
 from essessey._public import set_public_module
 from essessey.adapters._run_state import RunStates
 from essessey.adapters.openai_responses import StreamedResponse, stream_round
@@ -525,7 +526,7 @@ class AgentTurns:
             await publish_run(
                 publisher,
                 result,
-                message_id=_message_id(),
+                message_id=new_message_id(),
                 stream_id=stream_id,
                 states=self.states,
                 approval_reason=self.approval_reason,
@@ -536,10 +537,7 @@ class AgentTurns:
     async def on_answer(self, publisher: Publisher, answered: Answered) -> None:
         """The hub's continuation: resume the run that asked, with the answers applied."""
         async with continue_rounds(publisher, answered) as rounds:
-            key = answered.requests[0].id
-            saved = await self.states.load(key)
-            if saved is None:
-                raise LookupError("no run state is kept for this turn's requests")
+            saved = await self.states.load_answered(answered)
             options: dict[str, Any] = {}
             if self.context is not None:
                 options["context_override"] = self.context
@@ -561,11 +559,7 @@ class AgentTurns:
                 answered=answered,
                 approval_reason=self.approval_reason,
             )
-            await self.states.drop(key)
-
-
-def _message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+            await self.states.drop(RunStates.key_of(answered))
 
 
 set_public_module(__name__, globals(), __all__)

@@ -47,10 +47,9 @@ Logs carry types, positions and lengths, never text, arguments or results.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import AsyncIterable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -98,6 +97,7 @@ try:
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise missing_extra(__name__, exc, extra="pydantic-ai") from None
 
+from essessey._ids import new_message_id
 from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._run_state import RunStates
@@ -125,8 +125,6 @@ logger = logging.getLogger("essessey.adapters.pydantic_ai")
 
 RunEvent = AgentStreamEvent | AgentRunResultEvent[Any]
 """An event of ``agent.run_stream_events(...)``: the run's own, then its result."""
-
-_NO_STATE: Final = "no run state is kept for this answer's request (expired, or another store)"
 
 
 @dataclass(slots=True)
@@ -612,7 +610,7 @@ class AgentTurns:
         async def produce(publisher: Publisher) -> None:
             async with stream_rounds(
                 publisher,
-                message_id=_message_id(),
+                message_id=new_message_id(),
                 stream_id=stream_id,
                 model=self.model_name,
             ) as rounds:
@@ -628,11 +626,8 @@ class AgentTurns:
 
     async def on_answer(self, publisher: Publisher, answered: Answered) -> None:
         """Resume the run whose message ``answered`` answers, in the hub's new message."""
-        key = answered.requests[0].id
         async with continue_rounds(publisher, answered) as rounds:
-            state = await self.states.load(key)
-            if state is None:
-                raise LookupError(_NO_STATE)
+            state = await self.states.load_answered(answered)
             history = ModelMessagesTypeAdapter.validate_json(state)
             results = DeferredToolResults()
             for request, approval in answered.approvals():
@@ -658,11 +653,7 @@ class AgentTurns:
             ) as events:
                 published = await stream_run(rounds, events, answered_calls=answered_calls)
             await _keep(self.states, published)
-        await self.states.drop(key)
-
-
-def _message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+        await self.states.drop(RunStates.key_of(answered))
 
 
 set_public_module(__name__, globals(), __all__)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
@@ -19,6 +18,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
+from essessey._ids import new_message_id
 from essessey.adapters._run_state import RunStates
 from essessey.adapters.langgraph._run import Graph, graph_stream, publish_run, stream_run
 from essessey.adapters.rounds import continue_rounds
@@ -126,7 +126,7 @@ class AgentTurns:
                 self.graph,
                 run_input,
                 config,
-                message_id=_message_id(),
+                message_id=new_message_id(),
                 stream_id=stream_id,
                 model=self.model,
                 states=self.states,
@@ -139,10 +139,7 @@ class AgentTurns:
     async def on_answer(self, publisher: Publisher, answered: Answered) -> None:
         """The hub's continuation: resume the thread that asked with the answers."""
         async with continue_rounds(publisher, answered) as rounds:
-            key = answered.requests[0].id
-            saved = await self.states.load(key)
-            if saved is None:
-                raise LookupError("no run state is kept for this turn's requests")
+            saved = await self.states.load_answered(answered)
             state = orjson.loads(saved)
             config = self.config_for(state["configurable"])
             interrupts: Mapping[str, str] = state["interrupts"]
@@ -174,7 +171,7 @@ class AgentTurns:
                 answered=answered,
                 nodes=self.nodes,
             )
-            await self.states.drop(key)
+            await self.states.drop(RunStates.key_of(answered))
 
 
 def _interrupt(interrupts: Mapping[str, str], request_id: str) -> str:
@@ -186,7 +183,3 @@ def _interrupt(interrupts: Mapping[str, str], request_id: str) -> str:
 
 def _default_input(request: DialectRequest, new_thread: bool) -> dict[str, Any]:
     return graph_input(request, new_thread=new_thread)
-
-
-def _message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
