@@ -367,6 +367,69 @@ async def test_parts_of_any_source_reasoning_content_cache_usage_and_a_cut_answe
     assert "not a mapping" not in caplog.text  # the reason names the type, not the value
 
 
+async def test_a_tool_the_provider_ran_is_a_server_tool_block_pair() -> None:
+    """langchain-core's standard blocks for a tool the provider ran itself (a web search)
+    become the protocol's server_tool_use and <tool>_tool_result blocks, in their place
+    among the text; one without its ids is skipped with a log line."""
+    meta = {"langgraph_node": "agent"}
+    search = {"type": "server_tool_call", "id": "srv_1", "name": "web_search"}
+    found = {"type": "server_tool_result", "tool_call_id": "srv_1", "status": "success"}
+    failed = {"type": "server_tool_result", "tool_call_id": "srv_2", "status": "error"}
+
+    def chunk(content: Any) -> dict[str, Any]:
+        return {
+            "type": "messages",
+            "ns": (),
+            "data": (AIMessageChunk(id="run-1", content=content), meta),
+        }
+
+    parts = [
+        chunk("Let me look. "),
+        chunk([{**search, "args": {"query": "weather Oslo"}}]),
+        chunk([{**found, "output": {"hits": [{"title": "Oslo: snow"}]}}]),
+        chunk([{"type": "server_tool_call", "name": "no_id", "args": {}}]),
+        chunk([{**search, "id": "srv_2", "args": {"query": "again"}}, {**failed, "output": None}]),
+        chunk([{"type": "text", "text": "It snows."}]),
+    ]
+
+    async def given() -> Any:
+        for part in parts:
+            yield part
+
+    sink = InMemorySink()
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
+        await stream_run(rounds, given())
+    assert check(sink.events) == []
+    blocks = [
+        event.json()["content_block"]
+        for event in sink.events
+        if event.event == "content_block_start"
+    ]
+    assert [block["type"] for block in blocks] == [
+        "text",
+        "server_tool_use",
+        "web_search_tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "text",
+    ]
+    assert blocks[1] == {
+        "type": "server_tool_use",
+        "id": "srv_1",
+        "name": "web_search",
+        "input": {"query": "weather Oslo"},
+    }
+    assert blocks[2]["tool_use_id"] == "srv_1"
+    assert blocks[2]["content"] == {"hits": [{"title": "Oslo: snow"}]}
+    assert blocks[4] == {
+        "type": "web_search_tool_result",
+        "tool_use_id": "srv_2",
+        "content": None,
+        "is_error": True,
+    }
+    assert reassemble_events(sink.events).messages[0].text == "Let me look. It snows."
+
+
 async def test_interleaved_calls_without_an_end_chunk_are_all_published() -> None:
     meta = {"langgraph_node": "agent"}
 

@@ -20,6 +20,9 @@ LangGraph stream part                         published as
                                               name from the first fragment, the
                                               arguments streamed as they come (parallel
                                               calls too, interleaved or not)
+their ``server_tool_call`` and                a ``server_tool_use`` block and its
+``server_tool_result`` blocks (a tool the     ``<name>_tool_result`` block, where they
+provider ran itself)                          came
 ``messages``: a whole ``AIMessage``           a round of its own, whole (a node that
                                               wrote the message itself, a subgraph's
                                               messages when ``subgraphs`` is off)

@@ -22,7 +22,10 @@ logger = logging.getLogger("essessey.adapters.langgraph")
 
 _LC_ID: Final = "lc_run-"  # the message id langchain-core gives a chunk its provider did not
 
-_Piece: TypeAlias = tuple[Literal["text", "reasoning", "signature"], str]
+_Piece: TypeAlias = (
+    tuple[Literal["text", "reasoning", "signature"], str]
+    | tuple[Literal["server_call", "server_result"], dict[str, Any]]
+)
 
 
 # -- reading the parts ------------------------------------------------------------------------
@@ -70,9 +73,47 @@ def _pieces(message: AIMessage) -> list[_Piece]:
                 signature = extras.get("signature")
                 if isinstance(signature, str) and signature:
                     found.append(("signature", signature))
+        elif kind == "server_tool_call":
+            call = _server_call(block)
+            if call is not None:
+                found.append(("server_call", call))
+        elif kind == "server_tool_result":
+            result = _server_result(block)
+            if result is not None:
+                found.append(("server_result", result))
         elif kind not in ("tool_call", "tool_call_chunk", "invalid_tool_call"):
+            # server_tool_call_chunk among them: the call goes out whole, from the block
+            # the provider's integration gives once its arguments are.
             logger.debug("a content block of type %s is not published", kind)
     return found
+
+
+def _json(value: object) -> Any:
+    """``value`` as JSON values (what is not JSON as its text), for a block's field."""
+    return orjson.loads(orjson.dumps(value, default=str))
+
+
+def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A tool the provider ran itself (a web search, code execution), as the protocol's
+    ``server_tool_use`` block; None, with a log line, when it names no call or tool."""
+    call_id, name, args = block.get("id"), block.get("name"), block.get("args")
+    if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+        logger.warning("a server tool call without an id or a name; not published")
+        return None
+    given = _json(args) if isinstance(args, Mapping) else {}
+    return {"type": "server_tool_use", "id": call_id, "name": clean(name), "input": given}
+
+
+def _server_result(block: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A server tool's result: its call's id, its output and whether it failed."""
+    call_id = block.get("tool_call_id")
+    if not (isinstance(call_id, str) and call_id):
+        logger.warning("a server tool result without its call's id; not published")
+        return None
+    result: dict[str, Any] = {"tool_use_id": call_id, "content": _json(block.get("output"))}
+    if block.get("status") == "error":
+        result["is_error"] = True
+    return result
 
 
 def add_usage(message: AIMessage, into: dict[str, int]) -> None:
@@ -120,6 +161,7 @@ class LLMCall:
         "node",
         "requests",
         "rounds",
+        "server_names",
         "signable",
         "slots",
     )
@@ -139,6 +181,7 @@ class LLMCall:
         self.next_result = 0
         self.signable = False  # a thinking block is open: a signature may follow
         self.finish_reason: str | None = None
+        self.server_names: dict[str, str] = {}  # a server tool call's id -> its tool
 
     def continues(self, message_id: str | None, node: object) -> bool:
         """Whether a chunk of ``message_id`` (from ``node``) belongs to this call.
@@ -158,6 +201,9 @@ class LLMCall:
         return False
 
     async def _emit(self, piece: _Piece) -> None:
+        if piece[0] == "server_call" or piece[0] == "server_result":
+            await self._server_block(piece[0], piece[1])
+            return
         kind, text = piece
         if kind == "text":
             await self.rounds.delta(text=text)
@@ -169,6 +215,18 @@ class LLMCall:
             await self.rounds.delta(signature=text)
         else:
             logger.warning("a reasoning signature with no reasoning before it; not published")
+
+    async def _server_block(self, kind: str, block: dict[str, Any]) -> None:
+        # As the Anthropic format has its server tools (and the Responses adapter the
+        # tools the provider ran): a server_tool_use block, then <tool>_tool_result.
+        if kind == "server_call":
+            self.server_names[block["id"]] = block["name"]
+        else:
+            name = self.server_names.get(block["tool_use_id"], "server")
+            block = {"type": f"{name}_tool_result", **block}
+        self.signable = False
+        await self.rounds.block_start(block)
+        await self.rounds.block_stop()
 
     async def chunk(self, message: AIMessageChunk, position: int) -> None:
         """Publish what one chunk carries."""
