@@ -233,8 +233,6 @@ class _Run:
                 self.earlier[request.tool_use_id] = not approval.approved
         self.calls: list[str] = []  # the open round's call ids
         self.message_calls: set[str] = set()  # every call of the message
-        self.held: dict[int, str] = {}  # results waiting for an earlier call's
-        self.next_result = 0
         self.last: StreamedResponse | None = None
 
     async def response(self, first: RawResponsesStreamEvent, events: _Events) -> None:
@@ -249,8 +247,6 @@ class _Run:
             self.out.usage[key] = self.out.usage.get(key, 0) + value
         self.calls = [call.id for call in streamed.tool_calls]
         self.message_calls.update(self.calls)
-        self.held = {}
-        self.next_result = 0
         self.last = streamed
 
     async def output(self, call_id: str | None, output: object) -> None:
@@ -260,16 +256,13 @@ class _Run:
         text = _text(output)
         if self.rounds.in_round and call_id in self.calls:
             i = self.calls.index(call_id)
-            if i < self.next_result or i in self.held:
+            if call_id in self.out.results:
                 logger.warning("tool call %d got a second output; not published", i)
                 return
             self.out.results[call_id] = text
-            self.held[i] = text
-            # In call order: a result waits for the earlier calls' (an earlier call may wait
-            # for an approval, and its result then comes in the next message).
-            while self.next_result in self.held:
-                await self.rounds.tool_result(self.next_result, self.held.pop(self.next_result))
-                self.next_result += 1
+            # The round holds a result behind an earlier call's (which may wait for an
+            # approval, its result then in the next message): results go out in call order.
+            await self.rounds.tool_result(i, text)
         elif not self.rounds.in_round and call_id in self.earlier:
             self.out.results[call_id] = text
             await self.rounds.earlier_result(call_id, text, is_error=self.earlier.pop(call_id))
@@ -280,11 +273,8 @@ class _Run:
         rounds = self.rounds
         if not rounds.in_round:
             return
-        # Results held behind a call without one: the round publishes them in call order,
-        # and leaves the calls that wait for an approval to the next message.
-        for i, text in sorted(self.held.items()):
-            await rounds.tool_result(i, text)
-        self.held = {}
+        # Results held behind a call without one go out here, in call order; the calls
+        # that wait for an approval are left to the next message.
         await rounds.round_end(answer_missing=not asking)
 
     async def ask(self, states: RunStates | None, reason: ApprovalReason | None) -> None:

@@ -229,8 +229,6 @@ class _RunReader:
         self.last_part: int | None = None  # the part whose content went out last
         self.thinking: set[int] = set()  # thinking parts with content out
         self.natives: dict[int, NativeToolCallPart] = {}
-        self.results: dict[int, tuple[str, bool]] = {}
-        self.next_result = 0
         self.declared = False
         self.messages = -1
         self.max_part = -1
@@ -422,13 +420,8 @@ class _RunReader:
         if not self.declared:
             await self._declare()
         self.run.results[part.tool_call_id] = text
-        self.results[i] = (text, is_error)
-        # Results go out in call order; one held behind a call that waits for its answer
-        # goes out after the round (see finish).
-        while self.next_result in self.results:
-            text, is_error = self.results.pop(self.next_result)
-            await self.rounds.tool_result(self.next_result, text, is_error=is_error)
-            self.next_result += 1
+        # The round holds a result behind an earlier call's: results go out in call order.
+        await self.rounds.tool_result(i, text, is_error=is_error)
 
     async def _earlier_result(self, part: BaseToolReturnPart[Any], text: str, err: bool) -> None:
         """A result of a call an earlier message made: a resumed run's approved calls."""
@@ -448,12 +441,8 @@ class _RunReader:
                     call.id, call.name, call.arguments, parse_arguments(call.arguments)
                 )
             )
-        # Results held behind a call without one: the round publishes them in call order,
-        # and answers that call with an error result unless it waits for the client.
-        for i in sorted(self.results):
-            text, is_error = self.results[i]
-            await self.rounds.tool_result(i, text, is_error=is_error)
-        self.results.clear()
+        # Results held behind a call without one go out here, in call order; that call
+        # gets an error result unless it waits for the client.
         await self.rounds.round_end(answer_missing=not waiting)
 
     # -- the end -------------------------------------------------------------------------

@@ -155,9 +155,7 @@ class LLMCall:
         "done",
         "finish_reason",
         "held",
-        "held_results",
         "ids",
-        "next_result",
         "node",
         "requests",
         "rounds",
@@ -177,8 +175,6 @@ class LLMCall:
         self.done = False  # the model's output is whole: assistant_message was sent
         self.requests: list[PublishedToolCall] = []
         self.slots: dict[str, int] = {}  # a call's id (given and published) -> its slot
-        self.held_results: dict[int, tuple[str, bool]] = {}
-        self.next_result = 0
         self.signable = False  # a thinking block is open: a signature may follow
         self.finish_reason: str | None = None
         self.server_names: dict[str, str] = {}  # a server tool call's id -> its tool

@@ -264,12 +264,9 @@ class _Run:
                 if published in self.out.results:
                     return  # the same message again (a resumed node writes it anew)
                 self._record(published, text, is_error)
-                # In call order: a result waits for the earlier calls' (an earlier call may
-                # wait for an approval, and its result then comes in the next message).
-                current.held_results[slot] = (text, is_error)
-                while (ready := current.held_results.pop(current.next_result, None)) is not None:
-                    await self.rounds.tool_result(current.next_result, ready[0], is_error=ready[1])
-                    current.next_result += 1
+                # The round holds a result behind an earlier call's (which may wait for an
+                # approval, its result then in the next message): in call order.
+                await self.rounds.tool_result(slot, text, is_error=is_error)
                 return
         if self._waiting:
             # A call of an LLM call that streamed beside the current one: its round next.
@@ -304,10 +301,8 @@ class _Run:
         if current is None:
             return
         await self._output_done()
-        # Results held behind a call without one: the round publishes them in call order,
-        # and with answer_missing=False leaves that call to the next message.
-        for slot, (text, is_error) in sorted(current.held_results.items()):
-            await self.rounds.tool_result(slot, text, is_error=is_error)
+        # Results held behind a call without one go out here, in call order; with
+        # answer_missing=False that call is left to the next message.
         summary = await self.rounds.round_end(answer_missing=answer_missing)
         self._round = None
         self.out.rounds += 1
