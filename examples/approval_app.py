@@ -32,6 +32,7 @@ from fastapi import FastAPI
 
 import essessey
 from essessey.bindings.sse import hub_routes
+from essessey.dialects import user_text
 from essessey.dialects.ui import ChatRequest, ui_chat_routes
 
 MODEL = "scripted-model"
@@ -41,18 +42,9 @@ OUTBOX: list[dict[str, str]] = []
 _ADDRESS = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 
 
-def last_user_text(chat: ChatRequest) -> str:
-    """The text of the chat's last user message."""
-    for message in reversed(chat.messages):
-        if message.get("role") == "user":
-            parts = message.get("parts") or []
-            return "".join(p.get("text", "") for p in parts if p.get("type") == "text")
-    return ""
-
-
 def turn(chat: ChatRequest) -> essessey.TurnProducer:
     """The agent's answer to a chat message: draft the mail, then ask before sending it."""
-    found = _ADDRESS.search(last_user_text(chat))
+    found = _ADDRESS.search(user_text(chat))
     to = found.group(0) if found else "team@example.com"
 
     async def produce(publisher: essessey.Publisher) -> None:
