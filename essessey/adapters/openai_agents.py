@@ -193,18 +193,8 @@ class _Response:
         if self._first is not None:
             event, self._first = self._first, None
         else:
-            # _Events.next, inline: this runs once per event of the response.
-            events = self._events
-            if events._back:
-                event = events._back.popleft()
-            else:
-                try:
-                    event = await anext(events._iterator)
-                except StopAsyncIteration:
-                    event = None
-        if type(event) is not RawResponsesStreamEvent and not isinstance(
-            event, RawResponsesStreamEvent
-        ):
+            event = await self._events.next()
+        if not isinstance(event, RawResponsesStreamEvent):
             # The response's stream was cut short: stream_round says so (an api_error).
             self._done = True
             if event is not None:
