@@ -223,14 +223,8 @@ class RoundStream:
         if not self._take_nowait():
             await self._lock.acquire()
         try:
-            content = self._content
-            if text and not (reasoning or signature) and type(content) is TextStreamer:
-                if self._phase is not _Phase.OUTPUT:
-                    self._require_output("delta")
-                await content.write(text)
-                return
             self._require_output("delta")
-            if signature and not reasoning and not isinstance(content, ThinkingStreamer):
+            if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
             if reasoning or signature:
                 thinking = await self._switch_to(ThinkingStreamer)
