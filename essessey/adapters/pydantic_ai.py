@@ -237,27 +237,6 @@ class _RunReader:
     # -- events ------------------------------------------------------------------------
 
     async def feed(self, event: RunEvent) -> None:
-        if type(event) is PartDeltaEvent and self.side == "response":
-            # The common event, a text or thinking delta: what _part_delta and _content do
-            # with it, without their calls.
-            delta = event.delta
-            text = reasoning = None
-            if type(delta) is TextPartDelta:
-                text = delta.content_delta
-            elif type(delta) is ThinkingPartDelta:
-                reasoning = delta.content_delta
-            if text is not None or reasoning is not None:
-                if text or reasoning:
-                    index = event.index
-                    if self.last_part != index:
-                        self.open_call = None
-                    if text:
-                        await self.rounds.delta(text=text)
-                    else:
-                        await self.rounds.delta(reasoning=reasoning or "")
-                        self.thinking.add(index)
-                    self.last_part = index
-                return
         if isinstance(event, PartStartEvent):
             await self._part_start(event)
         elif isinstance(event, PartDeltaEvent):

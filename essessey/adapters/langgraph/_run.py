@@ -121,39 +121,6 @@ class _Run:
         self._position += 1
         if type(raw) is dict:  # version="v2", the shape graph_stream asks for
             mode, data = raw.get("type"), raw.get("data")
-            if mode == "messages" and type(data) is tuple and len(data) == 2:
-                message, metadata = data
-                current = self._round
-                # The common part, a chunk of the current call's answer text and nothing
-                # else, straight to the round when nothing waits: what _message and
-                # LLMCall.chunk would do with it, without their checks for the rest.
-                if (
-                    type(message) is AIMessageChunk
-                    and current is not None
-                    and not current.done
-                    and current.held.open is None
-                    and not current.held.pending
-                    and type(message.content) is str
-                    and message.content
-                    and not message.additional_kwargs
-                    and not message.tool_call_chunks
-                    and not message.usage_metadata
-                    and not message.response_metadata
-                    and message.chunk_position != "last"
-                    and (not message.id or message.id in current.ids)
-                    and (
-                        self._nodes is None
-                        or (
-                            isinstance(metadata, Mapping)
-                            and metadata.get("langgraph_node") in self._nodes
-                        )
-                    )
-                ):
-                    if self.out.model is None:
-                        self._model(message, metadata if isinstance(metadata, Mapping) else {})
-                    current.signable = False
-                    await self.rounds.delta(text=clean(message.content))
-                    return
         else:
             part = read_part(raw)
             if part is None:
