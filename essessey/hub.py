@@ -327,7 +327,7 @@ class StreamHub:
             self.store if isinstance(self.store, SharedEventStore) else None
         )
         # The store's append as a plain call, when it has one.
-        self._append_nowait: Callable[[str, Event], Event] | None = (
+        self._append_nowait: Callable[[str, Event], None] | None = (
             self.store.append_nowait if isinstance(self.store, AppendsWithoutWaiting) else None
         )
         self._delivering: DeliversInAppend | None = (

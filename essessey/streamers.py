@@ -239,8 +239,9 @@ class _BlockStreamer:
     async def _send_start(self, publisher: Publisher, index: int) -> None:
         await publisher.send_content_block_start_text(index)
 
-    async def _send_delta(self, publisher: Publisher, index: int, chunk: str) -> None:
-        await publisher.send_content_block_delta_text(index, chunk)
+    def _send_delta(self, publisher: Publisher, index: int, chunk: str) -> Awaitable[None]:
+        # The Publisher's own coroutine: one frame fewer on the path of every delta.
+        return publisher.send_content_block_delta_text(index, chunk)
 
 
 async def _send_given_start(
@@ -332,8 +333,9 @@ class ThinkingStreamer(_BlockStreamer):
     async def _send_start(self, publisher: Publisher, index: int) -> None:
         await publisher.send_content_block_start_thinking(index)
 
-    async def _send_delta(self, publisher: Publisher, index: int, chunk: str) -> None:
-        await publisher.send_content_block_delta_thinking(index, chunk)
+    def _send_delta(self, publisher: Publisher, index: int, chunk: str) -> Awaitable[None]:
+        # The Publisher's own coroutine: one frame fewer on the path of every delta.
+        return publisher.send_content_block_delta_thinking(index, chunk)
 
 
 class LineStreamer(_BlockStreamer):

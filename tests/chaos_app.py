@@ -44,10 +44,9 @@ class RecordingStore(InMemoryEventStore):
         super().__init__(**options)
         self.published: defaultdict[str, list[Event]] = defaultdict(list)
 
-    def append_nowait(self, stream_id: str, event: Event) -> Event:
-        stored = super().append_nowait(stream_id, event)
-        self.published[stream_id].append(stored)
-        return stored
+    def append_nowait(self, stream_id: str, event: Event) -> None:
+        super().append_nowait(stream_id, event)
+        self.published[stream_id].append(self._newest(stream_id))
 
 
 @dataclass(frozen=True, slots=True)

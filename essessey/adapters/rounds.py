@@ -22,14 +22,13 @@ nothing. A call that never gets a result gets an ``is_error`` result at
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import anyio
 
 from essessey._failure import send_failure
 from essessey.errors import RoundOrderError
@@ -155,9 +154,10 @@ class RoundStream:
     def __init__(self, publisher: Publisher, *, start_index: int = 0) -> None:
         self.publisher = publisher
         self._cursor = BlockIndex(publisher, start_index)
-        # A free lock is taken without a pass through the loop: acquire() would otherwise
-        # yield on every delta, a loop pass per event that a paced turn pays for.
-        self._lock = anyio.Lock(fast_acquire=True)
+        # asyncio's own lock (essessey runs on asyncio only): a free one is taken without
+        # a pass through the loop, and more cheaply than anyio's, which looks up the
+        # current task on every acquire and release. Deltas take it on every event.
+        self._lock = asyncio.Lock()
         self._rounds = 0
         self._phase = _Phase.IDLE
         self._reset_round()
@@ -220,21 +220,24 @@ class RoundStream:
         """
         if not (text or reasoning or signature):
             return
-        if not self._take_nowait():
-            await self._lock.acquire()
+        await self._lock.acquire()
         try:
             self._require_output("delta")
             if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
             if reasoning or signature:
-                thinking = await self._switch_to(ThinkingStreamer)
+                thinking = self._content
+                if type(thinking) is not ThinkingStreamer:
+                    thinking = await self._switch_to(ThinkingStreamer)
                 if reasoning:
                     await thinking.write(reasoning)
                 if signature:
                     await thinking.write_signature(signature)
                     self._signature = signature
             if text:
-                streamer = await self._switch_to(TextStreamer)
+                streamer = self._content
+                if type(streamer) is not TextStreamer:
+                    streamer = await self._switch_to(TextStreamer)
                 await streamer.write(text)
         finally:
             self._lock.release()
@@ -344,8 +347,7 @@ class RoundStream:
 
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
-        if not self._take_nowait():
-            await self._lock.acquire()
+        await self._lock.acquire()
         try:
             calls = self._tool_calls
             open_id = self._tools.open_call
@@ -530,15 +532,6 @@ class RoundStream:
             self.stop_reason = StopReason.TOOL_USE
             return key
 
-    def _take_nowait(self) -> bool:
-        """Take the lock if it is free, without a coroutine: the deltas' path (the lock is
-        nearly always free; only tool results come from other tasks)."""
-        lock = self._lock
-        if lock.locked():
-            return False
-        lock.acquire_nowait()
-        return True
-
     def _require_idle(self, what: str) -> None:
         if self._phase is not _Phase.IDLE:
             raise RoundOrderError(f"{what} comes between rounds: end the round first")
@@ -557,9 +550,8 @@ class RoundStream:
             )
 
     async def _switch_to(self, kind: type[_S]) -> _S:
-        current = self._content
-        if type(current) is kind:
-            return current
+        # The caller checked that the open content is not already of this kind: the
+        # deltas' path tests that without a coroutine.
         await self._close_open()
         streamer = kind(self.publisher, shared_index=self._cursor)
         self._content = streamer

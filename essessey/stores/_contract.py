@@ -130,8 +130,9 @@ class SharedEventStore(EventStore, Protocol):
 class AppendsWithoutWaiting(Protocol):
     """A store whose append never waits, offered as a plain call."""
 
-    def append_nowait(self, stream_id: str, event: Event) -> Event:
-        """:meth:`EventStore.append` without a coroutine."""
+    def append_nowait(self, stream_id: str, event: Event) -> None:
+        """:meth:`EventStore.append` without a coroutine, returning nothing (a writer that
+        appends this way has no use for the stored event's id)."""
         ...
 
 

@@ -298,8 +298,9 @@ class InMemoryEventStore:
             self._streams.move_to_end(stream_id)
         return stream
 
-    def append_nowait(self, stream_id: str, event: Event) -> Event:
-        """:meth:`append` without a coroutine: the in-memory store never waits."""
+    def append_nowait(self, stream_id: str, event: Event) -> None:
+        """:meth:`append` without a coroutine (the in-memory store never waits) and without
+        the stored event: its id is made only for a follower that takes it."""
         now = time.monotonic()
         cleared = self._cleared_running
         if cleared and stream_id in cleared and stream_id not in self._streams:
@@ -335,9 +336,8 @@ class InMemoryEventStore:
         stream.next_seq = seq + 1
         stream.closed = False
         stream.updated = now
-        appended = _new_event(Event, (event.event, data, f"{stream.epoch}-{seq}"))
-        stream.wake(appended)
-        return appended
+        if stream.waiters:
+            stream.wake(_new_event(Event, (event.event, data, f"{stream.epoch}-{seq}")))
 
     def _trim(self, stream: _Stream, budget: int) -> None:
         """Evict ``stream``'s oldest events until it holds at most ``budget`` bytes (its
@@ -370,7 +370,13 @@ class InMemoryEventStore:
 
     async def append(self, stream_id: str, event: Event) -> Event:
         """Store ``event`` and return it with its id; wakes the stream's followers."""
-        return self.append_nowait(stream_id, event)
+        self.append_nowait(stream_id, event)
+        return self._newest(stream_id)
+
+    def _newest(self, stream_id: str) -> Event:
+        """The stream's newest event, with its id (an append never evicts it)."""
+        stream = self._streams[stream_id]
+        return stream.event_at(stream.next_seq - 1)
 
     def _start(self, stream: _Stream, last_event_id: str | None) -> int | None:
         """The sequence of the first event to replay, or None when ``last_event_id``
