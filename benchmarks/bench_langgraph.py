@@ -4,17 +4,26 @@ beside the same run through ``essessey.adapters.langgraph.AgentTurns`` into a
 subscriber).
 
 Run ``python benchmarks/bench_langgraph.py [--turns 200] [--rounds 3] [--deltas 40]
-[--batch 10] [--checkpointer] [--json [PATH]]``. Each turn is one run of a ReAct graph (a
-model node, ``ToolNode`` and ``tools_condition``) of ``--rounds`` LLM calls: every call streams
-``--deltas`` text chunks, and every one but the last calls a tool (its arguments in three
-fragments; the tool's result the next call's input). The model is a langchain-core chat
-model that streams scripted chunks, two ways, each measured on every path:
+[--batch 10] [--checkpointer] [--models parsed,replayed,wire] [--json [PATH]]``. Each turn
+is one run of a ReAct graph (a model node, ``ToolNode`` and ``tools_condition``) of
+``--rounds`` LLM calls: every call streams ``--deltas`` text chunks, and every one but the
+last calls a tool (its arguments in three fragments; the tool's result the next call's
+input). The model comes three ways (``--models`` picks some; all by default), each
+measured on every path:
 
-- ``parsed``: each chunk is read from its JSON text (``AIMessageChunk.model_validate_json``),
-  about what a provider's integration does with each chunk of its stream: the graph's run
-  as it costs with a model behind a wire (the connection itself left out);
-- ``replayed``: copies of chunks built once, the graph's run with no model cost at all:
-  the floor, where the adapter's share is largest.
+- ``parsed``: a langchain-core chat model that reads each scripted chunk from its JSON
+  text (``AIMessageChunk.model_validate_json``), about what a provider's integration does
+  with each chunk of its stream: the graph's run as it costs with a model behind a wire
+  (the connection itself left out);
+- ``replayed``: the same model handing out copies of chunks built once, the graph's run
+  with no model cost at all: the floor, where the adapter's share is largest;
+- ``wire``: ``langchain_openai.ChatOpenAI`` (the tool bound, ``stream_usage``) on the
+  official OpenAI client, streaming the same calls as Chat Completions chunks over HTTP
+  from a fake server (``_model_server.py``) that runs in a process of its own, so that its
+  CPU is not counted: the graph's run as an app pays for it, the client's request, SSE
+  decoding and parsing included. The finish reason and the usage come in chunks of their
+  own, as a provider sends them, so the graph alone streams a part more per call than with
+  the scripted model; the adapter publishes the same events.
 
 ``--checkpointer``
 compiles the graph with an ``InMemorySaver`` (a thread per turn), as a graph that
@@ -42,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
+from _model_server import MODELS, model_server, parse_models
 from _sidebyside import compare, hub_paths, plain, print_rows
 
 
@@ -51,10 +61,6 @@ def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) ->
     from langchain_core.language_models import BaseChatModel
     from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
     from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-    from langchain_core.tools import tool
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.graph import START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode, tools_condition
 
     def call(n: int) -> list[AIMessageChunk]:
         chunks = [AIMessageChunk(content=f"word{i} ") for i in range(deltas)]
@@ -110,12 +116,27 @@ def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) ->
         def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
             return self
 
+    return graph_on(Replay(), lookup_tool(), checkpointer=checkpointer)
+
+
+def lookup_tool() -> Any:
+    """The graph's one tool."""
+    from langchain_core.tools import tool
+
     @tool
     def lookup(q: str) -> str:
         """Look something up."""
         return f"found {q}"
 
-    model = Replay()
+    return lookup
+
+
+def graph_on(model: Any, lookup: Any, *, checkpointer: bool) -> Any:
+    """The ReAct graph: ``model`` (its tools bound) as the agent node, ``lookup`` run by a
+    ``ToolNode``."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
 
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
@@ -127,6 +148,35 @@ def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) ->
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     return builder.compile(checkpointer=InMemorySaver() if checkpointer else None)
+
+
+def chat_script(rounds: int, deltas: int) -> dict[str, Any]:
+    """The model server's script (``_model_server.py``): ``make_graph``'s calls as a
+    provider streams them in Chat Completions chunks (the finish reason in a chunk of its
+    own, then the usage chunk)."""
+
+    def call(n: int) -> dict[str, Any]:
+        base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 0}
+        base["model"] = "gpt-bench"
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**base, "choices": [choice]}
+
+        chunks = [chunk({"role": "assistant", "content": "word0 "})]
+        chunks += [chunk({"content": f"word{i} "}) for i in range(1, deltas)]
+        if n < rounds - 1:
+            function = {"name": "lookup", "arguments": '{"q": '}
+            first = {"index": 0, "id": f"call_{n}", "type": "function", "function": function}
+            chunks.append(chunk({"tool_calls": [first]}))
+            for args in (f'"n{n}"', "}"):
+                rest = {"index": 0, "function": {"arguments": args}}
+                chunks.append(chunk({"tool_calls": [rest]}))
+        chunks.append(chunk({}, "tool_calls" if n < rounds - 1 else "stop"))
+        usage = {"prompt_tokens": 100, "completion_tokens": deltas, "total_tokens": 100 + deltas}
+        return {"chunks": chunks, "usage": {**base, "choices": [], "usage": usage}}
+
+    return {"chat": [call(n) for n in range(rounds)]}
 
 
 async def graph_turn(graph: Any, n: int) -> int:
@@ -151,13 +201,43 @@ def producer(graph: Any) -> Callable[[str], Any]:
     return lambda stream_id: turns(ResponsesRequest(stream_id, "m", "go"))
 
 
-async def measure(args: argparse.Namespace, *, parsed: bool) -> list[dict[str, Any]]:
-    graph = make_graph(args.rounds, args.deltas, checkpointer=args.checkpointer, parsed=parsed)
+async def measure(args: argparse.Namespace, model: str, url: str | None) -> list[dict[str, Any]]:
+    """The paths' rows on the ``model`` way (``url``: the model server's, for ``wire``)."""
+    llm = None
+    if model == "wire":
+        from langchain_openai import ChatOpenAI
+
+        llm = ChatOpenAI(
+            model="gpt-bench",
+            base_url=url,
+            api_key="bench",
+            streaming=True,
+            stream_usage=True,
+            max_retries=0,
+        )
+        lookup = lookup_tool()
+        graph = graph_on(llm.bind_tools([lookup]), lookup, checkpointer=args.checkpointer)
+    else:
+        parsed = model == "parsed"
+        graph = make_graph(args.rounds, args.deltas, checkpointer=args.checkpointer, parsed=parsed)
     paths = [
         plain("LangGraph astream", lambda n: graph_turn(graph, n)),
         *hub_paths("essessey AgentTurns", producer(graph)),
     ]
-    return await compare(paths, turns=args.turns, batch=args.batch)
+    try:
+        return await compare(paths, turns=args.turns, batch=args.batch)
+    finally:
+        if llm is not None:  # in this loop: its connections belong to it
+            await llm.root_async_client.close()
+
+
+def run(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
+    """``measure`` in an event loop of its own; for ``wire``, with the model server on
+    the same calls running beside it."""
+    if model != "wire":
+        return asyncio.run(measure(args, model, None))
+    with model_server(chat_script(args.rounds, args.deltas)) as url:
+        return asyncio.run(measure(args, model, url))
 
 
 def main() -> None:
@@ -169,6 +249,12 @@ def main() -> None:
     parser.add_argument(
         "--checkpointer", action="store_true", help="compile the graph with an InMemorySaver"
     )
+    parser.add_argument(
+        "--models",
+        type=parse_models,
+        default=list(MODELS),
+        help=f"the models' ways to measure, comma-separated (default {','.join(MODELS)})",
+    )
     add_json_option(parser)
     args = parser.parse_args()
     if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
@@ -179,14 +265,14 @@ def main() -> None:
         "deltas": args.deltas,
         "checkpointer": args.checkpointer,
     }
-    for model in ("parsed", "replayed"):
-        figures[model] = asyncio.run(measure(args, parsed=model == "parsed"))
+    for model in args.models:
+        figures[model] = run(args, model)
     if args.json is not None:
         write_json(args.json, figures, __file__)
         if json_only(args.json):
             return
     saver = ", InMemorySaver" if args.checkpointer else ""
-    for model in ("parsed", "replayed"):
+    for model in args.models:
         title = f"{model}: {args.rounds} LLM calls of {args.deltas} text chunks per turn{saver}"
         print_rows(title, figures[model])
 

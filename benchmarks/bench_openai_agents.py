@@ -4,17 +4,22 @@ nothing, beside the same run through ``essessey.adapters.openai_agents.AgentTurn
 subscriber).
 
 Run ``python benchmarks/bench_openai_agents.py [--turns 200] [--rounds 3] [--deltas 40]
-[--batch 10] [--json [PATH]]``. Each turn is one run of ``--rounds`` model responses: every response
-streams ``--deltas`` text deltas, and every one but the last calls a tool (its output the
-next round's input).
+[--batch 10] [--models parsed,replayed,wire] [--json [PATH]]``. Each turn is one run of
+``--rounds`` model responses: every response streams ``--deltas`` text deltas, and every
+one but the last calls a tool (its output the next round's input).
 
-The model comes two ways, each measured on every path:
+The model comes three ways (``--models`` picks some; all by default), each measured on
+every path:
 
 - ``parsed``: each event is read from its JSON text (``model_validate_json``), as a
   provider's client reads a Responses stream: the SDK's own run as it costs with a model
   behind a wire (the connection itself left out);
 - ``replayed``: the events are built once and handed out again, the SDK's run with no
-  model cost at all: the floor, where the adapter's share is largest.
+  model cost at all: the floor, where the adapter's share is largest;
+- ``wire``: the SDK's ``OpenAIResponsesModel`` on the official ``AsyncOpenAI`` client,
+  streaming the same events over HTTP from a fake Responses server (``_model_server.py``)
+  that runs in a process of its own, so that its CPU is not counted: the SDK's run as an
+  app pays for it, the client's request, SSE decoding and parsing included.
 
 The paths run the same turns in one process, in batches taking turns (``_sidebyside.py``):
 the SDK's run alone, and through ``AgentTurns`` into a hub, stored only and stored and read
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
+from _model_server import MODELS, model_server, parse_models
 from _sidebyside import compare, hub_paths, plain, print_rows
 
 
@@ -141,10 +147,9 @@ def scripts(rounds: int, deltas: int) -> list[list[Any]]:
 
 
 def make_agent(responses: list[list[Any]], *, parsed: bool) -> Any:
-    from agents import Agent, function_tool, set_tracing_disabled
+    """The agent on a model that hands out ``responses``' events in order, a run after a
+    run: parsed from their JSON text, or the objects themselves."""
     from agents.models.interface import Model
-
-    set_tracing_disabled(True)
 
     class Replay(Model):
         """Hands out the responses' events in order, a run after a run: parsed from
@@ -167,12 +172,21 @@ def make_agent(responses: list[list[Any]], *, parsed: bool) -> Any:
                 for event in responses[n]:
                     yield event
 
+    return agent_on(Replay())
+
+
+def agent_on(model: Any) -> Any:
+    """The benchmark's agent (one ``lookup`` tool) on ``model``, tracing disabled."""
+    from agents import Agent, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
     @function_tool
     def lookup(q: str) -> str:
         """Look something up."""
         return f"found {q}"
 
-    return Agent(name="bench", model=Replay(), tools=[lookup])
+    return Agent(name="bench", model=model, tools=[lookup])
 
 
 async def sdk_turn(agent: Any) -> int:
@@ -194,13 +208,37 @@ def producer(agent: Any) -> Callable[[str], Any]:
     return lambda stream_id: turns(ResponsesRequest(stream_id, "m", "go"))
 
 
-async def measure(args: argparse.Namespace, *, parsed: bool) -> list[dict[str, Any]]:
-    agent = make_agent(scripts(args.rounds, args.deltas), parsed=parsed)
+async def measure(args: argparse.Namespace, model: str, url: str | None) -> list[dict[str, Any]]:
+    """The paths' rows on the ``model`` way (``url``: the model server's, for ``wire``)."""
+    client = None
+    if model == "wire":
+        from agents import OpenAIResponsesModel
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0)
+        agent = agent_on(OpenAIResponsesModel(model="gpt-bench", openai_client=client))
+    else:
+        agent = make_agent(scripts(args.rounds, args.deltas), parsed=model == "parsed")
     paths = [
         plain("Agents SDK run_streamed", lambda n: sdk_turn(agent)),
         *hub_paths("essessey AgentTurns", producer(agent)),
     ]
-    return await compare(paths, turns=args.turns, batch=args.batch)
+    try:
+        return await compare(paths, turns=args.turns, batch=args.batch)
+    finally:
+        if client is not None:  # in this loop: its connections belong to it
+            await client.close()
+
+
+def run(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
+    """``measure`` in an event loop of its own; for ``wire``, with the model server on
+    the same responses running beside it."""
+    if model != "wire":
+        return asyncio.run(measure(args, model, None))
+    events = scripts(args.rounds, args.deltas)
+    script = {"responses": [[e.model_dump(mode="json") for e in r] for r in events]}
+    with model_server(script) as url:
+        return asyncio.run(measure(args, model, url))
 
 
 def main() -> None:
@@ -209,18 +247,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="model responses per run")
     parser.add_argument("--deltas", type=int, default=40, help="text deltas per response")
     parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
+    parser.add_argument(
+        "--models",
+        type=parse_models,
+        default=list(MODELS),
+        help=f"the models' ways to measure, comma-separated (default {','.join(MODELS)})",
+    )
     add_json_option(parser)
     args = parser.parse_args()
     if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
         parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
     figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
-    for model in ("parsed", "replayed"):
-        figures[model] = asyncio.run(measure(args, parsed=model == "parsed"))
+    for model in args.models:
+        figures[model] = run(args, model)
     if args.json is not None:
         write_json(args.json, figures, __file__)
         if json_only(args.json):
             return
-    for model in ("parsed", "replayed"):
+    for model in args.models:
         title = f"{model}: {args.rounds} responses of {args.deltas} text deltas per turn"
         print_rows(title, figures[model])
 
