@@ -629,6 +629,50 @@ async def test_a_cancelled_turn_closes_the_graph_run() -> None:
     assert check(events) == []
 
 
+class _SlowSink:
+    """A sink that takes its time with every event (a store far away)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.three = anyio.Event()  # set once three events went out
+
+    async def emit(self, event: Event) -> None:
+        await anyio.sleep(0.03)
+        self.events.append(event)
+        if len(self.events) == 3:
+            self.three.set()
+
+
+async def test_a_turn_cancelled_while_it_publishes_closes_the_graph_run() -> None:
+    # The sink takes longer over an event than the model over a chunk: the cancellation
+    # lands while a part is being published, with the model's stream still going.
+    streamed: list[AIMessageChunk] = []
+    words = " ".join(f"w{n}" for n in range(60))
+    graph = react_graph(lambda _: reply(words), delay=0.01, on_chunk=streamed.append)
+    sink = _SlowSink()
+
+    async def run() -> None:
+        await publish_run(
+            Publisher(sink),
+            graph,
+            {"messages": [HumanMessage("hi")]},
+            config("slow"),
+            message_id="m",
+            stream_id="s",
+        )
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(run)
+        with anyio.fail_after(WAIT):
+            await sink.three.wait()
+        tasks.cancel_scope.cancel()
+    count = len(streamed)
+    await anyio.sleep(0.2)
+    # The model's stream stopped with the turn: nothing of the run goes on.
+    assert len(streamed) == count < 60
+    assert check(sink.events) != []  # cut short: no message_stop
+
+
 async def test_drop_and_resume_in_the_middle_of_the_run_gives_every_event_once() -> None:
     graph = react_graph(two_rounds, delay=0.01)
     turns = AgentTurns(graph)

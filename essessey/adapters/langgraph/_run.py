@@ -6,7 +6,15 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+)
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -41,7 +49,6 @@ _REFUSAL: Final = frozenset({"content_filter", "refusal", "SAFETY"})
 _STATE_VERSION: Final = 1
 # How long a run that ends early (cancelled, failed) is given to close its tasks.
 _CLOSE_TIMEOUT: Final = 5.0
-_AHEAD: Final = 256  # stream parts read ahead of publishing, at most
 
 Graph: TypeAlias = "Pregel[Any, Any, Any, Any]"
 """A compiled graph (``StateGraph.compile()``, ``create_react_agent``)."""
@@ -413,78 +420,44 @@ async def stream_run(
     if rounds.in_round:
         raise RuntimeError("stream_run starts between rounds: end the open round first")
     run = _Run(rounds, nodes, answered)
-    pump = _Pump(parts)
-    try:
-        while (batch := await pump.batch()) is not None:
-            for raw in batch:
-                await run.feed(raw)
-        return await run.end(states, config)
-    finally:
-        await pump.close()
+    await _feed_apart(parts, run.feed)
+    return await run.end(states, config)
 
 
-class _Pump:
-    """Reads a run's stream parts in an asyncio task of its own.
+async def _feed_apart(parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable[None]]) -> None:
+    """Read the run's stream parts and ``feed`` each, in an asyncio task of its own.
 
     LangGraph cancels a run's node tasks when the task iterating ``astream`` is cancelled
     once, the asyncio way; a cancel scope of anyio (the hub's), which cancels again at
     every await until the task gives up, ends the iteration without them, and they run
-    on. So the parts are read apart, and a turn that ends early cancels that task once
-    (:meth:`close`), then waits for the run to wind down. The parts are handed over in
-    batches (all that came since the last), a list swap instead of a queue's put and get
-    for each.
+    on. So the parts are read apart, and a turn that ends early cancels that task once,
+    then waits (shielded, bounded) for the run to wind down. Each part is fed in the task
+    that read it: a model streams its parts one by one, and a hand-over to the turn's task
+    would cost a task switch for every part. The run reads no further ahead than what is
+    published (a slow store slows its stream, as a slow client slows a provider's). What
+    reading or feeding raised is raised here.
     """
-
-    __slots__ = ("_ended", "_error", "_more", "_ready", "_room", "_task")
-
-    def __init__(self, parts: AsyncIterable[Any]) -> None:
-        self._ready: list[Any] = []
-        self._more = asyncio.Event()  # set when parts are ready, or the reading ended
-        self._room = asyncio.Event()  # set when the reader may run ahead
-        self._room.set()
-        self._ended = False
-        self._error: Exception | None = None
-        self._task = asyncio.ensure_future(self._read(parts))
-
-    async def _read(self, parts: AsyncIterable[Any]) -> None:
-        try:
-            async for raw in parts:
-                ready = self._ready  # batch() swaps the list
-                ready.append(raw)
-                if len(ready) == 1:
-                    self._more.set()
-                elif len(ready) >= _AHEAD:
-                    # Bounded: the graph runs ahead of publishing by this many parts.
-                    self._room.clear()
-                    await self._room.wait()
-        except Exception as exc:
-            self._error = exc
-        finally:
-            self._ended = True
-            self._more.set()
-
-    async def batch(self) -> list[Any] | None:
-        """The parts read since the last batch (waiting for one), or None once the
-        reading ended; what reading the parts raised, raised here after them."""
-        while not self._ready:
-            if self._ended:
-                if self._error is not None:
-                    raise self._error
-                return None
-            self._more.clear()
-            await self._more.wait()
-        ready = self._ready
-        self._ready = []
-        self._room.set()
-        return ready
-
-    async def close(self) -> None:
-        """Cancel the reading (the run) unless it ended, and wait for it to wind down."""
-        task = self._task
+    task = asyncio.ensure_future(_read(parts, feed))
+    try:
+        await asyncio.wait([task])  # a cancellation of this task stops here, not in the run
+    finally:
         if not task.done():
             task.cancel()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
-            await asyncio.wait([task])
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+                await asyncio.wait([task])
+    task.result()
+
+
+async def _read(parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable[None]]) -> None:
+    iterator = aiter(parts)
+    try:
+        async for raw in iterator:
+            await feed(raw)
+    finally:
+        # Cancelled (or failed) while feeding a part, the run waits at its yield: closed
+        # here, not left for the garbage collector with its tasks running.
+        if isinstance(iterator, AsyncGenerator):
+            await iterator.aclose()
 
 
 async def publish_run(
