@@ -445,6 +445,8 @@ async def _feed_apart(parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable
             task.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
                 await asyncio.wait([task])
+            if task.done() and not task.cancelled():
+                task.exception()  # taken: the turn ends with what ended it here
     task.result()
 
 
