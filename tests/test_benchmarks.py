@@ -1,7 +1,8 @@
 """The benchmarks still run: each answers ``--help`` (which imports all it uses), the
 paced benchmark's smoke run (``--quick``) delivers every delta of every variant it runs, and
 the snapshot benchmark's smoke run reassembles the turn on both hubs, its late readers
-getting fewer events from the snapshot hub. A results file (``--json PATH``) says where its
+getting fewer events from the snapshot hub, and the framework benchmarks' adapters publish
+the same turn on every model (the OpenAI client over HTTP too). A results file (``--json PATH``) says where its
 figures come from, and benchmarks/README.md is what ``charts.py`` draws from the results
 files, one page that the docs' links into it still reach.
 
@@ -65,6 +66,39 @@ def test_the_paced_benchmark_s_smoke_run_loses_nothing(tmp_path: Path) -> None:
             0,
             0,
         )
+
+
+@pytest.mark.parametrize("script", ["bench_openai_agents.py", "bench_langgraph.py"])
+def test_a_framework_benchmark_publishes_the_same_turn_on_every_model(
+    script: str, tmp_path: Path
+) -> None:
+    # The wire model (the framework on the OpenAI client, a scripted server in a process of
+    # its own) must give the adapter the turn the scripted models give it, or its figures
+    # would compare another turn.
+    figures = tmp_path / "framework.json"
+    ran = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / script),
+            *("--turns", "2", "--batch", "1", "--rounds", "2", "--deltas", "3"),
+            *("--json", str(figures)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    results = json.loads(figures.read_text())
+    published = {
+        (model, row["path"]): row["events_per_turn"]
+        for model in ("parsed", "replayed", "wire")
+        for row in results[model]
+        if "essessey" in row["path"]
+    }
+    # 2 rounds of 3 text deltas; the message's start, ping, delta and stop and the first
+    # text block's start and stop (6); the call between the rounds: its block's start, 3
+    # argument fragments and stop, its result's 3 events, the next text block's 2 (10).
+    assert set(published.values()) == {2 * 3 + 6 + 10}, published
 
 
 def test_the_snapshot_benchmark_s_smoke_run_sends_late_readers_fewer_events() -> None:
