@@ -2,9 +2,10 @@
 paced benchmark's smoke run (``--quick``) delivers every delta of every variant it runs, and
 the snapshot benchmark's smoke run reassembles the turn on both hubs, its late readers
 getting fewer events from the snapshot hub, and the framework benchmarks' adapters publish
-the same turn on every model (the OpenAI client over HTTP too). A results file (``--json PATH``) says where its
-figures come from, and benchmarks/README.md is what ``charts.py`` draws from the results
-files, one page that the docs' links into it still reach.
+the same turn on every model (the OpenAI client over HTTP too). A results file
+(``--json PATH``) says where its figures come from, and benchmarks/README.md is what
+``charts.py`` draws from the results files, one page that the docs' links into it still
+reach.
 
 Figures are never asserted here (benchmarks/README.md says how to read them); what is
 checked is that a change to the package did not break a benchmark without anyone noticing.
