@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,16 +37,49 @@ from _server import ServerProcess, run_until_stdin_closes
 
 STARTUP_TIMEOUT = 30.0
 MODELS = ("parsed", "replayed", "wire")
-"""The ways the framework benchmarks give their framework a model (their ``--models``)."""
+"""The ways bench_openai_agents.py and bench_langgraph.py give their framework a model
+(their ``--models``; bench_pydantic_ai.py has its own)."""
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-def parse_models(value: str) -> list[str]:
-    """``--models``: some of MODELS, comma-separated (an argparse type)."""
-    models = [part.strip() for part in value.split(",") if part.strip()]
-    if not models or not set(models) <= set(MODELS):
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(MODELS)}, comma-separated")
-    return list(dict.fromkeys(models))
+def parse_models(value: str, models: Sequence[str] = MODELS) -> list[str]:
+    """``--models``: some of ``models`` (by default MODELS), comma-separated (an argparse
+    type)."""
+    picked = [part.strip() for part in value.split(",") if part.strip()]
+    if not picked or not set(picked) <= set(models):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(models)}, comma-separated")
+    return list(dict.fromkeys(picked))
+
+
+def chat_script(rounds: int, deltas: int) -> dict[str, Any]:
+    """A script of ``rounds`` Chat Completions calls, as a provider streams them: each
+    ``deltas`` text chunks (``word0 ``, ``word1 ``, ...), every call but the last then a
+    ``lookup`` tool call (id ``call_<n>``, its arguments ``{"q": "n<n>"}`` in three
+    fragments), the finish reason in a chunk of its own, then the usage chunk. The
+    framework benchmarks' turn (bench_langgraph.py, bench_pydantic_ai.py) on the wire."""
+
+    def call(n: int) -> dict[str, Any]:
+        base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 0}
+        base["model"] = "gpt-bench"
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**base, "choices": [choice]}
+
+        chunks = [chunk({"role": "assistant", "content": "word0 "})]
+        chunks += [chunk({"content": f"word{i} "}) for i in range(1, deltas)]
+        if n < rounds - 1:
+            function = {"name": "lookup", "arguments": '{"q": '}
+            first = {"index": 0, "id": f"call_{n}", "type": "function", "function": function}
+            chunks.append(chunk({"tool_calls": [first]}))
+            for args in (f'"n{n}"', "}"):
+                rest = {"index": 0, "function": {"arguments": args}}
+                chunks.append(chunk({"tool_calls": [rest]}))
+        chunks.append(chunk({}, "tool_calls" if n < rounds - 1 else "stop"))
+        usage = {"prompt_tokens": 100, "completion_tokens": deltas, "total_tokens": 100 + deltas}
+        return {"chunks": chunks, "usage": {**base, "choices": [], "usage": usage}}
+
+    return {"chat": [call(n) for n in range(rounds)]}
 
 
 def sse(event: dict[str, Any], *, named: bool) -> bytes:

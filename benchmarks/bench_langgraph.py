@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
-from _model_server import MODELS, model_server, parse_models
+from _model_server import MODELS, chat_script, model_server, parse_models
 from _sidebyside import compare, hub_paths, plain, print_rows
 
 
@@ -148,35 +148,6 @@ def graph_on(model: Any, lookup: Any, *, checkpointer: bool) -> Any:
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     return builder.compile(checkpointer=InMemorySaver() if checkpointer else None)
-
-
-def chat_script(rounds: int, deltas: int) -> dict[str, Any]:
-    """The model server's script (``_model_server.py``): ``make_graph``'s calls as a
-    provider streams them in Chat Completions chunks (the finish reason in a chunk of its
-    own, then the usage chunk)."""
-
-    def call(n: int) -> dict[str, Any]:
-        base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 0}
-        base["model"] = "gpt-bench"
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {**base, "choices": [choice]}
-
-        chunks = [chunk({"role": "assistant", "content": "word0 "})]
-        chunks += [chunk({"content": f"word{i} "}) for i in range(1, deltas)]
-        if n < rounds - 1:
-            function = {"name": "lookup", "arguments": '{"q": '}
-            first = {"index": 0, "id": f"call_{n}", "type": "function", "function": function}
-            chunks.append(chunk({"tool_calls": [first]}))
-            for args in (f'"n{n}"', "}"):
-                rest = {"index": 0, "function": {"arguments": args}}
-                chunks.append(chunk({"tool_calls": [rest]}))
-        chunks.append(chunk({}, "tool_calls" if n < rounds - 1 else "stop"))
-        usage = {"prompt_tokens": 100, "completion_tokens": deltas, "total_tokens": 100 + deltas}
-        return {"chunks": chunks, "usage": {**base, "choices": [], "usage": usage}}
-
-    return {"chat": [call(n) for n in range(rounds)]}
 
 
 async def graph_turn(graph: Any, n: int) -> int:

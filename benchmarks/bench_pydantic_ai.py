@@ -5,21 +5,33 @@ subscriber), and through Pydantic AI's own ``VercelAIEventStream`` (what ``Verce
 streams to ``useChat``) encoded to SSE strings and dropped.
 
 Run ``python benchmarks/bench_pydantic_ai.py [--turns 200] [--rounds 3] [--deltas 40]
-[--batch 10] [--json [PATH]]``. Each turn is one run of ``--rounds`` model requests on
-Pydantic AI's ``FunctionModel``: every response streams ``--deltas`` text deltas, and every
-one but the last calls a tool (whose result the next request carries).
+[--batch 10] [--models function,wire] [--json [PATH]]``. Each turn is one run of
+``--rounds`` model requests: every response streams ``--deltas`` text deltas, and every
+one but the last calls a ``lookup`` tool (its arguments in three fragments; the tool's
+result the next request's input). The model comes two ways (``--models`` picks some; both
+by default), each measured on every path:
+
+- ``function``: Pydantic AI's ``FunctionModel`` streaming the response from a Python
+  function, the run with no model cost at all: the floor, where a path's share is largest;
+- ``wire``: Pydantic AI's ``OpenAIChatModel`` on the official ``AsyncOpenAI`` client,
+  streaming the same requests as Chat Completions chunks over HTTP from a fake server
+  (``_model_server.py``) that runs in a process of its own, so that its CPU is not
+  counted: the run as an app pays for it, the client's request, SSE decoding and parsing
+  included. The finish reason and the usage come in chunks of their own, as a provider
+  sends them; the adapter publishes the same events as on ``function``.
 
 The paths run the same turns in one process, in batches taking turns (``_sidebyside.py``).
-The figures are CPU time per turn and per event (the framework's stream events for the
-framework alone, the events each path stores or encodes otherwise), and the ratio path /
-framework per turn: each path's turn includes the framework's, so a ratio of 1.15 means
-the path adds 15% to the framework's own CPU.
+The figures are CPU time (``time.process_time()``) per turn and per event (the framework's
+stream events for the framework alone, the events each path stores or encodes otherwise),
+and the ratio path / framework per turn: each path's turn includes the framework's, so a
+ratio of 1.15 means the path adds 15% to the framework's own CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,29 +41,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
+from _model_server import chat_script, model_server, parse_models
 from _sidebyside import compare, hub_paths, plain, print_rows
+
+MODELS = ("function", "wire")
+"""The ways the benchmark gives the agent a model (``--models``)."""
 
 
 def make_agent(rounds: int, deltas: int) -> Any:
-    """An agent whose model streams ``deltas`` words per request and calls ``lookup`` in
-    every request but the last."""
-    from pydantic_ai import Agent
+    """The agent on a ``FunctionModel`` that streams ``deltas`` words per request and
+    calls ``lookup`` (its arguments in three fragments) in every request but the last."""
     from pydantic_ai.messages import ModelMessage, ModelRequest
     from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
     words = [f"word{i} " for i in range(deltas)]
 
     async def model(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
-        n = sum(1 for message in messages if isinstance(message, ModelRequest))
+        n = sum(1 for message in messages if isinstance(message, ModelRequest)) - 1
         for word in words:
             yield word
-        if n < rounds:
-            yield {1: DeltaToolCall("lookup", f'{{"q": "n{n}"}}', tool_call_id=f"call_{n}")}
+        if n < rounds - 1:
+            yield {1: DeltaToolCall("lookup", '{"q": ', tool_call_id=f"call_{n}")}
+            for fragment in (f'"n{n}"', "}"):
+                yield {1: DeltaToolCall(json_args=fragment)}
 
-    agent = Agent(FunctionModel(stream_function=model, model_name="bench"))
+    return agent_on(FunctionModel(stream_function=model, model_name="bench"))
+
+
+def agent_on(model: Any) -> Any:
+    """The benchmark's agent (one ``lookup`` tool) on ``model``."""
+    from pydantic_ai import Agent
+
+    agent = Agent(model)
 
     @agent.tool_plain
     def lookup(q: str) -> str:
+        """Look something up."""
         return f"found {q}"
 
     return agent
@@ -92,14 +117,38 @@ async def vercel(agent: Any, turn: int) -> int:
     return count
 
 
-async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
-    agent = make_agent(args.rounds, args.deltas)
+async def measure(args: argparse.Namespace, model: str, url: str | None) -> list[dict[str, Any]]:
+    """The paths' rows on the ``model`` way (``url``: the model server's, for ``wire``)."""
+    client = None
+    if model == "wire":
+        from openai import AsyncOpenAI
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+
+        client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0)
+        provider = OpenAIProvider(openai_client=client)
+        agent = agent_on(OpenAIChatModel("gpt-bench", provider=provider))
+    else:
+        agent = make_agent(args.rounds, args.deltas)
     paths = [
         plain("pydantic-ai run_stream_events", lambda n: framework(agent, n)),
         *hub_paths("essessey AgentTurns", producer(agent)),
         plain("pydantic-ai VercelAIEventStream", lambda n: vercel(agent, n)),
     ]
-    return await compare(paths, turns=args.turns, batch=args.batch)
+    try:
+        return await compare(paths, turns=args.turns, batch=args.batch)
+    finally:
+        if client is not None:  # in this loop: its connections belong to it
+            await client.close()
+
+
+def run(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
+    """``measure`` in an event loop of its own; for ``wire``, with the model server on
+    the same requests running beside it."""
+    if model != "wire":
+        return asyncio.run(measure(args, model, None))
+    with model_server(chat_script(args.rounds, args.deltas)) as url:
+        return asyncio.run(measure(args, model, url))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,17 +157,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="model requests per run")
     parser.add_argument("--deltas", type=int, default=40, help="text deltas per request")
     parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
+    parser.add_argument(
+        "--models",
+        type=functools.partial(parse_models, models=MODELS),
+        default=list(MODELS),
+        help=f"the models' ways to measure, comma-separated (default {','.join(MODELS)})",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
         parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
-    rows = asyncio.run(run_all(args))
+    figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
+    for model in args.models:
+        figures[model] = run(args, model)
     if args.json is not None:
-        figures = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas, "rows": rows}
         write_json(args.json, figures, __file__, argv)
         if json_only(args.json):
             return 0
-    print_rows(f"{args.rounds} model requests of {args.deltas} deltas per turn", rows)
+    for model in args.models:
+        title = f"{model}: {args.rounds} model requests of {args.deltas} text deltas per turn"
+        print_rows(title, figures[model])
     return 0
 
 

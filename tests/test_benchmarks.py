@@ -69,13 +69,15 @@ def test_the_paced_benchmark_s_smoke_run_loses_nothing(tmp_path: Path) -> None:
         )
 
 
-@pytest.mark.parametrize("script", ["bench_openai_agents.py", "bench_langgraph.py"])
+@pytest.mark.parametrize(
+    "script", ["bench_openai_agents.py", "bench_langgraph.py", "bench_pydantic_ai.py"]
+)
 def test_a_framework_benchmark_publishes_the_same_turn_on_every_model(
     script: str, tmp_path: Path
 ) -> None:
     # The wire model (the framework on the OpenAI client, a scripted server in a process of
-    # its own) must give the adapter the turn the scripted models give it, or its figures
-    # would compare another turn.
+    # its own) must give the adapter the turn the scripted models give it (parsed and
+    # replayed, or Pydantic AI's function model), or its figures would compare another turn.
     figures = tmp_path / "framework.json"
     ran = subprocess.run(
         [
@@ -90,15 +92,19 @@ def test_a_framework_benchmark_publishes_the_same_turn_on_every_model(
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     results = json.loads(figures.read_text())
+    models = [key for key, rows in results.items() if isinstance(rows, list)]
+    assert "wire" in models, models
+    assert len(models) > 1, models
     published = {
         (model, row["path"]): row["events_per_turn"]
-        for model in ("parsed", "replayed", "wire")
+        for model in models
         for row in results[model]
         if "essessey" in row["path"]
     }
-    # 2 rounds of 3 text deltas; the message's start, ping, delta and stop and the first
-    # text block's start and stop (6); the call between the rounds: its block's start, 3
-    # argument fragments and stop, its result's 3 events, the next text block's 2 (10).
+    # The same turn on every bench: 2 rounds of 3 text deltas; the message's start, ping,
+    # delta and stop and the first text block's start and stop (6); the call between the
+    # rounds: its block's start, 3 argument fragments and stop, its result's 3 events, the
+    # next text block's 2 (10).
     assert set(published.values()) == {2 * 3 + 6 + 10}, published
 
 
