@@ -22,14 +22,15 @@ PATH`` (:func:`model_server` does it); it stops when its stdin closes (``_server
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -154,6 +155,22 @@ def model_server(script: dict[str, Any]) -> Iterator[str]:
             server.stop()
     finally:
         os.unlink(path)
+
+
+T = TypeVar("T")
+
+
+def run_on(
+    model: str,
+    script: Callable[[], dict[str, Any]],
+    measure: Callable[[str | None], Awaitable[T]],
+) -> T:
+    """``measure(url)`` in an event loop of its own: for ``wire``, with the model server on
+    ``script()`` running beside it (``url`` its base URL), else with ``url`` None."""
+    if model != "wire":
+        return asyncio.run(measure(None))
+    with model_server(script()) as url:
+        return asyncio.run(measure(url))
 
 
 def main() -> int:

@@ -41,7 +41,7 @@ turn: the adapter's turn includes the graph's, so a ratio of 1.15 means the adap
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
-from _model_server import MODELS, chat_script, model_server, parse_models
+from _model_server import MODELS, chat_script, parse_models, run_on
 from _sidebyside import compare, hub_paths, plain, print_rows
 
 
@@ -202,15 +202,6 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
             await llm.root_async_client.close()
 
 
-def run(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
-    """``measure`` in an event loop of its own; for ``wire``, with the model server on
-    the same calls running beside it."""
-    if model != "wire":
-        return asyncio.run(measure(args, model, None))
-    with model_server(chat_script(args.rounds, args.deltas)) as url:
-        return asyncio.run(measure(args, model, url))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=200, help="runs per path")
@@ -237,7 +228,8 @@ def main() -> None:
         "checkpointer": args.checkpointer,
     }
     for model in args.models:
-        figures[model] = run(args, model)
+        script = functools.partial(chat_script, args.rounds, args.deltas)
+        figures[model] = run_on(model, script, functools.partial(measure, args, model))
     if args.json is not None:
         write_json(args.json, figures, __file__)
         if json_only(args.json):

@@ -32,7 +32,7 @@ the ratio adapter / SDK per turn: the adapter's turn includes the SDK's, so a ra
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
-from _model_server import MODELS, model_server, parse_models
+from _model_server import MODELS, parse_models, run_on
 from _sidebyside import compare, hub_paths, plain, print_rows
 
 
@@ -146,6 +146,12 @@ def scripts(rounds: int, deltas: int) -> list[list[Any]]:
     return out
 
 
+def responses_script(rounds: int, deltas: int) -> dict[str, Any]:
+    """The model server's script: the responses' events as JSON values."""
+    events = scripts(rounds, deltas)
+    return {"responses": [[e.model_dump(mode="json") for e in r] for r in events]}
+
+
 def make_agent(responses: list[list[Any]], *, parsed: bool) -> Any:
     """The agent on a model that hands out ``responses``' events in order, a run after a
     run: parsed from their JSON text, or the objects themselves."""
@@ -230,17 +236,6 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
             await client.close()
 
 
-def run(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
-    """``measure`` in an event loop of its own; for ``wire``, with the model server on
-    the same responses running beside it."""
-    if model != "wire":
-        return asyncio.run(measure(args, model, None))
-    events = scripts(args.rounds, args.deltas)
-    script = {"responses": [[e.model_dump(mode="json") for e in r] for r in events]}
-    with model_server(script) as url:
-        return asyncio.run(measure(args, model, url))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=200, help="runs per path")
@@ -259,7 +254,8 @@ def main() -> None:
         parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
     figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
     for model in args.models:
-        figures[model] = run(args, model)
+        script = functools.partial(responses_script, args.rounds, args.deltas)
+        figures[model] = run_on(model, script, functools.partial(measure, args, model))
     if args.json is not None:
         write_json(args.json, figures, __file__)
         if json_only(args.json):
