@@ -671,6 +671,12 @@ async def test_a_turn_cancelled_while_it_publishes_closes_the_graph_run() -> Non
     # The model's stream stopped with the turn: nothing of the run goes on.
     assert len(streamed) == count < 60
     assert check(sink.events) != []  # cut short: no message_stop
+    # The cancellation came as the text block opened: the block's start and its first
+    # delta went out together, as the publishing shields them, so no block is left empty.
+    names = [event.event for event in sink.events]
+    starts = [i for i, name in enumerate(names) if name == "content_block_start"]
+    assert starts
+    assert all(names[i + 1 : i + 2] == ["content_block_delta"] for i in starts), names
 
 
 async def test_drop_and_resume_in_the_middle_of_the_run_gives_every_event_once() -> None:

@@ -430,36 +430,76 @@ async def _feed_apart(parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable
     LangGraph cancels a run's node tasks when the task iterating ``astream`` is cancelled
     once, the asyncio way; a cancel scope of anyio (the hub's), which cancels again at
     every await until the task gives up, ends the iteration without them, and they run
-    on. So the parts are read apart, and a turn that ends early cancels that task once,
-    then waits (shielded, bounded) for the run to wind down. Each part is fed in the task
-    that read it: a model streams its parts one by one, and a hand-over to the turn's task
-    would cost a task switch for every part. The run reads no further ahead than what is
-    published (a slow store slows its stream, as a slow client slows a provider's). What
-    reading or feeding raised is raised here.
+    on. So the parts are read apart, and a turn that ends early stops that task
+    (:class:`_Reader`), then waits (shielded, bounded) for the run to wind down. Each part
+    is fed in the task that read it: a model streams its parts one by one, and a hand-over
+    to the turn's task would cost a task switch for every part. The run reads no further
+    ahead than what is published (a slow store slows its stream, as a slow client slows a
+    provider's). What reading or feeding raised is raised here.
     """
-    task = asyncio.ensure_future(_read(parts, feed))
+    reader = _Reader(parts, feed)
+    task = asyncio.ensure_future(reader.run())
     try:
         await asyncio.wait([task])  # a cancellation of this task stops here, not in the run
     finally:
         if not task.done():
-            task.cancel()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
-                await asyncio.wait([task])
+            reader.stop(task)
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(_CLOSE_TIMEOUT):
+                    await asyncio.wait([task])
+                if not task.done():
+                    # A part's publishing that does not end (a store out of reach): cut.
+                    task.cancel()
+                    with anyio.move_on_after(_CLOSE_TIMEOUT):
+                        await asyncio.wait([task])
             if task.done() and not task.cancelled():
                 task.exception()  # taken: the turn ends with what ended it here
     task.result()
 
 
-async def _read(parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable[None]]) -> None:
-    iterator = aiter(parts)
-    try:
-        async for raw in iterator:
-            await feed(raw)
-    finally:
-        # Cancelled (or failed) while feeding a part, the run waits at its yield: closed
-        # here, not left for the garbage collector with its tasks running.
-        if isinstance(iterator, AsyncGenerator):
-            await iterator.aclose()
+class _Reader:
+    """The reading task's loop, and how a turn that ends early stops it.
+
+    Waiting for the run's next part, the task is cancelled the asyncio way, once: LangGraph
+    then ends the run itself. Publishing a part or closing the run, it is not cut (a native
+    cancellation would go through what the publishing shields, a block's start and its
+    first delta): the part goes out whole, and the run, waiting at its yield, is closed
+    after it.
+    """
+
+    __slots__ = ("_feed", "_iterator", "_stopped", "_waiting")
+
+    def __init__(self, parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable[None]]) -> None:
+        self._iterator = aiter(parts)
+        self._feed = feed
+        self._waiting = True  # for the run's next part (the task's first step, too)
+        self._stopped = False
+
+    def stop(self, task: asyncio.Task[None]) -> None:
+        """End the reading: at once when it waits for the run, after the part otherwise."""
+        self._stopped = True
+        if self._waiting:
+            task.cancel()
+
+    async def run(self) -> None:
+        iterator = self._iterator
+        try:
+            while True:
+                self._waiting = True
+                try:
+                    raw = await anext(iterator)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    self._waiting = False
+                await self._feed(raw)
+                if self._stopped:
+                    return
+        finally:
+            # Stopped (or failed) while feeding a part, the run waits at its yield: closed
+            # here, not left for the garbage collector with its tasks running.
+            if isinstance(iterator, AsyncGenerator):
+                await iterator.aclose()
 
 
 async def publish_run(
