@@ -22,34 +22,21 @@ PATH`` (:func:`model_server` does it); it stops when its stdin closes (``_server
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _server import ServerProcess, run_until_stdin_closes
 
 STARTUP_TIMEOUT = 30.0
-MODELS = ("parsed", "replayed", "wire")
-"""The ways bench_openai_agents.py and bench_langgraph.py give their framework a model
-(their ``--models``; bench_pydantic_ai.py has its own)."""
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-
-
-def parse_models(value: str, models: Sequence[str] = MODELS) -> list[str]:
-    """``--models``: some of ``models`` (by default MODELS), comma-separated (an argparse
-    type)."""
-    picked = [part.strip() for part in value.split(",") if part.strip()]
-    if not picked or not set(picked) <= set(models):
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(models)}, comma-separated")
-    return list(dict.fromkeys(picked))
 
 
 def chat_script(rounds: int, deltas: int) -> dict[str, Any]:
@@ -155,22 +142,6 @@ def model_server(script: dict[str, Any]) -> Iterator[str]:
             server.stop()
     finally:
         os.unlink(path)
-
-
-T = TypeVar("T")
-
-
-def run_on(
-    model: str,
-    script: Callable[[], dict[str, Any]],
-    measure: Callable[[str | None], Awaitable[T]],
-) -> T:
-    """``measure(url)`` in an event loop of its own: for ``wire``, with the model server on
-    ``script()`` running beside it (``url`` its base URL), else with ``url`` None."""
-    if model != "wire":
-        return asyncio.run(measure(None))
-    with model_server(script()) as url:
-        return asyncio.run(measure(url))
 
 
 def main() -> int:

@@ -41,7 +41,6 @@ turn: the adapter's turn includes the graph's, so a ratio of 1.15 means the adap
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -50,9 +49,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _cli import add_json_option, json_only, write_json
-from _model_server import MODELS, chat_script, parse_models, run_on
-from _sidebyside import compare, hub_paths, plain, print_rows
+from _frameworks import run_models, turn_args, turn_parser
+from _model_server import chat_script
+from _sidebyside import compare, hub_paths, plain
 
 
 def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) -> Any:
@@ -203,41 +202,20 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=200, help="runs per path")
-    parser.add_argument("--rounds", type=int, default=3, help="LLM calls per run")
-    parser.add_argument("--deltas", type=int, default=40, help="text chunks per LLM call")
-    parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
+    parser = turn_parser(__doc__, rounds="LLM calls", deltas="text chunks")
     parser.add_argument(
         "--checkpointer", action="store_true", help="compile the graph with an InMemorySaver"
     )
-    parser.add_argument(
-        "--models",
-        type=parse_models,
-        default=list(MODELS),
-        help=f"the models' ways to measure, comma-separated (default {','.join(MODELS)})",
-    )
-    add_json_option(parser)
-    args = parser.parse_args()
-    if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
-        parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
-    figures: dict[str, Any] = {
-        "turns": args.turns,
-        "rounds": args.rounds,
-        "deltas": args.deltas,
-        "checkpointer": args.checkpointer,
-    }
-    for model in args.models:
-        script = functools.partial(chat_script, args.rounds, args.deltas)
-        figures[model] = run_on(model, script, functools.partial(measure, args, model))
-    if args.json is not None:
-        write_json(args.json, figures, __file__)
-        if json_only(args.json):
-            return
+    args = turn_args(parser)
     saver = ", InMemorySaver" if args.checkpointer else ""
-    for model in args.models:
-        title = f"{model}: {args.rounds} LLM calls of {args.deltas} text chunks per turn{saver}"
-        print_rows(title, figures[model])
+    run_models(
+        args,
+        chat_script,
+        measure,
+        benchmark=__file__,
+        title=f"{args.rounds} LLM calls of {args.deltas} text chunks per turn{saver}",
+        checkpointer=args.checkpointer,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ the ratio adapter / SDK per turn: the adapter's turn includes the SDK's, so a ra
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _cli import add_json_option, json_only, write_json
-from _model_server import MODELS, parse_models, run_on
-from _sidebyside import compare, hub_paths, plain, print_rows
+from _frameworks import run_models, turn_args, turn_parser
+from _sidebyside import compare, hub_paths, plain
 
 
 def scripts(rounds: int, deltas: int) -> list[list[Any]]:
@@ -237,32 +235,14 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=200, help="runs per path")
-    parser.add_argument("--rounds", type=int, default=3, help="model responses per run")
-    parser.add_argument("--deltas", type=int, default=40, help="text deltas per response")
-    parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
-    parser.add_argument(
-        "--models",
-        type=parse_models,
-        default=list(MODELS),
-        help=f"the models' ways to measure, comma-separated (default {','.join(MODELS)})",
+    args = turn_args(turn_parser(__doc__, rounds="model responses", deltas="text deltas"))
+    run_models(
+        args,
+        responses_script,
+        measure,
+        benchmark=__file__,
+        title=f"{args.rounds} responses of {args.deltas} text deltas per turn",
     )
-    add_json_option(parser)
-    args = parser.parse_args()
-    if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
-        parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
-    figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
-    for model in args.models:
-        script = functools.partial(responses_script, args.rounds, args.deltas)
-        figures[model] = run_on(model, script, functools.partial(measure, args, model))
-    if args.json is not None:
-        write_json(args.json, figures, __file__)
-        if json_only(args.json):
-            return
-    for model in args.models:
-        title = f"{model}: {args.rounds} responses of {args.deltas} text deltas per turn"
-        print_rows(title, figures[model])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ ratio of 1.15 means the path adds 15% to the framework's own CPU.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -39,9 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _cli import add_json_option, json_only, write_json
-from _model_server import chat_script, parse_models, run_on
-from _sidebyside import compare, hub_paths, plain, print_rows
+from _frameworks import run_models, turn_args, turn_parser
+from _model_server import chat_script
+from _sidebyside import compare, hub_paths, plain
 
 MODELS = ("function", "wire")
 """The ways the benchmark gives the agent a model (``--models``)."""
@@ -141,35 +140,17 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
             await client.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=200, help="runs per path (default 200)")
-    parser.add_argument("--rounds", type=int, default=3, help="model requests per run")
-    parser.add_argument("--deltas", type=int, default=40, help="text deltas per request")
-    parser.add_argument("--batch", type=int, default=10, help="turns per batch (default 10)")
-    parser.add_argument(
-        "--models",
-        type=functools.partial(parse_models, models=MODELS),
-        default=list(MODELS),
-        help=f"the models' ways to measure, comma-separated (default {','.join(MODELS)})",
+def main() -> None:
+    parser = turn_parser(__doc__, rounds="model requests", deltas="text deltas", models=MODELS)
+    args = turn_args(parser)
+    run_models(
+        args,
+        chat_script,
+        measure,
+        benchmark=__file__,
+        title=f"{args.rounds} model requests of {args.deltas} text deltas per turn",
     )
-    add_json_option(parser)
-    args = parser.parse_args(argv)
-    if min(args.turns, args.rounds, args.deltas, args.batch) < 1:
-        parser.error("--turns, --rounds, --deltas and --batch must be at least 1")
-    figures: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "deltas": args.deltas}
-    for model in args.models:
-        script = functools.partial(chat_script, args.rounds, args.deltas)
-        figures[model] = run_on(model, script, functools.partial(measure, args, model))
-    if args.json is not None:
-        write_json(args.json, figures, __file__, argv)
-        if json_only(args.json):
-            return 0
-    for model in args.models:
-        title = f"{model}: {args.rounds} model requests of {args.deltas} text deltas per turn"
-        print_rows(title, figures[model])
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
