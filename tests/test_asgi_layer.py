@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from essessey.bindings._asgi import connection_tasks, resume_point
+from essessey.bindings._asgi import connection_tasks, resume_point, watch_line
 from tests.processes import WAIT
 
 
@@ -90,3 +91,53 @@ async def test_a_helper_failing_after_the_body_ended_is_logged(
     finally:
         logging.getLogger("essessey").removeHandler(seen)
     assert "helper task failed after it ended" in caplog.text
+
+
+class _CountedLine:
+    """A line for the line watch that says when it is next due, and counts its checks."""
+
+    def __init__(self, due_in: float) -> None:
+        self.due_in = due_in
+        self.checks: list[float] = []
+        self.thrice = anyio.Event()
+
+    def check(self, now: float) -> float | None:
+        self.checks.append(now)
+        if len(self.checks) == 3:
+            self.thrice.set()
+        return now + self.due_in
+
+
+@pytest.mark.anyio
+async def test_connections_arriving_one_by_one_do_not_each_make_the_watch_look_at_all() -> None:
+    lines = [_CountedLine(15.0) for _ in range(300)]
+    unwatch = [watch_line(lines[0])]
+    await anyio.sleep(0.01)  # the watch runs and sleeps until its next look
+    for line in lines[1:]:
+        unwatch.append(watch_line(line))
+        await anyio.lowlevel.checkpoint()  # as connections arrive, the loop turns
+    await anyio.sleep(0.01)
+    try:
+        # Each new line is looked at once when it arrives, none at another's arrival:
+        # a wake-up per arrival would make some 45,000 checks here.
+        assert sum(len(line.checks) for line in lines) <= 2 * len(lines)
+    finally:
+        for stop in unwatch:
+            stop()
+
+
+@pytest.mark.anyio
+async def test_a_line_due_before_the_watch_looks_again_wakes_it() -> None:
+    far = _CountedLine(15.0)
+    soon = _CountedLine(0.05)
+    unwatch = [watch_line(far)]
+    try:
+        await anyio.sleep(0.01)  # the watch sleeps up to a second
+        unwatch.append(watch_line(soon))
+        with anyio.fail_after(WAIT):
+            await soon.thrice.wait()
+        # Looked at on arrival, then at its deadlines: well within the watch's second.
+        assert soon.checks[2] - soon.checks[0] < 0.5
+    finally:
+        for stop in unwatch:
+            stop()

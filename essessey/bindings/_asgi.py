@@ -354,12 +354,13 @@ class _LineWatch:
     earliest deadline (and at least every second) costs one entry.
     """
 
-    __slots__ = ("lines", "task", "wake")
+    __slots__ = ("due", "lines", "task", "wake")
 
     def __init__(self) -> None:
         self.lines: set[WatchedLine] = set()
         self.task: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
+        self.due = 0.0  # when the watch looks next (time.monotonic)
 
     async def run(self) -> None:
         # time.monotonic, not loop.time(): the lines stamp their sends with it (uvloop's
@@ -378,6 +379,7 @@ class _LineWatch:
                     if at is not None and at < due:
                         due = at
                 wake = self.wake = asyncio.Event()
+                self.due = due
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), max(due - time.monotonic(), 0.001))
         finally:
@@ -402,7 +404,11 @@ def watch_line(line: WatchedLine) -> Callable[[], None]:
         # started it, and ends by itself when no connection is left.
         watch.task = loop.create_task(watch.run(), name="essessey-line-watch")
     elif watch.wake is not None:
-        watch.wake.set()  # this line's first deadline may be sooner than the next tick
+        # Woken only for a line due before the watch's next look: a wake-up per new
+        # connection would look at every open one, each time hundreds connect at once.
+        at = line.check(time.monotonic())
+        if at is not None and at < watch.due:
+            watch.wake.set()
 
     def unwatch() -> None:
         watch.lines.discard(line)
