@@ -14,7 +14,15 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -157,6 +165,10 @@ def _index_for(
     return shared_index
 
 
+async def _nothing() -> None:
+    return None
+
+
 class _BlockStreamer:
     """Shared bookkeeping of the text-like streamers: one block, opened lazily."""
 
@@ -189,6 +201,20 @@ class _BlockStreamer:
     def is_open(self) -> bool:
         """Whether this streamer's block is open."""
         return self._open
+
+    def _write(self, chunk: str) -> Coroutine[Any, Any, None]:
+        # A plain function returning the coroutine (as the Publisher's delta methods):
+        # the delta into an open block, the path of nearly every chunk, is one frame.
+        if not chunk:
+            return _nothing()
+        publisher = self._publisher
+        if self._open and publisher is not None:
+            return self._send_open(publisher, chunk)
+        return self._emit(chunk)
+
+    async def _send_open(self, publisher: Publisher, chunk: str) -> None:
+        await self._send_delta(publisher, self._cursor._index, chunk)
+        self._parts.append(chunk)
 
     async def _emit(self, chunk: str) -> None:
         publisher = self._publisher
@@ -278,10 +304,9 @@ class TextStreamer(_BlockStreamer):
         """
         await self._start_given(content_block, BlockType.TEXT)
 
-    async def write(self, chunk: str) -> None:
+    def write(self, chunk: str) -> Coroutine[Any, Any, None]:
         """Append ``chunk``: opens the block on the first non-empty chunk, then a delta."""
-        if chunk:
-            await self._emit(chunk)
+        return self._write(chunk)
 
 
 class ThinkingStreamer(_BlockStreamer):
@@ -304,10 +329,9 @@ class ThinkingStreamer(_BlockStreamer):
         """The last signature written, if any."""
         return self._signature
 
-    async def write(self, chunk: str) -> None:
+    def write(self, chunk: str) -> Coroutine[Any, Any, None]:
         """Append reasoning: opens the block on the first non-empty chunk, then a delta."""
-        if chunk:
-            await self._emit(chunk)
+        return self._write(chunk)
 
     async def start(self, content_block: Mapping[str, Any]) -> None:
         """Open the thinking block now, with ``content_block`` as its start object.

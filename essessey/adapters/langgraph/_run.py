@@ -138,7 +138,8 @@ class _Run:
                 logger.warning("skipping messages part %d: not a pair", self._position)
                 return
             message, metadata = data
-            if not isinstance(metadata, Mapping):
+            # A dict, as LangGraph gives it, without the Mapping ABC's (slower) check.
+            if type(metadata) is not dict and not isinstance(metadata, Mapping):
                 metadata = {}
             await self._message(message, metadata)
         elif mode == "updates":
