@@ -119,7 +119,7 @@ async def test_connections_arriving_one_by_one_do_not_each_make_the_watch_look_a
     await anyio.sleep(0.01)
     try:
         # Each new line is looked at once when it arrives, none at another's arrival:
-        # a wake-up per arrival would make some 45,000 checks here.
+        # a wake-up per arrival would make some 15,000 checks here.
         assert sum(len(line.checks) for line in lines) <= 2 * len(lines)
     finally:
         for stop in unwatch:
