@@ -14,7 +14,7 @@ from typing import Any
 
 from _cli import add_json_option, json_only, write_json
 from _model_server import model_server
-from _sidebyside import print_rows
+from _sidebyside import SidePath, compare, print_rows
 
 MODELS = ("parsed", "replayed", "wire")
 """The ways bench_openai_agents.py and bench_langgraph.py give their framework a model
@@ -87,6 +87,19 @@ def run_models(
             return
     for model in args.models:
         print_rows(f"{model}: {title}", figures[model])
+
+
+async def compare_closing(
+    paths: Sequence[SidePath], args: argparse.Namespace, client: Any = None
+) -> Rows:
+    """The paths' rows (``compare`` with the turns and batch of ``args``), then ``client``
+    closed (the wire model's OpenAI client, None for the others) in this loop, where its
+    connections belong."""
+    try:
+        return await compare(paths, turns=args.turns, batch=args.batch)
+    finally:
+        if client is not None:
+            await client.close()
 
 
 def _run_on(model: str, args: argparse.Namespace, script: Script, measure: Measure) -> Rows:

@@ -49,9 +49,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _frameworks import run_models, turn_args, turn_parser
+from _frameworks import compare_closing, run_models, turn_args, turn_parser
 from _model_server import chat_script
-from _sidebyside import compare, hub_paths, plain
+from _sidebyside import hub_paths, plain
 
 
 def make_graph(rounds: int, deltas: int, *, checkpointer: bool, parsed: bool) -> Any:
@@ -194,11 +194,7 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
         plain("LangGraph astream", lambda n: graph_turn(graph, n)),
         *hub_paths("essessey AgentTurns", producer(graph)),
     ]
-    try:
-        return await compare(paths, turns=args.turns, batch=args.batch)
-    finally:
-        if llm is not None:  # in this loop: its connections belong to it
-            await llm.root_async_client.close()
+    return await compare_closing(paths, args, llm.root_async_client if llm else None)
 
 
 def main() -> None:

@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _frameworks import run_models, turn_args, turn_parser
-from _sidebyside import compare, hub_paths, plain
+from _frameworks import compare_closing, run_models, turn_args, turn_parser
+from _sidebyside import hub_paths, plain
 
 
 def scripts(rounds: int, deltas: int) -> list[list[Any]]:
@@ -227,11 +227,7 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
         plain("Agents SDK run_streamed", lambda n: sdk_turn(agent)),
         *hub_paths("essessey AgentTurns", producer(agent)),
     ]
-    try:
-        return await compare(paths, turns=args.turns, batch=args.batch)
-    finally:
-        if client is not None:  # in this loop: its connections belong to it
-            await client.close()
+    return await compare_closing(paths, args, client)
 
 
 def main() -> None:

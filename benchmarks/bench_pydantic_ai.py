@@ -38,9 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _frameworks import run_models, turn_args, turn_parser
+from _frameworks import compare_closing, run_models, turn_args, turn_parser
 from _model_server import chat_script
-from _sidebyside import compare, hub_paths, plain
+from _sidebyside import hub_paths, plain
 
 MODELS = ("function", "wire")
 """The ways the benchmark gives the agent a model (``--models``)."""
@@ -133,11 +133,7 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
         *hub_paths("essessey AgentTurns", producer(agent)),
         plain("pydantic-ai VercelAIEventStream", lambda n: vercel(agent, n)),
     ]
-    try:
-        return await compare(paths, turns=args.turns, batch=args.batch)
-    finally:
-        if client is not None:  # in this loop: its connections belong to it
-            await client.close()
+    return await compare_closing(paths, args, client)
 
 
 def main() -> None:
