@@ -253,7 +253,7 @@ async def test_an_unknown_last_id_is_a_410(base_url: str) -> None:
     assert gone.json()["code"] == "resume_unavailable"
 
 
-def test_http_agent_reads_a_whole_run(base_url: str) -> None:
+def test_http_agent_reads_a_whole_run(node_client: Path, base_url: str) -> None:
     done = subprocess.run(
         ["node", str(NODE / "agui.mjs"), f"{base_url}/agui", "thread-node", "run-node"],
         capture_output=True,

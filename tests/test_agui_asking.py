@@ -512,7 +512,7 @@ def http_agent(url: str, *args: str) -> dict[str, Any]:
     ],
 )
 def test_http_agent_resumes_an_interrupt(
-    app: App, decision: str, said: str, approved: bool
+    node_client: Path, app: App, decision: str, said: str, approved: bool
 ) -> None:
     result = http_agent(app.url, f"thread-{decision}", "approval", decision)
     first, second = result["runs"]
@@ -536,7 +536,9 @@ def test_http_agent_resumes_an_interrupt(
     assert "".join(m.get("content") or "" for m in assistant) == f"Let me see.Done: {said}"
 
 
-def test_http_agent_answers_a_frontend_tool_with_a_tool_message(app: App) -> None:
+def test_http_agent_answers_a_frontend_tool_with_a_tool_message(
+    node_client: Path, app: App
+) -> None:
     result = http_agent(app.url, "thread-frontend", "client", "answer")
     first, second = result["runs"]
     assert first["outcome"] == "success"
