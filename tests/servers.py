@@ -2,19 +2,45 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from tests.processes import STARTUP_TIMEOUT, free_port, spawn, stop_process, wait_for_port
+
+
+class _TestServer(uvicorn.Server):
+    """uvicorn's server, its main loop woken by :meth:`stop` rather than finding
+    ``should_exit`` at its next 0.1 s tick, a wait each test serving an app would add to
+    its time. The ticks' work and the whole shutdown are uvicorn's own."""
+
+    _wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    async def main_loop(self) -> None:
+        wake = asyncio.Event()
+        self._wake = (asyncio.get_running_loop(), wake)
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), 0.1)
+
+    def stop(self) -> None:
+        """Set ``should_exit`` and wake the main loop (from any thread)."""
+        self.should_exit = True
+        if self._wake is not None:
+            loop, wake = self._wake
+            with suppress(RuntimeError):  # its loop has closed: the server has stopped
+                loop.call_soon_threadsafe(wake.set)
 
 
 @contextmanager
@@ -28,7 +54,7 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     # meets the same server whatever is installed. Subprocess servers use the defaults.
     config.setdefault("http", "h11")
     config.setdefault("loop", "asyncio")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **config))
+    server = _TestServer(uvicorn.Config(app, host="127.0.0.1", port=0, **config))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -41,7 +67,7 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(timeout=STARTUP_TIMEOUT)
 
 
