@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -405,7 +407,9 @@ async def test_cancelling_an_expired_interrupt_is_a_run_as_any_other(app: App) -
     async with httpx.AsyncClient(timeout=WAIT) as http:
         first = await asked(http, app.url, thread, "hurry")
         [interrupt] = first[-1]["outcome"]["interrupts"]
-        await anyio.sleep(1.1)
+        # Answers are refused once the clock is past expiresAt (whole seconds): wait for it.
+        expires_at = datetime.fromisoformat(interrupt["expiresAt"]).timestamp()
+        await anyio.sleep(expires_at - time.time() + 0.05)
         resolved = {"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"}
         late = await post(http, app.url, resume_run(thread, "r2", [resolved]))
         cancelled = {"interruptId": interrupt["id"], "status": "cancelled"}

@@ -33,8 +33,8 @@ from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
-PING_INTERVAL = 0.1
-SEND_TIMEOUT = 0.5
+PING_INTERVAL = 0.05
+SEND_TIMEOUT = 0.25
 BIG_DELTAS = 3_000
 BIG_DELTA = "x" * 10_000  # 30 MB in all: more than any socket buffers hold
 
@@ -124,8 +124,8 @@ def base_url() -> Iterator[str]:
 async def test_an_idle_stream_gets_pings_and_ends_whole(base_url: str, dialect: str) -> None:
     path, body, end = DIALECTS[dialect]
     async with httpx.AsyncClient(base_url=base_url, timeout=WAIT) as http:
-        # 150 ms between deltas: more than a ping's time, several times over.
-        response = await http.post(path, json=body(1, {"delay_ms": 150}))
+        # 75 ms between deltas: more than a ping's time, several times over.
+        response = await http.post(path, json=body(1, {"delay_ms": 75}))
     assert response.status_code == 200, response.text
     assert b": ping\n" in response.content
     assert end in response.content.rstrip().split(b"\n\n")[-1]  # the dialect's own end
@@ -140,7 +140,7 @@ async def test_a_shutdown_ends_the_stream_with_a_retry_hint(base_url: str, diale
     received = b""
     async with httpx.AsyncClient(base_url=base_url, timeout=WAIT) as http:
         with anyio.fail_after(WAIT):
-            async with http.stream("POST", path, json=body(2, {"delay_ms": 100})) as response:
+            async with http.stream("POST", path, json=body(2, {"delay_ms": 50})) as response:
                 async for piece in response.aiter_bytes():
                     if not received:
                         await http.post("/shutdown")

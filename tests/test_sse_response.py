@@ -232,13 +232,13 @@ async def short_turn(publisher: Publisher) -> None:
 
 
 async def late_turn(publisher: Publisher) -> None:
-    await anyio.sleep(0.5)  # idle before the first event
+    await anyio.sleep(0.25)  # idle before the first event
     await short_turn(publisher)
 
 
 async def test_an_idle_stream_gets_keep_alive_comments() -> None:
     async def endpoint(request: Request) -> EventStreamResponse:
-        return EventStreamResponse(late_turn, ping_interval=0.1)
+        return EventStreamResponse(late_turn, ping_interval=0.05)
 
     with serve(route_app(endpoint)) as base:
         response = await get(base)
@@ -248,7 +248,7 @@ async def test_an_idle_stream_gets_keep_alive_comments() -> None:
     pings = 0  # the comments come while idle, i.e. before the first event
     while body.startswith(PING, pings * len(PING)):
         pings += 1
-    # Bounded by the idle time (about 0.5 s / 0.1 s), whatever the machine's speed.
+    # Bounded by the idle time (about 0.25 s / 0.05 s), whatever the machine's speed.
     assert 2 <= pings <= 10
     assert body[len(PING) * pings :] == encode_many(await published(short_turn))
     assert decode(body)[0].event == "message_start"  # comments dispatch nothing
@@ -344,7 +344,7 @@ async def call(response: EventStreamResponse, recorder: Recorder, method: str = 
 
 
 async def test_keep_alive_is_paced_by_the_interval_not_a_busy_loop() -> None:
-    interval = 0.1
+    interval = 0.05
     recorder = Recorder()
     started = time.monotonic()
     await call(EventStreamResponse(late_turn, ping_interval=interval), recorder)

@@ -331,7 +331,7 @@ async def test_a_resume_after_leaving_mid_turn_gets_exactly_the_rest(
 
 
 async def test_the_first_message_form_is_bounded_and_the_query_parameter_wins() -> None:
-    window = 1.0
+    window = 0.5
     hub_app = make_app(resume_message_timeout=window)
     with serve(hub_app.app, lifespan="on") as base:
         async with client(base) as http:
