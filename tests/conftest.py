@@ -143,6 +143,19 @@ SLOW_FIXTURES = frozenset({"nats", "broker", "durable_broker", "node_client"})
 """Fixtures that make the test using them slow wherever it is (a broker, Node)."""
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # The quick run would deselect every test of these files: not importing them saves
+    # each worker their imports and the rewriting of their asserts.
+    if collection_path.stem in SLOW_MODULES and _is_quick_run(config):
+        return True
+    return None
+
+
+def _is_quick_run(config: pytest.Config) -> bool:
+    """Whether the run is ``-m "not slow"``, the quick run, as the README writes it."""
+    return " ".join(str(config.getoption("markexpr", "")).split()) == "not slow"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
