@@ -53,7 +53,7 @@ def base() -> Iterator[str]:
 def test_a_running_turn_and_its_reader_show_while_it_runs(base: str) -> None:
     before = scrape(base)
     stream_id = httpx.post(
-        f"{base}/streams", json={"deltas": 40, "delay_ms": 25}, timeout=WAIT
+        f"{base}/streams", json={"deltas": 40, "delay_ms": 15}, timeout=WAIT
     ).json()["stream_id"]
     during: Samples = {}
     last_id = None
