@@ -140,6 +140,7 @@ async def test_ag_ui_resumes_the_approval(app: tuple[Any, str]) -> None:
     assert text == "Sent."
 
 
+@pytest.mark.slow  # the example as a server process of its own
 @pytest.mark.parametrize("name", APPS)
 def test_the_example_runs_as_a_script(name: str) -> None:
     port = free_port()

@@ -132,6 +132,7 @@ def test_use_chat_s_own_answer_denies(example: ModuleType, url: str) -> None:
     assert example.OUTBOX == []
 
 
+@pytest.mark.slow  # the example as a server process of its own
 def test_the_app_runs_as_a_script() -> None:
     with run_script("pydantic_ai_app") as base, httpx.Client(base_url=base, timeout=WAIT) as http:
         reply = http.post(
