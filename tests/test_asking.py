@@ -278,8 +278,8 @@ async def test_an_expired_request_takes_no_answer() -> None:
 
     async with StreamHub(on_answer=go_on) as hub:
         await _hub_waiting(hub, short)
-        # expires_at is whole seconds, rounded up: at most this, and answers are refused
-        # once the clock is past it: wait for it.
+        # expires_at is whole seconds, rounded up, so at most this; answers are refused
+        # once the clock is past it.
         expires_at = math.ceil(time.time() + 0.05)
         await anyio.sleep(expires_at - time.time() + 0.05)
         with pytest.raises(AnswerExpired):
