@@ -4,7 +4,6 @@ dialects have tests of their own (test_asking_replicas.py, the dialect tests).""
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -278,10 +277,13 @@ async def test_an_expired_request_takes_no_answer() -> None:
 
     async with StreamHub(on_answer=go_on) as hub:
         await _hub_waiting(hub, short)
-        # expires_at is whole seconds, rounded up, so at most this; answers are refused
-        # once the clock is past it.
-        expires_at = math.ceil(time.time() + 0.05)
-        await anyio.sleep(expires_at - time.time() + 0.05)
+        waiting = await hub.waiting("s")
+        assert waiting is not None
+        request = waiting.request("q_1")
+        assert request is not None
+        assert request.expires_at is not None
+        # Answers are refused once the clock is past expires_at (whole seconds): wait for it.
+        await anyio.sleep(request.expires_at - time.time() + 0.05)
         with pytest.raises(AnswerExpired):
             await hub.answer("s", [QuestionAnswer("q_1", "yes")])
 
