@@ -47,8 +47,6 @@ class _TestServer(uvicorn.Server):
         logging.getLogger("uvicorn.error").info("Shutting down")
         for server in self.servers:
             server.close()
-        for server in self.servers:
-            await server.wait_closed()
         if not self.force_exit:
             await self.lifespan.shutdown()
 
