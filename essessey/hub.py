@@ -134,6 +134,8 @@ Authorize: TypeAlias = Callable[[Any, str, Access], "bool | Awaitable[bool]"]
 
 _END_TIMEOUT: Final = 5.0
 """Seconds a cancelled or failed turn may spend writing its last events."""
+# The name every delta the Publisher makes carries (the same object: compared by identity).
+_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 DEFAULT_SHUTDOWN_GRACE: Final = 20.0
 """Seconds the running turns may take to finish when the hub is left."""
 
@@ -187,7 +189,11 @@ class _HubSink:
             await shared.append_as(self._stream_id, event, self._holder)
         else:
             await self._store.append(self._stream_id, event)
-        self._note(event)
+        if event.event is _DELTA:
+            # A delta leaves the message as it was: nearly every event of a turn.
+            self.last_was_error = False
+        else:
+            self._note(event)
 
 
 @dataclass(slots=True)

@@ -1,10 +1,12 @@
 """RoundStream: the agent-round index layout, attacked call by call."""
 
+import asyncio
 import logging
 import random
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -350,6 +352,101 @@ async def test_tools_finishing_in_any_order_from_concurrent_tasks() -> None:
     assert [c.result for c in summary.tool_calls] == [f'{{"n":{i * i}}}' for i in range(8)]
     indexes = [i for _, i, k in _layout(sink.events) if k == "tool_result"]
     assert indexes == list(range(8, 16))
+
+
+class _PausingSink:
+    """Records events; every emit gives the loop a turn first, as a store across a network
+    does, so concurrent callers of one RoundStream really meet inside it."""
+
+    def __init__(self, gate: anyio.Event | None = None) -> None:
+        self.events: list[Event] = []
+        self.gate = gate
+
+    async def emit(self, event: Event) -> None:
+        await anyio.lowlevel.checkpoint()
+        if self.gate is not None:
+            await self.gate.wait()
+        self.events.append(event)
+
+
+@pytest.mark.anyio
+async def test_reasoning_and_text_from_concurrent_tasks_keep_every_block_whole() -> None:
+    sink = _PausingSink()
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    rounds = RoundStream(publisher)
+    await rounds.round_start()
+
+    async def write(kind: str, n: int) -> None:
+        for k in range(12):
+            chunk = f"<{kind}{n}.{k}>"
+            if kind == "text":
+                await rounds.delta(text=chunk)
+            else:
+                await rounds.delta(reasoning=chunk)
+
+    # Text and reasoning alternate between tasks: each switch closes one block and opens
+    # the next (several events, a pause at each), which only a held lock keeps whole.
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            tg.start_soon(write, "text", n)
+            tg.start_soon(write, "think", n)
+    summary = await rounds.round_end()
+    await _finish(rounds)
+    assert check(sink.events) == []
+    text_chunks = sorted(summary.text.replace(">", ">\n").split())
+    think_chunks = sorted(summary.thinking.replace(">", ">\n").split())
+    assert text_chunks == sorted(f"<text{n}.{k}>" for n in range(3) for k in range(12))
+    assert think_chunks == sorted(f"<think{n}.{k}>" for n in range(3) for k in range(12))
+    # What the summary says is what the stream carries.
+    parsed = reassemble_events(sink.events)
+    assert (parsed.text, parsed.thinking) == (summary.text, summary.thinking)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("handed", [False, True])
+async def test_a_caller_cancelled_while_it_waits_for_the_round_leaves_it_to_the_next(
+    handed: bool,
+) -> None:
+    sink = _PausingSink()
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    rounds = RoundStream(publisher)
+    await rounds.round_start()
+    held = anyio.Event()
+    sink.gate = held  # from here on every emit waits until the test lets it go
+    order: list[str] = []
+    waiter: asyncio.Task[None] | None = None
+
+    async def delta(name: str) -> None:
+        await rounds.delta(text=name)
+        order.append(name)
+        if handed and name == "first":
+            # In the step that handed the round on: the next caller is cancelled after
+            # it was handed the round and before it ran, and must hand it on in turn.
+            assert waiter is not None
+            waiter.cancel()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(delta, "first")  # takes the round, then waits in the sink
+            await anyio.sleep(0.01)
+            waiter = asyncio.ensure_future(delta("cancelled"))  # waits for the round
+            await anyio.sleep(0.01)
+            if not handed:
+                waiter.cancel()
+                await anyio.sleep(0.01)
+            tg.start_soon(delta, "last")
+            await anyio.sleep(0.01)
+            assert order == []
+            held.set()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert order == ["first", "last"]
+    await rounds.round_end()
+    await _finish(rounds)
+    assert check(sink.events) == []
+    assert reassemble_events(sink.events).text == "firstlast"
 
 
 # -- stream_rounds --------------------------------------------------------------------------

@@ -23,12 +23,13 @@ nothing. A call that never gets a result gets an ``is_error`` result at
 from __future__ import annotations
 
 import asyncio
-import enum
+import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from essessey._failure import send_failure
 from essessey.errors import RoundOrderError
@@ -92,11 +93,64 @@ class RoundSummary:
 _S = TypeVar("_S", TextStreamer, ThinkingStreamer)
 
 
-class _Phase(enum.Enum):
-    IDLE = "idle"  # between rounds
-    OUTPUT = "output"  # the model's output: thinking, text, tool calls, other blocks
-    DECLARED = "declared"  # assistant_message fixed the round's calls
-    RESULTS = "results"  # tool_result blocks
+class _Phase:
+    # Plain strings compared by identity, not an enum.Enum: Python 3.11 looks an enum
+    # member up through the enum's metaclass, and deltas check the phase for every event.
+    IDLE: Final = "idle"  # between rounds
+    OUTPUT: Final = "output"  # the model's output: thinking, text, tool calls, other blocks
+    DECLARED: Final = "declared"  # assistant_message fixed the round's calls
+    RESULTS: Final = "results"  # tool_result blocks
+
+
+_IDLE: Final = _Phase.IDLE
+_OUTPUT: Final = _Phase.OUTPUT
+
+
+class _Gate:
+    """The round's lock, first come first served: taken without a coroutine when it is
+    free (deltas take it for every event), waited for in turn otherwise."""
+
+    __slots__ = ("held", "waiters")
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def wait(self) -> None:
+        """Take the gate once every earlier waiter had it (it is handed on, never raced)."""
+        if not self.held and not self.waiters:
+            self.held = True
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed the gate, then cancelled: hand it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        """Hand the gate to the first waiter still waiting, else free it."""
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # held stays True: it passes to that waiter
+                return
+        self.held = False
+
+    async def __aenter__(self) -> None:
+        if self.held or self.waiters:
+            await self.wait()
+        else:
+            self.held = True
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 _Content = TextStreamer | ThinkingStreamer | BlockStreamer
@@ -154,12 +208,10 @@ class RoundStream:
     def __init__(self, publisher: Publisher, *, start_index: int = 0) -> None:
         self.publisher = publisher
         self._cursor = BlockIndex(publisher, start_index)
-        # asyncio's own lock (essessey runs on asyncio only): a free one is taken without
-        # a pass through the loop, and more cheaply than anyio's, which looks up the
-        # current task on every acquire and release. Deltas take it on every event.
-        self._lock = asyncio.Lock()
+        # Deltas take it on every event: a free gate is a flag, no coroutine.
+        self._lock = _Gate()
         self._rounds = 0
-        self._phase = _Phase.IDLE
+        self._phase: str = _IDLE
         self._reset_round()
         # Read by stream_rounds for the epilogue; set them before the turn ends.
         self.stop_reason: str | None = StopReason.END_TURN
@@ -220,27 +272,38 @@ class RoundStream:
         """
         if not (text or reasoning or signature):
             return
-        await self._lock.acquire()
+        gate = self._lock
+        if gate.held or gate.waiters:
+            await gate.wait()
+        else:
+            gate.held = True
         try:
-            self._require_output("delta")
+            if self._phase is not _OUTPUT:
+                self._require_output("delta")
+            if not (reasoning or signature):
+                # Answer text alone: the path of nearly every chunk.
+                streamer = self._content
+                if type(streamer) is not TextStreamer:
+                    streamer = await self._switch_to(TextStreamer)
+                await streamer.write(text)
+                return
             if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
-            if reasoning or signature:
-                thinking = self._content
-                if type(thinking) is not ThinkingStreamer:
-                    thinking = await self._switch_to(ThinkingStreamer)
-                if reasoning:
-                    await thinking.write(reasoning)
-                if signature:
-                    await thinking.write_signature(signature)
-                    self._signature = signature
+            thinking = self._content
+            if type(thinking) is not ThinkingStreamer:
+                thinking = await self._switch_to(ThinkingStreamer)
+            if reasoning:
+                await thinking.write(reasoning)
+            if signature:
+                await thinking.write_signature(signature)
+                self._signature = signature
             if text:
                 streamer = self._content
                 if type(streamer) is not TextStreamer:
                     streamer = await self._switch_to(TextStreamer)
                 await streamer.write(text)
         finally:
-            self._lock.release()
+            gate.release()
 
     async def block_start(self, content_block: Mapping[str, Any]) -> None:
         """Open a block of a type this class does not model (passed through as given).
@@ -347,12 +410,16 @@ class RoundStream:
 
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
-        await self._lock.acquire()
+        gate = self._lock
+        if gate.held or gate.waiters:
+            await gate.wait()
+        else:
+            gate.held = True
         try:
             calls = self._tool_calls
             open_id = self._tools.open_call
             open_i = len(calls) - 1 if open_id is not None else -1
-            if self._phase is not _Phase.OUTPUT or i != open_i:
+            if self._phase is not _OUTPUT or i != open_i:
                 raise RoundOrderError(
                     f"arguments for tool call {i}, but "
                     + (f"the open call is {open_i}" if open_i >= 0 else "none")
@@ -360,7 +427,7 @@ class RoundStream:
                 )
             await self._tools.write_arguments(calls[i].tool_use_id, partial_json)
         finally:
-            self._lock.release()
+            gate.release()
 
     async def assistant_message(self, tool_calls: Sequence[ToolCallRequest] = ()) -> None:
         """The model's round is complete: close its content and fix its tool calls.
