@@ -3,21 +3,31 @@ as bench_pydantic_ai.py, bench_openai_agents.py and bench_langgraph.py (their ``
 or ``function`` model), counted by valgrind instead of timed.
 
 Run ``python benchmarks/bench_instructions.py [--frameworks langgraph,openai_agents,
-pydantic_ai] [--turns 150] [--json [PATH]]``. Needs ``valgrind`` (the Debian package).
+pydantic_ai] [--turns 150] [--json [PATH]]``, or with ``--paced raw-sse,essessey-sse,
+essessey-hub-sse [--server standard|h11|both]`` for the paced deltas of bench_paced.py.
+Needs ``valgrind`` (the Debian package).
 
 CPU time on a shared two-core machine moves by a tenth from one batch to the next, more
-than the difference a change to the adapters makes. An instruction count does not move:
+than the difference a change to the adapters makes. An instruction count hardly moves:
 each path's turns run in a process of their own under ``valgrind --tool=cachegrind
 --cache-sim=no``, once with no measured turn and once with ``--turns`` of them (both after
 the same warm-up, hash seed fixed), and the difference divided by ``--turns`` is the
-path's instructions per turn. A run of the same tree gives the same figures to within
-0.1%. Instructions are not time (cache misses are left out: the adapters' share of the
-time is somewhat higher than of the instructions), so bench_*.py stay the figures the
-targets are measured on; this one says, exactly, whether a change made a path do less.
+path's instructions per turn. Runs agree to within about 1% (where the garbage collector
+runs moves a little with what ran before). Instructions are not time (cache misses are
+left out: the adapters' share of the time is somewhat higher than of the instructions),
+so bench_*.py stay the figures the targets are measured on; this one says whether a
+change made a path do less, by more than that 1%, in one run.
 
 The paths: the framework's own run consumed to nothing, and the same run through
 essessey's ``AgentTurns`` into a ``StreamHub`` (in-memory store), as in the timed
 benchmarks; the ratio is hub / framework.
+
+``--paced``: bench_paced.py's own server process runs under valgrind, one variant at a
+time, and ``PACED_STREAMS`` streams of its deltas are read from it (a token every
+``PACED_INTERVAL`` seconds, phases spread), once with ``PACED_FEW`` deltas per stream and
+once with ``PACED_MANY``; the difference over the extra deltas is the server's
+instructions per delta, user space only (the kernel's writes and wakeups, the same for
+every variant, are not counted), and the ratio is to raw ASGI's.
 """
 
 from __future__ import annotations
@@ -27,9 +37,12 @@ import asyncio
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +56,11 @@ PATHS = ("framework", "hub")
 WARM_UP = 20
 ROUNDS, DELTAS = 3, 40  # as the timed benchmarks' defaults
 
+PACED_STREAMS, PACED_INTERVAL, PACED_FEW, PACED_MANY = 20, 0.05, 20, 120
+PACED_READY = 300.0  # seconds a server under valgrind may take to listen
+
 _REFS = re.compile(rb"I\s+refs:\s+([\d,]+)")
+_VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
 
 
 def _turns(framework: str) -> tuple[Callable[[int], Any], Callable[[str], Any]]:
@@ -86,27 +103,112 @@ async def _child(framework: str, path: str, turns: int) -> None:
 
 def count(framework: str, path: str, turns: int) -> int:
     """The instructions of one process of ``path`` with ``turns`` measured turns."""
-    command = [
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=no",
-        "--cachegrind-out-file=/dev/null",
-        sys.executable,
-        __file__,
-        "--child",
-        f"{framework}:{path}:{turns}",
-    ]
+    command = [*_VALGRIND, sys.executable, __file__, "--child", f"{framework}:{path}:{turns}"]
     env = dict(os.environ, PYTHONHASHSEED="0")
     done = subprocess.run(command, capture_output=True, env=env, check=True)
-    found = _REFS.search(done.stderr)
+    return _instructions(done.stderr, f"{framework} {path}")
+
+
+def _instructions(stderr: bytes, what: str) -> int:
+    found = _REFS.search(stderr)
     if found is None:
-        raise RuntimeError(f"valgrind printed no instruction count for {framework} {path}")
+        raise RuntimeError(f"valgrind printed no instruction count for {what}")
     return int(found.group(1).replace(b",", b""))
 
 
 def per_turn(framework: str, path: str, turns: int) -> float:
     """Instructions per turn of ``path``: a process with ``turns`` turns less one with none."""
     return (count(framework, path, turns) - count(framework, path, 0)) / turns
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def _read_paced(port: int, variant: str, deltas: int) -> None:
+    """A warm-up round of a few deltas, then a round of ``deltas`` per stream, each read
+    to its end (bench_paced.py's query and round gates)."""
+    import httpx
+
+    base = f"http://127.0.0.1:{port}"
+    limits = httpx.Limits(max_connections=PACED_STREAMS + 5)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        for name, count in (("warm", 5), ("measured", deltas)):
+
+            async def read(k: int, name: str = name, count: int = count) -> None:
+                offset = PACED_INTERVAL * k / PACED_STREAMS
+                query = f"r={name}&k={k}&n={count}&i={PACED_INTERVAL!r}&o={offset!r}"
+                async with client.stream("GET", f"{base}/{variant}?{query}") as response:
+                    async for _ in response.aiter_bytes():
+                        pass
+
+            readers = [asyncio.create_task(read(k)) for k in range(PACED_STREAMS)]
+            await asyncio.sleep(2.0)  # every stream connected and waiting for the go
+            await client.get(f"{base}/ctl/go?r={name}")
+            await asyncio.gather(*readers)
+            await client.get(f"{base}/ctl/end?r={name}")
+
+
+def count_paced(variant: str, flavour: str, deltas: int) -> int:
+    """The instructions of one bench_paced.py server process that served ``variant``."""
+    port = _free_port()
+    script = Path(__file__).resolve().parent / "bench_paced.py"
+    server = [str(script), "--serve", "--port", str(port), "--server", flavour]
+    process = subprocess.Popen(
+        [*_VALGRIND, sys.executable, *server, "--max-streams", "1000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONHASHSEED="0"),
+    )
+    try:
+        deadline = time.monotonic() + PACED_READY
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {flavour} server did not start") from None
+                time.sleep(0.2)
+        asyncio.run(_read_paced(port, variant, deltas))
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()  # the server stops when its stdin closes
+        process.stdin = None
+        _, stderr = process.communicate(timeout=PACED_READY)
+    return _instructions(stderr, f"{variant} on {flavour}")
+
+
+def paced(variants: list[str], flavours: list[str], quiet: bool) -> list[dict[str, Any]]:
+    """Instructions per delta of each variant's server, beside raw ASGI's."""
+    rows: list[dict[str, Any]] = []
+    extra = PACED_STREAMS * (PACED_MANY - PACED_FEW)
+    if not quiet:
+        print(f"{PACED_STREAMS} streams, a delta every {PACED_INTERVAL} s; server instructions")
+        print(f"  {'server':9} {'variant':22} {'per delta':>10} {'x raw':>6}")
+    for flavour in flavours:
+        raw: float | None = None
+        for variant in variants:
+            with ThreadPoolExecutor(2) as pool:
+                counts = [
+                    pool.submit(count_paced, variant, flavour, n) for n in (PACED_FEW, PACED_MANY)
+                ]
+                few, many = (done.result() for done in counts)
+            per_delta = (many - few) / extra
+            if variant == "raw-sse":
+                raw = per_delta
+            ratio = per_delta / raw if raw else None
+            rows.append(
+                {"server": flavour, "variant": variant, "per_delta": per_delta, "ratio": ratio}
+            )
+            if not quiet:
+                shown = f"{ratio:6.2f}" if ratio is not None else "     -"
+                print(f"  {flavour:9} {variant:22} {per_delta:10,.0f} {shown}", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -117,6 +219,17 @@ def main() -> None:
         help=f"some of {','.join(FRAMEWORKS)}, comma-separated (default all)",
     )
     parser.add_argument("--turns", type=int, default=150, help="measured turns (default 150)")
+    parser.add_argument(
+        "--paced",
+        help="bench_paced.py variants to count per delta instead, comma-separated "
+        "(raw-sse first: the others' ratios are to it)",
+    )
+    parser.add_argument(
+        "--server",
+        choices=("standard", "h11", "both"),
+        default="standard",
+        help="with --paced: uvicorn with httptools and uvloop (standard), h11, or both",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     add_json_option(parser)
     args = parser.parse_args()
@@ -132,6 +245,13 @@ def main() -> None:
     if args.turns < 1:
         parser.error("--turns must be at least 1")
     quiet = json_only(args.json)
+    if args.paced:
+        variants = [name.strip() for name in args.paced.split(",") if name.strip()]
+        flavours = ["standard", "h11"] if args.server == "both" else [args.server]
+        rows = paced(variants, flavours, quiet)
+        if args.json:
+            write_json(args.json, {"paced": rows}, __file__)
+        return
     rows: list[dict[str, Any]] = []
     if not quiet:
         print(f"{ROUNDS} rounds of {DELTAS} text deltas per turn; instructions per turn")
