@@ -102,10 +102,6 @@ class _Phase:
     RESULTS: Final = "results"  # tool_result blocks
 
 
-_IDLE: Final = _Phase.IDLE
-_OUTPUT: Final = _Phase.OUTPUT
-
-
 class _Gate:
     """The round's lock, first come first served: taken without a coroutine when it is
     free (deltas take it for every event), waited for in turn otherwise."""
@@ -211,7 +207,7 @@ class RoundStream:
         # Deltas take it on every event: a free gate is a flag, no coroutine.
         self._lock = _Gate()
         self._rounds = 0
-        self._phase: str = _IDLE
+        self._phase: str = _Phase.IDLE
         self._reset_round()
         # Read by stream_rounds for the epilogue; set them before the turn ends.
         self.stop_reason: str | None = StopReason.END_TURN
@@ -278,7 +274,7 @@ class RoundStream:
         else:
             gate.held = True
         try:
-            if self._phase is not _OUTPUT:
+            if self._phase is not _Phase.OUTPUT:
                 self._require_output("delta")
             if not (reasoning or signature):
                 # Answer text alone: the path of nearly every chunk.
@@ -419,7 +415,7 @@ class RoundStream:
             calls = self._tool_calls
             open_id = self._tools.open_call
             open_i = len(calls) - 1 if open_id is not None else -1
-            if self._phase is not _OUTPUT or i != open_i:
+            if self._phase is not _Phase.OUTPUT or i != open_i:
                 raise RoundOrderError(
                     f"arguments for tool call {i}, but "
                     + (f"the open call is {open_i}" if open_i >= 0 else "none")
