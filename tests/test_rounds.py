@@ -33,9 +33,13 @@ def _layout(events: list[Event]) -> list[tuple[str, int, str]]:
 
 async def _opened(dialect: Dialect = "essessey") -> tuple[RoundStream, InMemorySink]:
     sink = InMemorySink()
+    return await _opened_on(sink, dialect), sink
+
+
+async def _opened_on(sink: Any, dialect: Dialect = "essessey") -> RoundStream:
     publisher = Publisher(sink, dialect=dialect)
     await publisher.send_stream_preamble("msg_1", "conv_1", "m")
-    return RoundStream(publisher), sink
+    return RoundStream(publisher)
 
 
 async def _finish(rounds: RoundStream) -> None:
@@ -372,9 +376,7 @@ class _PausingSink:
 @pytest.mark.anyio
 async def test_reasoning_and_text_from_concurrent_tasks_keep_every_block_whole() -> None:
     sink = _PausingSink()
-    publisher = Publisher(sink)
-    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
-    rounds = RoundStream(publisher)
+    rounds = await _opened_on(sink)
     await rounds.round_start()
 
     async def write(kind: str, n: int) -> None:
@@ -409,9 +411,7 @@ async def test_a_caller_cancelled_while_it_waits_for_the_round_leaves_it_to_the_
     handed: bool,
 ) -> None:
     sink = _PausingSink()
-    publisher = Publisher(sink)
-    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
-    rounds = RoundStream(publisher)
+    rounds = await _opened_on(sink)
     await rounds.round_start()
     held = anyio.Event()
     sink.gate = held  # from here on every emit waits until the test lets it go
