@@ -306,16 +306,7 @@ class TextStreamer(_BlockStreamer):
 
     def write(self, chunk: str) -> Coroutine[Any, Any, None]:
         """Append ``chunk``: opens the block on the first non-empty chunk, then a delta."""
-        publisher = self._publisher
-        if chunk and self._open and publisher is not None:
-            return self._send_text(publisher, chunk)
         return self._write(chunk)
-
-    async def _send_text(self, publisher: Publisher, chunk: str) -> None:
-        # _send_open for a text block, with the Publisher's call written in: a chunk of
-        # answer text into the open block is the path of nearly every event of a turn.
-        await publisher.send_content_block_delta_text(self._cursor._index, chunk)
-        self._parts.append(chunk)
 
 
 class ThinkingStreamer(_BlockStreamer):

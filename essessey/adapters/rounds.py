@@ -112,11 +112,16 @@ class _Gate:
         self.held = False
         self.waiters: deque[asyncio.Future[None]] = deque()
 
+    def take(self) -> bool:
+        """Take the gate if it is free (no coroutine); False when :meth:`wait` must."""
+        if self.held or self.waiters:
+            return False
+        self.held = True
+        return True
+
     async def wait(self) -> None:
-        """Take the gate once every earlier waiter had it (it is handed on, never raced)."""
-        if not self.held and not self.waiters:
-            self.held = True
-            return
+        """Take the gate once every earlier waiter had it (it is handed on, never raced);
+        for a caller that :meth:`take` refused."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:
@@ -140,10 +145,8 @@ class _Gate:
         self.held = False
 
     async def __aenter__(self) -> None:
-        if self.held or self.waiters:
+        if not self.take():
             await self.wait()
-        else:
-            self.held = True
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.release()
@@ -269,30 +272,21 @@ class RoundStream:
         if not (text or reasoning or signature):
             return
         gate = self._lock
-        if gate.held or gate.waiters:
+        if not gate.take():
             await gate.wait()
-        else:
-            gate.held = True
         try:
-            if self._phase is not _Phase.OUTPUT:
-                self._require_output("delta")
-            if not (reasoning or signature):
-                # Answer text alone: the path of nearly every chunk.
-                streamer = self._content
-                if type(streamer) is not TextStreamer:
-                    streamer = await self._switch_to(TextStreamer)
-                await streamer.write(text)
-                return
+            self._require_output("delta")
             if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
-            thinking = self._content
-            if type(thinking) is not ThinkingStreamer:
-                thinking = await self._switch_to(ThinkingStreamer)
-            if reasoning:
-                await thinking.write(reasoning)
-            if signature:
-                await thinking.write_signature(signature)
-                self._signature = signature
+            if reasoning or signature:
+                thinking = self._content
+                if type(thinking) is not ThinkingStreamer:
+                    thinking = await self._switch_to(ThinkingStreamer)
+                if reasoning:
+                    await thinking.write(reasoning)
+                if signature:
+                    await thinking.write_signature(signature)
+                    self._signature = signature
             if text:
                 streamer = self._content
                 if type(streamer) is not TextStreamer:
@@ -407,10 +401,8 @@ class RoundStream:
     async def tool_call_delta(self, i: int, partial_json: str) -> None:
         """Stream a fragment of the JSON arguments of call ``i``, the open call."""
         gate = self._lock
-        if gate.held or gate.waiters:
+        if not gate.take():
             await gate.wait()
-        else:
-            gate.held = True
         try:
             calls = self._tool_calls
             open_id = self._tools.open_call

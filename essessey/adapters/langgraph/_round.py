@@ -228,21 +228,6 @@ class LLMCall:
         """Publish what one chunk carries."""
         held = self.held
         content = message.content
-        fragments = message.tool_call_chunks
-        if (
-            not fragments
-            and isinstance(content, str)
-            and content
-            and held.open is None
-            and not message.additional_kwargs
-            and not held.pending
-        ):
-            # The common chunk: text, live, with nothing held and no call's fragment.
-            await self.rounds.delta(text=content if content.isascii() else clean(content))
-            self.signable = False
-            if message.response_metadata:
-                self._metadata(message)
-            return
         if isinstance(content, str) and not message.additional_kwargs:
             if not content:
                 pass
@@ -254,6 +239,7 @@ class LLMCall:
         else:
             for piece in _pieces(message):
                 await held.put(piece)
+        fragments = message.tool_call_chunks
         for fragment in fragments:
             index = fragment.get("index")
             given = fragment.get("id")
