@@ -51,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _cli import add_json_option, json_only, write_json
 
+from tests.processes import free_port, spawn
+
 FRAMEWORKS = ("langgraph", "openai_agents", "pydantic_ai")
 PATHS = ("framework", "hub")
 WARM_UP = 20
@@ -121,17 +123,11 @@ def per_turn(framework: str, path: str, turns: int) -> float:
     return (count(framework, path, turns) - count(framework, path, 0)) / turns
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def _read_paced(port: int, variant: str, deltas: int) -> None:
     """A warm-up round of a few deltas, then a round of ``deltas`` per stream, each read
     to its end (bench_paced.py's query and round gates)."""
     import httpx
+    from bench_paced import Params
 
     base = f"http://127.0.0.1:{port}"
     limits = httpx.Limits(max_connections=PACED_STREAMS + 5)
@@ -140,7 +136,7 @@ async def _read_paced(port: int, variant: str, deltas: int) -> None:
 
             async def read(k: int, name: str = name, count: int = count) -> None:
                 offset = PACED_INTERVAL * k / PACED_STREAMS
-                query = f"r={name}&k={k}&n={count}&i={PACED_INTERVAL!r}&o={offset!r}"
+                query = Params(name, k, count, PACED_INTERVAL, offset).query()
                 async with client.stream("GET", f"{base}/{variant}?{query}") as response:
                     async for _ in response.aiter_bytes():
                         pass
@@ -154,10 +150,10 @@ async def _read_paced(port: int, variant: str, deltas: int) -> None:
 
 def count_paced(variant: str, flavour: str, deltas: int) -> int:
     """The instructions of one bench_paced.py server process that served ``variant``."""
-    port = _free_port()
+    port = free_port()
     script = Path(__file__).resolve().parent / "bench_paced.py"
     server = [str(script), "--serve", "--port", str(port), "--server", flavour]
-    process = subprocess.Popen(
+    process = spawn(
         [*_VALGRIND, sys.executable, *server, "--max-streams", "1000"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -165,6 +161,8 @@ def count_paced(variant: str, flavour: str, deltas: int) -> int:
         env=dict(os.environ, PYTHONHASHSEED="0"),
     )
     try:
+        # Not the harness's wait_for_port: under valgrind the imports alone outlast its
+        # timeout.
         deadline = time.monotonic() + PACED_READY
         while True:
             try:
