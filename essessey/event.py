@@ -8,7 +8,7 @@ them as the message body.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Iterator, Sequence
+from collections.abc import AsyncIterable, Awaitable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_checkable
 
 import orjson
@@ -109,18 +109,20 @@ class Sink(Protocol):
 
 @runtime_checkable
 class TextDeltaSink(Sink, Protocol):
-    """A sink that takes a text delta with its block index and text beside the event.
+    """A sink that takes a text delta as its block index, its text and its payload.
 
     A Publisher whose sink's class has ``emit_text`` calls it, instead of ``emit``, for
     each text delta it sends one by one: a sink that writes the turn in another form (an
     SSE response in another wire dialect) then need not decode the event's JSON to find
-    the text. The class must define the method (the Publisher checks the class, once,
+    the text, and a sink that can deliver the delta at once does so in the call, without
+    a coroutine. The class must define the method (the Publisher checks the class, once,
     not each instance).
     """
 
-    async def emit_text(self, event: Event, index: int, text: str) -> None:
-        """``emit(event)``, told that ``event`` is a text delta of ``text`` for the
-        block at ``index``."""
+    def emit_text(self, index: int, text: str, data: bytes) -> Awaitable[None] | None:
+        """Deliver the ``content_block_delta`` event whose payload is ``data``, a text
+        delta of ``text`` for the block at ``index``: None when it was delivered in the
+        call, else an awaitable that delivers it (or raises, as ``emit`` would)."""
         ...
 
 

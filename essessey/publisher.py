@@ -73,6 +73,7 @@ class Publisher:
     __slots__ = (
         "_block_types",
         "_checker",
+        "_debug",
         "_dialect",
         "_emit_many",
         "_emit_text",
@@ -89,6 +90,10 @@ class Publisher:
         self._dialect: Dialect = dialect
         self._checker: ProtocolChecker | None = ProtocolChecker() if strict else None
         self._block_types: dict[int, str] = {}
+        # Whether deltas log: the level as of the stream's last other event (the block's
+        # start, at the latest), which is when a block's type is noted for its lines; a
+        # level check per delta would cost as much as the delta's other checks.
+        self._debug = False
         self._input_tokens = 0
         self._thinking_field = protocol.thinking_delta_field(dialect)
         # The sink's capabilities, learnt once from its class (an ABC check, cached per
@@ -97,7 +102,7 @@ class Publisher:
         self._emit_many: Callable[[EventBatch], Awaitable[None]] | None = (
             cast(BatchSink, sink).emit_many if issubclass(kind, BatchSink) else None
         )
-        self._emit_text: Callable[[Event, int, str], Awaitable[None]] | None = (
+        self._emit_text: Callable[[int, str, bytes], Awaitable[None] | None] | None = (
             cast(TextDeltaSink, sink).emit_text if issubclass(kind, TextDeltaSink) else None
         )
         self._thinking_template = _delta_template(DeltaType.THINKING, self._thinking_field)
@@ -133,7 +138,7 @@ class Publisher:
             violations = checker.accept(name, payload)
             if violations:
                 raise ProtocolError(f"{name} would break the protocol: {violations[0]}", violations)
-        if logger.isEnabledFor(logging.DEBUG):
+        if self._debug_now():
             self._log(name, payload, text_len)
         await self._sink.emit(_new_event(Event, (name, data, None)))
 
@@ -146,17 +151,19 @@ class Publisher:
                 raise ProtocolError(
                     f"{event.event} would break the protocol: {violations[0]}", violations
                 )
-        if logger.isEnabledFor(logging.DEBUG):
+        if self._debug_now():
             logger.debug("emit %s", event.event)
         await self._sink.emit(event)
 
-    async def _send_delta(
+    def _delta_data(
         self, template: bytes, index: int, delta_type: str, field: str, text: str
-    ) -> None:
-        # The hot path: most events of a turn are deltas. The payload is written from a
-        # template (the same bytes orjson gives for the dict, key order included) and
-        # the strict check takes the checker's one-comparison fast path; the dict is
-        # built only to explain a refusal.
+    ) -> bytes:
+        """A delta's payload, checked: what every delta method sends.
+
+        The hot path: most events of a turn are deltas. The payload is written from a
+        template (the same bytes orjson gives for the dict, key order included) and the
+        strict check takes the checker's one-comparison fast path; the dict is built only
+        to explain a refusal."""
         try:
             data = template % (index, orjson.dumps(text))
         except TypeError as exc:
@@ -173,19 +180,25 @@ class Publisher:
                 raise ProtocolError(
                     f"content_block_delta would break the protocol: {violations[0]}", violations
                 )
-        if logger.isEnabledFor(logging.DEBUG):
+        if self._debug:
             logger.debug(
                 "emit content_block_delta index=%s block=%s delta_len=%s",
                 index,
                 self._block_types.get(index),
                 len(text),
             )
-        event = _new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None))
-        emit_text = self._emit_text
-        if emit_text is not None and template is _TEXT_DELTA:
-            await emit_text(event, index, text)
-            return
-        await self._sink.emit(event)
+        return data
+
+    async def _send_delta(
+        self, template: bytes, index: int, delta_type: str, field: str, text: str
+    ) -> None:
+        data = self._delta_data(template, index, delta_type, field, text)
+        await self._sink.emit(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
+
+    def _debug_now(self) -> bool:
+        """Whether this event logs, noted for the deltas that follow it."""
+        debug = self._debug = logger.isEnabledFor(logging.DEBUG)
+        return debug
 
     def _log(self, name: str, payload: dict[str, Any], text_len: int) -> None:
         # Names, indexes and lengths only: payload content never reaches a log.
@@ -205,10 +218,9 @@ class Publisher:
 
     # -- one method per protocol event -----------------------------------------------
     #
-    # The delta methods are plain functions returning the coroutine of _send_delta:
-    # awaiting them is the same as awaiting an ``async def``, one coroutine frame fewer
-    # on the path that carries nearly every event of a turn. Nothing runs until the
-    # result is awaited.
+    # The other delta methods are plain functions returning the coroutine of
+    # _send_delta: awaiting them is the same as awaiting an ``async def``, one coroutine
+    # frame fewer. Nothing runs until the result is awaited.
 
     async def send_message_start(
         self, message_id: str, stream_id: str, model: str, *, input_tokens: int = 0
@@ -250,9 +262,18 @@ class Publisher:
             },
         )
 
-    def send_content_block_delta_text(self, index: int, text: str) -> Coroutine[Any, Any, None]:
+    async def send_content_block_delta_text(self, index: int, text: str) -> None:
         """Append answer text to the text block at ``index``."""
-        return self._send_delta(_TEXT_DELTA, index, DeltaType.TEXT, "text", text)
+        # Nearly every event of a turn. A sink that takes text deltas (emit_text) takes
+        # one without a coroutine of its own when it can write it at once.
+        data = self._delta_data(_TEXT_DELTA, index, DeltaType.TEXT, "text", text)
+        emit_text = self._emit_text
+        if emit_text is None:
+            await self._sink.emit(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
+            return
+        pending = emit_text(index, text, data)
+        if pending is not None:
+            await pending
 
     async def send_content_block_deltas_text(self, index: int, texts: Iterable[str]) -> None:
         """Append several chunks of answer text to the text block at ``index`` at once.
@@ -279,11 +300,10 @@ class Publisher:
             index, DeltaType.TEXT, len(chunks), any(chunks)
         ):
             # Not plainly fine: the first chunk through the single path says why.
-            await self._send_delta(_TEXT_DELTA, index, DeltaType.TEXT, "text", chunks[0])
-            for text in chunks[1:]:
-                await self._send_delta(_TEXT_DELTA, index, DeltaType.TEXT, "text", text)
+            for text in chunks:
+                await self.send_content_block_delta_text(index, text)
             return
-        if logger.isEnabledFor(logging.DEBUG):
+        if self._debug:
             logger.debug(
                 "emit %d content_block_delta index=%s block=%s delta_len=%s",
                 len(chunks),

@@ -897,33 +897,50 @@ async def test_anthropic_sdk_reads_several_messages() -> None:
 
 
 class _TextSink:
-    """A sink that takes text deltas with their index and text beside the event."""
+    """A sink that takes text deltas as index, text and payload: every other one at once
+    (None), the rest through the awaitable it returns, which runs only when awaited."""
 
     def __init__(self) -> None:
-        self.via_text: list[tuple[int, str]] = []
+        self.via_text: list[tuple[int, str, bytes]] = []
         self.via_emit: list[str] = []
+        self.calls = 0
 
     async def emit(self, event: Event) -> None:
         self.via_emit.append(event.event)
 
-    async def emit_text(self, event: Event, index: int, text: str) -> None:
-        assert event.event == "content_block_delta"
-        self.via_text.append((index, text))
+    def emit_text(self, index: int, text: str, data: bytes) -> Awaitable[None] | None:
+        self.calls += 1
+        if self.calls % 2:
+            self.via_text.append((index, text, data))
+            return None
+        return self._later(index, text, data)
+
+    async def _later(self, index: int, text: str, data: bytes) -> None:
+        self.via_text.append((index, text, data))
 
 
 @pytest.mark.anyio
 async def test_text_deltas_reach_emit_text_and_every_other_event_emit_once() -> None:
     sink = _TextSink()
-    publisher = Publisher(sink)
-    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
-    await publisher.send_content_block_start_text(0)
-    for chunk in ("a", "b", "c", "d"):
-        await publisher.send_content_block_delta_text(0, chunk)
-    await publisher.send_content_block_stop(0)
-    await publisher.send_content_block_start_thinking(1)
-    await publisher.send_content_block_delta_thinking(1, "hm")
-    await publisher.send_content_block_stop(1)
-    assert sink.via_text == [(0, "a"), (0, "b"), (0, "c"), (0, "d")]
+    plain = InMemorySink()
+    for publisher in (Publisher(sink), Publisher(plain)):
+        await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+        await publisher.send_content_block_start_text(0)
+        for chunk in ("a", 'b "q"', "", "d\n"):
+            await publisher.send_content_block_delta_text(0, chunk)
+        await publisher.send_content_block_stop(0)
+        await publisher.send_content_block_start_thinking(1)
+        await publisher.send_content_block_delta_thinking(1, "hm")
+        await publisher.send_content_block_stop(1)
+    # Taken at once or through the awaitable, each in order and once, with the payload
+    # the event of a plain sink carries.
+    texts = [e.data for e in plain.events if b'"text_delta"' in e.data]
+    assert sink.via_text == [
+        (0, "a", texts[0]),
+        (0, 'b "q"', texts[1]),
+        (0, "", texts[2]),
+        (0, "d\n", texts[3]),
+    ]
     assert sink.via_emit == [
         "message_start",
         "ping",
@@ -933,6 +950,19 @@ async def test_text_deltas_reach_emit_text_and_every_other_event_emit_once() -> 
         "content_block_delta",
         "content_block_stop",
     ]
+
+
+@pytest.mark.anyio
+async def test_a_refused_text_delta_reaches_no_sink_method() -> None:
+    sink = _TextSink()
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+    with pytest.raises(ProtocolError):
+        await publisher.send_content_block_delta_text(0, "no block is open")
+    with pytest.raises(SerializationError):
+        await publisher.send_content_block_delta_text(0, "\ud800")
+    assert sink.calls == 0
+    assert sink.via_emit == ["message_start", "ping"]
 
 
 @pytest.mark.anyio

@@ -4,16 +4,16 @@ response and the WebSocket endpoint alike.
 A binding frames each event and hands the frame to its :class:`Line`, in the producer's
 (or the subscription's) own task:
 
-- :meth:`Line.takes_now` then :meth:`Line.put`: the frame is taken without waiting.
-  On a free line at a model's pace (a token every few tens of milliseconds) it is written
-  straight to the server's transport when the binding has a way to (its :class:`Wire`'s
-  ``direct``): no ASGI send, no task switch. While a send is in progress, or in a burst
-  (one event right after another, a replay), it is held, and goes out joined with the
-  others in the next send. ``takes_now`` is asked before the frame is made, so a
-  dialect's stateful encoder never encodes what the line then refuses.
-- :meth:`Line.write`: the frame goes through the server (an ASGI send) when the line is
-  free, or is held, waiting for room when ``max_queue`` frames are held already: a slow
-  client slows whoever writes instead of growing memory.
+- :meth:`Line.offer`: the frame is taken without waiting, or refused. On a free line at
+  a model's pace (a token every few tens of milliseconds) it is written straight to the
+  server's transport when the binding has a way to (its :class:`Wire`'s ``direct``): no
+  ASGI send, no task switch. While a send is in progress, or in a burst (one event right
+  after another, a replay), it is held, and goes out joined with the others in the next
+  send. A caller that must not make a frame the line would refuse (a dialect's stateful
+  encoder, offered an event in a store's append) asks :meth:`Line.takes_now` first.
+- :meth:`Line.write`: what the line refused. The frame goes through the server (an ASGI
+  send) when the line is free, or is held, waiting for room when ``max_queue`` frames are
+  held already: a slow client slows whoever writes instead of growing memory.
 - :meth:`Line.finish`: whatever is held goes out, then the binding's end.
 
 Whoever holds the send writes what was held before it lets go, so frames keep their
@@ -167,9 +167,8 @@ class Line:
     # -- the writer's side ---------------------------------------------------------------
 
     def takes_now(self) -> bool:
-        """Whether :meth:`put` would take a frame now; False when it must go through
-        :meth:`write` (no direct way to the transport, the answer not started, the
-        server stopping, or ``max_queue`` frames held already). Raises
+        """Whether :meth:`offer` would take a frame now, asked before the frame is made
+        by a caller that must not make one the line then refuses. Raises
         :class:`LineEnded` once the line has ended."""
         if self.ended:
             raise LineEnded
@@ -178,22 +177,35 @@ class Line:
             return self._direct is not None and self.started and not self.stopping
         return len(self._held) < self._max_queue
 
-    def put(self, frame: bytes) -> None:
-        """Take ``frame`` (after :meth:`takes_now` said yes): written now, straight to
-        the transport, when the line is free and this is no burst; held for the next send
-        otherwise, or when the transport is full (its slow client then paces the sends
-        of what is held, and ``max_queue`` the writer)."""
-        if not self.sending and not self._held:
+    def offer(self, frame: bytes) -> bool:
+        """Take ``frame`` without waiting, or refuse it (False, having done nothing: the
+        caller then writes it with :meth:`write`). On a free line, at a model's pace, it is
+        written now, straight to the transport; while a send is in progress, in a burst,
+        or when the transport is full, it is held for the next send (the transport's slow
+        client then paces the sends of what is held). Refused when the line has no direct
+        way to the transport, the answer has not started, the server is stopping, or
+        ``max_queue`` frames are held already. Raises :class:`LineEnded` once the line
+        has ended."""
+        if self.ended:
+            raise LineEnded
+        held = self._held
+        if not self.sending and not held:
             now = time.monotonic()
-            direct = self._direct
-            if now > self._burst_until and direct is not None and direct(frame):
-                self.last_sent = now
-                self._burst_until = now + BURST
-                return
-        self._held.append(frame)
+            if now > self._burst_until:
+                direct = self._direct
+                if direct is None or not self.started or self.stopping:
+                    return False
+                if direct(frame):
+                    self.last_sent = now
+                    self._burst_until = now + BURST
+                    return True
+        elif len(held) >= self._max_queue:
+            return False
+        held.append(frame)
         self._held_bytes += len(frame)
         if not self.sending:
             self._wake_flusher()
+        return True
 
     async def write(self, frame: bytes) -> None:
         """Send ``frame`` now, or hold it while another send is in progress (waiting

@@ -28,7 +28,7 @@ __all__ = ["encode", "encode_many", "error_body", "format_message"]
 
 _LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
 _LINE_BREAK_BYTES: Final = re.compile(rb"\r\n|\r|\n")
-_FORBIDDEN: Final = ("\r", "\n", "\0")
+_FORBIDDEN: Final = re.compile("[\r\n\0]")
 
 # Event names are few; their validated "event: <name>\ndata: " prefix is cached.
 _PREFIXES: dict[str, bytes] = {}
@@ -36,9 +36,8 @@ _PREFIX_CACHE_LIMIT: Final = 1024
 
 
 def _check_token(kind: str, value: str) -> str:
-    for char in _FORBIDDEN:
-        if char in value:
-            raise ValueError(f"an SSE {kind} must not contain CR, LF or NUL")
+    if _FORBIDDEN.search(value) is not None:
+        raise ValueError(f"an SSE {kind} must not contain CR, LF or NUL")
     return value
 
 
@@ -99,12 +98,12 @@ def encode(event: Event) -> bytes:
     if data and not (10 in data or 13 in data):
         # Nearly every event: one line of JSON (orjson never writes a raw line break),
         # joined in one pass.
+        prefix = _PREFIXES.get(event.event) or _prefix(event.event)
         if event_id:
-            id_line = _check_token("id", event_id).encode()
-            return b"".join(
-                (b"id: ", id_line, b"\n", _prefix(event.event), b"data: ", data, b"\n\n")
-            )
-        return b"".join((_prefix(event.event), b"data: ", data, b"\n\n"))
+            if _FORBIDDEN.search(event_id) is not None:
+                _check_token("id", event_id)  # raises, saying why
+            return b"".join((b"id: ", event_id.encode(), b"\n", prefix, b"data: ", data, b"\n\n"))
+        return b"".join((prefix, b"data: ", data, b"\n\n"))
     if data:
         body = b"".join(
             (b"data: " + line + b"\n") if line else b"data:\n"

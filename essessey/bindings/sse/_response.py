@@ -100,7 +100,10 @@ _SSE_HEADERS: Final = (
 )
 # The frame head of each event a Publisher batches (its data is JSON from orjson: no
 # line break in it, so one data line).
-_BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: b"event: content_block_delta\ndata: "}
+# Building the named tuple through tuple.__new__ skips its argument-parsing __new__.
+_new_event: Final = tuple.__new__
+_TEXT_DELTA_HEAD: Final = b"event: content_block_delta\ndata: "
+_BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: _TEXT_DELTA_HEAD}
 _PROTOCOL_FRAMES: Final = ProtocolFrames()
 RESUME_HEADERS_WITHIN: Final = 0.25
 """Seconds a resume's response waits for its first event before it sends its headers
@@ -164,45 +167,107 @@ async def _nothing() -> None:
 
 
 class _LineSink:
-    """The sink a producer writes into: each event framed and handed to the line."""
+    """The sink a producer writes into: each event in the protocol's own frames, handed
+    to the line."""
 
-    __slots__ = ("_encode", "_encode_text", "_line", "last_was_error")
+    __slots__ = ("_encode", "_line", "last_was_error")
 
-    def __init__(self, line: Line, encoder: FrameEncoder | None) -> None:
+    def __init__(self, line: Line, encode_event: Callable[[Event], bytes] = encode) -> None:
         self._line = line
+        self._encode = encode_event
         self.last_was_error = False
-        # The protocol's own framing, or a dialect's (one call either way).
-        self._encode: Callable[[Event], bytes] = encode if encoder is None else encoder.encode
-        self._encode_text: Callable[[int, str], bytes | None] | None = (
-            cast(TextDeltaEncoder, encoder).encode_text
-            if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
-            else None
-        )
 
     def emit(self, event: Event) -> Coroutine[Any, Any, None]:
         # A plain function returning a coroutine: none of the write's frames on the path
         # of an event the line takes at once.
-        takes_now = self._line.takes_now()
         frame = self._encode(event)
         self.last_was_error = event.event == EventType.ERROR
-        return self._hand(frame, takes_now)
+        return self._hand(frame) or _nothing()
 
-    def _hand(self, frame: bytes, takes_now: bool) -> Coroutine[Any, Any, None]:
-        """Give ``frame`` to the line: taken now (``takes_now``, asked before it was
-        made), or the write to await."""
+    def emit_text(self, index: int, text: str, data: bytes) -> Coroutine[Any, Any, None] | None:
+        # The frame of a text delta is its payload between the same two constants.
+        self.last_was_error = False
+        return self._hand(_TEXT_DELTA_HEAD + data + b"\n\n")
+
+    def _hand(self, frame: bytes) -> Coroutine[Any, Any, None] | None:
+        """Give ``frame`` to the line: None when it took it now, else the write to await.
+        Made once either way, so a dialect's encoder frames each event once."""
         if not frame:
-            return _nothing()
+            return None
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
-        if takes_now:
-            self._line.put(frame)
-            return _nothing()
-        return self._line.write(frame)
+        line = self._line
+        if line.offer(frame):
+            return None
+        return line.write(frame)
 
     def deliver(self, event: Event) -> bool:
         """An event offered in a store's append (see ``essessey.stores.Deliver``): taken
         when the line takes it now; False, having done nothing and never raising, when
         it must come through the source."""
+        line = self._line
+        try:
+            if line.ended:
+                return False
+            frame = self._encode(event)
+            # The protocol's frames hold no state: a frame the line refuses is made again
+            # when the event comes through the source.
+            if frame and not line.offer(frame):
+                return False
+        except Exception:
+            return False  # read again through the source, which then raises it
+        self.last_was_error = event.event == EventType.ERROR
+        if frame:
+            totals.sse_events += 1
+            totals.sse_bytes += len(frame)
+        return True
+
+    async def emit_many(self, events: Sequence[Event]) -> None:
+        # Many events ready at once (a Publisher's batched deltas): one write.
+        if not events:
+            return
+        body = self._frames(events)
+        if not body:
+            return
+        totals.sse_events += len(events)
+        totals.sse_bytes += len(body)
+        await self._line.write(body)
+        self.last_was_error = events[-1].event == EventType.ERROR
+
+    def _frames(self, events: Sequence[Event]) -> bytes:
+        if isinstance(events, EventBatch) and events.name in _BATCH_PREFIXES:
+            # One name, no ids, JSON data without line breaks: framed by concatenation.
+            prefix = _BATCH_PREFIXES[events.name]
+            return b"".join([prefix + data + b"\n\n" for data in events.datas])
+        return b"".join([self._encode(event) for event in events])
+
+
+class _DialectLineSink(_LineSink):
+    """The sink of a response in another wire dialect: each event in its encoder's
+    frames. A :class:`TextDeltaEncoder` writes a text delta from its text, without
+    decoding the event. The encoder keeps state (what is open, what it counted), so an
+    event offered in a store's append is framed only once the line takes it."""
+
+    __slots__ = ("_encode_text",)
+
+    def __init__(self, line: Line, encoder: FrameEncoder) -> None:
+        super().__init__(line, encoder.encode)
+        self._encode_text: Callable[[int, str], bytes | None] | None = (
+            cast(TextDeltaEncoder, encoder).encode_text
+            if issubclass(type(encoder), TextDeltaEncoder)
+            else None
+        )
+
+    def emit_text(self, index: int, text: str, data: bytes) -> Coroutine[Any, Any, None] | None:
+        encode_text = self._encode_text
+        frame = None if encode_text is None else encode_text(index, text)
+        if frame is None:
+            # Not an open text block, or an encoder without encode_text: the general path.
+            frame = self._encode(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
+        self.last_was_error = False
+        return self._hand(frame)
+
+    def deliver(self, event: Event) -> bool:
         line = self._line
         try:
             if line.ended or not line.takes_now():
@@ -212,66 +277,30 @@ class _LineSink:
             return False  # read again through the source, which then raises it
         self.last_was_error = event.event == EventType.ERROR
         if frame:
-            line.put(frame)
+            line.offer(frame)  # takes_now said yes, and nothing ran since
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
         return True
 
-    async def emit_many(self, events: Sequence[Event]) -> None:
-        # Many events ready at once (a Publisher's batched deltas): one write.
-        if not events:
-            return
-        if (
-            self._encode is encode
-            and isinstance(events, EventBatch)
-            and events.name in _BATCH_PREFIXES
-        ):
-            # One name, no ids, JSON data without line breaks: framed by concatenation.
-            prefix = _BATCH_PREFIXES[events.name]
-            body = b"".join([prefix + data + b"\n\n" for data in events.datas])
-        else:
-            frames: list[bytes] = []
-            encode_text = self._encode_text
-            if (
-                encode_text is not None
-                and isinstance(events, EventBatch)
-                and events.texts is not None
-                and events.block_index is not None
-            ):
-                # A dialect writes a batch's text deltas from their texts; any it cannot
-                # (not an open text block) go through encode, as the rest would.
-                index = events.block_index
-                for text in events.texts:
-                    frame = encode_text(index, text)
-                    if frame is None:
-                        break
-                    frames.append(frame)
-            rest = events[len(frames) :] if frames else events
-            body = b"".join(frames) + b"".join([self._encode(e) for e in rest])
-        if not body:
-            return
-        totals.sse_events += len(events)
-        totals.sse_bytes += len(body)
-        await self._line.write(body)
-        self.last_was_error = events[-1].event == EventType.ERROR
-
-
-class _TextLineSink(_LineSink):
-    """The sink of a response whose dialect writes text deltas from their text (a
-    :class:`TextDeltaEncoder`): a Publisher hands it each text delta's text beside the
-    event (``emit_text``), so the encoder need not decode the event. A class of its own,
-    so that the protocol's responses keep the plain ``emit`` path."""
-
-    __slots__ = ()
-
-    def emit_text(self, event: Event, index: int, text: str) -> Coroutine[Any, Any, None]:
-        takes_now = self._line.takes_now()
+    def _frames(self, events: Sequence[Event]) -> bytes:
+        frames: list[bytes] = []
         encode_text = self._encode_text
-        frame = None if encode_text is None else encode_text(index, text)
-        if frame is None:
-            frame = self._encode(event)  # not an open text block: the general path
-        self.last_was_error = False
-        return self._hand(frame, takes_now)
+        if (
+            encode_text is not None
+            and isinstance(events, EventBatch)
+            and events.texts is not None
+            and events.block_index is not None
+        ):
+            # A batch's text deltas from their texts; any the encoder cannot write (not
+            # an open text block) go through encode, as the rest would.
+            index = events.block_index
+            for text in events.texts:
+                frame = encode_text(index, text)
+                if frame is None:
+                    break
+                frames.append(frame)
+        rest = events[len(frames) :] if frames else events
+        return b"".join(frames) + b"".join([self._encode(event) for event in rest])
 
 
 @runtime_checkable
@@ -442,11 +471,7 @@ class EventStreamResponse(Response):
                 start_within=self.headers_within,
             )
             encoder = self.encoder
-            sink = (
-                _TextLineSink(line, encoder)
-                if encoder is not None and issubclass(type(encoder), TextDeltaEncoder)
-                else _LineSink(line, encoder)
-            )
+            sink = _LineSink(line) if encoder is None else _DialectLineSink(line, encoder)
             tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
             unwatch = watch_line(line)
             tasks.start_soon(line.run)

@@ -291,9 +291,7 @@ async def _follow(
                 opened = _first(opened)
             totals.websocket_events += 1
             totals.websocket_bytes += len(frame)
-            if line.takes_now():
-                line.put(frame)
-            else:
+            if not line.offer(frame):
                 await line.write(frame)
         await line.finish(b"")  # what is held goes out before the close frame
     except LineEnded:
@@ -334,14 +332,17 @@ def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
     if ending.shutdown or ending.disconnected:
         return False
     try:
-        if line.ended or not line.takes_now():
+        if line.ended:
             return False
+        # A WebSocket frame holds no state: one the line refuses is made again when the
+        # event comes through the subscription.
         frame = frame_bytes(event)
+        if not line.offer(frame):
+            return False
     except Exception:
         return False  # the subscription's own loop reads it, and ends on it
     totals.websocket_events += 1
     totals.websocket_bytes += len(frame)
-    line.put(frame)
     return True
 
 

@@ -1,0 +1,117 @@
+"""The delivery line's ``offer``: what it takes at once, holds or refuses (the writer then
+awaits ``write``). Through a wire of its own that records each write, so every case is
+seen in the bytes that reach it."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+
+from essessey.bindings import _line
+from essessey.bindings._line import Line, LineEnded
+
+
+class _Wire:
+    def __init__(self, *, direct: bool = True, room: bool = True) -> None:
+        self.written: list[bytes] = []  # straight to the transport
+        self.sent: list[tuple[bytes, bool]] = []  # through the server's send
+        self.room = room
+        self.direct = self._direct if direct else None
+
+    def _direct(self, frame: bytes) -> bool:
+        if not self.room:
+            return False
+        self.written.append(frame)
+        return True
+
+    async def send(self, frames: list[bytes], *, start: bool, more: bool) -> None:
+        self.sent.append((b"".join(frames), more))
+
+    def stalled(self) -> None:
+        pass
+
+
+def _line_on(wire: _Wire, *, started: bool = True, max_queue: int = 4) -> Line:
+    return Line(
+        wire,
+        anyio.CancelScope(),
+        kind="sse",
+        log=logging.getLogger("test"),
+        ping=b": ping\n",
+        ping_interval=0,
+        send_timeout=None,
+        max_queue=max_queue,
+        max_batch_bytes=1 << 16,
+        started=started,
+    )
+
+
+@pytest.mark.anyio
+async def test_a_frame_at_a_model_s_pace_is_written_now_and_one_in_a_burst_is_held() -> None:
+    wire = _Wire()
+    line = _line_on(wire)
+    assert line.offer(b"a")
+    assert wire.written == [b"a"]
+    assert line.offer(b"b")  # right after: part of a burst, held for the next send
+    assert wire.written == [b"a"]
+    assert line.busy
+    await line.finish(b"end")
+    assert wire.sent == [(b"b", True), (b"end", False)]
+
+
+@pytest.mark.anyio
+async def test_a_full_transport_holds_the_frame_instead_of_dropping_it() -> None:
+    wire = _Wire(room=False)
+    line = _line_on(wire)
+    assert line.offer(b"a")
+    assert wire.written == []
+    await line.finish(b"")
+    assert wire.sent == [(b"a", True), (b"", False)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", ["no direct way", "not started", "stopping"])
+async def test_a_line_that_cannot_write_at_once_refuses_having_done_nothing(case: str) -> None:
+    wire = _Wire(direct=case != "no direct way")
+    line = _line_on(wire, started=case != "not started")
+    if case == "stopping":
+        line.stop()
+    assert not line.offer(b"a")
+    assert line.takes_now() is False
+    assert wire.written == []
+    assert wire.sent == []
+    assert line.busy is (case != "not started")
+
+
+@pytest.mark.anyio
+async def test_a_line_holding_max_queue_frames_refuses_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_line, "BURST", 0.5)  # the frames after the first: a burst
+    wire = _Wire()
+    line = _line_on(wire, max_queue=2)
+    assert line.offer(b"0")  # written
+    assert line.offer(b"1")
+    assert line.offer(b"2")
+    assert not line.takes_now()
+    assert not line.offer(b"3")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(line.run)  # the line's own task sends what is held
+        with anyio.fail_after(5):
+            await line.write(b"3")  # what the writer does with a refused frame
+            await line.finish(b"")
+        tasks.cancel_scope.cancel()  # as the connection's end does
+    assert wire.written == [b"0"]
+    assert b"".join(frame for frame, _ in wire.sent) == b"123"
+
+
+@pytest.mark.anyio
+async def test_an_ended_line_raises_line_ended() -> None:
+    line = _line_on(_Wire())
+    await line.finish(b"")
+    with pytest.raises(LineEnded):
+        line.offer(b"a")
+    with pytest.raises(LineEnded):
+        line.takes_now()
