@@ -9,8 +9,9 @@ A binding frames each event and hands the frame to its :class:`Line`, in the pro
   server's transport when the binding has a way to (its :class:`Wire`'s ``direct``): no
   ASGI send, no task switch. While a send is in progress, or in a burst (one event right
   after another, a replay), it is held, and goes out joined with the others in the next
-  send. A caller that must not make a frame the line would refuse (a dialect's stateful
-  encoder, offered an event in a store's append) asks :meth:`Line.takes_now` first.
+  send. A caller that would make a refused frame for nothing (an event offered in a
+  store's append, which comes through the source when refused) asks
+  :meth:`Line.takes_now` first.
 - :meth:`Line.write`: what the line refused. The frame goes through the server (an ASGI
   send) when the line is free, or is held, waiting for room when ``max_queue`` frames are
   held already: a slow client slows whoever writes instead of growing memory.

@@ -207,17 +207,16 @@ class _LineSink:
         it must come through the source."""
         line = self._line
         try:
-            if line.ended:
+            # Asked before the frame is made: a refused event is framed when it comes
+            # through the source, and a dialect's encoder keeps state.
+            if line.ended or not line.takes_now():
                 return False
             frame = self._encode(event)
-            # The protocol's frames hold no state: a frame the line refuses is made again
-            # when the event comes through the source.
-            if frame and not line.offer(frame):
-                return False
         except Exception:
             return False  # read again through the source, which then raises it
         self.last_was_error = event.event == EventType.ERROR
         if frame:
+            line.offer(frame)  # takes_now said yes, and nothing ran since
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
         return True
@@ -245,8 +244,7 @@ class _LineSink:
 class _DialectLineSink(_LineSink):
     """The sink of a response in another wire dialect: each event in its encoder's
     frames. A :class:`TextDeltaEncoder` writes a text delta from its text, without
-    decoding the event. The encoder keeps state (what is open, what it counted), so an
-    event offered in a store's append is framed only once the line takes it."""
+    decoding the event."""
 
     __slots__ = ("_encode_text",)
 
@@ -266,21 +264,6 @@ class _DialectLineSink(_LineSink):
             frame = self._encode(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
         self.last_was_error = False
         return self._hand(frame)
-
-    def deliver(self, event: Event) -> bool:
-        line = self._line
-        try:
-            if line.ended or not line.takes_now():
-                return False
-            frame = self._encode(event)
-        except Exception:
-            return False  # read again through the source, which then raises it
-        self.last_was_error = event.event == EventType.ERROR
-        if frame:
-            line.offer(frame)  # takes_now said yes, and nothing ran since
-            totals.sse_events += 1
-            totals.sse_bytes += len(frame)
-        return True
 
     def _frames(self, events: Sequence[Event]) -> bytes:
         frames: list[bytes] = []

@@ -332,15 +332,14 @@ def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
     if ending.shutdown or ending.disconnected:
         return False
     try:
-        if line.ended:
+        # Asked before the frame is made: a refused event is framed when it comes
+        # through the subscription.
+        if line.ended or not line.takes_now():
             return False
-        # A WebSocket frame holds no state: one the line refuses is made again when the
-        # event comes through the subscription.
         frame = frame_bytes(event)
-        if not line.offer(frame):
-            return False
     except Exception:
         return False  # the subscription's own loop reads it, and ends on it
+    line.offer(frame)  # takes_now said yes, and nothing ran since
     totals.websocket_events += 1
     totals.websocket_bytes += len(frame)
     return True
