@@ -115,3 +115,22 @@ async def test_an_ended_line_raises_line_ended() -> None:
         line.offer(b"a")
     with pytest.raises(LineEnded):
         line.takes_now()
+
+
+@pytest.mark.anyio
+async def test_a_frame_the_line_said_it_takes_is_held_when_its_burst_window_ends_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store's hand-over asks ``takes_now``, frames the event, then ``put``\\ s it: on a
+    server with no direct writer, the burst window it was asked in may end meanwhile, and
+    the frame must still go out (``offer`` would now refuse it)."""
+    monkeypatch.setattr(_line, "BURST", 0.05)
+    wire = _Wire(direct=False)
+    line = _line_on(wire)
+    await line.write(b"0")  # through the server's send; opens a burst window
+    assert line.takes_now()  # held, were it offered now
+    await anyio.sleep(0.1)  # the framing outlasts the window
+    assert not line.offer(b"x")  # what offer says now, having taken nothing
+    line.put(b"1")
+    await line.finish(b"")
+    assert b"".join(frame for frame, _ in wire.sent) == b"01"

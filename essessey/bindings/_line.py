@@ -11,7 +11,7 @@ A binding frames each event and hands the frame to its :class:`Line`, in the pro
   after another, a replay), it is held, and goes out joined with the others in the next
   send. A caller that would make a refused frame for nothing (an event offered in a
   store's append, which comes through the source when refused) asks
-  :meth:`Line.takes_now` first.
+  :meth:`Line.takes_now` first, then hands the frame to :meth:`Line.put`.
 - :meth:`Line.write`: what the line refused. The frame goes through the server (an ASGI
   send) when the line is free, or is held, waiting for room when ``max_queue`` frames are
   held already: a slow client slows whoever writes instead of growing memory.
@@ -202,11 +202,21 @@ class Line:
                     return True
         elif len(held) >= self._max_queue:
             return False
-        held.append(frame)
+        self._hold(frame)
+        return True
+
+    def put(self, frame: bytes) -> None:
+        """Take ``frame`` after :meth:`takes_now` said yes: as :meth:`offer`, but held
+        where the line would now refuse it (the burst window it was asked in ended
+        meanwhile, on a line without a direct way to the transport), never dropped."""
+        if not self.offer(frame):
+            self._hold(frame)
+
+    def _hold(self, frame: bytes) -> None:
+        self._held.append(frame)
         self._held_bytes += len(frame)
         if not self.sending:
             self._wake_flusher()
-        return True
 
     async def write(self, frame: bytes) -> None:
         """Send ``frame`` now, or hold it while another send is in progress (waiting

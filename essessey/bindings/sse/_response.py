@@ -216,7 +216,7 @@ class _LineSink:
             return False  # read again through the source, which then raises it
         self.last_was_error = event.event == EventType.ERROR
         if frame:
-            line.offer(frame)  # takes_now said yes, and nothing ran since
+            line.put(frame)
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
         return True

@@ -339,7 +339,7 @@ def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
         frame = frame_bytes(event)
     except Exception:
         return False  # the subscription's own loop reads it, and ends on it
-    line.offer(frame)  # takes_now said yes, and nothing ran since
+    line.put(frame)
     totals.websocket_events += 1
     totals.websocket_bytes += len(frame)
     return True
