@@ -103,6 +103,7 @@ class ProtocolChecker:
         "_replied",
         "_requests",
         "_round_uses",
+        "_text_index",
         "_tool_uses",
     )
 
@@ -114,6 +115,9 @@ class ProtocolChecker:
         self._open_index = _NO_BLOCK
         self._open_type = ""
         self._open_has_content = False
+        # The open block's index while a text delta may go to it, else None: the one
+        # comparison of accept_text_delta, kept wherever the open block changes.
+        self._text_index: int | None = None
         self._tool_uses: set[str] = set()
         self._answered: set[str] = set()
         self._round_uses: set[str] = set()
@@ -179,6 +183,16 @@ class ProtocolChecker:
                     self._open_has_content = True
                 self._position += 1
                 return True
+        return False
+
+    def accept_text_delta(self, index: int, has_content: bool) -> bool:
+        """:meth:`accept_delta` for a text delta, the most frequent event of a turn: one
+        comparison on its fast path."""
+        if index == self._text_index:
+            if has_content:
+                self._open_has_content = True
+            self._position += 1
+            return True
         return False
 
     def accept_deltas(self, index: int, delta_type: str, count: int, has_content: bool) -> bool:
@@ -256,6 +270,7 @@ class ProtocolChecker:
                 self._in_message = True
                 self._next_index = None
                 self._open_index = _NO_BLOCK
+                self._text_index = None
                 self._round_uses = set()
                 self._in_results = False
                 self._message_uses = set()
@@ -300,6 +315,7 @@ class ProtocolChecker:
         self._ended = self._ended or self._in_message
         self._in_message = False
         self._open_index = _NO_BLOCK
+        self._text_index = None
 
     def _require_message(self, violate: _Violate) -> bool:
         if self._in_message:
@@ -384,6 +400,9 @@ class ProtocolChecker:
         self._open_index = index
         self._open_type = block_type
         self._open_has_content = False
+        allowed = DELTA_FOR_BLOCK.get(block_type)
+        takes_text = allowed is None or DeltaType.TEXT in allowed
+        self._text_index = index if self._in_message and index >= 0 and takes_text else None
         self._next_index = index + 1
         if block_type == BlockType.TOOL_USE:
             if self._in_results:
@@ -484,6 +503,7 @@ class ProtocolChecker:
             violate(Rule.EMPTY_BLOCK, f"{self._open_type} block {index} closed with no content")
         if _records(commit, found):
             self._open_index = _NO_BLOCK
+            self._text_index = None
 
 
 def _records(commit: bool | None, found: list[Violation]) -> bool:

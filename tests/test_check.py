@@ -4,6 +4,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from essessey import Event, check
 from essessey.check import ProtocolChecker, Rule, Violation
@@ -650,3 +652,118 @@ def test_finish_reports_an_open_message_at_the_end_position() -> None:
 def test_bad_json_is_a_violation_and_counts_as_an_event() -> None:
     found = check([message_start(), Event("content_block_delta", b"\xff"), *end()])
     assert [(v.rule, v.position) for v in found] == [(Rule.PAYLOAD, 1)]
+
+
+# -- the strict Publisher's fast paths agree with the whole check -----------------------
+
+# An index is one of a few, or (most often) the last block started's: the deltas and
+# stops a producer sends, at the open block or just beside it.
+_INDEX = st.sampled_from(["open", "open", "open", -1, 0, 1, 2])
+_STEPS = st.one_of(
+    st.tuples(st.just("message_start"), st.just(0), st.just("")),
+    st.tuples(
+        st.just("block_start"),
+        _INDEX,
+        st.sampled_from(["text", "thinking", "tool_use", "server_tool_use"]),
+    ),
+    st.tuples(st.just("block_stop"), _INDEX, st.just("")),
+    st.tuples(st.just("message_stop"), st.just(0), st.just("")),
+    st.tuples(st.just("error"), st.just(0), st.just("")),
+    st.tuples(
+        st.just("delta"),
+        _INDEX,
+        st.sampled_from(["text_delta", "thinking_delta", "input_json_delta"]),
+    ),
+)
+_BLOCKS: dict[str, dict[str, Any]] = {
+    "text": {"text": ""},
+    "thinking": {"thinking": ""},
+    "tool_use": {"id": "toolu_1", "name": "f", "input": {}},
+    "server_tool_use": {"id": "srvtoolu_1", "name": "web_search", "input": {}},
+}
+_DELTA_FIELDS = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+
+
+def _step_event(kind: str, index: int, which: str, has_content: bool) -> Event:
+    if kind == "message_start":
+        return message_start()
+    if kind == "block_start":
+        return start(index, which, **_BLOCKS[which])
+    if kind == "block_stop":
+        return ev("content_block_stop", index=index)
+    if kind == "message_stop":
+        return ev("message_stop")
+    if kind == "error":
+        return ev("error", error={"type": "api_error", "message": "m"})
+    content = "x" if has_content else ""
+    return ev(
+        "content_block_delta", index=index, delta={"type": which, _DELTA_FIELDS[which]: content}
+    )
+
+
+def _text_block_then(*after: str) -> list[tuple[tuple[str, int | str, str], bool]]:
+    """A message with a text block at 0 that has text, then ``after``'s steps, then a
+    text delta to 0."""
+    steps = {
+        "stop": ("block_stop", "open", ""),
+        "message_stop": ("message_stop", 0, ""),
+        "error": ("error", 0, ""),
+    }
+    return [
+        (("message_start", 0, ""), False),
+        (("block_start", 0, "text"), False),
+        (("delta", 0, "text_delta"), True),
+        *[(steps[name], False) for name in after],
+        (("delta", 0, "text_delta"), True),
+    ]
+
+
+@given(steps=st.lists(st.tuples(_STEPS, st.booleans()), max_size=30))
+@example(steps=_text_block_then())
+@example(steps=_text_block_then("stop"))
+@example(
+    steps=[
+        (("message_start", 0, ""), False),
+        (("block_start", 0, "thinking"), False),
+        (("delta", 0, "text_delta"), True),
+    ]
+)
+@example(steps=_text_block_then("message_stop"))
+@example(steps=_text_block_then("error"))
+@settings(max_examples=500, deadline=None)
+def test_the_delta_fast_paths_take_exactly_what_the_whole_check_accepts(
+    steps: list[tuple[tuple[str, int | str, str], bool]],
+) -> None:
+    # Every step goes to a checker fed whole (accept) and to one that takes each delta
+    # through accept_delta / accept_text_delta first, as a strict Publisher does: a fast
+    # path that says yes must be one the whole check agrees with, and whatever it says,
+    # both checkers must end every step in the same state.
+    whole, fast = ProtocolChecker(), ProtocolChecker()
+    last_started = 0
+    for (kind, choice, which), has_content in steps:
+        index = last_started if choice == "open" else int(choice)
+        if kind == "block_start":
+            last_started = index
+        event = _step_event(kind, index, which, has_content)
+        payload = orjson.loads(event.data)
+        expected = whole.accept(event.event, payload)
+        if kind == "delta":
+            taken = (
+                fast.accept_text_delta(index, has_content)
+                if which == "text_delta"
+                else fast.accept_delta(index, which, has_content)
+            )
+            if taken:
+                assert expected == []
+            else:
+                assert fast.accept(event.event, payload) == expected
+        else:
+            assert fast.accept(event.event, payload) == expected
+        assert fast.position == whole.position
+        assert fast.open_block == whole.open_block
+        assert fast.in_message == whole.in_message
+    assert fast.finish() == whole.finish()

@@ -134,3 +134,33 @@ async def test_a_frame_the_line_said_it_takes_is_held_when_its_burst_window_ends
     line.put(b"1")
     await line.finish(b"")
     assert b"".join(frame for frame, _ in wire.sent) == b"01"
+
+
+@pytest.mark.anyio
+async def test_a_line_writes_straight_to_the_transport_once_its_answer_has_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_line, "BURST", -1.0)  # no burst window: every offer is paced
+    wire = _Wire()
+    line = _line_on(wire, started=False)
+    assert not line.offer(b"a")  # the answer's first bytes go through the server
+    await line.write(b"a")
+    assert line.started
+    assert line.offer(b"b")
+    assert wire.written == [b"b"]
+    line.stop()  # the server shuts down: nothing more goes the direct way
+    assert not line.offer(b"c")
+    assert wire.written == [b"b"]
+
+
+@pytest.mark.anyio
+async def test_a_line_ended_quietly_writes_nothing_more() -> None:
+    wire = _Wire()
+    line = _line_on(wire)
+    line.end_quietly()  # the binding answers by itself
+    assert line.ended
+    with pytest.raises(LineEnded):
+        line.offer(b"a")
+    await line.finish(b"end")
+    assert wire.written == []
+    assert wire.sent == []

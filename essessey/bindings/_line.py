@@ -89,6 +89,7 @@ class Line:
         "_burst_until",
         "_cancel",
         "_direct",
+        "_ended",
         "_flusher_wake",
         "_held",
         "_held_bytes",
@@ -97,6 +98,7 @@ class Line:
         "_log",
         "_max_batch_bytes",
         "_max_queue",
+        "_paced",
         "_ping",
         "_ping_due",
         "_ping_interval",
@@ -105,15 +107,14 @@ class Line:
         "_shutdown_tail",
         "_start_due",
         "_start_within",
+        "_started",
+        "_stopping",
         "_wire",
-        "ended",
         "last_sent",
         "opened",
         "send_began",
         "sending",
         "stalled",
-        "started",
-        "stopping",
     )
 
     def __init__(
@@ -152,18 +153,47 @@ class Line:
         self._ping_due = False
         self._start_due = False
         self.sending = False
-        self.started = started
-        self.ended = False
-        self.stopping = False
+        self._started = started
+        self._ended = False
+        self._stopping = False
+        # The direct way while a frame may take it (started, not stopping, not ended),
+        # else None: the one thing the paced path asks. Kept by _pace at each change.
+        self._paced: Callable[[bytes], bool] | None = None
+        self._pace()
         self.stalled = False
         self.send_began = 0.0
         self.last_sent = self.opened = time.monotonic()  # the keep-alive counts from here
         self._burst_until = 0.0  # the first frame goes out at once
 
     @property
+    def started(self) -> bool:
+        """Whether the answer's first bytes went out."""
+        return self._started
+
+    @property
+    def ended(self) -> bool:
+        """Whether the line has ended: nothing more is written."""
+        return self._ended
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the server is shutting down (see :meth:`stop`)."""
+        return self._stopping
+
+    def _pace(self) -> None:
+        direct = self._direct
+        self._paced = direct if self._started and not self._stopping and not self._ended else None
+
+    def end_quietly(self) -> None:
+        """End the line without writing anything more: the binding answers by itself (an
+        error or an empty answer before anything was sent)."""
+        self._ended = True
+        self._paced = None
+
+    @property
     def busy(self) -> bool:
         """Whether anything went out, is going out or waits to."""
-        return self.started or self.sending or bool(self._held)
+        return self._started or self.sending or bool(self._held)
 
     # -- the writer's side ---------------------------------------------------------------
 
@@ -171,11 +201,10 @@ class Line:
         """Whether :meth:`offer` would take a frame now, asked before the frame is made
         by a caller that must not make one the line then refuses. Raises
         :class:`LineEnded` once the line has ended."""
-        if self.ended:
+        if self._ended:
             raise LineEnded
         if not self.sending and not self._held and time.monotonic() > self._burst_until:
-            # The paced path, one frame on a free line: written straight to the transport.
-            return self._direct is not None and self.started and not self.stopping
+            return self._paced is not None  # the paced path
         return len(self._held) < self._max_queue
 
     def offer(self, frame: bytes) -> bool:
@@ -187,22 +216,23 @@ class Line:
         way to the transport, the answer has not started, the server is stopping, or
         ``max_queue`` frames are held already. Raises :class:`LineEnded` once the line
         has ended."""
-        if self.ended:
+        paced = self._paced
+        if paced is not None and not self.sending and not self._held:
+            # The paced path, one frame on a free line: written straight to the transport.
+            now = time.monotonic()
+            if now > self._burst_until and paced(frame):
+                self.last_sent = now
+                self._burst_until = now + BURST
+                return True
+        if self._ended:
             raise LineEnded
         held = self._held
         if not self.sending and not held:
-            now = time.monotonic()
-            if now > self._burst_until:
-                direct = self._direct
-                if direct is None or not self.started or self.stopping:
-                    return False
-                if direct(frame):
-                    self.last_sent = now
-                    self._burst_until = now + BURST
-                    return True
+            if paced is None and time.monotonic() > self._burst_until:
+                return False  # no direct way now, and not part of a burst
         elif len(held) >= self._max_queue:
             return False
-        self._hold(frame)
+        self._hold(frame)  # a burst, a send in progress, or a full transport
         return True
 
     def put(self, frame: bytes) -> None:
@@ -221,7 +251,7 @@ class Line:
     async def write(self, frame: bytes) -> None:
         """Send ``frame`` now, or hold it while another send is in progress (waiting
         for room when ``max_queue`` frames are held already)."""
-        if not (self.sending or self._held or self.ended or self.stopping) and self.started:
+        if not (self.sending or self._held or self._ended or self._stopping) and self._started:
             # One frame and a free line: the send itself, nothing more.
             self.sending = True
             self.send_began = time.monotonic()
@@ -233,10 +263,10 @@ class Line:
                 raise LineEnded from None
             finally:
                 self._sent()
-            if self._held and not self.ended:
+            if self._held and not self._ended:
                 await self._drain()  # what another task held meanwhile
             return
-        if self.ended:
+        if self._ended:
             raise LineEnded
         if self.sending or self._held:
             while len(self._held) >= self._max_queue:
@@ -244,7 +274,7 @@ class Line:
                 if room is None:
                     room = self._room = anyio.Event()
                 await room.wait()
-                if self.ended:
+                if self._ended:
                     raise LineEnded
             self._held.append(frame)
             self._held_bytes += len(frame)
@@ -261,11 +291,11 @@ class Line:
             if idle is None:
                 idle = self._idle = anyio.Event()
             await idle.wait()
-        if self.ended:
+        if self._ended:
             return
         if self._held:
             await self._drain()
-        if self.ended or self.stopping:
+        if self._ended or self._stopping:
             return
         self.sending = True  # the flusher must not write after the answer's end
         try:
@@ -287,7 +317,7 @@ class Line:
         self.sending = True
         try:
             while True:
-                if self.stopping:
+                if self._stopping:
                     return  # run() ends the answer
                 await self._send_frames(frames, more=True)
                 held = self._held
@@ -295,7 +325,7 @@ class Line:
                 if room is not None:
                     self._room = None
                     room.set()
-                if not held or self.ended:
+                if not held or self._ended:
                     return
                 limit = self._max_batch_bytes
                 if self._held_bytes <= limit:
@@ -314,16 +344,17 @@ class Line:
                     del held[:count]
                     self._held_bytes -= size
                     await anyio.lowlevel.checkpoint()
-                    if self.ended:
+                    if self._ended:
                         return
         finally:
             self._sent()
 
     async def _send_frames(self, frames: list[bytes], *, more: bool) -> None:
         self.send_began = time.monotonic()
-        start = not self.started
+        start = not self._started
         if start:
-            self.started = True
+            self._started = True
+            self._pace()
             if any(frames):
                 metrics.first_event(self._kind, time.monotonic() - self.opened)
         try:
@@ -333,7 +364,8 @@ class Line:
             self._end()
             raise LineEnded from None
         if not more:
-            self.ended = True
+            self._ended = True
+            self._paced = None
 
     def _sent(self) -> None:
         """A send ended: the line is free."""
@@ -348,11 +380,12 @@ class Line:
         if idle is not None:
             self._idle = None
             idle.set()
-        if self.stopping:
+        if self._stopping:
             self._wake_flusher()
 
     def _end(self) -> None:
-        self.ended = True
+        self._ended = True
+        self._paced = None
         self._cancel.cancel()
         room = self._room
         if room is not None:
@@ -370,8 +403,8 @@ class Line:
     async def run(self) -> None:
         """Write what is held when nobody else will; keep the connection alive; send the
         first bytes when due; end the answer when the server shuts down."""
-        while not self.ended:
-            if self.stopping and not self.sending:
+        while not self._ended:
+            if self._stopping and not self.sending:
                 # Held frames are dropped: the client resumes from the last one it got
                 # whole, and a slow client must not hold the shutdown up.
                 self._held.clear()
@@ -386,7 +419,7 @@ class Line:
                         # A burst: what the writer sends for the rest of its window joins
                         # this send, instead of a wake-up and a send per frame.
                         await anyio.sleep(gather)
-                        if self.ended or self.sending or not self._held:
+                        if self._ended or self.sending or not self._held:
                             continue
                     await self._drain()
                     continue
@@ -395,7 +428,7 @@ class Line:
                     # No frame yet, and the first bytes are due: a proxy waiting for
                     # them would time the request out.
                     self._start_due = False
-                    if not self.started:
+                    if not self._started:
                         await self._send_all([])
                     continue
                 if self._ping_due and not self.sending:
@@ -412,7 +445,7 @@ class Line:
         send stalled past ``send_timeout``, ask for the keep-alive after
         ``ping_interval`` of quiet; the time of the next deadline, or None once the line
         has ended."""
-        if self.ended:
+        if self._ended:
             return None
         if self.sending:
             timeout = self._send_timeout
@@ -431,7 +464,7 @@ class Line:
             return self.send_began + timeout
         ping = self._ping_interval
         start_due = math.inf
-        if not self.started and self._start_within is not None:
+        if not self._started and self._start_within is not None:
             start_due = self.opened + self._start_within
             if now >= start_due:
                 self._start_due = True
@@ -447,5 +480,6 @@ class Line:
     def stop(self) -> None:
         """The server is shutting down: end after the send in progress (a frame goes
         out whole or not at all)."""
-        self.stopping = True
+        self._stopping = True
+        self._paced = None
         self._wake_flusher()

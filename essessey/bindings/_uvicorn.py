@@ -138,11 +138,14 @@ class BodyWriter:
     stay ASGI's).
     """
 
-    __slots__ = ("_chunked", "_cycle", "_transport")
+    __slots__ = ("_buffered", "_chunked", "_closing", "_cycle", "_write")
 
     def __init__(self, cycle: Any, transport: Any) -> None:
         self._cycle = cycle
-        self._transport = transport
+        # The transport's methods, bound once: three lookups fewer per chunk.
+        self._buffered: Callable[[], int] = transport.get_write_buffer_size
+        self._closing: Callable[[], bool] = transport.is_closing
+        self._write: Callable[[bytes], object] = transport.write
         self._chunked: bool | None = None  # known once the response has started
 
     def _is_chunked(self) -> bool:
@@ -166,16 +169,11 @@ class BodyWriter:
             return True  # an empty chunk would end a chunked body; ASGI writes nothing
         if not (self._chunked or (self._chunked is None and self._is_chunked())):
             return False
-        transport = self._transport
         # A client gone closes the transport (uvicorn's connection_lost), so is_closing()
         # covers it; the body's end is the cycle's.
-        if (
-            transport.get_write_buffer_size() > _FLOW_LIMIT
-            or transport.is_closing()
-            or self._cycle.response_complete
-        ):
+        if self._buffered() > _FLOW_LIMIT or self._closing() or self._cycle.response_complete:
             return False
-        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
 

@@ -185,9 +185,16 @@ class _LineSink:
         return self._hand(frame) or _nothing()
 
     def emit_text(self, index: int, text: str, data: bytes) -> Coroutine[Any, Any, None] | None:
-        # The frame of a text delta is its payload between the same two constants.
+        # Nearly every event of a turn: _hand written out, one call fewer per delta. The
+        # frame of a text delta is its payload between the same two constants.
         self.last_was_error = False
-        return self._hand(_TEXT_DELTA_HEAD + data + b"\n\n")
+        frame = _TEXT_DELTA_HEAD + data + b"\n\n"
+        totals.sse_events += 1
+        totals.sse_bytes += len(frame)
+        line = self._line
+        if line.offer(frame):
+            return None
+        return line.write(frame)
 
     def _hand(self, frame: bytes) -> Coroutine[Any, Any, None] | None:
         """Give ``frame`` to the line: None when it took it now, else the write to await.
@@ -209,10 +216,10 @@ class _LineSink:
         try:
             # Asked before the frame is made: a refused event is framed when it comes
             # through the source, and a dialect's encoder keeps state.
-            if line.ended or not line.takes_now():
+            if not line.takes_now():
                 return False
             frame = self._encode(event)
-        except Exception:
+        except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
         self.last_was_error = event.event == EventType.ERROR
         if frame:
@@ -528,7 +535,7 @@ class EventStreamResponse(Response):
             await line.finish(b"")
             return
         if failure is not None and not line.busy:
-            line.ended = True
+            line.end_quietly()
             if isinstance(failure, StreamRejected):
                 await self._send_error(send, failure.status, failure.error_type, failure.message)
             else:
@@ -542,7 +549,7 @@ class EventStreamResponse(Response):
             if tail:
                 await line.finish(tail)
                 return
-            line.ended = True
+            line.end_quietly()
             await send(
                 {
                     "type": "http.response.start",

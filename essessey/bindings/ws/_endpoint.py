@@ -334,10 +334,10 @@ def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
     try:
         # Asked before the frame is made: a refused event is framed when it comes
         # through the subscription.
-        if line.ended or not line.takes_now():
+        if not line.takes_now():
             return False
         frame = frame_bytes(event)
-    except Exception:
+    except (Exception, LineEnded):
         return False  # the subscription's own loop reads it, and ends on it
     line.put(frame)
     totals.websocket_events += 1
