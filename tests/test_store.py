@@ -473,6 +473,27 @@ async def test_a_running_stream_is_never_dropped_for_its_age(clock: Clock) -> No
     assert not await store.exists("paused")  # finished: max_age applies
 
 
+async def test_a_long_turn_s_stream_counts_as_updated_when_it_ends(clock: Clock) -> None:
+    # Its appends leave a running stream where it was opened; its end moves it to the
+    # newest, so the streams that finished before it go first, for max_streams and for
+    # max_age alike.
+    store = InMemoryEventStore(max_streams=2, max_age=10)
+    await store.open_stream("long")
+    await store.append("long", start())
+    await fill(store, "short", 1)
+    await store.close_stream("short")
+    clock.now += 8
+    await fill(store, "long", 3)
+    await store.close_stream("long")
+    await store.open_stream("next")  # one stream over max_streams: the oldest finished goes
+    assert not await store.exists("short")
+    assert await store.exists("long")
+    clock.now += 9  # 17 s after short's last event, 9 s after long's end
+    assert await store.exists("long")
+    clock.now += 2
+    assert not await store.exists("long")
+
+
 # -- byte budgets -------------------------------------------------------------------------
 
 EVENT_COST = 180  # what the store counts per event beyond its data (store._EVENT_OVERHEAD)

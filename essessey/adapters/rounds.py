@@ -271,11 +271,16 @@ class RoundStream:
         """
         if not (text or reasoning or signature):
             return
+        # The gate's take and release and the phase's check, written out: the path of
+        # nearly every event of a round.
         gate = self._lock
-        if not gate.take():
+        if gate.held or gate.waiters:
             await gate.wait()
+        else:
+            gate.held = True
         try:
-            self._require_output("delta")
+            if self._phase is not _Phase.OUTPUT:
+                self._require_output("delta")
             if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
             if reasoning or signature:
@@ -293,7 +298,10 @@ class RoundStream:
                     streamer = await self._switch_to(TextStreamer)
                 await streamer.write(text)
         finally:
-            gate.release()
+            if gate.waiters:
+                gate.release()
+            else:
+                gate.held = False
 
     async def block_start(self, content_block: Mapping[str, Any]) -> None:
         """Open a block of a type this class does not model (passed through as given).
