@@ -269,8 +269,7 @@ class ProtocolChecker:
             if _records(commit, found):
                 self._in_message = True
                 self._next_index = None
-                self._open_index = _NO_BLOCK
-                self._text_index = None
+                self._close_block()
                 self._round_uses = set()
                 self._in_results = False
                 self._message_uses = set()
@@ -314,6 +313,10 @@ class ProtocolChecker:
     def _end_message(self) -> None:
         self._ended = self._ended or self._in_message
         self._in_message = False
+        self._close_block()
+
+    def _close_block(self) -> None:
+        """No block is open: nor may a text delta go anywhere."""
         self._open_index = _NO_BLOCK
         self._text_index = None
 
@@ -502,8 +505,7 @@ class ProtocolChecker:
         if self._open_type in (BlockType.TEXT, BlockType.THINKING) and not self._open_has_content:
             violate(Rule.EMPTY_BLOCK, f"{self._open_type} block {index} closed with no content")
         if _records(commit, found):
-            self._open_index = _NO_BLOCK
-            self._text_index = None
+            self._close_block()
 
 
 def _records(commit: bool | None, found: list[Violation]) -> bool:

@@ -181,6 +181,7 @@ class Line:
         return self._stopping
 
     def _pace(self) -> None:
+        """Keep ``_paced`` to its rule; called wherever started, stopping or ended change."""
         direct = self._direct
         self._paced = direct if self._started and not self._stopping and not self._ended else None
 
@@ -188,7 +189,7 @@ class Line:
         """End the line without writing anything more: the binding answers by itself (an
         error or an empty answer before anything was sent)."""
         self._ended = True
-        self._paced = None
+        self._pace()
 
     @property
     def busy(self) -> bool:
@@ -365,7 +366,7 @@ class Line:
             raise LineEnded from None
         if not more:
             self._ended = True
-            self._paced = None
+            self._pace()
 
     def _sent(self) -> None:
         """A send ended: the line is free."""
@@ -385,7 +386,7 @@ class Line:
 
     def _end(self) -> None:
         self._ended = True
-        self._paced = None
+        self._pace()
         self._cancel.cancel()
         room = self._room
         if room is not None:
@@ -481,5 +482,5 @@ class Line:
         """The server is shutting down: end after the send in progress (a frame goes
         out whole or not at all)."""
         self._stopping = True
-        self._paced = None
+        self._pace()
         self._wake_flusher()
