@@ -9,7 +9,7 @@ them as the message body.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Awaitable, Iterator, Sequence
-from typing import Any, NamedTuple, Protocol, TypeAlias, overload, runtime_checkable
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias, overload, runtime_checkable
 
 import orjson
 
@@ -40,7 +40,10 @@ class Event(NamedTuple):
         return orjson.loads(self.data)
 
 
-_new_event = tuple.__new__
+new_event: Final = tuple.__new__
+"""``new_event(Event, (name, data, id))``: an :class:`Event` built without the named
+tuple's own ``__new__``, which parses its arguments; for the paths that build one per
+event. Not part of the public API (not in ``__all__``)."""
 
 
 class EventBatch(Sequence[Event]):
@@ -80,13 +83,13 @@ class EventBatch(Sequence[Event]):
 
     def __getitem__(self, index: int | slice) -> Event | list[Event]:
         if isinstance(index, slice):
-            return [_new_event(Event, (self.name, data, None)) for data in self.datas[index]]
-        return _new_event(Event, (self.name, self.datas[index], None))
+            return [new_event(Event, (self.name, data, None)) for data in self.datas[index]]
+        return new_event(Event, (self.name, self.datas[index], None))
 
     def __iter__(self) -> Iterator[Event]:
         name = self.name
         for data in self.datas:
-            yield _new_event(Event, (name, data, None))
+            yield new_event(Event, (name, data, None))
 
     def __repr__(self) -> str:
         return f"EventBatch({self.name!r}, {len(self.datas)} events)"

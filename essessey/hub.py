@@ -63,7 +63,7 @@ from essessey.errors import (
     TooManySubscribers,
     UnknownEventId,
 )
-from essessey.event import Event
+from essessey.event import Event, new_event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType, MessageDelta, StopReason, read
 from essessey.protocol.asking import (
@@ -136,8 +136,6 @@ _END_TIMEOUT: Final = 5.0
 """Seconds a cancelled or failed turn may spend writing its last events."""
 # The name every delta the Publisher makes carries (the same object: compared by identity).
 _DELTA: Final = EventType.CONTENT_BLOCK_DELTA
-# Building the named tuple through tuple.__new__ skips its argument-parsing __new__.
-_new_event: Final = tuple.__new__
 DEFAULT_SHUTDOWN_GRACE: Final = 20.0
 """Seconds the running turns may take to finish when the hub is left."""
 
@@ -198,7 +196,7 @@ class _HubSink:
             self._note(event)
 
     def emit_text(self, index: int, text: str, data: bytes) -> Awaitable[None] | None:
-        event = _new_event(Event, (_DELTA, data, None))
+        event = new_event(Event, (_DELTA, data, None))
         append = self._append_nowait
         if append is None:
             return self.emit(event)

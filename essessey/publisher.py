@@ -18,7 +18,7 @@ from essessey import protocol
 from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
-from essessey.event import BatchSink, Event, EventBatch, Sink, TextDeltaSink
+from essessey.event import BatchSink, Event, EventBatch, Sink, TextDeltaSink, new_event
 from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
 
 __all__ = ["Publisher", "TurnProducer"]
@@ -42,8 +42,6 @@ _TEXT_DELTA: Final = _delta_template(DeltaType.TEXT, "text")
 _SIGNATURE_DELTA: Final = _delta_template(DeltaType.SIGNATURE, "signature")
 _INPUT_JSON_DELTA: Final = _delta_template(DeltaType.INPUT_JSON, "partial_json")
 _TOOL_RESULT_DELTA: Final = _delta_template(DeltaType.TOOL_RESULT, "text")
-# Building the named tuple through tuple.__new__ skips its argument-parsing __new__.
-_new_event: Final = tuple.__new__
 _USAGE_ORDER: Final = (
     "input_tokens",
     "cache_creation_input_tokens",
@@ -140,7 +138,7 @@ class Publisher:
                 raise ProtocolError(f"{name} would break the protocol: {violations[0]}", violations)
         if self._debug_now():
             self._log(name, payload, text_len)
-        await self._sink.emit(_new_event(Event, (name, data, None)))
+        await self._sink.emit(new_event(Event, (name, data, None)))
 
     async def _send_constant(self, event: Event) -> None:
         checker = self._checker
@@ -203,7 +201,7 @@ class Publisher:
         self, template: bytes, index: int, delta_type: str, field: str, text: str
     ) -> None:
         data = self._delta_data(template, index, delta_type, field, text)
-        await self._sink.emit(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
+        await self._sink.emit(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
 
     def _debug_now(self) -> bool:
         """Whether this event logs, noted for the deltas that follow it."""
@@ -288,7 +286,7 @@ class Publisher:
             self._log_delta(index, text)
         emit_text = self._emit_text
         if emit_text is None:
-            await self._sink.emit(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
+            await self._sink.emit(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
             return
         pending = emit_text(index, text, data)
         if pending is not None:

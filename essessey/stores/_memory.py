@@ -28,7 +28,7 @@ from essessey.errors import (
     SubscriberLagged,
     UnknownEventId,
 )
-from essessey.event import Event
+from essessey.event import Event, new_event
 from essessey.protocol import EventType
 from essessey.stores._checks import check_positive
 from essessey.stores._contract import Deliver
@@ -36,8 +36,6 @@ from essessey.stores._contract import Deliver
 __all__ = ["InMemoryEventStore"]
 
 logger = logging.getLogger("essessey.stores")
-
-_new_event: Final = tuple.__new__
 
 
 class _Follower:
@@ -100,7 +98,7 @@ class _Stream:
 
     def event_at(self, seq: int) -> Event:
         offset = seq - self.first_seq
-        return _new_event(Event, (self.names[offset], self.datas[offset], f"{self.epoch}-{seq}"))
+        return new_event(Event, (self.names[offset], self.datas[offset], f"{self.epoch}-{seq}"))
 
     def events_from(self, seq: int, end: int | None = None) -> list[Event]:
         """Every retained event from ``seq`` on (up to ``end``, excluded)."""
@@ -109,7 +107,7 @@ class _Stream:
         epoch = self.epoch
         pairs = zip(islice(self.names, offset, stop), islice(self.datas, offset, stop), strict=True)
         return [
-            _new_event(Event, (name, data, f"{epoch}-{n}"))
+            new_event(Event, (name, data, f"{epoch}-{n}"))
             for n, (name, data) in enumerate(pairs, seq)
         ]
 
@@ -326,7 +324,7 @@ class InMemoryEventStore:
             self._over_budget(stream)
         stream.next_seq = seq + 1
         if stream.waiters:
-            stream.wake(_new_event(Event, (event.event, data, f"{stream.epoch}-{seq}")))
+            stream.wake(new_event(Event, (event.event, data, f"{stream.epoch}-{seq}")))
 
     def _reopen(self, stream_id: str, event: Event) -> _Stream:
         """The stream an append to a stream with no running turn goes to: created anew

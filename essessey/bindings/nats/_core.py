@@ -40,7 +40,7 @@ from essessey._nats_py import (
     queued_messages,
     subscription_finished,
 )
-from essessey.event import Event
+from essessey.event import Event, new_event
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -73,9 +73,6 @@ HEADER_EVENT_ID: Final = "Essessey-Event-Id"
 _MAX_CACHED_SUBJECTS: Final = 1024
 _HEADER_HEAD: Final = b"NATS/1.0\r\n" + HEADER_EVENT_ID.encode() + b": "
 _HEADER_TAIL: Final = b"\r\n\r\n"
-# Building the named tuple through tuple.__new__ skips its argument-parsing __new__ (as
-# the Publisher does): one is built per message received.
-_new_event: Final = tuple.__new__
 
 
 def _check_prefix(prefix: str) -> str:
@@ -337,7 +334,7 @@ class NATSSource:
                 event_id = None
         stream_id = parsed[0]
         self._last_stream_id = stream_id
-        return stream_id, _new_event(Event, (parsed[1], msg.data, event_id))
+        return stream_id, new_event(Event, (parsed[1], msg.data, event_id))
 
     async def _next(self) -> Msg | None:
         """The next message, or None at the subscription's end: straight from its queue

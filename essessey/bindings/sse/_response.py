@@ -75,7 +75,7 @@ from essessey.bindings.sse._encoder import (
 )
 from essessey.bindings.sse._format import encode, error_body, format_message
 from essessey.errors import StreamInterrupted, StreamRejected
-from essessey.event import Event, EventBatch, Source
+from essessey.event import Event, EventBatch, Source, new_event
 from essessey.metrics import totals
 from essessey.protocol import Dialect, EventType
 from essessey.publisher import Publisher, TurnProducer
@@ -100,8 +100,6 @@ _SSE_HEADERS: Final = (
 )
 # The frame head of each event a Publisher batches (its data is JSON from orjson: no
 # line break in it, so one data line).
-# Building the named tuple through tuple.__new__ skips its argument-parsing __new__.
-_new_event: Final = tuple.__new__
 _TEXT_DELTA_HEAD: Final = b"event: content_block_delta\ndata: "
 _BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: _TEXT_DELTA_HEAD}
 _PROTOCOL_FRAMES: Final = ProtocolFrames()
@@ -268,7 +266,7 @@ class _DialectLineSink(_LineSink):
         frame = None if encode_text is None else encode_text(index, text)
         if frame is None:
             # Not an open text block, or an encoder without encode_text: the general path.
-            frame = self._encode(_new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
+            frame = self._encode(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
         self.last_was_error = False
         return self._hand(frame)
 

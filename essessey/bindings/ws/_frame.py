@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.event import Event
+from essessey.event import Event, new_event
 
 __all__ = ["MAX_FRAME_SIZE", "decode_frame", "encode_frame"]
 
@@ -20,7 +20,6 @@ MAX_FRAME_SIZE: Final = 16 << 20
 """The largest frame :func:`decode_frame` accepts by default: 16 Mi characters for a text
 frame, 16 MiB for a binary one (like the SSE limits)."""
 
-_new_event: Final = tuple.__new__
 # Event names are few; their encoded ``"event":"<name>","data":`` part is cached.
 _NAME_PARTS: dict[str, bytes] = {}
 _NAME_CACHE_LIMIT: Final = 1024
@@ -84,4 +83,4 @@ def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
         # orjson reads 1024 levels of nesting but writes only 255: a frame between the
         # two parses, and its data cannot be carried on.
         raise ValueError("frame data is nested too deeply") from None
-    return _new_event(Event, (name, data, event_id or None))
+    return new_event(Event, (name, data, event_id or None))
