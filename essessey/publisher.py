@@ -153,10 +153,11 @@ class Publisher:
             logger.debug("emit %s", event.event)
         await self._sink.emit(event)
 
-    def _delta_data(
+    async def _send_delta(
         self, template: bytes, index: int, delta_type: str, field: str, text: str
-    ) -> bytes:
-        """A delta's payload, checked: what every delta method but the text one sends.
+    ) -> None:
+        """A delta's payload, checked and emitted: what every delta method but the text
+        one sends (that one writes the same steps out, for its own sink method).
 
         The hot path: most events of a turn are deltas. The payload is written from a
         template (the same bytes orjson gives for the dict, key order included) and the
@@ -171,7 +172,7 @@ class Publisher:
             self._check_delta(checker, index, delta_type, field, text)
         if self._debug:
             self._log_delta(index, text)
-        return data
+        await self._sink.emit(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
 
     def _check_delta(
         self, checker: ProtocolChecker, index: int, delta_type: str, field: str, text: str
@@ -196,12 +197,6 @@ class Publisher:
             self._block_types.get(index),
             len(text),
         )
-
-    async def _send_delta(
-        self, template: bytes, index: int, delta_type: str, field: str, text: str
-    ) -> None:
-        data = self._delta_data(template, index, delta_type, field, text)
-        await self._sink.emit(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
 
     def _debug_now(self) -> bool:
         """Whether this event logs, noted for the deltas that follow it."""
@@ -272,9 +267,9 @@ class Publisher:
 
     async def send_content_block_delta_text(self, index: int, text: str) -> None:
         """Append answer text to the text block at ``index``."""
-        # Nearly every event of a turn: _delta_data written out, for text, one call fewer
-        # per delta. A sink that takes text deltas (emit_text) takes one without a
-        # coroutine of its own when it can write it at once.
+        # Nearly every event of a turn: _send_delta's steps written out, with the
+        # checker's text path. A sink that takes text deltas (emit_text) takes one
+        # without a coroutine of its own when it can write it at once.
         try:
             data = _TEXT_DELTA % (index, orjson.dumps(text))
         except TypeError as exc:
