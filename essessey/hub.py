@@ -113,8 +113,10 @@ _ASKED: Final = "~asked"
 _ASKED_EVENT: Final = "asked"
 
 ANSWER_WAIT: Final = 10.0
-"""Seconds an answer that finds the stream's turn running waits for that turn's record of
-the answers (another replica took the same answer a moment earlier)."""
+"""Seconds an answer that finds a turn running on the stream keeps trying: until that
+turn's record of the answers (another replica took the same answer a moment earlier), or
+until the turn ends (the asking turn, still writing its end, when a client answers as
+soon as it reads the question)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -720,23 +722,45 @@ class StreamHub:
         go_on = continuation if continuation is not None else self.on_answer
         if go_on is None:
             raise RuntimeError("the StreamHub has no on_answer continuation to run")
+        # A turn may be running on the stream when the answer comes: another answer's
+        # continuation, here or on another replica (its record of the answers decides),
+        # or the asking turn itself, still writing its end when a client that read the
+        # question answers. Tried again until it settles, up to ANSWER_WAIT seconds.
+        deadline = anyio.current_time() + ANSWER_WAIT
+        while True:
+            tried = await self._answer_once(stream_id, answers, go_on)
+            if isinstance(tried, Continued):
+                return tried
+            if anyio.current_time() >= deadline:
+                if tried.continued and not self.running(stream_id):
+                    raise NotWaiting("the stream went on after its question without an answer")
+                raise NotWaiting(
+                    f"a turn is running on stream {stream_id!r}; it takes no answer now"
+                )
+            await anyio.sleep(0.05)
+
+    async def _answer_once(
+        self, stream_id: str, answers: Sequence[Answer], go_on: Continuation
+    ) -> Continued | Waiting:
+        """One try of :meth:`answer`: the continuation started here, or found recorded;
+        else what the stream asks, while a turn runs on it that has not recorded these
+        answers (or another replica holds its lease)."""
         asked = await self.waiting(stream_id)
         if asked is None:
             raise NotWaiting(f"stream {stream_id!r} asks nothing")
-        if self.running(stream_id) or (asked.continued and not asked.recorded):
-            # Another answer's continuation is being written (here, or on another
-            # replica that won the stream's lease a moment ago): its record decides.
-            return await self._answered_elsewhere(stream_id, answers)
-        given = match_answers(asked, answers)
-        if asked.continued:
+        if asked.recorded:
+            match_answers(asked, answers)  # AnswerConflict when they differ
             return Continued(stream_id, asked.last_event_id, started=False)
+        if self.running(stream_id) or asked.continued:
+            return asked
+        given = match_answers(asked, answers)
         outcome: list[Waiting | None] = []
         written = anyio.Event()
         producer = self._continuation(stream_id, asked, given, go_on, outcome, written)
         try:
             await self.start(stream_id, producer)
         except StreamBusy:
-            return await self._answered_elsewhere(stream_id, answers)
+            return asked
         await written.wait()
         if outcome and outcome[0] is not None:
             # Another replica went on first (read again under the lease): the same
@@ -790,24 +814,6 @@ class StreamHub:
             await go_on(publisher, answered)
 
         return produce
-
-    async def _answered_elsewhere(self, stream_id: str, answers: Sequence[Answer]) -> Continued:
-        """A turn runs on the stream: when it is the continuation of these same answers,
-        started a moment ago here or on another replica, that is this answer's too. Its
-        record of the answers, whole, is waited for, up to :data:`ANSWER_WAIT` seconds."""
-        last: Waiting | None = None
-        with anyio.move_on_after(ANSWER_WAIT):
-            while True:
-                last = await self.waiting(stream_id)
-                if last is None:
-                    break
-                if last.recorded:
-                    match_answers(last, answers)  # AnswerConflict when they differ
-                    return Continued(stream_id, last.last_event_id, started=False)
-                await anyio.sleep(0.05)
-        if last is not None and last.continued and not self.running(stream_id):
-            raise NotWaiting("the stream went on after its question without an answer")
-        raise NotWaiting(f"a turn is running on stream {stream_id!r}; it takes no answer now")
 
     async def subscribe(
         self, stream_id: str, last_event_id: str | None = None, *, snapshot: bool = True

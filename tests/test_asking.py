@@ -270,6 +270,42 @@ async def test_an_answer_to_a_running_turn_is_refused_after_a_bounded_wait(
             await hub.answer("s", [ToolApproval("apr_1", True)])
 
 
+async def test_an_answer_while_the_asking_turn_ends_goes_on_once_it_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A client answers as soon as it reads the question, while the asking turn is still
+    # finishing (here, held open after its message): the answer waits for the turn's end
+    # and then starts the continuation, instead of waiting for a record nobody writes.
+    import essessey.hub
+
+    monkeypatch.setattr(essessey.hub, "ANSWER_WAIT", 5.0)
+    asked, release = anyio.Event(), anyio.Event()
+
+    async def asks_then_lingers(publisher: Publisher) -> None:
+        await ask_approval_turn(publisher)
+        asked.set()
+        await release.wait()
+
+    async with StreamHub(on_answer=go_on) as hub:
+        await hub.start("s", asks_then_lingers)
+        with anyio.fail_after(5):
+            await asked.wait()
+        assert await hub.waiting("s") is not None
+        assert hub.running("s")
+        async with anyio.create_task_group() as tasks:
+            outcome: list[Any] = []
+
+            async def answer() -> None:
+                outcome.append(await hub.answer("s", [ToolApproval("apr_1", True)]))
+
+            tasks.start_soon(answer)
+            await anyio.sleep(0.2)
+            assert outcome == []  # still waiting for the asking turn to end
+            release.set()
+        assert [continued.started for continued in outcome] == [True]
+        await hub.wait("s")
+
+
 async def test_an_expired_request_takes_no_answer() -> None:
     async def short(publisher: Publisher) -> None:
         async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
