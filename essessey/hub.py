@@ -75,6 +75,7 @@ from essessey.protocol.asking import (
     match_answers,
     waiting,
 )
+from essessey.protocol.records import published_text
 from essessey.publisher import Publisher, TurnProducer
 from essessey.snapshot import SnapshotCache, compact_yielding
 from essessey.stores import (
@@ -202,7 +203,9 @@ class _HubSink:
         append = self._append_nowait
         if append is None:
             return self.emit(event)
-        # A store that appends in a plain call: the delta is stored in this one.
+        # A store that appends in a plain call: the delta is stored in this one, and a
+        # dialect that follows the turn reads its record from what is noted here.
+        published_text(data, index, text)
         append(self._stream_id, event)
         self.last_was_error = False
         return None

@@ -5,6 +5,8 @@ the dialects' encoders), its JSON is parsed once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 import anyio.lowlevel
 import orjson
@@ -238,7 +240,10 @@ def _message_start(message_id: str) -> dict[str, object]:
 
 async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_once() -> None:
     """The hub-to-dialect path: the parses per delivered event, with four dialect readers
-    of one turn, are at most one per event (each encoder used to parse every event)."""
+    of one turn, are at most one per event (each encoder used to parse every event); the
+    text deltas, whose records the hub notes as it stores them, are not parsed at all,
+    and every reader writes what it writes for the same events parsed."""
+    events: list[Event] = []
     async with StreamHub() as hub:
         gate = anyio.Event()
 
@@ -251,12 +256,25 @@ async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_
 
         await hub.start("s", produce)
         encoders = _encoders()
-        delivered = [0] * len(encoders)
+        written: list[list[bytes]] = [[] for _ in encoders]
+
+        def taker(position: int) -> Callable[[Event], bool]:
+            # What essessey's SSE and WebSocket endpoints do: live events taken in the
+            # turn's own append.
+            def take(event: Event) -> bool:
+                written[position].append(encoders[position].encode(event))
+                if position == 0:
+                    events.append(event)
+                return True
+
+            return take
 
         async def follow(position: int) -> None:
-            async for event in hub.subscribe("s"):
-                encoders[position].encode(event)
-                delivered[position] += 1
+            subscription = await hub.open("s")
+            subscription.deliver_live(taker(position))
+            take = taker(position)
+            async for event in subscription:
+                take(event)
 
         before = records_module.reads.parsed
         async with anyio.create_task_group() as readers:
@@ -265,9 +283,53 @@ async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_
             await anyio.lowlevel.checkpoint()
             gate.set()
     parsed = records_module.reads.parsed - before
+    delivered = [len(frames) for frames in written]
     assert delivered[0] > 50
     assert all(count == delivered[0] for count in delivered)
-    # One parse per distinct event at most, for four readers of each.
-    assert parsed <= delivered[0]
+    # One parse per distinct event at most, for four readers of each; none for the 50
+    # text deltas.
+    assert parsed <= delivered[0] - 50
     share = parsed / sum(delivered)
     print(f"{parsed} parses for {sum(delivered)} delivered events ({share:.2f} each)")
+    # The same events as new bytes (nothing noted, nothing in the memo) read by new
+    # encoders: the same frames.
+    copies = [Event(e.event, b" " + e.data, e.id) for e in events]
+    for encoder, frames in zip(_encoders(), written, strict=True):
+        assert [encoder.encode(event) for event in copies] == frames
+
+
+_TEXTS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@given(index=st.integers(0, 2**63 - 1), text=_TEXTS)
+def test_a_noted_text_delta_reads_to_the_record_its_bytes_parse_to(index: int, text: str) -> None:
+    data = _TEXT_DELTA % (index, orjson.dumps(text))
+    records_module.published_text(data, index, text)
+    before = records_module.reads.parsed
+    noted = read(Event(EventType.CONTENT_BLOCK_DELTA, data))
+    assert records_module.reads.parsed == before
+    # A leading space: other bytes, the same JSON, read by a parse.
+    parsed = read(Event(EventType.CONTENT_BLOCK_DELTA, b" " + data))
+    assert type(noted) is Delta
+    assert noted == parsed
+    assert list(noted.payload) == list(parsed.payload)
+
+
+def test_a_note_serves_only_its_own_bytes_under_the_delta_name() -> None:
+    data = _TEXT_DELTA % (3, b'"noted"')
+    records_module.published_text(data, 3, "noted")
+    other = read(Event("custom", data))
+    assert isinstance(other, OtherEvent)
+    assert other.payload == orjson.loads(data)
+    before = records_module.reads.parsed
+    equal = read(Event(EventType.CONTENT_BLOCK_DELTA, bytes(bytearray(data))))
+    assert records_module.reads.parsed == before + 1  # equal bytes, another object: parsed
+    assert equal == Delta(3, "text_delta", "noted", orjson.loads(data))
+    records_module.published_text(_TEXT_DELTA % (3, b'"next"'), 3, "next")
+    before = records_module.reads.parsed
+    again = read(Event(EventType.CONTENT_BLOCK_DELTA, data))  # no longer the last noted
+    assert again == equal
+    assert records_module.reads.parsed <= before + 1
+
+
+_TEXT_DELTA = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":%s}}'

@@ -34,6 +34,7 @@ __all__ = [
     "Ping",
     "Record",
     "Unreadable",
+    "published_text",
     "read",
     "reads",
 ]
@@ -228,6 +229,8 @@ Record: TypeAlias = (
 _OTHER_CONTENT_FIELDS: Final = ("thinking", "partial_json", "signature")
 """Where a delta's content is when it is not in ``text``."""
 _new: Final = tuple.__new__
+_DELTA_NAME: Final = "content_block_delta"
+_TEXT: Final = "text_delta"
 
 _memo: dict[bytes, Record] = {}
 _ring: list[bytes | None] = [None] * MEMO_SIZE
@@ -259,14 +262,41 @@ reads: Final = _Reads()
 (what a benchmark or a test divides by the events delivered)."""
 
 
+_published: tuple[bytes, int, str] | None = None
+"""The text delta this process stored last, as (its payload's bytes, its block's index,
+its text): one tuple, so a reader in another thread never sees one delta's bytes with
+another's text."""
+
+
+def published_text(data: bytes, index: int, text: str) -> None:
+    """Note that ``data`` is the payload of a text delta of ``text`` for block ``index``,
+    made in this process and about to reach its readers: until the next note, a reader
+    of an event with these very bytes gets its record without a parse (the hub's stored
+    text deltas, read by each dialect that follows the turn).
+
+    Cheaper than putting the record in the memo, whose upkeep costs more than building a
+    text delta's record from what its maker already holds. ``data`` must be what
+    ``content_block_delta`` text deltas are made of (the Publisher's bytes for ``text``
+    at ``index``): the record is built from ``index`` and ``text``, not read from it.
+    """
+    global _published
+    _published = (data, index, text)
+
+
 def read(event: Event) -> Record:
     """``event`` as its record, parsed once per process while it is recent (see the module
     docstring); never raises."""
-    record = _memo.get(event.data)
+    data = event.data
+    published = _published
+    if published is not None and published[0] is data and event.event == _DELTA_NAME:
+        # The same bytes object the note names, so the same delta: no parse, no memo.
+        index, text = published[1], published[2]
+        payload = {"type": _DELTA_NAME, "index": index, "delta": {"type": _TEXT, "text": text}}
+        return _new(Delta, (index, _TEXT, text, payload))
+    record = _memo.get(data)
     if record is not None and record.name == event.event:
         return record
     record = _parse(event)
-    data = event.data
     if data not in _memo:
         # A ring of the keys in the order they came: the oldest goes, its readers long
         # done. (Deleting a dict's first key again and again would make finding the next
