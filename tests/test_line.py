@@ -5,6 +5,7 @@ seen in the bytes that reach it."""
 from __future__ import annotations
 
 import logging
+import time
 
 import anyio
 import pytest
@@ -79,7 +80,7 @@ async def test_a_line_that_cannot_write_at_once_refuses_having_done_nothing(case
     if case == "stopping":
         line.stop()
     assert not line.offer(b"a")
-    assert line.takes_now() is False
+    assert line.take(_never_framed, "a") is None
     assert wire.written == []
     assert wire.sent == []
     assert line.busy is (case != "not started")
@@ -95,7 +96,7 @@ async def test_a_line_holding_max_queue_frames_refuses_the_next(
     assert line.offer(b"0")  # written
     assert line.offer(b"1")
     assert line.offer(b"2")
-    assert not line.takes_now()
+    assert line.take(_never_framed, "3") is None
     assert not line.offer(b"3")
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(line.run)  # the line's own task sends what is held
@@ -114,26 +115,53 @@ async def test_an_ended_line_raises_line_ended() -> None:
     with pytest.raises(LineEnded):
         line.offer(b"a")
     with pytest.raises(LineEnded):
-        line.takes_now()
+        line.take(_never_framed, "a")
 
 
 @pytest.mark.anyio
-async def test_a_frame_the_line_said_it_takes_is_held_when_its_burst_window_ends_meanwhile(
+async def test_a_frame_the_line_takes_is_held_when_its_burst_window_ends_while_it_is_framed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A store's hand-over asks ``takes_now``, frames the event, then ``put``\\ s it: on a
-    server with no direct writer, the burst window it was asked in may end meanwhile, and
-    the frame must still go out (``offer`` would now refuse it)."""
+    """A store's hand-over gives ``take`` the event and its framing: on a server with no
+    direct writer, the burst window the line said yes in may end while the frame is made,
+    and the frame must still go out (``offer`` would now refuse it)."""
     monkeypatch.setattr(_line, "BURST", 0.05)
     wire = _Wire(direct=False)
     line = _line_on(wire)
     await line.write(b"0")  # through the server's send; opens a burst window
-    assert line.takes_now()  # held, were it offered now
-    await anyio.sleep(0.1)  # the framing outlasts the window
-    assert not line.offer(b"x")  # what offer says now, having taken nothing
-    line.put(b"1")
+
+    def slow_frame(item: str) -> bytes:
+        time.sleep(0.1)  # the framing outlasts the window
+        assert not line.offer(b"x")  # what offer says now, having taken nothing
+        return item.encode()
+
+    assert line.take(slow_frame, "1") == b"1"
     await line.finish(b"")
     assert b"".join(frame for frame, _ in wire.sent) == b"01"
+
+
+@pytest.mark.anyio
+async def test_take_frames_only_what_it_takes_and_takes_nothing_when_framing_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_line, "BURST", -1.0)  # no burst window: every frame is paced
+    wire = _Wire()
+    line = _line_on(wire)
+    assert line.take(str.encode, "a") == b"a"  # paced: straight to the transport
+    assert wire.written == [b"a"]
+    assert line.take(lambda _: b"", "nothing") == b""  # nothing to write: taken
+    with pytest.raises(ZeroDivisionError):
+        line.take(lambda _: b"%d" % (1 // 0), "b")
+    assert wire.written == [b"a"]  # the failed frame: nothing written, nothing held
+    wire.room = False
+    assert line.take(str.encode, "c") == b"c"  # a full transport: held, not dropped
+    assert wire.written == [b"a"]
+    await line.finish(b"")
+    assert wire.sent == [(b"c", True), (b"", False)]
+
+
+def _never_framed(item: str) -> bytes:
+    raise AssertionError(f"framed {item!r} for a line that refuses it")
 
 
 @pytest.mark.anyio

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from essessey import Event
 from essessey.bindings.sse import SSEDecoder, SSEMessage, encode, encode_many, format_message
@@ -199,6 +201,18 @@ def test_encode_refuses_an_id_or_event_with_cr_lf_or_nul(char: str) -> None:
     # A refused name is not remembered as valid.
     with pytest.raises(ValueError, match="CR, LF or NUL"):
         encode(Event(f"x{char}", b"{}"))
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30))
+def test_encode_refuses_exactly_the_ids_with_cr_lf_or_nul(event_id: str) -> None:
+    # Any character at all, line separators and other controls included: only CR, LF and
+    # NUL break an id line.
+    if any(char in event_id for char in "\r\n\x00"):
+        with pytest.raises(ValueError, match="CR, LF or NUL"):
+            encode(Event("x", b"{}", event_id))
+    else:
+        frame = encode(Event("x", b"{}", event_id))
+        assert frame == b"id: " + event_id.encode() + b"\nevent: x\ndata: {}\n\n"
 
 
 def test_encode_is_right_for_more_event_names_than_it_caches() -> None:

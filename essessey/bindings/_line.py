@@ -10,8 +10,8 @@ A binding frames each event and hands the frame to its :class:`Line`, in the pro
   ASGI send, no task switch. While a send is in progress, or in a burst (one event right
   after another, a replay), it is held, and goes out joined with the others in the next
   send. A caller that would make a refused frame for nothing (an event offered in a
-  store's append, which comes through the source when refused) asks
-  :meth:`Line.takes_now` first, then hands the frame to :meth:`Line.put`.
+  store's append, which comes through the source when refused) hands :meth:`Line.take`
+  the event and the way to frame it: framed only when the line takes it.
 - :meth:`Line.write`: what the line refused. The frame goes through the server (an ASGI
   send) when the line is free, or is held, waiting for room when ``max_queue`` frames are
   held already: a slow client slows whoever writes instead of growing memory.
@@ -38,7 +38,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -49,6 +49,7 @@ from essessey.metrics import totals
 __all__ = ["Line", "LineEnded", "Wire"]
 
 logger = logging.getLogger("essessey.bindings")
+_T = TypeVar("_T")
 
 BURST: Final = 0.0005
 """Seconds after a send within which the next frame is taken for part of a burst: it is
@@ -198,15 +199,41 @@ class Line:
 
     # -- the writer's side ---------------------------------------------------------------
 
-    def takes_now(self) -> bool:
-        """Whether :meth:`offer` would take a frame now, asked before the frame is made
-        by a caller that must not make one the line then refuses. Raises
+    def take(self, frame_of: Callable[[_T], bytes], item: _T) -> bytes | None:
+        """Frame ``item`` with ``frame_of`` and take the frame, as :meth:`offer` would,
+        when the line takes a frame now; None, having framed nothing, when it would
+        refuse one. For a caller that must not make a frame the line then refuses (a
+        store's hand-over: a refused event comes through the source, and a dialect's
+        encoder keeps state). Returns the frame taken (``b""``: ``frame_of`` made none,
+        nothing taken). What ``frame_of`` raises propagates, nothing taken. Raises
         :class:`LineEnded` once the line has ended."""
         if self._ended:
             raise LineEnded
-        if not self.sending and not self._held and time.monotonic() > self._burst_until:
-            return self._paced is not None  # the paced path
-        return len(self._held) < self._max_queue
+        held = self._held
+        if self.sending or held:
+            if len(held) >= self._max_queue:
+                return None
+            frame = frame_of(item)
+        else:
+            now = time.monotonic()
+            if now > self._burst_until:
+                paced = self._paced
+                if paced is None:
+                    return None  # no direct way now, and not part of a burst
+                # The paced path, one frame on a free line: written straight to the
+                # transport (held when it is full).
+                frame = frame_of(item)
+                if not frame:
+                    return frame
+                if paced(frame):
+                    self.last_sent = now
+                    self._burst_until = now + BURST
+                    return frame
+            else:
+                frame = frame_of(item)  # a burst: held for the next send
+        if frame:
+            self._hold(frame)
+        return frame
 
     def offer(self, frame: bytes) -> bool:
         """Take ``frame`` without waiting, or refuse it (False, having done nothing: the
@@ -235,13 +262,6 @@ class Line:
             return False
         self._hold(frame)  # a burst, a send in progress, or a full transport
         return True
-
-    def put(self, frame: bytes) -> None:
-        """Take ``frame`` after :meth:`takes_now` said yes: as :meth:`offer`, but held
-        where the line would now refuse it (the burst window it was asked in ended
-        meanwhile, on a line without a direct way to the transport), never dropped."""
-        if not self.offer(frame):
-            self._hold(frame)
 
     def _hold(self, frame: bytes) -> None:
         self._held.append(frame)

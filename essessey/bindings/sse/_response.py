@@ -210,18 +210,16 @@ class _LineSink:
         """An event offered in a store's append (see ``essessey.stores.Deliver``): taken
         when the line takes it now; False, having done nothing and never raising, when
         it must come through the source."""
-        line = self._line
         try:
-            # Asked before the frame is made: a refused event is framed when it comes
-            # through the source, and a dialect's encoder keeps state.
-            if not line.takes_now():
-                return False
-            frame = self._encode(event)
+            # Framed only when the line takes it: a refused event is framed when it
+            # comes through the source, and a dialect's encoder keeps state.
+            frame = self._line.take(self._encode, event)
         except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
+        if frame is None:
+            return False
         self.last_was_error = event.event == EventType.ERROR
         if frame:
-            line.put(frame)
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
         return True

@@ -332,14 +332,13 @@ def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
     if ending.shutdown or ending.disconnected:
         return False
     try:
-        # Asked before the frame is made: a refused event is framed when it comes
+        # Framed only when the line takes it: a refused event is framed when it comes
         # through the subscription.
-        if not line.takes_now():
-            return False
-        frame = frame_bytes(event)
+        frame = line.take(frame_bytes, event)
     except (Exception, LineEnded):
         return False  # the subscription's own loop reads it, and ends on it
-    line.put(frame)
+    if frame is None:
+        return False
     totals.websocket_events += 1
     totals.websocket_bytes += len(frame)
     return True
