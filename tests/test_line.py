@@ -34,6 +34,12 @@ class _Wire:
         pass
 
 
+@pytest.fixture
+def no_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No burst window: every frame on a free line is paced."""
+    monkeypatch.setattr(_line, "BURST", -1.0)
+
+
 def _line_on(wire: _Wire, *, started: bool = True, max_queue: int = 4) -> Line:
     return Line(
         wire,
@@ -141,10 +147,8 @@ async def test_a_frame_the_line_takes_is_held_when_its_burst_window_ends_while_i
 
 
 @pytest.mark.anyio
-async def test_take_frames_only_what_it_takes_and_takes_nothing_when_framing_fails(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(_line, "BURST", -1.0)  # no burst window: every frame is paced
+@pytest.mark.usefixtures("no_burst")
+async def test_take_frames_only_what_it_takes_and_takes_nothing_when_framing_fails() -> None:
     wire = _Wire()
     line = _line_on(wire)
     assert line.take(str.encode, "a") == b"a"  # paced: straight to the transport
@@ -165,10 +169,8 @@ def _never_framed(item: str) -> bytes:
 
 
 @pytest.mark.anyio
-async def test_a_line_writes_straight_to_the_transport_once_its_answer_has_started(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(_line, "BURST", -1.0)  # no burst window: every offer is paced
+@pytest.mark.usefixtures("no_burst")
+async def test_a_line_writes_straight_to_the_transport_once_its_answer_has_started() -> None:
     wire = _Wire()
     line = _line_on(wire, started=False)
     assert not line.offer(b"a")  # the answer's first bytes go through the server
