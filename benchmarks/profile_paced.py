@@ -51,12 +51,26 @@ STEPS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "Publisher (the checker, the delta's JSON)",
-        ("Publisher._send_delta", "ProtocolChecker.accept_delta", "Logger.isEnabledFor"),
+        (
+            "Publisher.send_content_block_delta_text",
+            "Publisher._send_delta",
+            "Publisher._check_delta",
+            "ProtocolChecker.accept_text_delta",
+            "ProtocolChecker.accept_delta",
+        ),
     ),
     ("SSE framing", ("encode", "_prefix", "_check_token")),
     (
-        "delivery line (takes_now, put, the sink)",
-        ("Line.takes_now", "Line.put", "Line.write", "_LineSink.emit", "_LineSink._hand"),
+        "delivery line (the sink, the line's offer and take)",
+        (
+            "Line.offer",
+            "Line.take",
+            "Line.write",
+            "Line._hold",
+            "_LineSink.emit",
+            "_LineSink.emit_text",
+            "_LineSink._hand",
+        ),
     ),
     (
         "store append and ids",
@@ -64,7 +78,14 @@ STEPS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "hand-over to the subscriber (wake, in-append delivery)",
-        ("_Stream.wake", "_LineSink.deliver", "_HubSink.emit", "_HubSink._note"),
+        (
+            "_Stream.wake",
+            "_LineSink.deliver",
+            "_HubSink.emit",
+            "_HubSink.emit_text",
+            "_HubSink._note",
+            "published_text",
+        ),
     ),
 ]
 _FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^()]*)\)$")
@@ -85,16 +106,22 @@ def innermost(stack: str) -> str:
     return name.rsplit(".<locals>.", 1)[-1]
 
 
-def shares(raw: Path) -> tuple[collections.Counter[str], int]:
+def shares(raw: Path) -> tuple[collections.Counter[str], int, collections.Counter[str]]:
+    """Samples by step, their total, and the "other" samples by function."""
     steps: collections.Counter[str] = collections.Counter()
+    others: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        steps[step_of(innermost(stack))] += int(count)
+        name = innermost(stack)
+        step = step_of(name)
+        steps[step] += int(count)
+        if step == "other":
+            others[name] += int(count)
         total += int(count)
-    return steps, total
+    return steps, total, others
 
 
 def _server_pid(bench: subprocess.Popen[bytes], deadline: float) -> int:
@@ -178,8 +205,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in variants:
             per_delta, raw = profile(args, variant, Path(tmp))
-            steps, total = shares(raw)
+            steps, total, others = shares(raw)
             columns[variant] = (per_delta, steps, total)
+            if total:
+                top = ", ".join(f"{n} {c / total:.0%}" for n, c in others.most_common(6))
+                print(f"{variant}, most of 'other': {top}", file=sys.stderr)
     print(
         f"server {args.server}, {args.streams} streams, a delta every "
         f"{args.interval * 1000:.0f} ms; us per delta (share of the server's samples)"
