@@ -5,7 +5,9 @@ the checker, the reassembler, the snapshot compactor, the CLI's renderer and eac
 encoder. :func:`read` gives each of them the same record, and parses the event's JSON only
 the first time any of them asks: the records of recent events are kept in a bounded memo
 keyed by the event's bytes (a bytes object caches its hash, so a second look is one dict
-lookup). A record, and the ``payload`` it carries, are shared by every reader: never change
+lookup). The text delta a hub has just stored is not parsed at all: the hub notes its index
+and text (:func:`published_text`), and a reader of those very bytes gets its record from
+the note. A record, and the ``payload`` it carries, are shared by every reader: never change
 them.
 
 Bad input never raises: a payload that is not JSON, not an object, or not laid out as the
