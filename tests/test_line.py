@@ -4,6 +4,7 @@ seen in the bytes that reach it."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -162,6 +163,44 @@ async def test_take_frames_only_what_it_takes_and_takes_nothing_when_framing_fai
     assert wire.written == [b"a"]
     await line.finish(b"")
     assert wire.sent == [(b"c", True), (b"", False)]
+
+
+_STATES = list(itertools.product([False, True], repeat=6))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("direct", "room", "started", "stopping", "burst", "sending"), _STATES)
+@pytest.mark.parametrize("held", [0, 1, 2])
+async def test_take_and_offer_decide_alike_in_every_state(
+    monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
+    room: bool,
+    started: bool,
+    stopping: bool,
+    burst: bool,
+    sending: bool,
+    held: int,
+) -> None:
+    """``take`` writes ``offer``'s rule out again, decided before the frame is made: in
+    each state a line can be in, the two take, write, hold or refuse alike."""
+    # A window the first send opens and that lasts the test, or none at all.
+    monkeypatch.setattr(_line, "BURST", 60.0 if burst else -1.0)
+    outcomes = []
+    for way in ("offer", "take"):
+        wire = _Wire(direct=direct)
+        line = _line_on(wire, started=False, max_queue=2)
+        if started:
+            await line.write(b"0")  # the answer's start, through the server's send
+        wire.room = room
+        line.sending = True  # what is offered now is held
+        for _ in range(held):
+            assert line.offer(b"h")
+        line.sending = sending
+        if stopping:
+            line.stop()
+        taken = line.offer(b"x") if way == "offer" else line.take(str.encode, "x") is not None
+        outcomes.append((taken, list(wire.written), list(line._held)))
+    assert outcomes[0] == outcomes[1]
 
 
 def _never_framed(item: str) -> bytes:

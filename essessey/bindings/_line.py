@@ -207,6 +207,9 @@ class Line:
         encoder keeps state). Returns the frame taken (``b""``: ``frame_of`` made none,
         nothing taken). What ``frame_of`` raises propagates, nothing taken. Raises
         :class:`LineEnded` once the line has ended."""
+        # offer's rule, decided before the frame is made: the two are written apart so
+        # that each path asks the clock once and makes no call more; they must agree
+        # (tests/test_line.py checks every state).
         if self._ended:
             raise LineEnded
         held = self._held
