@@ -150,11 +150,20 @@ class _Run:
                     "skipping updates part %d: a %s", self._position, type(data).__name__
                 )
 
-    async def _message(self, message: object, metadata: Mapping[str, Any]) -> None:
-        if isinstance(message, ToolMessage):
-            await self._tool_message(message)
+    async def _message(self, given: object, metadata: Mapping[str, Any]) -> None:
+        # A chunk of the exact class (nearly every part) skips the isinstance checks,
+        # which go through the ABC machinery of pydantic's metaclass.
+        message: AIMessage
+        chunk: AIMessageChunk | None
+        if type(given) is AIMessageChunk:
+            message = chunk = given
+        elif isinstance(given, ToolMessage):
+            await self._tool_message(given)
             return
-        if not isinstance(message, AIMessage):
+        elif isinstance(given, AIMessage):
+            message = given
+            chunk = given if isinstance(given, AIMessageChunk) else None
+        else:
             return  # a human or system message a node wrote: not the assistant's
         node = metadata.get("langgraph_node")
         if self._nodes is not None and node not in self._nodes:
@@ -164,7 +173,7 @@ class _Run:
         if self.out.model is None:
             self._model(message, metadata)
         current = self._round
-        if not isinstance(message, AIMessageChunk):
+        if chunk is None:
             if current is not None and message.id in current.ids:
                 return  # the whole message of the call that streamed it
             await self._start(message.id, node)
@@ -172,23 +181,28 @@ class _Run:
             await self._round.whole(message)
             await self._output_done()
             return
-        if current is not None and current.continues(message.id, node):
+        chunk_id = chunk.id
+        # The chunks of one call share its id (continues' first test, inline: this runs
+        # for nearly every part).
+        if current is not None and (
+            not chunk_id or chunk_id in current.ids or current.continues(chunk_id, node)
+        ):
             if current.done:
                 logger.warning("a chunk came after its call's output ended; skipped")
                 return
-            await current.chunk(message, self._position)
-        elif message.id and (message.id in self._waiting or (current and not current.done)):
+            await current.chunk(chunk, self._position)
+        elif chunk_id and (chunk_id in self._waiting or (current and not current.done)):
             # Another call streams meanwhile: it is published once this one's output is.
-            self._waiting.setdefault(message.id, (node, []))[1].append(message)
+            self._waiting.setdefault(chunk_id, (node, []))[1].append(chunk)
             if current is None or current.done:
                 await self._flush_waiting()
             return
         else:
-            await self._start(message.id, node)
+            await self._start(chunk_id, node)
             current = self._round
             assert current is not None
-            await current.chunk(message, self._position)
-        if message.chunk_position == "last":
+            await current.chunk(chunk, self._position)
+        if chunk.chunk_position == "last":
             await self._output_done()
 
     def _model(self, message: AIMessage, metadata: Mapping[str, Any]) -> None:
