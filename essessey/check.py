@@ -144,6 +144,12 @@ class ProtocolChecker:
             return None
         return self._open_index, self._open_type
 
+    def knows_tool_use(self, tool_use_id: str) -> bool:
+        """Whether a tool_use block with this id was fed (in any message of the stream),
+        or named by :meth:`expect_answers`: a block with it again would break
+        ``duplicate-tool-use``."""
+        return tool_use_id in self._tool_uses
+
     def expect_answers(self, requests: Iterable[PendingRequest]) -> None:
         """Take ``requests``, asked by an earlier message of the stream that this checker
         did not read, as asked: the message that continues the turn may then record

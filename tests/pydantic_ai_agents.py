@@ -191,3 +191,27 @@ def slow_agent(started: Any, gate: Any, closed: list[int]) -> Agent[None, str]:
                 closed.append(1)
 
     return Agent(FunctionModel(stream_function=script, model_name=MODEL_NAME))
+
+
+def repeated_call_id_agent() -> Agent[None, str]:
+    """Three model requests that each call ``count`` under the same id (``call_0``), as a
+    model that numbers its calls per response does, then an answer."""
+
+    async def script(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        n = requests_made(messages)
+        if n <= 3:
+            yield {0: DeltaToolCall(name="count", json_args="{}", tool_call_id="call_0")}
+        else:
+            yield "done"
+
+    agent = Agent(FunctionModel(stream_function=script, model_name=MODEL_NAME))
+    made: list[int] = []
+
+    @agent.tool_plain
+    def count() -> str:
+        made.append(len(made))
+        return f"result {made[-1]}"
+
+    return agent

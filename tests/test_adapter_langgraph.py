@@ -12,6 +12,7 @@ openai SDK, a drop and resume in the middle of the run, an error and a cancel.""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,8 @@ import httpx
 import openai
 import pytest
 from ag_ui.core import Event as AGUIEvent
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -61,7 +64,7 @@ from essessey.dialects import dialect_routes
 from essessey.dialects.agui import AGUIRunRequest
 from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
-from tests.adapter_views import starts
+from tests.adapter_views import Interleaving, interleavings, starts, tool_use_blocks
 from tests.clients import read_sse
 from tests.langgraph_graphs import (
     MODEL,
@@ -130,6 +133,19 @@ def graph_results(messages: list[BaseMessage]) -> dict[str, tuple[str, bool]]:
         for message in messages
         if isinstance(message, ToolMessage)
     }
+
+
+async def publish_parts(parts: list[Any]) -> tuple[list[Event], PublishedRun]:
+    """``parts`` (stream parts as ``graph_stream`` yields them) published as one message."""
+
+    async def stream() -> Any:
+        for part in parts:
+            yield part
+
+    sink = InMemorySink()
+    async with stream_rounds(Publisher(sink), message_id="msg_1", stream_id="s", model="m") as rs:
+        out = await stream_run(rs, stream())
+    return sink.events, out
 
 
 # -- one run, one message ------------------------------------------------------------------------
@@ -345,15 +361,9 @@ async def test_parts_of_any_source_reasoning_content_cache_usage_and_a_cut_answe
         ),
     ]
 
-    async def given() -> Any:
-        for part in parts:
-            yield part
-
-    sink = InMemorySink()
-    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
-        run = await stream_run(rounds, given())
-    assert check(sink.events) == []
-    message = reassemble_events(sink.events).messages[0]
+    events, run = await publish_parts(parts)
+    assert check(events) == []
+    message = reassemble_events(events).messages[0]
     assert (message.thinking, message.text) == ("Think.", "Cut off")
     assert message.stop_reason == "max_tokens"
     assert message.usage == {
@@ -439,16 +449,10 @@ async def test_interleaved_calls_without_an_end_chunk_are_all_published() -> Non
 
     parts = [chunk("a", "A1 "), chunk("b", "B1 "), chunk("c", "C1 "), chunk("b", "B2 ")]
 
-    async def given() -> Any:
-        for part in parts:
-            yield part
-
-    sink = InMemorySink()
-    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
-        run = await stream_run(rounds, given())
-    assert check(sink.events) == []
+    events, run = await publish_parts(parts)
+    assert check(events) == []
     assert run.rounds == 3
-    assert reassemble_events(sink.events).text == "A1 B1 B2 C1 "
+    assert reassemble_events(events).text == "A1 B1 B2 C1 "
 
 
 def test_graph_input_is_the_conversation_or_the_last_user_message() -> None:
@@ -856,3 +860,146 @@ async def test_graph_stream_reads_what_stream_run_takes() -> None:
     graph = react_graph(two_rounds)
     kinds = {part["type"] async for part in graph_stream(graph, {"messages": []}, config("g"))}
     assert kinds == {"messages", "updates"}
+
+
+# -- any split of a model's stream ---------------------------------------------------------------
+
+_NODE = {"langgraph_node": "model"}
+
+
+def _part(chunk: AIMessageChunk) -> dict[str, Any]:
+    """``chunk`` as the ``version="v2"`` messages part ``graph_stream`` yields."""
+    return {"type": "messages", "ns": (), "data": (chunk, _NODE)}
+
+
+def _split(text: str, cuts: list[int]) -> list[str]:
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# Text the protocol carries as it is: no lone surrogate (clean() replaces one).
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=_TEXT,
+    cuts=st.lists(st.integers(1, 30), max_size=8),
+    calls=interleavings(),
+    chunk_id=st.sampled_from(["run-1", "lc_run--1", None]),
+)
+def test_any_split_of_text_and_interleaved_call_fragments_is_published_whole(
+    text: str, cuts: list[int], calls: Interleaving, chunk_id: str | None
+) -> None:
+    pieces = _split(text, cuts)
+    chunks = [AIMessageChunk(content=piece, id=chunk_id) for piece in pieces]
+    for k, piece, first in calls.sequence:
+        fragment = {
+            "type": "tool_call_chunk",
+            "index": k,
+            "id": f"call_{k}" if first else None,
+            "name": f"f{k}" if first else None,
+            "args": piece,
+        }
+        chunks.append(AIMessageChunk(content="", id=chunk_id, tool_call_chunks=[fragment]))
+    last = {"finish_reason": "tool_calls", "model_name": "m"}
+    chunks.append(
+        AIMessageChunk(content="", id=chunk_id, response_metadata=last, chunk_position="last")
+    )
+
+    events, out = anyio.run(publish_parts, [_part(c) for c in chunks])
+
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    [message] = parsed.messages
+    assert message.text == text
+    assert message.stop_reason == "tool_use"
+    first = 1 if text else 0  # the text block comes first, the calls after it
+    assert tool_use_blocks(events) == [
+        (first + k, f"call_{k}", f"f{k}", p) for k, p in enumerate(calls.pieces)
+    ]
+    assert [c.arguments for c in parsed.tool_calls] == calls.arguments
+    assert [(c.id, c.input) for c in out.tool_calls] == [
+        (f"call_{k}", json.loads(a)) for k, a in enumerate(calls.arguments)
+    ]
+    # Left to the client (no tool message followed): the message asks for each result.
+    assert out.asked == [f"call_{k}" for k in range(len(calls.arguments))]
+
+
+# Parts of every shape the stream could carry, well-formed or not: they are published or
+# skipped with a log line, and never break the message.
+_JUNK_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=6,
+)
+
+
+# Lone surrogates too: no UTF-8 text carries one, so each is published as U+FFFD.
+_ANY_CHAR = st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+
+
+@st.composite
+def _chunk(draw: st.DrawFn) -> AIMessageChunk:
+    fragments = draw(
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "type": st.just("tool_call_chunk"),
+                    "index": st.none() | st.integers(0, 2),
+                    "id": st.none() | st.sampled_from(["c1", "c2", ""]),
+                    "name": st.none() | st.sampled_from(["f", ""]),
+                    "args": st.none() | st.sampled_from(["{", '"a"', "}", "{}", "x", "", "\ud800"]),
+                }
+            ),
+            max_size=2,
+        )
+    )
+    return AIMessageChunk(
+        content=draw(
+            st.text(_ANY_CHAR, max_size=8) | st.lists(st.text(max_size=4).map(_text_block))
+        ),
+        id=draw(st.none() | st.sampled_from(["run-1", "run-2", "lc_run--3"])),
+        tool_call_chunks=fragments,
+        response_metadata=draw(
+            st.sampled_from([{}, {"finish_reason": "stop"}, {"finish_reason": "length"}])
+        ),
+        chunk_position=draw(st.sampled_from([None, "last"])),
+    )
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+_ANY_PART = st.one_of(
+    _chunk().map(_part),
+    _JUNK_VALUE,
+    st.tuples(st.sampled_from(["messages", "updates", "custom"]), _JUNK_VALUE),
+    st.builds(
+        lambda data: {"type": "messages", "ns": (), "data": data},
+        _JUNK_VALUE | st.tuples(_JUNK_VALUE, _JUNK_VALUE),
+    ),
+    st.builds(
+        lambda text, call: _part_of(ToolMessage(text, tool_call_id=call)),
+        st.text(max_size=5),
+        st.sampled_from(["c1", "c2", "nope"]),
+    ),
+)
+
+
+def _part_of(message: BaseMessage) -> dict[str, Any]:
+    return {"type": "messages", "ns": (), "data": (message, _NODE)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_ANY_PART, max_size=12))
+def test_any_sequence_of_parts_publishes_a_valid_message(parts: list[Any]) -> None:
+    events, out = anyio.run(publish_parts, parts)
+    assert check(events) == []
+    [message] = reassemble_events(events).messages
+    assert message.complete
+    # Every call the run declared is a tool_use block of the message, once.
+    ids = [c.tool_use_id for c in reassemble_events(events).tool_calls]
+    assert sorted(ids) == sorted(c.id for c in out.tool_calls)
+    assert len(set(ids)) == len(ids)

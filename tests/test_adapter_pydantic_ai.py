@@ -118,6 +118,24 @@ async def publish_one(agent: Agent[Any, Any], prompt: str) -> tuple[list[Event],
 # -- one run ---------------------------------------------------------------------------------
 
 
+async def test_a_call_id_an_earlier_request_used_is_published_under_a_fresh_one() -> None:
+    # A model that numbers its calls per response gives the next request's call the id
+    # of the last one's: published as it is, the message would hold two tool_use blocks
+    # with one id, and no client could tell their results apart.
+    events, published = await publish_one(agents.repeated_call_id_agent(), "go")
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    ids = [call.tool_use_id for call in parsed.tool_calls]
+    assert ids[0] == "call_0"
+    assert len(ids) == len(set(ids)) == 3
+    assert [(r.tool_use_id, r.text) for r in parsed.tool_results] == [
+        (call_id, f"result {n}") for n, call_id in enumerate(ids)
+    ]
+    assert [call.id for call in published.tool_calls] == ids
+    assert published.results == {call_id: f"result {n}" for n, call_id in enumerate(ids)}
+    assert published.output == "done"
+
+
 async def test_thinking_parallel_calls_a_retry_and_text_are_one_message() -> None:
     events, published = await publish_one(agents.weather_agent(), "Weather in Oslo and Rome?")
     assert check(events) == []

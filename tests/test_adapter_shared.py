@@ -8,7 +8,7 @@ import anyio
 import pytest
 from hypothesis import given, settings
 
-from essessey import Event, InMemorySink, Publisher, RoundOrderError, check
+from essessey import Event, InMemorySink, Publisher, RoundOrderError, check, reassemble_events
 from essessey.adapters import RoundStream
 from essessey.adapters import anthropic as anthropic_adapter
 from essessey.adapters import openai as openai_adapter
@@ -108,3 +108,60 @@ def test_both_openai_adapters_publish_an_interleaving_alike(calls: Interleaving)
     chat, responses = anyio.run(both)
     # The same calls interleaved the same way: the same blocks, byte for byte.
     assert chat == responses
+
+
+def _one_call(adapter: str, call_id: str) -> list[dict[str, Any]]:
+    """One model response that calls ``f`` with ``{}`` under ``call_id``."""
+    if adapter == "openai":
+        call = {"index": 0, "id": call_id, "type": "function"}
+        call["function"] = {"name": "f", "arguments": "{}"}
+        return [
+            {"model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+            {"model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
+    item = {"id": "fc_1", "type": "function_call", "call_id": call_id, "name": "f"}
+    added, done = {**item, "arguments": ""}, {**item, "arguments": "{}"}
+    return [
+        {"type": "response.output_item.added", "output_index": 0, "item": added},
+        {
+            "type": "response.function_call_arguments.delta",
+            "output_index": 0,
+            "item_id": "fc_1",
+            "delta": "{}",
+        },
+        {"type": "response.output_item.done", "output_index": 0, "item": done},
+        {
+            "type": "response.completed",
+            "response": {"id": "resp_1", "model": "m", "status": "completed", "output": []},
+        },
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("adapter", ["openai", "openai_responses"])
+async def test_a_call_id_an_earlier_round_used_gets_a_fresh_one(adapter: str, strict: bool) -> None:
+    # A provider (or a model server) that numbers its calls per response repeats an id
+    # in the next round of the message: published as it is, the message would hold two
+    # tool_use blocks with one id, and no client could tell their results apart.
+    stream_round = ADAPTERS[adapter][0]
+    sink = InMemorySink()
+    publisher = Publisher(sink, strict=strict)
+    await publisher.send_stream_preamble("msg_1", "s", "m")
+    rounds = RoundStream(publisher)
+    published = []
+    for n in range(3):
+        await rounds.round_start()
+        streamed = await stream_round(rounds, _one_call(adapter, "call_0"))
+        [call] = streamed.tool_calls
+        published.append(call.id)
+        await rounds.tool_result(0, f"result {n}")
+        await rounds.round_end()
+    await publisher.send_stream_epilogue("end_turn", 1)
+    assert published[0] == "call_0"
+    assert len(set(published)) == 3
+    assert check(sink.events) == []
+    results = reassemble_events(sink.events).tool_results
+    assert [(r.tool_use_id, r.text) for r in results] == [
+        (call_id, f"result {n}") for n, call_id in enumerate(published)
+    ]

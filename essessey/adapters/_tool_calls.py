@@ -110,7 +110,7 @@ class HeldCalls(Generic[P]):
         self.open: HeldCall | None = None  # the started call whose block is open
         # A round's n calls take block indexes from here on and the next round starts
         # at least 2n further, so base + call number never repeats within a message.
-        self._ids = CallIds(id_prefix, rounds.next_index)
+        self._ids = CallIds(id_prefix, rounds.next_index, rounds.call_id_used)
         self._emit = emit
         self._before_start = before_start
         self._logger = logger

@@ -193,30 +193,36 @@ def arguments_complete(parts: list[str]) -> bool:
 
 
 class CallIds:
-    """Tool call ids unique within a message: the provider's, or generated.
+    """Tool call ids of one round, unique within its message: the provider's, or
+    generated.
 
-    A call with no id, or with one an earlier call of the message already used, gets
+    A call with no id, or with one an earlier call of the round or of the message
+    already used (``taken``: what the message's earlier rounds used), gets
     ``f"{prefix}{n}"`` (``n`` is ``base`` plus the call's number in its round, with a
     suffix when even that is taken), so a result can always be matched to its call.
     """
 
-    __slots__ = ("_base", "_prefix", "_used")
+    __slots__ = ("_base", "_prefix", "_taken", "_used")
 
-    def __init__(self, prefix: str, base: int) -> None:
+    def __init__(self, prefix: str, base: int, taken: Callable[[str], bool]) -> None:
         self._prefix = prefix
         self._base = base
+        self._taken = taken
         self._used: set[str] = set()
+
+    def _free(self, call_id: str) -> bool:
+        return call_id not in self._used and not self._taken(call_id)
 
     def assign(self, given: str | None, slot: int, label: str) -> str:
         """The id of the round's call number ``slot``; ``label`` names it in a warning."""
         call_id = given
-        if not call_id or call_id in self._used:
+        if not call_id or not self._free(call_id):
             if call_id:
                 logger.warning("%s repeats an earlier call's id; using a generated id", label)
             n = self._base + slot
             call_id = f"{self._prefix}{n}"
             suffix = 0
-            while call_id in self._used:
+            while not self._free(call_id):
                 suffix += 1
                 call_id = f"{self._prefix}{n}_{suffix}"
         self._used.add(call_id)

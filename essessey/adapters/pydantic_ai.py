@@ -101,6 +101,7 @@ from essessey._ids import new_message_id
 from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._run_state import RunStates
+from essessey.adapters._values import CallIds
 from essessey.adapters.rounds import (
     RoundStream,
     ToolCallRequest,
@@ -224,7 +225,10 @@ class _RunReader:
 
     def _new_round(self) -> None:
         self.calls: list[_Call] = []
-        self.by_id: dict[str, int] = {}
+        self.by_id: dict[str, int] = {}  # the framework's call id -> the call's number
+        # The ids published: the framework's, unless an earlier call of the message
+        # had it (a model that numbers its calls per response).
+        self.ids = CallIds("call_", self.rounds.next_index, self.rounds.call_id_used)
         self.open_call: int | None = None  # the part index of the call whose block is open
         self.last_part: int | None = None  # the part whose content went out last
         self.thinking: set[int] = set()  # thinking parts with content out
@@ -286,9 +290,10 @@ class _RunReader:
             await self._content(event.index, reasoning=part.content)
         elif isinstance(part, ToolCallPart):
             i = len(self.calls)
-            call = _Call(part.tool_call_id, part.tool_name, _arguments(part.args), event.index)
+            call_id = self.ids.assign(part.tool_call_id, i, f"tool call {i}")
+            call = _Call(call_id, part.tool_name, _arguments(part.args), event.index)
             self.calls.append(call)
-            self.by_id[call.id] = i
+            self.by_id[part.tool_call_id] = i
             await self.rounds.tool_call_start(
                 i, ToolCallRequest(call.id, call.name, call.arguments)
             )
@@ -398,7 +403,7 @@ class _RunReader:
             return
         if not self.declared:
             await self._declare()
-        self.run.results[part.tool_call_id] = text
+        self.run.results[self.calls[i].id] = text
         # The round holds a result behind an earlier call's: results go out in call order.
         await self.rounds.tool_result(i, text, is_error=is_error)
 
@@ -444,12 +449,18 @@ class _RunReader:
         if deferred is None:
             self.rounds.stop_reason = StopReason.END_TURN
             return run
-        run.asked.extend(call.tool_call_id for call in deferred.calls)
+        run.asked.extend(self._published_id(call.tool_call_id) for call in deferred.calls)
         for call in deferred.approvals:
             reason = _reason(deferred.metadata.get(call.tool_call_id))
-            run.asked.append(await self.rounds.ask_approval(call.tool_call_id, reason=reason))
+            call_id = self._published_id(call.tool_call_id)
+            run.asked.append(await self.rounds.ask_approval(call_id, reason=reason))
         self.rounds.stop_reason = StopReason.TOOL_USE
         return run
+
+    def _published_id(self, tool_call_id: str) -> str:
+        """The id the last round published the framework's call ``tool_call_id`` under."""
+        i = self.by_id.get(tool_call_id)
+        return tool_call_id if i is None else self.calls[i].id
 
 
 def _arguments(args: str | Mapping[str, Any] | None) -> str:

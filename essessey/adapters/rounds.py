@@ -182,6 +182,7 @@ class RoundStream:
     """
 
     __slots__ = (
+        "_call_ids",
         "_content",
         "_cursor",
         "_declared",
@@ -210,6 +211,9 @@ class RoundStream:
         # Deltas take it on every event: a free gate is a flag, no coroutine.
         self._lock = _Gate()
         self._rounds = 0
+        # Every tool_use id this message opened, in any round: a client matches a
+        # result to its call by id, so an id is used once in a message (and a stream).
+        self._call_ids: set[str] = set()
         self._phase: str = _Phase.IDLE
         self._reset_round()
         # Read by stream_rounds for the epilogue; set them before the turn ends.
@@ -244,6 +248,16 @@ class RoundStream:
     def rounds(self) -> int:
         """How many rounds have ended."""
         return self._rounds
+
+    def call_id_used(self, call_id: str) -> bool:
+        """Whether a tool call of this message has ``call_id`` already, or the stream's
+        checker knows it from an earlier message (strict publishers): an adapter gives
+        a call whose id repeats one a fresh id, as a provider's repeated id would
+        otherwise break the message."""
+        if call_id in self._call_ids:
+            return True
+        checker = self.publisher.checker
+        return checker is not None and checker.knows_tool_use(call_id)
 
     @property
     def in_round(self) -> bool:
@@ -402,6 +416,7 @@ class RoundStream:
             await self._tools.start_call(
                 call.id, call.name, call.arguments, item_type=call.item_type
             )
+            self._call_ids.add(call.id)
             if self._declared is not None:
                 # The model's output is complete: the arguments are whole, so is the block.
                 await self._tools.end_call()
@@ -662,6 +677,7 @@ class RoundStream:
             await tools.start_call(
                 request.id, request.name, request.arguments, item_type=request.item_type
             )
+            self._call_ids.add(request.id)
         await tools.end_call()
 
     async def _flush_results(self) -> None:
