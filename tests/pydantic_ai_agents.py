@@ -215,3 +215,37 @@ def repeated_call_id_agent() -> Agent[None, str]:
         return f"result {made[-1]}"
 
     return agent
+
+
+def scripted_client_calls_agent(
+    pieces: list[str], calls: list[tuple[int, str, bool]]
+) -> Agent[None, str | DeferredToolRequests]:
+    """One model request that streams ``pieces`` of text, then the fragments of parallel
+    calls of an external tool (``lookup``, any arguments) in the order ``calls`` gives
+    (``(k, fragment, first)``: call ``k``'s next fragment; its first names it
+    ``call_k``): the run stops at the calls, the client's to run."""
+
+    async def script(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        for piece in pieces:
+            yield piece
+        for k, fragment, first in calls:
+            # Part 0 is the text's; call k is part k + 1.
+            delta = DeltaToolCall(
+                name="lookup" if first else None,
+                json_args=fragment,
+                tool_call_id=f"call_{k}" if first else None,
+            )
+            yield {k + 1: delta}
+
+    lookup = ToolDefinition(
+        name="lookup",
+        parameters_json_schema={"type": "object", "additionalProperties": True},
+        description="Looks anything up, on the client.",
+    )
+    return Agent(
+        FunctionModel(stream_function=script, model_name=MODEL_NAME),
+        output_type=[str, DeferredToolRequests],
+        toolsets=[ExternalToolset([lookup])],
+    )
