@@ -82,7 +82,8 @@ class Interleaving:
     sequence: list[tuple[int, str, bool]]
 
 
-def _pieces(text: str, cuts: list[int]) -> list[str]:
+def split_text(text: str, cuts: list[int]) -> list[str]:
+    """``text`` cut at the positions ``cuts`` names (those inside it), in order."""
     bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
     return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
@@ -92,7 +93,7 @@ def interleavings(draw: st.DrawFn, max_calls: int = 4) -> Interleaving:
     """N calls' arguments, each cut into non-empty fragments, arriving in any order (each
     call's own fragments in their order)."""
     texts = draw(st.lists(st.sampled_from(CALL_ARGUMENTS), min_size=1, max_size=max_calls))
-    pieces = [_pieces(t, draw(st.lists(st.integers(1, 60), max_size=8))) for t in texts]
+    pieces = [split_text(t, draw(st.lists(st.integers(1, 60), max_size=8))) for t in texts]
     labels = draw(st.permutations([k for k, parts in enumerate(pieces) for _ in parts]))
     # Renumber by first appearance: the order the calls' blocks open in.
     order = list(dict.fromkeys(labels))

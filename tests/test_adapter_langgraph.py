@@ -12,7 +12,6 @@ openai SDK, a drop and resume in the middle of the run, an error and a cancel.""
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -64,7 +63,13 @@ from essessey.dialects import dialect_routes
 from essessey.dialects.agui import AGUIRunRequest
 from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
-from tests.adapter_views import Interleaving, interleavings, starts, tool_use_blocks
+from tests.adapter_views import (
+    Interleaving,
+    interleavings,
+    split_text,
+    starts,
+    tool_use_blocks,
+)
 from tests.clients import read_sse
 from tests.langgraph_graphs import (
     MODEL,
@@ -872,11 +877,6 @@ def _part(chunk: AIMessageChunk) -> dict[str, Any]:
     return {"type": "messages", "ns": (), "data": (chunk, _NODE)}
 
 
-def _split(text: str, cuts: list[int]) -> list[str]:
-    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
 # Text the protocol carries as it is: no lone surrogate (clean() replaces one).
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
 
@@ -891,7 +891,7 @@ _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
 def test_any_split_of_text_and_interleaved_call_fragments_is_published_whole(
     text: str, cuts: list[int], calls: Interleaving, chunk_id: str | None
 ) -> None:
-    pieces = _split(text, cuts)
+    pieces = split_text(text, cuts)
     chunks = [AIMessageChunk(content=piece, id=chunk_id) for piece in pieces]
     for k, piece, first in calls.sequence:
         fragment = {

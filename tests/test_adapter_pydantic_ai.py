@@ -7,7 +7,6 @@ and a cancelled run stops."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -54,7 +53,7 @@ from essessey.dialects import dialect_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
 from tests import pydantic_ai_agents as agents
-from tests.adapter_views import Interleaving, interleavings
+from tests.adapter_views import Interleaving, interleavings, split_text
 from tests.processes import WAIT
 from tests.servers import serve
 
@@ -575,8 +574,7 @@ def test_ag_ui_client_reads_the_run(node_client: Path, weather_app: str) -> None
 def test_any_split_of_text_and_of_each_call_s_arguments_is_published_whole(
     text: str, cuts: list[int], calls: Interleaving
 ) -> None:
-    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
-    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    pieces = split_text(text, cuts)
     # Each call's fragments one after the other, as Pydantic AI's models stream parallel
     # calls (the interleaved case is the test below).
     in_turn = sorted(calls.sequence, key=lambda fragment: fragment[0])

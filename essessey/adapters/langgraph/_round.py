@@ -228,23 +228,18 @@ class LLMCall:
         """Publish what one chunk carries."""
         held = self.held
         content = message.content
-        fragments = message.tool_call_chunks
-        if type(content) is str and not message.additional_kwargs:
+        if isinstance(content, str) and not message.additional_kwargs:
             if not content:
                 pass
             elif held.open is None and not held.pending:  # the common chunk: text, live
-                await self.rounds.delta(text=content if content.isascii() else clean(content))
+                await self.rounds.delta(text=clean(content))
                 self.signable = False
-                if not fragments:
-                    # Nothing was held before the text and nothing is now: no advance.
-                    if message.response_metadata:
-                        self._metadata(message)
-                    return
             else:
                 await held.put(("text", clean(content)))
         else:
             for piece in _pieces(message):
                 await held.put(piece)
+        fragments = message.tool_call_chunks
         for fragment in fragments:
             index = fragment.get("index")
             given = fragment.get("id")

@@ -182,11 +182,7 @@ class _Run:
             await self._output_done()
             return
         chunk_id = chunk.id
-        # The chunks of one call share its id (continues' first test, inline: this runs
-        # for nearly every part).
-        if current is not None and (
-            not chunk_id or chunk_id in current.ids or current.continues(chunk_id, node)
-        ):
+        if current is not None and current.continues(chunk_id, node):
             if current.done:
                 logger.warning("a chunk came after its call's output ended; skipped")
                 return
