@@ -218,19 +218,21 @@ def repeated_call_id_agent() -> Agent[None, str]:
 
 
 def scripted_client_calls_agent(
-    pieces: list[str], calls: list[tuple[int, str, bool]]
+    steps: list[str | tuple[int, str, bool]],
 ) -> Agent[None, str | DeferredToolRequests]:
-    """One model request that streams ``pieces`` of text, then the fragments of parallel
-    calls of an external tool (``lookup``, any arguments) in the order ``calls`` gives
-    (``(k, fragment, first)``: call ``k``'s next fragment; its first names it
-    ``call_k``): the run stops at the calls, the client's to run."""
+    """One model request that streams ``steps`` in order: a string is text, a
+    ``(k, fragment, first)`` the next fragment of the arguments of call ``k`` of an
+    external tool (``lookup``, any arguments; its first fragment names it ``call_k``).
+    The run stops at the calls, the client's to run."""
 
     async def script(
         messages: list[ModelMessage], info: AgentInfo
     ) -> AsyncIterator[str | DeltaToolCalls]:
-        for piece in pieces:
-            yield piece
-        for k, fragment, first in calls:
+        for step in steps:
+            if isinstance(step, str):
+                yield step
+                continue
+            k, fragment, first = step
             # Part 0 is the text's; call k is part k + 1.
             delta = DeltaToolCall(
                 name="lookup" if first else None,

@@ -53,7 +53,7 @@ from essessey.dialects import dialect_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
 from tests import pydantic_ai_agents as agents
-from tests.adapter_views import Interleaving, interleavings, split_text
+from tests.adapter_views import Interleaving, interleavings, split_text, tool_use_blocks
 from tests.processes import WAIT
 from tests.servers import serve
 
@@ -570,15 +570,24 @@ def test_ag_ui_client_reads_the_run(node_client: Path, weather_app: str) -> None
     text=st.text(st.characters(exclude_categories=("Cs",)), max_size=30),
     cuts=st.lists(st.integers(1, 30), max_size=6),
     calls=interleavings(max_calls=3),
+    data=st.data(),
 )
-def test_any_split_of_text_and_of_each_call_s_arguments_is_published_whole(
-    text: str, cuts: list[int], calls: Interleaving
+def test_any_split_of_text_and_interleaved_call_fragments_is_published_whole(
+    text: str, cuts: list[int], calls: Interleaving, data: st.DataObject
 ) -> None:
+    # The text's pieces anywhere among the calls' fragments, both in their order.
     pieces = split_text(text, cuts)
-    # Each call's fragments one after the other, as Pydantic AI's models stream parallel
-    # calls (the interleaved case is the test below).
-    in_turn = sorted(calls.sequence, key=lambda fragment: fragment[0])
-    agent = agents.scripted_client_calls_agent(pieces, in_turn)
+    n = len(pieces)
+    where = st.lists(st.integers(0, len(calls.sequence)), min_size=n, max_size=n)
+    places = sorted(data.draw(where, label="places"))
+    steps: list[str | tuple[int, str, bool]] = []
+    waiting = list(zip(places, pieces, strict=True))
+    for at, fragment in enumerate([*calls.sequence, None]):
+        while waiting and waiting[0][0] == at:
+            steps.append(waiting.pop(0)[1])
+        if fragment is not None:
+            steps.append(fragment)
+    agent = agents.scripted_client_calls_agent(steps)
     events, published = anyio.run(publish_one, agent, "go")
 
     assert check(events) == []
@@ -588,6 +597,9 @@ def test_any_split_of_text_and_of_each_call_s_arguments_is_published_whole(
     assert [(c.tool_use_id, c.name, c.arguments) for c in message.tool_calls] == [
         (f"call_{k}", "lookup", arguments) for k, arguments in enumerate(calls.arguments)
     ]
+    # Each call's fragments in its own block, each as its own delta, in the order sent.
+    fragments = [[f for k2, f, _ in calls.sequence if k2 == k] for k in range(len(calls.pieces))]
+    assert [p for *_, p in tool_use_blocks(events)] == fragments
     assert [(c.id, c.input) for c in published.tool_calls] == [
         (f"call_{k}", json.loads(arguments)) for k, arguments in enumerate(calls.arguments)
     ]
@@ -595,15 +607,11 @@ def test_any_split_of_text_and_of_each_call_s_arguments_is_published_whole(
     assert published.asked == [f"call_{k}" for k in range(len(calls.arguments))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a call's fragment that comes after another call's block opened is "
-    "not streamed (logged), so the published arguments are cut; the other adapters hold "
-    "the later call (HeldCalls) until the open call's arguments are whole",
-)
-def test_interleaved_call_fragments_keep_each_call_whole() -> None:
-    sequence = [(0, "{", True), (1, "{}", True), (0, "}", False)]
-    agent = agents.scripted_client_calls_agent([], sequence)
-    events, _ = anyio.run(publish_one, agent, "go")
-    calls = reassemble_events(events).tool_calls
-    assert [c.arguments for c in calls] == ["{}", "{}"]
+def test_a_call_s_fragment_after_another_call_began_goes_into_its_block() -> None:
+    # Call 0 sends "{", call 1 opens (Pydantic AI ends part 1 there), then call 0 sends
+    # "}": call 1's block waits until call 0's arguments are whole.
+    steps: list[str | tuple[int, str, bool]] = [(0, "{", True), (1, "{}", True), (0, "}", False)]
+    events, _ = anyio.run(publish_one, agents.scripted_client_calls_agent(steps), "go")
+    assert check(events) == []
+    assert [(i, p) for i, _, _, p in tool_use_blocks(events)] == [(0, ["{", "}"]), (1, ["{}"])]
+    assert [c.arguments for c in reassemble_events(events).tool_calls] == ["{}", "{}"]

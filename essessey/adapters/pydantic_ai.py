@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import orjson
 
@@ -101,10 +101,9 @@ from essessey._ids import new_message_id
 from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._run_state import RunStates
-from essessey.adapters._values import CallIds
+from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters.rounds import (
     RoundStream,
-    ToolCallRequest,
     continue_rounds,
     stream_rounds,
 )
@@ -198,12 +197,10 @@ def _as_history(said: Sequence[Any]) -> list[ModelMessage]:
     return history
 
 
-@dataclass(slots=True)
-class _Call:
-    id: str
-    name: str
-    arguments: str
-    part_index: int
+# What waits behind an open tool call whose arguments are not whole yet (HeldCalls):
+# ("text" | "reasoning", part index, text), ("signature", part index, signature), or a
+# tool the provider ran, ("native_call" | "native_result", part index, its part).
+_Piece: TypeAlias = tuple[str, int, Any]
 
 
 class _RunReader:
@@ -221,26 +218,36 @@ class _RunReader:
         self.run = PublishedRun()
         self.side: Literal["none", "response", "request"] = "none"
         self.skipped: set[str] = set()
+        self.position = -1  # the run event being read, for log lines
         self._new_round()
 
     def _new_round(self) -> None:
-        self.calls: list[_Call] = []
-        self.by_id: dict[str, int] = {}  # the framework's call id -> the call's number
-        # The ids published: the framework's, unless an earlier call of the message
-        # had it (a model that numbers its calls per response).
-        self.ids = CallIds("call_", self.rounds.next_index, self.rounds.call_id_used)
-        self.open_call: int | None = None  # the part index of the call whose block is open
+        # The round's calls, and what waits for an open call's arguments to be whole,
+        # in the order the model sent them: a call's fragment that comes after another
+        # part began still goes into its block (the other parts are held behind it).
+        self.held: HeldCalls[_Piece] = HeldCalls(
+            self.rounds,
+            "call_",
+            self._emit,
+            logger=logger,
+            noun="tool call",
+            where="run event %d",
+            before_start=self._before_call,
+        )
+        self.by_part: dict[int, HeldCall] = {}  # a tool call part's index -> its call
+        self.by_id: dict[str, HeldCall] = {}  # the framework's call id -> its call
+        self.ended: dict[HeldCall, str] = {}  # a call's arguments as its last part end had them
         self.last_part: int | None = None  # the part whose content went out last
         self.thinking: set[int] = set()  # thinking parts with content out
-        self.natives: dict[int, NativeToolCallPart] = {}
+        self.natives: set[int] = set()  # native tool call parts, published at their end
         self.declared = False
         self.messages = -1
         self.max_part = -1
-        self.late = 0
 
     # -- events ------------------------------------------------------------------------
 
     async def feed(self, event: RunEvent) -> None:
+        self.position += 1
         if isinstance(event, PartStartEvent):
             await self._part_start(event)
         elif isinstance(event, PartDeltaEvent):
@@ -284,37 +291,30 @@ class _RunReader:
                 self.messages = len(self.handle.all_messages())
         self.max_part = max(self.max_part, event.index)
         part = event.part
+        held = self.held
         if isinstance(part, TextPart):
-            await self._content(event.index, text=part.content)
+            await self._content(event.index, "text", part.content)
         elif isinstance(part, ThinkingPart):
-            await self._content(event.index, reasoning=part.content)
+            await self._content(event.index, "reasoning", part.content)
         elif isinstance(part, ToolCallPart):
-            i = len(self.calls)
-            call_id = self.ids.assign(part.tool_call_id, i, f"tool call {i}")
-            call = _Call(call_id, part.tool_name, _arguments(part.args), event.index)
-            self.calls.append(call)
-            self.by_id[part.tool_call_id] = i
-            await self.rounds.tool_call_start(
-                i, ToolCallRequest(call.id, call.name, call.arguments)
-            )
-            self.open_call = event.index
-            self.last_part = None
+            call = HeldCall(len(held.calls))
+            call.given_id = part.tool_call_id
+            call.name = part.tool_name
+            held.add(call)
+            self.by_part[event.index] = call
+            self.by_id[part.tool_call_id] = call
+            await held.fragment(call, _arguments(part.args), self.position)
+            await held.advance()
         elif isinstance(part, NativeToolCallPart):
-            self.natives[event.index] = part  # published whole, at its end
+            self.natives.add(event.index)  # published whole, at its end
         elif isinstance(part, NativeToolReturnPart):
-            await self._native_result(part)
+            await held.put(("native_result", event.index, part))
         else:
             self._skip(type(part).__name__)
 
-    async def _content(self, index: int, *, text: str = "", reasoning: str = "") -> None:
-        if not (text or reasoning):
-            return
-        if self.last_part != index:
-            self.open_call = None
-        await self.rounds.delta(text=text, reasoning=reasoning)
-        self.last_part = index
-        if reasoning:
-            self.thinking.add(index)
+    async def _content(self, index: int, kind: str, text: str) -> None:
+        if text:
+            await self.held.put((kind, index, text))
 
     async def _part_delta(self, event: PartDeltaEvent) -> None:
         delta = event.delta
@@ -322,9 +322,9 @@ class _RunReader:
             logger.warning("a part delta outside a model response; skipped")
             return
         if isinstance(delta, TextPartDelta):
-            await self._content(event.index, text=delta.content_delta)
+            await self._content(event.index, "text", delta.content_delta)
         elif isinstance(delta, ThinkingPartDelta):
-            await self._content(event.index, reasoning=delta.content_delta or "")
+            await self._content(event.index, "reasoning", delta.content_delta or "")
         elif isinstance(delta, ToolCallPartDelta):
             await self._call_delta(event.index, delta)
         else:
@@ -334,76 +334,101 @@ class _RunReader:
         args = delta.args_delta
         if not args:
             return
-        found = next((i for i, call in enumerate(self.calls) if call.part_index == index), None)
-        if found is None:
+        call = self.by_part.get(index)
+        if call is None:
             return  # a native tool call's arguments: it goes out whole at its end
-        if index != self.open_call or not isinstance(args, str):
-            # Its block is closed (another part went out since) or the provider merges
-            # arguments as objects: the block keeps what went out; the part has the rest.
-            self.late += 1
+        if not isinstance(args, str):
+            # The provider merges arguments as objects: the block keeps what went out;
+            # the part has the rest.
             logger.warning(
-                "arguments of tool call %d came after its block closed (%d chars); not streamed",
-                found,
-                len(args) if isinstance(args, str) else -1,
+                "arguments of tool call %d came as an object; not streamed", call.ordinal
             )
             return
-        self.calls[found].arguments += args
-        await self.rounds.tool_call_delta(found, args)
+        await self.held.fragment(call, args, self.position)
+        await self.held.advance()
 
     async def _part_end(self, event: PartEndEvent) -> None:
         part = event.part
-        if (
-            isinstance(part, ThinkingPart)
-            and part.signature
-            and event.index in self.thinking
-            and self.last_part == event.index
-        ):
-            await self.rounds.delta(signature=part.signature)
+        if isinstance(part, ThinkingPart) and part.signature:
+            await self.held.put(("signature", event.index, part.signature))
         elif isinstance(part, NativeToolCallPart) and event.index in self.natives:
-            del self.natives[event.index]
-            await self._native_call(part)
-        elif isinstance(part, ToolCallPart):
-            i = self.by_id.get(part.tool_call_id)
-            if i is not None and _arguments(part.args) != self.calls[i].arguments:
-                logger.warning("tool call %d ended with other arguments than streamed", i)
+            self.natives.discard(event.index)
+            await self.held.put(("native_call", event.index, part))
+        elif isinstance(part, ToolCallPart) and event.index in self.by_part:
+            # Not the call's end for certain: a part's end comes when the next part
+            # begins, and a model that interleaves its calls sends more of this one
+            # after. Its block closes once its arguments are whole JSON, or the
+            # response is done.
+            self.ended[self.by_part[event.index]] = _arguments(part.args)
 
-    async def _native_call(self, part: NativeToolCallPart) -> None:
-        block = {
-            "type": "server_tool_use",
-            "id": part.tool_call_id,
-            "name": part.tool_name,
-            "input": part.args_as_dict(),
-        }
-        self.open_call = self.last_part = None
+    # -- publishing what the held calls let go ------------------------------------------
+
+    async def _emit(self, piece: _Piece) -> None:
+        kind, index, value = piece
+        if kind == "text":
+            await self.rounds.delta(text=value)
+        elif kind == "reasoning":
+            await self.rounds.delta(reasoning=value)
+            self.thinking.add(index)
+        elif kind == "signature":
+            # The signature of the thinking part that went out last, as the block's end.
+            if index in self.thinking and self.last_part == index:
+                await self.rounds.delta(signature=value)
+            return
+        elif kind == "native_call":
+            await self._server_block(
+                {
+                    "type": "server_tool_use",
+                    "id": value.tool_call_id,
+                    "name": value.tool_name,
+                    "input": value.args_as_dict(),
+                }
+            )
+        else:
+            await self._server_block(
+                {
+                    "type": f"{value.tool_name}_tool_result",
+                    "tool_use_id": value.tool_call_id,
+                    "content": to_jsonable_python(value.content, fallback=str),
+                }
+            )
+        self.last_part = index if kind in ("text", "reasoning") else None
+
+    async def _server_block(self, block: dict[str, Any]) -> None:
         await self.rounds.block_start(block)
         await self.rounds.block_stop()
 
-    async def _native_result(self, part: NativeToolReturnPart) -> None:
-        block = {
-            "type": f"{part.tool_name}_tool_result",
-            "tool_use_id": part.tool_call_id,
-            "content": to_jsonable_python(part.content, fallback=str),
-        }
-        self.open_call = self.last_part = None
-        await self.rounds.block_start(block)
-        await self.rounds.block_stop()
+    async def _before_call(self) -> None:
+        self.last_part = None
 
     async def _declare(self) -> None:
         self.declared = True
-        await self.rounds.assistant_message(
-            [ToolCallRequest(call.id, call.name, call.arguments) for call in self.calls]
-        )
+        held = self.held
+        await held.advance(final=True)
+        held.log_late()
+        for call, arguments in self.ended.items():
+            if arguments != "".join(call.parts):
+                logger.warning(
+                    "tool call %d ended with other arguments than streamed", call.ordinal
+                )
+        await self.rounds.assistant_message(held.requests())
+
+    def _slot(self, tool_call_id: str) -> int | None:
+        """The number in the round of the framework's call ``tool_call_id``, once its
+        block opened."""
+        call = self.by_id.get(tool_call_id)
+        return None if call is None or call.slot < 0 else call.slot
 
     async def _result(self, part: BaseToolReturnPart[Any]) -> None:
         text = part.model_response_str(wrap_if_error=False)
         is_error = part.outcome in ERROR_OUTCOMES
-        i = self.by_id.get(part.tool_call_id) if self.rounds.in_round else None
+        if self.rounds.in_round and not self.declared:
+            await self._declare()  # the round's calls are known once it is
+        i = self._slot(part.tool_call_id) if self.rounds.in_round else None
         if i is None:
             await self._earlier_result(part, text, is_error)
             return
-        if not self.declared:
-            await self._declare()
-        self.run.results[self.calls[i].id] = text
+        self.run.results[self.held.started[i].id] = text
         # The round holds a result behind an earlier call's: results go out in call order.
         await self.rounds.tool_result(i, text, is_error=is_error)
 
@@ -419,7 +444,9 @@ class _RunReader:
         await self.rounds.earlier_result(call_id, text, is_error=err)
 
     async def _end_round(self, *, waiting: bool = False) -> None:
-        for call in self.calls:
+        if not self.declared:
+            await self._declare()
+        for call in self.held.requests():
             self.run.tool_calls.append(
                 PublishedToolCall(
                     call.id, call.name, call.arguments, parse_arguments(call.arguments)
@@ -459,8 +486,8 @@ class _RunReader:
 
     def _published_id(self, tool_call_id: str) -> str:
         """The id the last round published the framework's call ``tool_call_id`` under."""
-        i = self.by_id.get(tool_call_id)
-        return tool_call_id if i is None else self.calls[i].id
+        i = self._slot(tool_call_id)
+        return tool_call_id if i is None else self.held.started[i].id
 
 
 def _arguments(args: str | Mapping[str, Any] | None) -> str:
