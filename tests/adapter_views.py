@@ -108,6 +108,26 @@ def interleavings(draw: st.DrawFn, max_calls: int = 4) -> Interleaving:
     return Interleaving([texts[old] for old in order], pieces, sequence)
 
 
+Step = str | tuple[int, str, bool]
+"""A piece of text, or a call's fragment as :class:`Interleaving` sends it."""
+
+
+@st.composite
+def text_among(draw: st.DrawFn, pieces: list[str], calls: Interleaving) -> list[Step]:
+    """The text's ``pieces`` placed anywhere among ``calls``' fragments, both kept in
+    their order."""
+    n = len(pieces)
+    places = sorted(draw(st.lists(st.integers(0, len(calls.sequence)), min_size=n, max_size=n)))
+    steps: list[Step] = []
+    waiting = list(zip(places, pieces, strict=True))
+    for at, fragment in enumerate([*calls.sequence, None]):
+        while waiting and waiting[0][0] == at:
+            steps.append(waiting.pop(0)[1])
+        if fragment is not None:
+            steps.append(fragment)
+    return steps
+
+
 def assert_each_call_whole(calls: Interleaving, message: Any, events: list[Event]) -> None:
     """Assert that ``calls``, published as one message (ids ``call_k``, names ``fk``),
     came out right: a valid stream in which every call's block carries its own fragments,

@@ -178,6 +178,46 @@ class Response:
             self.output.append(whole)
         return self
 
+    def mixed(
+        self,
+        steps: Sequence[str | tuple[int, str, bool]],
+        calls: Sequence[tuple[str, str, str]],
+    ) -> Response:
+        """A message and function calls whose deltas arrive interleaved: ``steps`` in
+        order, each a piece of the message's text (its item first in the output) or a
+        call's fragment ``(k, fragment, first)`` (its item added at its first fragment);
+        ``calls[k]`` is call ``k``'s ``(call_id, name, whole arguments)``. Every item is
+        done after the last step."""
+        first = len(self.output)
+        mid = f"msg_{self.id}_{first}"
+        added = {"type": "message", "id": mid, "role": "assistant", "status": "in_progress"}
+        self._add("response.output_item.added", output_index=first, item=dict(added, content=[]))
+        items: dict[int, dict[str, Any]] = {}
+        text = []
+        for step in steps:
+            if isinstance(step, str):
+                text.append(step)
+                delta = {"item_id": mid, "output_index": first, "content_index": 0}
+                self._add("response.output_text.delta", delta=step, logprobs=[], **delta)
+                continue
+            k, fragment, opens = step
+            call_id, name, _ = calls[k]
+            if opens:
+                item = {"type": "function_call", "id": f"fc_{self.id}_{k}", "call_id": call_id}
+                items[k] = dict(item, name=name, arguments="", status="in_progress")
+                self._add("response.output_item.added", output_index=first + 1 + k, item=items[k])
+            where = {"item_id": items[k]["id"], "output_index": first + 1 + k}
+            self._add("response.function_call_arguments.delta", delta=fragment, **where)
+        part = {"type": "output_text", "text": "".join(text), "annotations": []}
+        item = dict(added, status="completed", content=[part])
+        self._add("response.output_item.done", output_index=first, item=item)
+        self.output.append(item)
+        for k in range(len(calls)):
+            whole = dict(items[k], arguments=calls[k][2], status="completed")
+            self._add("response.output_item.done", output_index=first + 1 + k, item=whole)
+            self.output.append(whole)
+        return self
+
     def done(self) -> list[Any]:
         """The events, ended by ``response.completed``."""
         self._add("response.completed", response=self._response("completed", self.output))

@@ -22,14 +22,18 @@ import openai
 import pytest
 from agents import (
     Agent,
+    FunctionTool,
     RunConfig,
     Runner,
     WebSearchTool,
     function_tool,
     set_tracing_disabled,
 )
+from agents.exceptions import ModelBehaviorError
 from agents.items import ToolCallItem, ToolCallOutputItem
 from agents.result import RunResultBase
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 
 from essessey import (
@@ -47,7 +51,15 @@ from essessey.adapters.openai_agents import AgentTurns, PublishedRun, agent_inpu
 from essessey.dialects import dialect_routes
 from essessey.dialects.ui import ChatRequest
 from essessey.errors import ProviderStreamError
-from tests.adapter_views import starts
+from tests.adapter_views import (
+    Interleaving,
+    Step,
+    interleavings,
+    split_text,
+    starts,
+    text_among,
+    tool_use_blocks,
+)
 from tests.clients import read_sse
 from tests.openai_agents_models import MODEL_NAME, Pause, Response, ScriptedResponses, call
 from tests.processes import WAIT
@@ -649,3 +661,122 @@ def test_the_ag_ui_client_reads_a_turn(
     assert text.endswith("it is noon in Rome.")
     results = {m["toolCallId"]: m["content"] for m in seen["messages"] if m["role"] == "tool"}
     assert results["call_w"] == "sunny in Oslo"
+
+
+# -- any interleaving, any number of rounds --------------------------------------------------
+
+
+async def _echo_arguments(context: Any, arguments: str) -> str:
+    return f"read {len(json.loads(arguments))} fields"
+
+
+ANY_ARGUMENTS = [
+    FunctionTool(
+        name=f"f{k}",
+        description="Takes any object.",
+        params_json_schema={"type": "object"},
+        on_invoke_tool=_echo_arguments,
+        strict_json_schema=False,
+    )
+    for k in range(3)
+]
+
+
+@st.composite
+def model_rounds(draw: st.DrawFn) -> list[tuple[list[Step], Interleaving]]:
+    """One to three responses, each its text's pieces placed anywhere among its parallel
+    calls' interleaved fragments (the last response text alone)."""
+    count = draw(st.integers(1, 3))
+    out = []
+    for n in range(count):
+        text = draw(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20))
+        pieces = split_text(text, draw(st.lists(st.integers(1, 20), max_size=4)))
+        calls = draw(interleavings(max_calls=3)) if n < count - 1 else Interleaving([], [], [])
+        steps = draw(text_among(pieces, calls))
+        out.append((steps, calls))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(responses=model_rounds(), numbered=st.booleans())
+def test_any_interleaving_of_text_and_calls_over_rounds_is_published_whole(
+    responses: list[tuple[list[Step], Interleaving]], numbered: bool
+) -> None:
+    # numbered: the model numbers its calls per response (call_0 in every round), so a
+    # later round repeats an earlier round's id. The SDK runs such a call once when it is
+    # the same invocation, and fails the run when it is another.
+    scripts = []
+    for n, (steps, calls) in enumerate(responses):
+        ids = [f"call_{k}" if numbered else f"call_{n}_{k}" for k in range(len(calls.arguments))]
+        whole = [(ids[k], f"f{k}", a) for k, a in enumerate(calls.arguments)]
+        scripts.append(Response().mixed(steps, whole).done())
+    agent, model = agent_of(scripts, tools=ANY_ARGUMENTS)
+    events, run, result, error = anyio.run(run_to_sink, agent)  # checks the stream
+    played = responses[: model.calls]
+    text = "".join(s for steps, _ in played for s in steps if isinstance(s, str))
+    parsed = reassemble_events(events)
+    [message] = parsed.messages
+    calls = parsed.tool_calls
+    assert len({c.tool_use_id for c in calls}) == len(calls)
+    if error is not None:
+        # The SDK refuses the response that reuses an id for another call once it is
+        # whole, and stops its stream there: what came before it went out.
+        assert numbered
+        assert isinstance(error, ModelBehaviorError)
+        assert events[-1].event == "error"
+        assert not message.complete
+        assert text.startswith(parsed.text)
+        return
+    assert parsed.text == text
+    # Each call's fragments in its own block, as sent.
+    sent = [
+        [f for k2, f, _ in calls_.sequence if k2 == k]
+        for _, calls_ in played
+        for k in range(len(calls_.pieces))
+    ]
+    assert [p for *_, p in tool_use_blocks(events)] == sent
+    assert message.complete
+    assert message.stop_reason == "end_turn"
+    assert run is not None
+    assert run.output == result.final_output
+    # Every call the SDK ran, in order, with its arguments; a call that repeats one is
+    # published too (under a fresh id), the SDK's output for that invocation its result.
+    given = [c.given_id for response in run.responses for c in response.tool_calls]
+    assert [c.tool_use_id for c in calls] == [c.id for r in run.responses for c in r.tool_calls]
+    ran = [
+        (c.name, c.params)
+        for i, (c, g) in enumerate(zip(calls, given, strict=True))
+        if g not in given[:i]
+    ]
+    assert ran == [(name, params) for _, name, params in sdk_calls(result)]
+    if not numbered:
+        assert [c.tool_use_id for c in calls] == given
+    outputs = sdk_outputs(result)
+    results = {r.tool_use_id: r.text for r in parsed.tool_results}
+    assert [results[c.tool_use_id] for c in calls] == [outputs[g] for g in given]
+
+
+async def test_a_call_that_repeats_an_earlier_one_gets_its_output_as_result() -> None:
+    # A model that numbers its calls per response sends call_0 again, the same tool with
+    # the same input: the SDK takes it for the invocation it ran and ends the run there.
+    scripts = [
+        Response().text("Looking.").calls(call("call_0", "f0", '{"a": 1}')).done(),
+        Response().text("Again.").calls(call("call_0", "f0", '{"a": 1}')).done(),
+        Response().text("Unplayed.").done(),
+    ]
+    agent, model = agent_of(scripts, tools=ANY_ARGUMENTS)
+    events, run, result, error = await run_to_sink(agent)
+    assert error is None
+    assert model.calls == 2
+    assert run is not None
+    assert result.final_output == "Again."
+    [message] = reassemble_events(events).messages
+    assert message.stop_reason == "end_turn"
+    first, second = message.tool_calls
+    assert first.tool_use_id == "call_0" != second.tool_use_id  # a fresh id
+    assert [c.given_id for r in run.responses for c in r.tool_calls] == ["call_0", "call_0"]
+    results = {r.tool_use_id: (r.text, r.is_error) for r in message.tool_results}
+    assert results == {
+        "call_0": ("read 1 fields", False),
+        second.tool_use_id: ("read 1 fields", False),
+    }

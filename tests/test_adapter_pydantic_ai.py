@@ -53,7 +53,14 @@ from essessey.dialects import dialect_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
 from tests import pydantic_ai_agents as agents
-from tests.adapter_views import Interleaving, interleavings, split_text, tool_use_blocks
+from tests.adapter_views import (
+    Interleaving,
+    Step,
+    interleavings,
+    split_text,
+    text_among,
+    tool_use_blocks,
+)
 from tests.processes import WAIT
 from tests.servers import serve
 
@@ -135,6 +142,7 @@ async def test_a_call_id_an_earlier_request_used_is_published_under_a_fresh_one(
         (call_id, f"result {n}") for n, call_id in enumerate(ids)
     ]
     assert [call.id for call in published.tool_calls] == ids
+    assert [call.given_id for call in published.tool_calls] == ["call_0"] * 3
     assert published.results == {call_id: f"result {n}" for n, call_id in enumerate(ids)}
     assert published.output == "done"
 
@@ -577,16 +585,7 @@ def test_any_split_of_text_and_interleaved_call_fragments_is_published_whole(
 ) -> None:
     # The text's pieces anywhere among the calls' fragments, both in their order.
     pieces = split_text(text, cuts)
-    n = len(pieces)
-    where = st.lists(st.integers(0, len(calls.sequence)), min_size=n, max_size=n)
-    places = sorted(data.draw(where, label="places"))
-    steps: list[str | tuple[int, str, bool]] = []
-    waiting = list(zip(places, pieces, strict=True))
-    for at, fragment in enumerate([*calls.sequence, None]):
-        while waiting and waiting[0][0] == at:
-            steps.append(waiting.pop(0)[1])
-        if fragment is not None:
-            steps.append(fragment)
+    steps = data.draw(text_among(pieces, calls), label="steps")
     agent = agents.scripted_client_calls_agent(steps)
     events, published = anyio.run(publish_one, agent, "go")
 
@@ -610,7 +609,7 @@ def test_any_split_of_text_and_interleaved_call_fragments_is_published_whole(
 def test_a_call_s_fragment_after_another_call_began_goes_into_its_block() -> None:
     # Call 0 sends "{", call 1 opens (Pydantic AI ends part 1 there), then call 0 sends
     # "}": call 1's block waits until call 0's arguments are whole.
-    steps: list[str | tuple[int, str, bool]] = [(0, "{", True), (1, "{}", True), (0, "}", False)]
+    steps: list[Step] = [(0, "{", True), (1, "{}", True), (0, "}", False)]
     events, _ = anyio.run(publish_one, agents.scripted_client_calls_agent(steps), "go")
     assert check(events) == []
     assert [(i, p) for i, _, _, p in tool_use_blocks(events)] == [(0, ["{", "}"]), (1, ["{}"])]

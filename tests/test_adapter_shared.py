@@ -154,6 +154,7 @@ async def test_a_call_id_an_earlier_round_used_gets_a_fresh_one(adapter: str, st
         await rounds.round_start()
         streamed = await stream_round(rounds, _one_call(adapter, "call_0"))
         [call] = streamed.tool_calls
+        assert call.given_id == "call_0"  # the provider's id, beside the one published
         published.append(call.id)
         await rounds.tool_result(0, f"result {n}")
         await rounds.round_end()

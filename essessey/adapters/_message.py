@@ -27,12 +27,16 @@ class PublishedToolCall:
 
     ``arguments`` is the JSON text as streamed; ``input`` is that text parsed (``{}``
     when it was empty), or None when it was not valid JSON (``arguments`` still has it).
+    ``given_id`` is the id the provider or framework gave the call (None when it gave
+    none): ``id`` differs from it when the call repeated an id an earlier call of the
+    message had, and went out under a fresh one.
     """
 
     id: str
     name: str
     arguments: str
     input: Any
+    given_id: str | None = None
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final, Generic, TypeVar
 
+from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._values import CallIds, arguments_complete
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 
@@ -213,6 +214,19 @@ class HeldCalls(Generic[P]):
         return [
             ToolCallRequest(c.id, c.name or "", "".join(c.parts), c.item_type) for c in self.started
         ]
+
+    def published(self) -> list[PublishedToolCall]:
+        """The started calls as an adapter reports them, the id each was given beside
+        the id it went out with."""
+        calls = []
+        for call in self.started:
+            arguments = "".join(call.parts)
+            calls.append(
+                PublishedToolCall(
+                    call.id, call.name or "", arguments, parse_arguments(arguments), call.given_id
+                )
+            )
+        return calls
 
     async def _start(self, call: HeldCall) -> None:
         if self._before_start is not None:

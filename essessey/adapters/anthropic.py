@@ -395,6 +395,7 @@ class _Reader:
                     name=str(block.get("name")),
                     arguments=arguments,
                     input=parse_arguments(arguments),
+                    given_id=str(block.get("id")),
                 )
             )
         result.content.append(block)
@@ -751,6 +752,7 @@ class _Reader:
                     name=str(block.content["name"]),
                     arguments=arguments,
                     input=parse_arguments(arguments),
+                    given_id=str(block.content["id"]),
                 )
             )
         self.result.content.append(block.content)

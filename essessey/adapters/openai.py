@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from essessey._logsafe import log_label
-from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
+from essessey.adapters._message import PublishedMessage, PublishedToolCall
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
@@ -534,12 +534,8 @@ class _RoundReader:
         """End of the chunks: publish what waits, then declare the round's calls."""
         await self._held.advance(final=True)
         self._held.log_late()
-        requests = self._held.requests()
-        await self.rounds.assistant_message(requests)
-        calls = [
-            PublishedToolCall(r.id, r.name, r.arguments, parse_arguments(r.arguments))
-            for r in requests
-        ]
+        await self.rounds.assistant_message(self._held.requests())
+        calls = self._held.published()
         return StreamedRound(
             text="".join(self._text),
             thinking="".join(self._thinking),

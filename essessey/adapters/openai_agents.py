@@ -83,6 +83,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed
 
 from essessey._ids import new_message_id
 from essessey._public import set_public_module
+from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
 from essessey.adapters.openai_responses import StreamedResponse, stream_round
 from essessey.adapters.rounds import RoundStream, continue_rounds, stream_rounds
@@ -221,8 +222,14 @@ class _Run:
         if answered is not None:
             for request, approval in answered.approvals():
                 self.earlier[request.tool_use_id] = not approval.approved
-        self.calls: list[str] = []  # the open round's call ids
-        self.message_calls: set[str] = set()  # every call of the message
+        self.calls: list[PublishedToolCall] = []  # the open round's calls
+        # The open round's calls by the id the model gave them (which the SDK's items
+        # carry): a call that repeated an earlier call's id went out under a fresh one.
+        self.given: dict[str, int] = {}
+        self.message_calls: set[str] = set()  # every call of the message, as published
+        # The earlier rounds' calls that got an output, by the model's id: their name,
+        # input and output (see repeats).
+        self.ran: dict[str, tuple[str, Any, str]] = {}
         self.last: StreamedResponse | None = None
 
     async def response(self, first: RawResponsesStreamEvent, events: _Events) -> None:
@@ -235,8 +242,12 @@ class _Run:
             self.out.model = streamed.model
         for key, value in streamed.usage.items():
             self.out.usage[key] = self.out.usage.get(key, 0) + value
-        self.calls = [call.id for call in streamed.tool_calls]
-        self.message_calls.update(self.calls)
+        self.calls = streamed.tool_calls
+        self.given = {}
+        for i, call in enumerate(self.calls):
+            if call.given_id:
+                self.given.setdefault(call.given_id, i)
+        self.message_calls.update(call.id for call in self.calls)
         self.last = streamed
 
     async def output(self, call_id: str | None, output: object) -> None:
@@ -244,12 +255,14 @@ class _Run:
             logger.warning("a tool output without a call id; not published")
             return
         text = _text(output)
-        if self.rounds.in_round and call_id in self.calls:
-            i = self.calls.index(call_id)
-            if call_id in self.out.results:
+        i = self.given.get(call_id) if self.rounds.in_round else None
+        if i is not None:
+            call = self.calls[i]
+            if call.id in self.out.results:
                 logger.warning("tool call %d got a second output; not published", i)
                 return
-            self.out.results[call_id] = text
+            self.out.results[call.id] = text
+            self.ran[call_id] = (call.name, call.input, text)
             # The round holds a result behind an earlier call's (which may wait for an
             # approval, its result then in the next message): results go out in call order.
             await self.rounds.tool_result(i, text)
@@ -263,9 +276,25 @@ class _Run:
         rounds = self.rounds
         if not rounds.in_round:
             return
+        await self.repeats()
         # Results held behind a call without one go out here, in call order; the calls
         # that wait for an approval are left to the next message.
         await rounds.round_end(answer_missing=not asking)
+
+    async def repeats(self) -> None:
+        """The SDK runs a call once: one that repeats an earlier round's call (its id,
+        tool and input) is the same invocation, never run again and given no output of
+        its own. It went out under a fresh id; its result is the output the SDK holds
+        for it, the earlier call's."""
+        for i, call in enumerate(self.calls):
+            earlier = self.ran.get(call.given_id) if call.given_id else None
+            if call.id in self.out.results or earlier is None:
+                continue
+            name, given, text = earlier
+            if name == call.name and given is not None and given == call.input:
+                logger.info("tool call %d repeats an earlier call; its output is the result", i)
+                self.out.results[call.id] = text
+                await self.rounds.tool_result(i, text)
 
     async def ask(self, states: RunStates | None, reason: ApprovalReason | None) -> None:
         interruptions = list(self.result.interruptions)
@@ -277,7 +306,9 @@ class _Run:
             state = self.result.to_state().to_string()
             await states.save(ids[0], state.encode())
         for item, request_id in zip(interruptions, ids, strict=True):
-            call_id = item.call_id
+            given = item.call_id
+            i = self.given.get(given) if given else None
+            call_id = given if i is None else self.calls[i].id
             if call_id not in self.message_calls:
                 # A nested agent's call (an agent used as a tool), a hosted MCP server's: no
                 # tool_use block of this message to gate.
@@ -301,7 +332,7 @@ class _Run:
         if out.asked:
             return  # asking made the stop reason tool_use
         if last is not None and not (
-            last.stop_reason == StopReason.TOOL_USE and all(c in out.results for c in self.calls)
+            last.stop_reason == StopReason.TOOL_USE and all(c.id in out.results for c in self.calls)
         ):
             out.stop_reason = last.stop_reason
         else:

@@ -1166,15 +1166,12 @@ class _Reader:
 
     def summary(self) -> StreamedResponse:
         """What went out so far."""
-        calls = []
-        approvals = []
-        for call in self._held.started:
-            arguments = "".join(call.parts)
-            calls.append(
-                PublishedToolCall(call.id, call.name or "", arguments, parse_arguments(arguments))
-            )
-            if call.ordinal in self._approvals:
-                approvals.append((self._approvals[call.ordinal], call.id))
+        calls = self._held.published()
+        approvals = [
+            (self._approvals[call.ordinal], call.id)
+            for call in self._held.started
+            if call.ordinal in self._approvals
+        ]
         return StreamedResponse(
             text="".join(self._text),
             thinking="".join(self._thinking),

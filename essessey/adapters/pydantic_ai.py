@@ -99,7 +99,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed
 
 from essessey._ids import new_message_id
 from essessey._public import set_public_module
-from essessey.adapters._message import PublishedToolCall, parse_arguments
+from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters.rounds import (
@@ -446,12 +446,7 @@ class _RunReader:
     async def _end_round(self, *, waiting: bool = False) -> None:
         if not self.declared:
             await self._declare()
-        for call in self.held.requests():
-            self.run.tool_calls.append(
-                PublishedToolCall(
-                    call.id, call.name, call.arguments, parse_arguments(call.arguments)
-                )
-            )
+        self.run.tool_calls.extend(self.held.published())
         # Results held behind a call without one go out here, in call order; that call
         # gets an error result unless it waits for the client.
         await self.rounds.round_end(answer_missing=not waiting)

@@ -10,7 +10,7 @@ from typing import Any, Final, Literal, TypeAlias
 import orjson
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
-from essessey.adapters._message import PublishedToolCall, parse_arguments
+from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import has_lone_surrogate, replace_surrogates
 from essessey.adapters.rounds import RoundStream
@@ -296,15 +296,10 @@ class LLMCall:
         held = self.held
         await held.advance(final=True)
         held.log_late()
-        declared = held.requests()
-        await self.rounds.assistant_message(declared)
-        for slot, (request, call) in enumerate(zip(declared, held.started, strict=True)):
-            self.requests.append(
-                PublishedToolCall(
-                    request.id, request.name, request.arguments, parse_arguments(request.arguments)
-                )
-            )
-            self.slots[request.id] = slot
+        await self.rounds.assistant_message(held.requests())
+        for slot, call in enumerate(held.published()):
+            self.requests.append(call)
+            self.slots[call.id] = slot
             if call.given_id:
                 self.slots.setdefault(call.given_id, slot)
         return True
