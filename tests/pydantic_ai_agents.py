@@ -251,3 +251,25 @@ def scripted_client_calls_agent(
         output_type=[str, DeferredToolRequests],
         toolsets=[ExternalToolset([lookup])],
     )
+
+
+def odd_values_agent(output: object) -> Agent[None, str]:
+    """One call of ``odd`` (its arguments holding an integer past 64 bits), whose tool
+    returns ``output``, then an answer."""
+
+    async def script(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        if requests_made(messages) <= 1:
+            args = '{"n": 18446744073709551616}'
+            yield {0: DeltaToolCall(name="odd", json_args=args, tool_call_id="c1")}
+        else:
+            yield "done"
+
+    agent = Agent(FunctionModel(stream_function=script, model_name=MODEL_NAME))
+
+    @agent.tool_plain
+    def odd(n: int) -> object:
+        return output
+
+    return agent

@@ -1003,3 +1003,40 @@ def test_any_sequence_of_parts_publishes_a_valid_message(parts: list[Any]) -> No
     ids = [c.tool_use_id for c in reassemble_events(events).tool_calls]
     assert sorted(ids) == sorted(c.id for c in out.tool_calls)
     assert len(set(ids)) == len(ids)
+
+
+async def test_values_orjson_cannot_write_go_out_as_their_exact_json_text() -> None:
+    # Python's json module (which LangChain's integrations parse with) reads integers
+    # past 64 bits and "\ud800" escapes as lone surrogates; orjson writes neither. A whole
+    # message's call arguments, a server tool's input and output, a tool's output and a
+    # usage count holding one raised out of the adapter and ended the turn.
+    big, lone = 2**64, "x\ud800"
+    message = AIMessage(
+        [
+            {"type": "server_tool_call", "id": "s1", "name": "web_search", "args": {"n": big}},
+            {"type": "server_tool_result", "tool_call_id": "s1", "output": [lone]},
+        ],
+        id="run-1",
+        tool_calls=[{"id": "c1", "name": "f", "args": {"n": big, "s": lone}}],
+        usage_metadata={"input_tokens": big, "output_tokens": 3, "total_tokens": big},
+    )
+    parts = [
+        _part_of(message),
+        _part_of(ToolMessage([{"type": "json", "n": big}], tool_call_id="c1")),
+    ]
+    events, out = await publish_parts(parts)
+    assert check(events) == []
+    [published] = reassemble_events(events).messages
+    [call] = published.tool_calls
+    assert json.loads(call.arguments) == {"n": big, "s": lone}  # exact, the surrogate escaped
+    [result] = published.tool_results
+    assert json.loads(result.text) == [{"type": "json", "n": big}]
+    starts = [
+        json.loads(e.data)["content_block"] for e in events if e.event == "content_block_start"
+    ]
+    [server] = [b for b in starts if b["type"] == "server_tool_use"]
+    assert json.loads(server["input"]) == {"n": big}  # its JSON text, where orjson fails
+    # Past 64 bits: left out of the epilogue, with a warning (message_start's 0 stands).
+    assert published.usage["input_tokens"] == 0
+    assert published.usage["output_tokens"] == 3
+    assert out.results == {"c1": result.text}

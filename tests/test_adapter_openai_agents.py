@@ -780,3 +780,36 @@ async def test_a_call_that_repeats_an_earlier_one_gets_its_output_as_result() ->
         "call_0": ("read 1 fields", False),
         second.tool_use_id: ("read 1 fields", False),
     }
+
+
+@pytest.mark.parametrize(
+    ("output", "text"),
+    [("lone \ud800", "lone \ufffd"), ({"n": 2**64}, "{'n': 18446744073709551616}")],
+)
+async def test_a_tool_output_orjson_cannot_write_is_its_result(output: object, text: str) -> None:
+    # A tool that returns a string holding a lone surrogate (a file name decoded with
+    # surrogateescape, say) raised SerializationError out of the adapter. (The SDK hands
+    # the model a dict's str().)
+
+    async def odd(context: Any, arguments: str) -> object:
+        return output
+
+    tool = FunctionTool(
+        name="odd",
+        description="Returns what it was made to.",
+        params_json_schema={"type": "object"},
+        on_invoke_tool=odd,
+        strict_json_schema=False,
+    )
+    scripts = [
+        Response().calls(call("call_1", "odd", '{"n": 18446744073709551616}')).done(),
+        Response().text("done").done(),
+    ]
+    agent, _ = agent_of(scripts, tools=[tool])
+    events, run, _, error = await run_to_sink(agent)  # checks the stream
+    assert error is None
+    parsed = reassemble_events(events)
+    assert [c.arguments for c in parsed.tool_calls] == ['{"n": 18446744073709551616}']
+    assert [r.text for r in parsed.tool_results] == [text]
+    assert run is not None
+    assert run.results == {"call_1": text}

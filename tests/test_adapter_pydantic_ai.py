@@ -147,6 +147,24 @@ async def test_a_call_id_an_earlier_request_used_is_published_under_a_fresh_one(
     assert published.output == "done"
 
 
+@pytest.mark.parametrize(
+    ("output", "text"),
+    [
+        ("lone \ud800", "lone \ufffd"),  # no UTF-8 text carries a lone surrogate
+        ({"n": 2**64}, '{"n":18446744073709551616}'),  # pydantic writes the digits
+    ],
+)
+async def test_a_tool_output_orjson_cannot_write_is_its_result(output: object, text: str) -> None:
+    # A tool that returns a string holding a lone surrogate (a file name decoded with
+    # surrogateescape, say) raised SerializationError out of the adapter.
+    events, published = await publish_one(agents.odd_values_agent(output), "go")
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert [c.arguments for c in parsed.tool_calls] == ['{"n": 18446744073709551616}']
+    assert [r.text for r in parsed.tool_results] == [text]
+    assert published.results == {"c1": text}
+
+
 async def test_thinking_parallel_calls_a_retry_and_text_are_one_message() -> None:
     events, published = await publish_one(agents.weather_agent(), "Weather in Oslo and Rome?")
     assert check(events) == []

@@ -41,9 +41,10 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
-from essessey import Event, InMemorySink, Publisher, check
+from essessey import Event, InMemorySink, Publisher, check, reassemble_events
 from essessey.adapters import anthropic as anthropic_adapter
 from essessey.adapters import openai as openai_adapter
+from essessey.adapters import openai_responses as responses_adapter
 from essessey.bindings.sse import SSEDecoder, SSEMessage, SSESource, encode
 from essessey.bindings.ws import WebSocketSource, decode_frame, encode_frame
 from essessey.check import ProtocolChecker, Violation
@@ -1303,6 +1304,161 @@ def test_anthropic_adapter_publishes_a_valid_stream_from_any_events(
         assert (outcome.error is not None) == (published[-1].event == EventType.ERROR)
 
 
+def _responses_item_events(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
+    """The events of output item ``n``: added, its deltas and dones, then done."""
+    kind = draw(
+        st.sampled_from(
+            [
+                *("message", "reasoning", "function_call", "web_search_call"),
+                *("custom_tool_call", "mcp_approval_request", MARKER),
+            ]
+        )
+    )
+    item_id = draw(st.sampled_from([f"it_{n}", "it_0", MARKER]))
+    where = {"item_id": item_id, "output_index": n}
+    if draw(st.integers(0, 5)) == 0:
+        del where["output_index"]
+    events: list[dict[str, Any]] = []
+    item: dict[str, Any] = {"type": kind, "id": item_id}
+    if kind == "message":
+        item.update(role="assistant", content=[])
+        texts = draw(st.lists(PROVIDER_TEXT, max_size=3))
+        for part in texts:
+            delta = draw(st.sampled_from(["output_text", "refusal"]))
+            index = draw(st.integers(0, 1))
+            events.append(
+                {"type": f"response.{delta}.delta", **where, "content_index": index, "delta": part}
+            )
+        if draw(st.booleans()):
+            annotation = {"type": "url_citation", "url": MARKER, "title": MARKER}
+            annotation |= {"start_index": draw(COUNT), "end_index": draw(COUNT)}
+            events.append(
+                {"type": "response.output_text.annotation.added", **where, "content_index": 0}
+                | {"annotation_index": 0, "annotation": annotation}
+            )
+        whole = draw(st.sampled_from(["".join(texts), MARKER]))
+        if draw(st.booleans()):
+            events.append(
+                {"type": "response.output_text.done", **where, "content_index": 0, "text": whole}
+            )
+        if draw(st.booleans()):
+            part = {"type": "output_text", "text": whole, "annotations": []}
+            events.append(
+                {"type": "response.content_part.done", **where, "content_index": 0, "part": part}
+            )
+        done = dict(item, content=[{"type": "output_text", "text": whole, "annotations": []}])
+    elif kind == "reasoning":
+        item["summary"] = []
+        texts = draw(st.lists(PROVIDER_TEXT, max_size=3))
+        for part in texts:
+            delta, field = draw(
+                st.sampled_from(
+                    [
+                        ("reasoning_summary_text", "summary_index"),
+                        ("reasoning_text", "content_index"),
+                    ]
+                )
+            )
+            events.append({"type": f"response.{delta}.delta", **where, field: 0, "delta": part})
+        if draw(st.booleans()):
+            part = {"type": "summary_text", "text": "".join(texts)}
+            events.append(
+                {"type": "response.reasoning_summary_part.done", **where, "summary_index": 0}
+                | {"part": part}
+            )
+        done = dict(item, summary=[{"type": "summary_text", "text": "".join(texts)}])
+    elif kind in ("function_call", "custom_tool_call", "mcp_approval_request"):
+        call_id = draw(st.sampled_from([f"call_{n}", "call_0", "", None]))
+        name = draw(st.sampled_from(["lookup", "", None, MARKER]))
+        item.update(call_id=call_id, name=name, arguments="")
+        if kind == "custom_tool_call":
+            item["input"] = ""
+        arguments = json.dumps({"q": draw(PROVIDER_TEXT)}, ensure_ascii=False)
+        cuts = sorted(draw(st.lists(st.integers(0, len(arguments)), max_size=3)))
+        pieces = [arguments[a:b] for a, b in pairwise([0, *cuts, len(arguments)])]
+        if kind == "function_call":
+            for piece in pieces:
+                events.append(
+                    {"type": "response.function_call_arguments.delta", **where, "delta": piece}
+                )
+            whole = draw(st.sampled_from([arguments, arguments[:-1], "{}", MARKER]))
+            if draw(st.booleans()):
+                events.append(
+                    {"type": "response.function_call_arguments.done", **where, "arguments": whole}
+                )
+        else:
+            whole = arguments
+        done = dict(item, arguments=whole, input=whole)
+    else:
+        if kind == "web_search_call":
+            events.append({"type": "response.web_search_call.searching", **where})
+            item["action"] = {"type": "search", "query": MARKER}
+        done = dict(item, status="completed")
+    added = (
+        []
+        if kind == "mcp_approval_request"
+        else [{"type": "response.output_item.added", "output_index": n, "item": item}]
+    )
+    finished = {"type": "response.output_item.done", "output_index": n, "item": done}
+    return [*added, *events, *([finished] if draw(st.integers(0, 4)) else [])]
+
+
+def _responses_events(draw: st.DrawFn) -> list[Any]:
+    response = {"id": "resp_1", "object": "response", "model": "gpt-x", "output": []}
+    events: list[Any] = [{"type": "response.created", "response": response}]
+    # Each item's events in their order, the items' interleaved.
+    queues = [_responses_item_events(draw, n) for n in range(draw(st.integers(0, 4)))]
+    while any(queues):
+        live = [q for q in queues if q]
+        events.append(draw(st.sampled_from(live)).pop(0))
+    status = draw(st.sampled_from(["completed", "incomplete", "failed", "error", "cut"]))
+    usage = {"input_tokens": draw(COUNT), "output_tokens": draw(COUNT)}
+    usage |= {"input_tokens_details": {"cached_tokens": draw(COUNT)}}
+    if status == "error":
+        events.append({"type": "error", "code": MARKER, "message": MARKER})
+    elif status != "cut":
+        ended = {**response, "status": status, "usage": usage}
+        if status == "incomplete":
+            ended["incomplete_details"] = {
+                "reason": draw(st.sampled_from(["max_output_tokens", MARKER]))
+            }
+        if status == "failed":
+            ended["error"] = {"code": "server_error", "message": MARKER}
+        events.append({"type": f"response.{status}", "response": ended})
+    if draw(st.integers(0, 4)) == 0:
+        events.append({"type": "response.output_text.delta", "delta": MARKER, "output_index": 0})
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]
+
+
+@st.composite
+def responses_streams(draw: st.DrawFn) -> list[Any]:
+    return draw(streams_of(_responses_events(draw)))
+
+
+@fuzz()
+@given(
+    events=responses_streams(),
+    dialect=st.sampled_from(sorted(DIALECTS)),
+    fails_after=st.none() | st.integers(0, 8),
+)
+def test_responses_adapter_publishes_a_valid_stream_from_any_events(
+    events: list[Any], dialect: str, fails_after: int | None
+) -> None:
+    def run(publisher: Publisher, source: Any) -> Any:
+        return responses_adapter.publish(publisher, source, message_id="msg_1", stream_id="s_1")
+
+    published, records, outcome = _publish(run, events, dialect, fails_after)
+    assert_no_content(records)
+    assert_published_stream_keeps_the_rules(published)
+    if isinstance(outcome, Broken):
+        assert published[-1].event == EventType.ERROR
+        assert MARKER.encode() not in published[-1].data
+    else:
+        assert isinstance(outcome, responses_adapter.PublishedResponse)
+        # A failure (the provider's, or the stream cut short) is published and returned.
+        assert (outcome.error is not None) == (published[-1].event == EventType.ERROR)
+
+
 # == 5. Regressions: what the fuzzing found =====================================================
 
 
@@ -1545,3 +1701,86 @@ def test_anthropic_adapter_publishes_a_provider_error_orjson_cannot_write(dialec
     assert outcome.error == {"type": "overloaded_error\ufffd", "message": MARKER + "\ufffd"}
     assert outcome.text == "a"
     assert orjson.loads(published[-1].data) == {"type": "error", "error": outcome.error}
+
+
+def _responses(*events: dict[str, Any], status: str = "completed") -> list[dict[str, Any]]:
+    response = {"id": "resp_1", "object": "response", "model": "gpt-x", "output": []}
+    ended: dict[str, Any] = {**response, "status": status}
+    if status == "incomplete":
+        ended["incomplete_details"] = {"reason": "max_output_tokens"}
+    return [
+        {"type": "response.created", "response": response},
+        *events,
+        {"type": f"response.{status}", "response": ended},
+    ]
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_responses_adapter_skips_a_citation_or_hosted_item_orjson_cannot_write(
+    dialect: str,
+) -> None:
+    # An annotation or a hosted tool's item goes out whole (a citations_delta, a result
+    # block's content): one holding a count past 64 bits, a lone surrogate or nesting
+    # past what orjson writes was read as valid, and publishing it raised
+    # SerializationError out of publish.
+    deep: Any = MARKER
+    for _ in range(254):
+        deep = [deep]
+    message = {"type": "message", "id": "m", "role": "assistant", "content": []}
+    where = {"item_id": "m", "output_index": 0, "content_index": 0}
+    citation = {"type": "url_citation", "url": MARKER, "start_index": 0}
+    events = _responses(
+        {"type": "response.output_item.added", "output_index": 0, "item": message},
+        {"type": "response.output_text.delta", **where, "delta": "cited"},
+        *(
+            {"type": "response.output_text.annotation.added", **where, "annotation_index": n}
+            | {"annotation": {**citation, "end_index": end}}
+            for n, end in enumerate([2**64, MARKER + "\ud800", deep, 5])
+        ),
+        *(
+            {"type": "response.output_item.done", "output_index": 1 + n}
+            | {"item": {"type": "web_search_call", "id": f"ws_{n}", "action": action}}
+            for n, action in enumerate([{"query": 2**64}, {"query": deep}, {"query": "q"}])
+        ),
+    )
+
+    def run(publisher: Publisher, source: Any) -> Any:
+        return responses_adapter.publish(publisher, source, message_id="m", stream_id="s")
+
+    published, records, _ = _publish(run, events, dialect, None)
+    assert_no_content(records)
+    assert check(published) == []
+    assert published[-1].event == EventType.MESSAGE_STOP
+    parsed = reassemble_events(published)
+    assert parsed.text == "cited"
+    [citation_out] = parsed.messages[0].citations
+    assert citation_out["end_index"] == 5
+    starts = [
+        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
+    ]
+    assert [b["id"] for b in starts if b["type"] == "server_tool_use"] == ["ws_2"]
+    skipped = [r.getMessage() for r in warnings_of(records)]
+    assert len(skipped) == 5
+    assert all("cannot be written as JSON" in line for line in skipped)
+
+
+def test_responses_adapter_asks_for_an_mcp_approval_in_a_response_cut_short() -> None:
+    # A response whose output ran out (incomplete) after an MCP approval request: the
+    # message asked and ended with stop reason max_tokens, which the checker refuses (a
+    # message that asks ends with tool_use), so publish raised ProtocolError.
+    request = {"type": "mcp_approval_request", "id": "mcpr_1", "name": "lookup"}
+    request["arguments"] = '{"q": 1}'
+    events = _responses(
+        {"type": "response.output_item.done", "output_index": 0, "item": request},
+        status="incomplete",
+    )
+
+    def run(publisher: Publisher, source: Any) -> Any:
+        return responses_adapter.publish(publisher, source, message_id="m", stream_id="s")
+
+    published, _, outcome = _publish(run, events, "anthropic", None)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.stop_reason == outcome.stop_reason == "tool_use"
+    assert outcome.incomplete_reason == "max_output_tokens"
+    assert [r.id for r in parsed.pending] == ["mcpr_1"]

@@ -4,15 +4,20 @@ its typed fields that the adapters share.
 Python's json module (and the SDKs built on it) reads two things no JSON writer takes
 back: a ``"\\ud800"`` escape becomes a lone surrogate, which no UTF-8 text (so no
 published event) can carry, and an integer of any size, where orjson writes none past
-64 bits. The adapters refuse both at the edge, before anything of the value went out.
+64 bits. Nor does orjson write what is nested past 255 levels, though it reads 1,024. The
+adapters refuse all three at the edge, before anything of the value went out; a
+framework's own values (a tool's output) go out as exact JSON text instead.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
+
+import orjson
 
 from essessey.adapters._message import parse_arguments
 
@@ -20,21 +25,26 @@ __all__ = [
     "MAX_COUNT",
     "CallIds",
     "Malformed",
+    "add_count",
     "arguments_complete",
     "as_mapping",
     "count",
     "fits_count",
     "has_lone_surrogate",
+    "json_text",
+    "json_value",
     "kind",
     "opt_int",
     "opt_list",
     "opt_map",
     "opt_str",
+    "output_text",
     "read_all",
     "replace_surrogates",
     "req_map",
     "req_str",
     "token_counts",
+    "writable",
 ]
 
 logger = logging.getLogger("essessey.adapters")
@@ -59,6 +69,17 @@ def replace_surrogates(text: str) -> str:
 def fits_count(value: int) -> bool:
     """Whether the integer ``value`` can be written back (within 64 bits, signed)."""
     return -MAX_COUNT - 1 <= value <= MAX_COUNT
+
+
+def add_count(into: dict[str, int], key: str, value: int) -> None:
+    """Add ``value`` to the token count ``into[key]``; a total past 64 bits cannot be
+    written, and is left out with a warning."""
+    total = into.get(key, 0) + value
+    if fits_count(total):
+        into[key] = total
+    else:
+        into.pop(key, None)
+        logger.warning("a usage count (%s) past 64 bits is not published", key)
 
 
 # -- typed fields of a provider's JSON ---------------------------------------------------
@@ -136,6 +157,73 @@ def opt_list(value: object, where: str) -> list[Any] | tuple[Any, ...] | None:
     if value is None or isinstance(value, list | tuple):
         return value
     raise Malformed(f"{where} is a {kind(value)}, not a list")
+
+
+def _dumps_at(value: object, depth: int, default: Callable[[Any], Any] | None = None) -> bytes:
+    """``value`` written ``depth`` levels down (the levels an event's payload puts around
+    it count toward orjson's nesting limit); orjson's JSONEncodeError, a TypeError, when
+    it cannot be."""
+    nested = value
+    for _ in range(depth):
+        nested = [nested]
+    return orjson.dumps(nested, default=default)
+
+
+def writable(value: Any, where: str, *, depth: int) -> Any:
+    """``value`` as it is, when orjson can write it ``depth`` levels down in an event's
+    payload (for a value passed on whole, not read field by field): no lone surrogate,
+    no integer past 64 bits, not nested too deeply."""
+    try:
+        _dumps_at(value, depth)
+    except TypeError:
+        raise Malformed(f"{where} cannot be written as JSON") from None
+    return value
+
+
+# -- a framework's values ----------------------------------------------------------------
+#
+# What a framework hands over (a tool's output, arguments a model gave whole) is a
+# Python value that ran: refusing it would lose what happened. It goes out as exact
+# JSON text instead, which any value has.
+
+
+def json_text(value: object) -> str:
+    """A framework's value as JSON text: what is not JSON as its ``str()``; a value
+    orjson cannot write (an integer past 64 bits, a lone surrogate, deep nesting) as the
+    json module writes it, the integer's digits kept and the surrogate escaped."""
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except TypeError:
+        pass
+    try:
+        return json.dumps(value, default=str)
+    except (ValueError, RecursionError):  # circular, or deeper than the interpreter goes
+        pass
+    try:
+        return json.dumps(str(value))
+    except RecursionError:
+        return json.dumps(type(value).__name__)
+
+
+def json_value(value: object, *, depth: int) -> Any:
+    """A framework's value as JSON values for an event's payload, ``depth`` levels down
+    (what is not JSON as its ``str()``); one that cannot be written there goes as its
+    :func:`json_text`, a string."""
+    try:
+        found = orjson.loads(_dumps_at(value, depth, default=str))
+    except TypeError:
+        return json_text(value)
+    for _ in range(depth):
+        found = found[0]
+    return found
+
+
+def output_text(output: object) -> str:
+    """A tool's output as its result's text: a string as it is (a lone surrogate, which
+    no UTF-8 text carries, replaced by U+FFFD), anything else as :func:`json_text`."""
+    if isinstance(output, str):
+        return replace_surrogates(output) if has_lone_surrogate(output) else output
+    return json_text(output)
 
 
 def as_mapping(raw: object, what: str) -> Mapping[str, Any]:

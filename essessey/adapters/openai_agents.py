@@ -85,11 +85,12 @@ from essessey._ids import new_message_id
 from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
+from essessey.adapters._values import add_count, output_text
 from essessey.adapters.openai_responses import StreamedResponse, stream_round
 from essessey.adapters.rounds import RoundStream, continue_rounds, stream_rounds
 from essessey.dialects import DialectRequest, conversation
 from essessey.hub import TurnProducer
-from essessey.protocol import StopReason, result_text
+from essessey.protocol import StopReason
 from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher
 
@@ -241,7 +242,7 @@ class _Run:
         if self.out.model is None and streamed.model:
             self.out.model = streamed.model
         for key, value in streamed.usage.items():
-            self.out.usage[key] = self.out.usage.get(key, 0) + value
+            add_count(self.out.usage, key, value)
         self.calls = streamed.tool_calls
         self.given = {}
         for i, call in enumerate(self.calls):
@@ -463,7 +464,7 @@ def _call_id(payload: Mapping[str, Any]) -> str | None:
 
 def _text(output: object) -> str:
     """A tool output as the model reads it: text as it is, anything else as JSON."""
-    return result_text(output if output is not None else "")
+    return output_text(output if output is not None else "")
 
 
 def _request_id() -> str:

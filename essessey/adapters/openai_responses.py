@@ -102,6 +102,7 @@ from essessey.adapters._values import (
     req_map,
     req_str,
     token_counts,
+    writable,
 )
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import ProviderStreamError
@@ -304,11 +305,14 @@ async def publish(
         else:
             result = await reader.finish()
         if result.approvals and reader.error is None:
-            # The MCP calls the provider asks to approve: the turn waits for the answers.
+            # The MCP calls the provider asks to approve: the turn waits for the answers,
+            # whatever else ended the response (its output cut short, say), so the message
+            # ends as a message that asks does.
             if rounds.in_round:
                 await rounds.round_end(answer_missing=False)
             for request_id, call_id in result.approvals:
                 await rounds.ask_approval(call_id, request_id=request_id, expires_in=None)
+            result.stop_reason = StopReason.TOOL_USE
         # The error ends the message: no message_delta, no message_stop.
         return result, Ending(result.stop_reason, result.usage, reader.error)
 
@@ -582,6 +586,16 @@ def _read_usage(value: object) -> dict[str, int] | None:
     return token_counts(given, cached, output, reasoning)
 
 
+# How deep in an event's payload a value passed on whole goes: a citation in its delta
+# (``delta.citation``), a hosted tool's item in its result block (``content_block.content``).
+_NESTED: Final = 2
+
+
+def _annotation(value: object, where: str) -> dict[str, Any]:
+    """An annotation, passed on whole as a citation."""
+    return dict(writable(req_map(value, where), where, depth=_NESTED))
+
+
 def _read_parts(
     item: Mapping[str, Any],
     list_field: str,
@@ -603,8 +617,8 @@ def _read_parts(
             part_kind, text_field = _PART_TYPES[part_type]
         text = opt_str(part.get(text_field), f"{at}.{text_field}")
         if text is not None and part_kind is not None:
-            found = opt_list(part.get("annotations"), f"{at}.annotations")
-            annotations = [dict(a) for a in found or () if isinstance(a, Mapping)]
+            found = opt_list(part.get("annotations"), f"{at}.annotations") or ()
+            annotations = [_annotation(a, f"{at}.annotations[{j}]") for j, a in enumerate(found)]
             parts.append(_Part(part_kind, item_id, output_index, k, text, True, annotations))
     return parts
 
@@ -692,7 +706,9 @@ def _read_item(value: object, output_index: int | None, where: str, *, whole: bo
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
         return _ContentItem(summary + content)
     if item_type in _HOSTED:
-        return _HostedItem(output_index, item_id, item_type, dict(item) if whole else None)
+        # Published whole, in its result block's content.
+        given = dict(writable(item, where, depth=_NESTED)) if whole else None
+        return _HostedItem(output_index, item_id, item_type, given)
     return _OtherItem(item_type)
 
 
@@ -792,13 +808,12 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
             or FAILED_MESSAGE,
         ), []
     if name == "response.output_text.annotation.added":
-        annotation = req_map(data.get("annotation"), "annotation")
         return _Annotation(
             opt_str(data.get("item_id"), "item_id"),
             opt_int(data.get("output_index"), "output_index"),
             opt_int(data.get("content_index"), "content_index"),
             opt_int(data.get("annotation_index"), "annotation_index"),
-            dict(annotation),
+            _annotation(data.get("annotation"), "annotation"),
         ), []
     if name in _QUIET or name.startswith(_HOSTED_PROGRESS):
         return None, []

@@ -51,8 +51,6 @@ from collections.abc import AsyncIterable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-import orjson
-
 from essessey._public import missing_extra
 
 try:
@@ -102,6 +100,7 @@ from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
+from essessey.adapters._values import add_count, json_text, json_value, output_text
 from essessey.adapters.rounds import (
     RoundStream,
     continue_rounds,
@@ -381,7 +380,7 @@ class _RunReader:
                     "type": "server_tool_use",
                     "id": value.tool_call_id,
                     "name": value.tool_name,
-                    "input": value.args_as_dict(),
+                    "input": json_value(value.args_as_dict(), depth=2),
                 }
             )
         else:
@@ -389,7 +388,7 @@ class _RunReader:
                 {
                     "type": f"{value.tool_name}_tool_result",
                     "tool_use_id": value.tool_call_id,
-                    "content": to_jsonable_python(value.content, fallback=str),
+                    "content": json_value(to_jsonable_python(value.content, fallback=str), depth=2),
                 }
             )
         self.last_part = index if kind in ("text", "reasoning") else None
@@ -420,7 +419,7 @@ class _RunReader:
         return None if call is None or call.slot < 0 else call.slot
 
     async def _result(self, part: BaseToolReturnPart[Any]) -> None:
-        text = part.model_response_str(wrap_if_error=False)
+        text = output_text(part.model_response_str(wrap_if_error=False))
         is_error = part.outcome in ERROR_OUTCOMES
         if self.rounds.in_round and not self.declared:
             await self._declare()  # the round's calls are known once it is
@@ -461,12 +460,14 @@ class _RunReader:
         if run.result is not None:
             run.usage = run.result.usage
             run.model = run.result.response.model_name
-            self.rounds.output_tokens = run.usage.output_tokens
-            usage = {"input_tokens": run.usage.input_tokens}
+            usage: dict[str, int] = {}
+            add_count(usage, "output_tokens", run.usage.output_tokens)
+            self.rounds.output_tokens = usage.pop("output_tokens", 0)
+            add_count(usage, "input_tokens", run.usage.input_tokens)
             if run.usage.cache_read_tokens:
-                usage["cache_read_input_tokens"] = run.usage.cache_read_tokens
+                add_count(usage, "cache_read_input_tokens", run.usage.cache_read_tokens)
             if run.usage.cache_write_tokens:
-                usage["cache_creation_input_tokens"] = run.usage.cache_write_tokens
+                add_count(usage, "cache_creation_input_tokens", run.usage.cache_write_tokens)
             self.rounds.usage = usage
         if deferred is None:
             self.rounds.stop_reason = StopReason.END_TURN
@@ -490,7 +491,7 @@ def _arguments(args: str | Mapping[str, Any] | None) -> str:
         return ""
     if isinstance(args, str):
         return args
-    return orjson.dumps(to_jsonable_python(args, fallback=str)).decode()
+    return json_text(to_jsonable_python(args, fallback=str))
 
 
 def _reason(metadata: Any) -> str | None:

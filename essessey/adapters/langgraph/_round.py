@@ -7,14 +7,19 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
 
-import orjson
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
-from essessey.adapters._values import has_lone_surrogate, replace_surrogates
+from essessey.adapters._values import (
+    add_count,
+    has_lone_surrogate,
+    json_text,
+    json_value,
+    output_text,
+    replace_surrogates,
+)
 from essessey.adapters.rounds import RoundStream
-from essessey.protocol import result_text
 
 __all__ = ["LLMCall", "add_usage", "clean", "read_part", "result_of"]
 
@@ -89,8 +94,8 @@ def _pieces(message: AIMessage) -> list[_Piece]:
 
 
 def _json(value: object) -> Any:
-    """``value`` as JSON values (what is not JSON as its text), for a block's field."""
-    return orjson.loads(orjson.dumps(value, default=str))
+    """``value`` as JSON values for a block's field (``content_block.<field>``)."""
+    return json_value(value, depth=2)
 
 
 def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -135,13 +140,13 @@ def add_usage(message: AIMessage, into: dict[str, int]) -> None:
         counts["cache_creation_input_tokens"] = created
     for key, value in counts.items():
         if type(value) is int and value >= 0:
-            into[key] = into.get(key, 0) + value
+            add_count(into, key, value)
 
 
 def result_of(message: ToolMessage) -> str:
     """A tool message's content as its result text: a string as it is, blocks as JSON."""
     content = message.content
-    return clean(content) if isinstance(content, str) else result_text(content)
+    return output_text(content)
 
 
 # -- one LLM call ------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ class LLMCall:
             call.given_id = tool_call.get("id")
             call.name = tool_call.get("name")
             args = tool_call.get("args")
-            arguments = args if isinstance(args, str) else orjson.dumps(args or {}).decode()
+            arguments = args if isinstance(args, str) else json_text(args or {})
             call.parts.append(clean(arguments))
             call.done = True
             self.held.add(call)
