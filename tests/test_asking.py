@@ -231,6 +231,43 @@ async def test_a_bad_answer_is_a_400_and_writes_nothing(answers: Any, message: s
         assert await _events(hub) == before
 
 
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ToolApproval("apr_1", False, "no \ud800"),  # a lone surrogate
+        ToolOutput("call_2", {"n": 2**64}),  # past 64 bits
+        ToolOutput("call_2", {1, 2}),  # not JSON
+        QuestionAnswer("q_1", _nested(300)),  # deeper than orjson writes
+    ],
+    ids=["surrogate", "big-int", "set", "nested"],
+)
+async def test_an_answer_that_cannot_be_recorded_is_refused_and_the_stream_still_waits(
+    answer: Any,
+) -> None:
+    # Taken, its record failed to write: the continuation ended with an error event and
+    # the stream's question was lost.
+    good: dict[str, Any] = {
+        "apr_1": ToolApproval("apr_1", True),
+        "call_2": ToolOutput("call_2", "here"),
+        "q_1": QuestionAnswer("q_1", "C"),
+    }
+    async with StreamHub(on_answer=go_on) as hub:
+        await _hub_waiting(hub, ask_everything_turn)
+        before = await _events(hub)
+        with pytest.raises(InvalidAnswer, match="cannot be written as JSON"):
+            await hub.answer("s", [*(a for k, a in good.items() if k != answer.request_id), answer])
+        assert await _events(hub) == before
+        continued = await hub.answer("s", list(good.values()))
+        assert continued.started
+
+
 async def test_a_stream_that_asks_nothing_or_is_unknown_is_refused() -> None:
     async def plain(publisher: Publisher) -> None:
         async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:

@@ -264,6 +264,26 @@ async def test_unknown_or_malformed_answers_are_400s(app: App) -> None:
     assert app.runs == []
 
 
+async def test_an_answer_nested_deeper_than_json_is_written_is_a_400_and_the_turn_waits(
+    app: App,
+) -> None:
+    # A question's answer is its tool message's content, JSON-decoded: orjson reads 1,024
+    # levels of nesting in that text but writes 255, so an answer nested deeper was taken,
+    # and writing its record failed: the continuation ended with an error event and the
+    # question was lost.
+    async with client(app.url) as sdk:
+        first = await ask(sdk, [{"role": "user", "content": "question"}], False)
+        [question] = first.tool_calls
+        deep = "[" * 300 + "]" * 300
+        with pytest.raises(openai.BadRequestError) as refused:
+            await ask(sdk, answer_messages(first, [(question["id"], deep)]), False)
+        assert refused.value.code == "invalid_answer"
+        assert app.runs == []
+        # Still waiting: a good answer continues it.
+        second = await ask(sdk, answer_messages(first, [(question["id"], '"C"')]), False)
+    assert second.content == 'Done: unit="C"'
+
+
 async def test_the_continuation_resumes_by_its_id(app: App) -> None:
     async with client(app.url) as sdk:
         first = await ask(sdk, [{"role": "user", "content": "question"}], False)

@@ -28,7 +28,13 @@ from typing import Any, TypeAlias
 import orjson
 
 from essessey._public import set_public_module
-from essessey.errors import AnswerConflict, AnswerExpired, InvalidAnswer, NotWaiting
+from essessey.errors import (
+    AnswerConflict,
+    AnswerExpired,
+    InvalidAnswer,
+    NotWaiting,
+    SerializationError,
+)
 from essessey.event import Event
 from essessey.protocol import (
     BlockStart,
@@ -38,6 +44,8 @@ from essessey.protocol import (
     MessageDelta,
     MessageStart,
     StopReason,
+    answer_block_start,
+    approval_response_block_start,
     read,
     result_text,
 )
@@ -505,6 +513,11 @@ def match_answers(
                 f"request {key!r} is a {type(request).__name__}; "
                 f"a {_KIND[type(request)].__name__} answers it, not a {type(answer).__name__}"
             )
+        if not _recordable(answer):
+            raise InvalidAnswer(
+                f"the answer to {key!r} cannot be written as JSON (nested too deeply, an "
+                "integer past 64 bits, a lone surrogate, or not JSON at all)"
+            )
         given[key] = answer
     missing = [request.id for request in waiting.requests if request.id not in given]
     if missing:
@@ -520,6 +533,30 @@ def match_answers(
         if request.expires_at is not None and moment > request.expires_at:
             raise AnswerExpired(f"request {request.id!r} expired at {request.expires_at}")
     return given
+
+
+def _recordable(answer: Answer) -> bool:
+    """Whether the record of ``answer`` (the block its continuation writes first) can be
+    written: refused here, it is the client's error; found when the record is written,
+    the question would be lost to an error event."""
+    block: Any
+    if isinstance(answer, QuestionAnswer):
+        block = answer_block_start(answer.request_id, answer.value)
+    elif isinstance(answer, ToolApproval):
+        block = approval_response_block_start(
+            answer.request_id, answer.approved, reason=answer.reason
+        )
+    else:
+        try:
+            block = answer.text
+        except SerializationError:
+            return False
+    try:
+        # At the depth of the event's content_block.
+        orjson.dumps({"content_block": block})
+    except TypeError:  # orjson's JSONEncodeError
+        return False
+    return True
 
 
 def _same(given: Mapping[str, Answer], recorded: Mapping[str, Answer]) -> bool:
