@@ -204,3 +204,35 @@ async def test_dialect_routes_serve_one_factory_to_every_client() -> None:
                 for line in stored.text.splitlines()
                 if line.startswith("data: {")
             )
+
+
+async def test_a_field_of_the_wrong_json_type_is_a_400_on_every_route() -> None:
+    # A list or an object where a name was expected (a role, a trigger, a resume status,
+    # a part's type) was looked up in a set of names: TypeError, a 500.
+
+    async def never(publisher: essessey.Publisher, answered: Any) -> None:
+        raise AssertionError("no answer here is valid")
+
+    hub = essessey.StreamHub(on_answer=never)  # AG-UI reads resume entries with one
+    app = Starlette(routes=list(dialect_routes(hub, echo)), lifespan=hub.lifespan)
+    user = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    bodies = {
+        "/api/chat": {"id": "chat1", "trigger": ["x"], "messages": [user]},
+        "/v1/chat/completions": {"model": "m", "messages": [{"role": ["user"]}]},
+        "/agui": {
+            "threadId": "t",
+            "runId": "r",
+            "messages": [],
+            "resume": [{"interruptId": "i", "status": {"x": 1}}],
+        },
+    }
+    with serve(app, lifespan="on") as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            for path, body in bodies.items():
+                reply = await http.post(path, json=body)
+                assert reply.status_code == 400, (path, reply.status_code)
+            # A content part whose type is not a name is no text, not a failure.
+            body = {"model": "m", "messages": [{"role": "user", "content": [{"type": [1]}]}]}
+            reply = await http.post("/v1/chat/completions", json=body)
+            assert reply.status_code == 200
+            assert reply.json()["choices"][0]["message"]["content"] == " (0)"

@@ -23,6 +23,7 @@ long run. Every failure names the seed that replays it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -48,8 +49,23 @@ from essessey.adapters import openai_responses as responses_adapter
 from essessey.bindings.sse import SSEDecoder, SSEMessage, SSESource, encode
 from essessey.bindings.ws import WebSocketSource, decode_frame, encode_frame
 from essessey.check import ProtocolChecker, Violation
-from essessey.errors import SSEDecodeError
+from essessey.dialects import conversation
+from essessey.dialects.agui import (
+    answering_tool_messages,
+    parse_resume,
+    parse_run_agent_input,
+    resume_answers,
+)
+from essessey.dialects.chat_completions import (
+    answering_messages,
+    parse_chat_completion_request,
+    tool_message_answers,
+)
+from essessey.dialects.responses import answers_of, parse_responses_request
+from essessey.dialects.ui import parse_chat_request, ui_answers
+from essessey.errors import InvalidAnswer, SSEDecodeError
 from essessey.protocol import DIALECTS, BlockType, DeltaType, EventType
+from essessey.protocol.asking import ApprovalRequest, ClientToolCall, Question, Waiting
 from essessey.reassemble import ParsedStream, Reassembler
 from tests.fuzz_settings import fuzz
 from tests.servers import serve
@@ -1457,6 +1473,136 @@ def test_responses_adapter_publishes_a_valid_stream_from_any_events(
         assert isinstance(outcome, responses_adapter.PublishedResponse)
         # A failure (the provider's, or the stream cut short) is published and returned.
         assert (outcome.error is not None) == (published[-1].event == EventType.ERROR)
+
+
+# == Dialect requests ===========================================================================
+#
+# What a client posts to a dialect's route: parsed (ValueError names what is wrong), read
+# as a conversation, and read for answers (InvalidAnswer names what is wrong). Nothing else
+# may be raised: anything else would be a 500 for a request the client got wrong.
+
+_ASKED = Waiting(
+    "msg_1",
+    "m",
+    (
+        ApprovalRequest("apr_1", "call_1", "pay", {}),
+        ClientToolCall("call_2", "get_location", {}),
+        Question("q_1", "Which unit?"),
+    ),
+)
+_PART = st.sampled_from(
+    [{"type": "text", "text": "hi"}, {"type": "input_text", "text": "hi"}, {"type": "image"}]
+)
+_UI_BODY = {
+    "id": "chat_1",
+    "trigger": "submit-message",
+    "messages": [
+        {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]},
+        {
+            "id": "a1",
+            "role": "assistant",
+            "parts": [
+                {"type": "tool-pay", "toolCallId": "call_1", "state": "approval-responded"}
+                | {"approval": {"id": "apr_1", "approved": False, "reason": "no"}},
+                {"type": "tool-get_location", "toolCallId": "call_2"}
+                | {"state": "output-available", "output": {"lat": 1}},
+                {"type": "dynamic-tool", "toolCallId": "q_1", "state": "output-error"}
+                | {"errorText": "x"},
+            ],
+        },
+    ],
+}
+_AGUI_BODY = {
+    "threadId": "t1",
+    "runId": "r1",
+    "messages": [
+        {"id": "1", "role": "user", "content": "hi"},
+        {"id": "2", "role": "tool", "toolCallId": "call_2", "content": '{"lat": 1}'},
+    ],
+    "resume": [
+        {"interruptId": "apr_1", "status": "resolved", "payload": {"approved": True}},
+        {"interruptId": "q_1", "status": "cancelled"},
+    ],
+}
+_CHAT_BODY = {
+    "model": "m",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "q_1"}]},
+        {"role": "tool", "tool_call_id": "q_1", "content": '"C"'},
+        {"role": "tool", "tool_call_id": "apr_1", "content": '{"approved": true}'},
+    ],
+}
+_RESPONSES_BODY = {
+    "model": "m",
+    "instructions": "be brief",
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "mcp_approval_response", "approval_request_id": "apr_1", "approve": True},
+        {"type": "function_call_output", "call_id": "q_1", "output": '"C"'},
+    ],
+}
+
+
+@st.composite
+def request_bodies(draw: st.DrawFn) -> Any:
+    """A dialect request's body: one of each dialect's, mutated, or any JSON."""
+    if draw(st.integers(0, 5)) == 0:
+        return draw(JSON_VALUE)
+    body = draw(st.sampled_from([_UI_BODY, _AGUI_BODY, _CHAT_BODY, _RESPONSES_BODY]))
+    return draw(mutated(body, max_mutations=draw(st.integers(0, 6))))
+
+
+def _read_as_every_dialect(body: Any) -> None:
+    """``body`` read as each dialect's route reads it, as far as it gets."""
+    asked: Waiting | None
+    for asked in (_ASKED, None):
+        try:
+            chat = parse_chat_request(orjson.dumps(body))
+        except (ValueError, TypeError):  # TypeError: orjson refuses the value to dump
+            pass
+        else:
+            conversation(chat)
+            if asked is not None and chat.messages:
+                with contextlib.suppress(InvalidAnswer):
+                    ui_answers(chat.messages[-1], asked)
+        try:
+            run = parse_run_agent_input(body)
+            entries = parse_resume(run.body)
+        except ValueError:
+            pass
+        else:
+            conversation(run)
+            with contextlib.suppress(InvalidAnswer):
+                resume_answers(entries, answering_tool_messages(run.messages), asked)
+        try:
+            completion = parse_chat_completion_request(body, "chatcmpl-1")
+        except ValueError:
+            pass
+        else:
+            conversation(completion)
+            with contextlib.suppress(InvalidAnswer):
+                tool_message_answers(answering_messages(completion.messages), asked)
+        try:
+            response = parse_responses_request(body, "resp_1")
+        except ValueError:
+            pass
+        else:
+            conversation(response)
+            items = response.input if isinstance(response.input, list) else []
+            with contextlib.suppress(InvalidAnswer):
+                answers_of([item for item in items if isinstance(item, dict)], asked)
+
+
+@fuzz()
+@given(body=request_bodies())
+def test_dialect_requests_are_read_or_refused_with_the_documented_errors(body: Any) -> None:
+    with captured_logs() as records:
+        _read_as_every_dialect(body)
+    assert_no_content(records)
 
 
 # == 5. Regressions: what the fuzzing found =====================================================

@@ -129,7 +129,8 @@ def _text(content: Any) -> str:
         part["text"]
         for part in content
         if isinstance(part, dict)
-        and part.get("type") in _TEXT_PARTS
+        and isinstance(kind := part.get("type"), str)
+        and kind in _TEXT_PARTS
         and isinstance(part.get("text"), str)
     )
 

@@ -83,7 +83,11 @@ def parse_run_agent_input(body: Any) -> AGUIRunRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError("messages: a list of message objects is required")
-    return AGUIRunRequest(run_stream_id(thread_id, run_id), thread_id, run_id, messages, body)
+    try:
+        stream_id = run_stream_id(thread_id, run_id)
+    except TypeError:  # a lone surrogate, which a body orjson parsed never holds
+        raise ValueError("threadId and runId: text is required") from None
+    return AGUIRunRequest(stream_id, thread_id, run_id, messages, body)
 
 
 # -- answers (docs/asking.md) --------------------------------------------------------------
@@ -117,7 +121,7 @@ def parse_resume(body: dict[str, Any]) -> list[ResumeEntry]:
         key, status = item.get("interruptId"), item.get("status")
         if not isinstance(key, str) or not key:
             raise ValueError(f"resume.{n}.interruptId: a non-empty string is required")
-        if status not in _STATUSES:
+        if not isinstance(status, str) or status not in _STATUSES:
             raise ValueError(f'resume.{n}.status: "resolved" or "cancelled" is required')
         found.append(ResumeEntry(key, status, item.get("payload")))
     return found

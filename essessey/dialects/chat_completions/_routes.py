@@ -90,7 +90,8 @@ def parse_chat_completion_request(body: Any, completion_id: str) -> ChatCompleti
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages: a non-empty list is required")
     for n, item in enumerate(messages):
-        if not isinstance(item, dict) or item.get("role") not in _ROLES:
+        role = item.get("role") if isinstance(item, dict) else None
+        if not isinstance(role, str) or role not in _ROLES:
             raise ValueError(f"messages.{n}: an object with a role is required")
     stream = body.get("stream", False)
     if stream is None:

@@ -142,7 +142,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     ):
         raise ValueError("messages must be a list of UI messages, each with a role")
     trigger = body.get("trigger", "submit-message")
-    if trigger not in TRIGGERS:
+    if not isinstance(trigger, str) or trigger not in TRIGGERS:
         raise ValueError("trigger must be 'submit-message' or 'regenerate-message'")
     message_id = body.get("messageId")
     if message_id is not None and not isinstance(message_id, str):
@@ -173,7 +173,10 @@ def _tool_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 def _approval(part: dict[str, Any], asked: Waiting) -> ToolApproval | None:
     """The answer a part's ``approval`` gives to one of ``asked``'s approval requests."""
     approval = part.get("approval")
-    if not isinstance(approval, dict) or part.get("state") not in _APPROVED_STATES:
+    state = part.get("state")
+    if not isinstance(approval, dict) or not isinstance(state, str):
+        return None
+    if state not in _APPROVED_STATES:
         return None
     key = approval.get("id")
     approved = approval.get("approved")
@@ -200,7 +203,7 @@ def ui_answers(message: dict[str, Any], asked: Waiting) -> list[Answer]:
             continue
         key = part.get("toolCallId")
         state = part.get("state")
-        if not isinstance(key, str) or state not in _ANSWERED_STATES:
+        if not isinstance(key, str) or not isinstance(state, str) or state not in _ANSWERED_STATES:
             continue
         request = asked.request(key)
         failed = state == "output-error"
