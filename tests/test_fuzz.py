@@ -30,6 +30,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate, pairwise
 from typing import Any
 
@@ -63,9 +64,16 @@ from essessey.dialects.chat_completions import (
 )
 from essessey.dialects.responses import answers_of, parse_responses_request
 from essessey.dialects.ui import parse_chat_request, ui_answers
-from essessey.errors import InvalidAnswer, SSEDecodeError
+from essessey.errors import AnswerRefused, SSEDecodeError
 from essessey.protocol import DIALECTS, BlockType, DeltaType, EventType
-from essessey.protocol.asking import ApprovalRequest, ClientToolCall, Question, Waiting
+from essessey.protocol.asking import (
+    ApprovalRequest,
+    ClientToolCall,
+    Question,
+    Waiting,
+    match_answers,
+    parse_answers,
+)
 from essessey.reassemble import ParsedStream, Reassembler
 from tests.fuzz_settings import fuzz
 from tests.servers import serve
@@ -1536,6 +1544,13 @@ _CHAT_BODY = {
         {"role": "tool", "tool_call_id": "apr_1", "content": '{"approved": true}'},
     ],
 }
+_ANSWERS_BODY = {
+    "answers": [
+        {"id": "apr_1", "approved": False, "reason": "no"},
+        {"id": "call_2", "output": {"lat": 1}, "is_error": False},
+        {"id": "q_1", "value": "C"},
+    ]
+}
 _RESPONSES_BODY = {
     "model": "m",
     "instructions": "be brief",
@@ -1552,12 +1567,19 @@ def request_bodies(draw: st.DrawFn) -> Any:
     """A dialect request's body: one of each dialect's, mutated, or any JSON."""
     if draw(st.integers(0, 5)) == 0:
         return draw(JSON_VALUE)
-    body = draw(st.sampled_from([_UI_BODY, _AGUI_BODY, _CHAT_BODY, _RESPONSES_BODY]))
+    body = draw(st.sampled_from([_UI_BODY, _AGUI_BODY, _CHAT_BODY, _RESPONSES_BODY, _ANSWERS_BODY]))
     return draw(mutated(body, max_mutations=draw(st.integers(0, 6))))
+
+
+def _answered(read: Callable[[], list[Any]]) -> None:
+    """The answers ``read`` finds, matched as ``StreamHub.answer`` matches them."""
+    with contextlib.suppress(AnswerRefused):
+        match_answers(_ASKED, read())
 
 
 def _read_as_every_dialect(body: Any) -> None:
     """``body`` read as each dialect's route reads it, as far as it gets."""
+    _answered(partial(parse_answers, body))  # the protocol's own answer route
     asked: Waiting | None
     for asked in (_ASKED, None):
         try:
@@ -1567,8 +1589,7 @@ def _read_as_every_dialect(body: Any) -> None:
         else:
             conversation(chat)
             if asked is not None and chat.messages:
-                with contextlib.suppress(InvalidAnswer):
-                    ui_answers(chat.messages[-1], asked)
+                _answered(partial(ui_answers, chat.messages[-1], _ASKED))
         try:
             run = parse_run_agent_input(body)
             entries = parse_resume(run.body)
@@ -1576,16 +1597,16 @@ def _read_as_every_dialect(body: Any) -> None:
             pass
         else:
             conversation(run)
-            with contextlib.suppress(InvalidAnswer):
-                resume_answers(entries, answering_tool_messages(run.messages), asked)
+            tool_messages = answering_tool_messages(run.messages)
+            _answered(partial(resume_answers, entries, tool_messages, asked))
         try:
             completion = parse_chat_completion_request(body, "chatcmpl-1")
         except ValueError:
             pass
         else:
             conversation(completion)
-            with contextlib.suppress(InvalidAnswer):
-                tool_message_answers(answering_messages(completion.messages), asked)
+            answering = answering_messages(completion.messages)
+            _answered(partial(tool_message_answers, answering, asked))
         try:
             response = parse_responses_request(body, "resp_1")
         except ValueError:
@@ -1593,8 +1614,8 @@ def _read_as_every_dialect(body: Any) -> None:
         else:
             conversation(response)
             items = response.input if isinstance(response.input, list) else []
-            with contextlib.suppress(InvalidAnswer):
-                answers_of([item for item in items if isinstance(item, dict)], asked)
+            given = [item for item in items if isinstance(item, dict)]
+            _answered(partial(answers_of, given, asked))
 
 
 @fuzz()
