@@ -52,18 +52,20 @@ from essessey.bindings.ws import WebSocketSource, decode_frame, encode_frame
 from essessey.check import ProtocolChecker, Violation
 from essessey.dialects import conversation
 from essessey.dialects.agui import (
+    AGUIEncoder,
     answering_tool_messages,
     parse_resume,
     parse_run_agent_input,
     resume_answers,
 )
 from essessey.dialects.chat_completions import (
+    ChatCompletionsEncoder,
     answering_messages,
     parse_chat_completion_request,
     tool_message_answers,
 )
-from essessey.dialects.responses import answers_of, parse_responses_request
-from essessey.dialects.ui import parse_chat_request, ui_answers
+from essessey.dialects.responses import ResponsesEncoder, answers_of, parse_responses_request
+from essessey.dialects.ui import UIMessageEncoder, parse_chat_request, ui_answers
 from essessey.errors import AnswerRefused, SSEDecodeError
 from essessey.protocol import DIALECTS, BlockType, DeltaType, EventType
 from essessey.protocol.asking import (
@@ -73,8 +75,10 @@ from essessey.protocol.asking import (
     Waiting,
     match_answers,
     parse_answers,
+    waiting,
 )
 from essessey.reassemble import ParsedStream, Reassembler
+from essessey.snapshot import compact
 from tests.fuzz_settings import fuzz
 from tests.servers import serve
 from tests.test_sse_decoder import BOM, SOUP, limit_hit, reference_decode
@@ -981,6 +985,49 @@ def test_reassembler_reads_any_sequence_without_raising(
     for call in parsed.tool_calls:
         assert isinstance(call.arguments, str)
         assert call.parse_error is None or call.params is None
+
+
+# Each dialect's encoder, as a route makes it for a subscriber.
+DIALECT_ENCODERS: dict[str, Callable[[], Any]] = {
+    "ui": lambda: UIMessageEncoder(message_id="turn"),
+    "agui": lambda: AGUIEncoder("thread", "run"),
+    "chat_completions": lambda: ChatCompletionsEncoder("chatcmpl-1", created=1),
+    "responses": lambda: ResponsesEncoder("resp_1", created_at=1),
+}
+
+
+@fuzz()
+@given(
+    events=EVENT_SEQUENCES,
+    dialect=st.sampled_from(sorted(DIALECT_ENCODERS)),
+    fails=st.booleans(),
+)
+def test_dialect_encoders_write_any_sequence_without_raising(
+    events: list[Event], dialect: str, fails: bool
+) -> None:
+    # What a store holds may come from a producer that wrote it without a checker, or
+    # from another version: an encoder skips what it cannot read (a line each, without
+    # its content) and still ends its stream.
+    encoder = DIALECT_ENCODERS[dialect]()
+    with captured_logs() as records:
+        written = [encoder.encode(event) for event in events]
+        written.append(encoder.fail("api_error", "x") if fails else encoder.finish())
+    assert all(isinstance(frame, bytes) for frame in written)
+    assert_no_content(records)
+
+
+@fuzz()
+@given(events=EVENT_SEQUENCES)
+def test_the_hub_s_readers_take_any_sequence_without_raising(events: list[Event]) -> None:
+    # What the hub reads of a stored stream on every answer (what it waits for) and for a
+    # late reader (its snapshot): never an exception, and the snapshot keeps every event
+    # that is not a delta merged into another.
+    with captured_logs() as records:
+        waiting(events)
+        compacted = compact(events)
+    assert_no_content(records)
+    kept = [e for e in events if e.event != EventType.CONTENT_BLOCK_DELTA]
+    assert [e for e in compacted if e.event != EventType.CONTENT_BLOCK_DELTA] == kept
 
 
 @fuzz()
@@ -1951,3 +1998,32 @@ def test_responses_adapter_asks_for_an_mcp_approval_in_a_response_cut_short() ->
     assert parsed.stop_reason == outcome.stop_reason == "tool_use"
     assert outcome.incomplete_reason == "max_output_tokens"
     assert [r.id for r in parsed.pending] == ["mcpr_1"]
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECT_ENCODERS))
+def test_dialect_encoders_skip_a_payload_whose_object_is_another_value(dialect: str) -> None:
+    # A block start whose content_block, a delta whose delta, or a message_delta whose
+    # delta was null or a number reached the hooks, which read it as an object: the UI
+    # encoder's AttributeError ended the response.
+    def event(name: str, **fields: Any) -> Event:
+        return Event(name, orjson.dumps({"type": name, **fields}))
+
+    events = [
+        event("message_start", message={"id": "m", "model": "m", "usage": {}}),
+        event("content_block_start", index=0, content_block=None),
+        event("content_block_start", index=0, content_block={"type": "text"}),
+        event("content_block_delta", index=0, delta=5),
+        event("content_block_delta", index=0, delta={"type": "text_delta", "text": "hi"}),
+        event("content_block_stop", index=0),
+        event("message_delta", delta=None, usage={"output_tokens": 1}),
+        event("message_stop"),
+    ]
+    encoder = DIALECT_ENCODERS[dialect]()
+    with captured_logs() as records:
+        written = b"".join(encoder.encode(e) for e in events) + encoder.finish()
+    assert b"hi" in written
+    skipped = [r.getMessage() for r in warnings_of(records)]
+    assert skipped[:2] == [
+        "skipped a content_block_start event: TypeError",
+        "skipped a content_block_delta event: TypeError",
+    ]

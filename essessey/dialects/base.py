@@ -189,16 +189,26 @@ class DialectEncoder:
         return []
 
 
+def _object(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    """The object ``payload[key]``: a hook is given a dict where the protocol has one,
+    never another value (``TypeError`` skips the event)."""
+    value = payload[key]
+    if not isinstance(value, dict):
+        raise TypeError(f"{key} is not an object")
+    return value
+
+
 def _message_start(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
-    return encoder.on_message_start(payload.get("message") or {}, payload)
+    message = payload.get("message")
+    return encoder.on_message_start(message if isinstance(message, dict) else {}, payload)
 
 
 def _block_start(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
-    return encoder.on_block_start(int(payload["index"]), payload["content_block"])
+    return encoder.on_block_start(int(payload["index"]), _object(payload, "content_block"))
 
 
 def _delta(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
-    return encoder.on_delta(int(payload["index"]), payload["delta"])
+    return encoder.on_delta(int(payload["index"]), _object(payload, "delta"))
 
 
 def _block_stop(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
@@ -214,7 +224,8 @@ def _message_stop(encoder: DialectEncoder, payload: dict[str, Any]) -> list[byte
 
 
 def _error(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
-    return encoder.on_error(payload.get("error") or {})
+    error = payload.get("error")
+    return encoder.on_error(error if isinstance(error, dict) else {})
 
 
 _HOOKS: Final[dict[str, Callable[[DialectEncoder, dict[str, Any]], list[bytes]]]] = {

@@ -280,7 +280,8 @@ class UIMessageEncoder(DialectEncoder):
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
         """Nothing yet: the stop reason goes into ``finish``."""
-        reason = payload.get("delta", {}).get("stop_reason")
+        delta = payload.get("delta")
+        reason = delta.get("stop_reason") if isinstance(delta, dict) else None
         if isinstance(reason, str):
             self._stop_reason = self._message_reason = reason
         self._usage.message_delta(payload)
