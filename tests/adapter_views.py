@@ -1,5 +1,5 @@
-"""Views of a published stream that the adapter tests read their asserts from, and the
-interleaved tool calls both OpenAI adapters' tests feed them."""
+"""Views of a published stream that the adapter tests read their asserts from, the
+interleaved tool calls the adapters' tests feed them, and a turn's approvals answered."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 from hypothesis import strategies as st
 
-from essessey import Event, check, reassemble_events
+from essessey import Event, StreamHub, ToolApproval, TurnProducer, check, reassemble_events
+from essessey.hub import Continuation
 
 
 def payloads(events: list[Event]) -> list[dict[str, Any]]:
@@ -202,3 +204,49 @@ def responses_events(calls: Interleaving) -> list[dict[str, Any]]:
         events.append({"type": "response.output_item.done", **finished})
     events.append({"type": "response.completed", "response": {**response, "status": "completed"}})
     return [{**event, "sequence_number": n} for n, event in enumerate(events)]
+
+
+# -- approvals ----------------------------------------------------------------------------
+
+
+@st.composite
+def gated_interleavings(draw: st.DrawFn) -> tuple[Interleaving, list[bool], list[bool]]:
+    """Interleaved parallel calls (up to three), which of them need approval, and the
+    answer each would get."""
+    calls = draw(interleavings(max_calls=3))
+    count = len(calls.arguments)
+    gated = draw(st.lists(st.booleans(), min_size=count, max_size=count), label="gated")
+    approve = draw(st.lists(st.booleans(), min_size=count, max_size=count), label="yes")
+    return calls, gated, approve
+
+
+def answer_approvals(
+    producer: TurnProducer, on_answer: Continuation, gated: list[bool], approve: list[bool]
+) -> list[Event]:
+    """Run ``producer``'s turn on a hub; when ``gated`` has any, the turn must ask to
+    approve exactly the calls ``call_k`` gated, each answered ``approve[k]``, and the
+    continuation is waited for. The stream's events."""
+
+    async def run() -> list[Event]:
+        async with StreamHub(on_answer=on_answer) as hub:
+            await hub.start("s", producer)
+            await hub.wait("s")
+            waiting = await hub.waiting("s")
+            if not any(gated):
+                assert waiting is None, waiting
+            else:
+                assert waiting is not None
+                asked = {r.tool_use_id: r.id for r in waiting.requests}  # type: ignore[union-attr]
+                gates = [f"call_{k}" for k, gate in enumerate(gated) if gate]
+                assert sorted(asked) == gates, asked
+                answers = [
+                    ToolApproval(asked[f"call_{k}"], approve[k])
+                    for k, gate in enumerate(gated)
+                    if gate
+                ]
+                await hub.answer("s", answers)
+                await hub.wait("s")
+            events, _ = await hub.store.since("s", None)
+            return events
+
+    return anyio.run(run)

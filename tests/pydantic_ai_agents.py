@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic_ai import Agent, DeferredToolRequests, ModelRetry
+from pydantic_ai import Agent, DeferredToolRequests, ModelRetry, Tool
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 from pydantic_ai.models.function import (
     AgentInfo,
@@ -273,3 +273,43 @@ def odd_values_agent(output: object) -> Agent[None, str]:
         return output
 
     return agent
+
+
+def gated_calls_agent(
+    sequence: list[tuple[int, str, bool]], gated: list[bool], ran: list[str]
+) -> Agent[None, str | DeferredToolRequests]:
+    """One model request that streams parallel calls' fragments in the order
+    ``sequence`` gives (``(k, fragment, first)``: call ``k`` is ``call_k`` of tool
+    ``f<k>``, which takes any object and needs approval when ``gated[k]``), then, once
+    the tools ran (or were denied), the answer ``done``. ``ran`` gets each tool that ran."""
+
+    async def script(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        if requests_made(messages) > 1:
+            yield "done"
+            return
+        for k, fragment, first in sequence:
+            delta = DeltaToolCall(
+                name=f"f{k}" if first else None,
+                json_args=fragment,
+                tool_call_id=f"call_{k}" if first else None,
+            )
+            yield {k: delta}
+
+    def tool(k: int) -> Tool[None]:
+        def run(**arguments: Any) -> str:
+            ran.append(f"f{k}")
+            return f"f{k} ran"
+
+        made: Tool[None] = Tool.from_schema(
+            run, f"f{k}", "Takes any object.", {"type": "object", "additionalProperties": True}
+        )
+        made.requires_approval = gated[k]
+        return made
+
+    return Agent(
+        FunctionModel(stream_function=script, model_name=MODEL_NAME),
+        output_type=[str, DeferredToolRequests],
+        tools=[tool(k) for k in range(len(gated))],
+    )

@@ -54,6 +54,8 @@ from essessey.errors import ProviderStreamError
 from tests.adapter_views import (
     Interleaving,
     Step,
+    answer_approvals,
+    gated_interleavings,
     interleavings,
     split_text,
     starts,
@@ -813,3 +815,56 @@ async def test_a_tool_output_orjson_cannot_write_is_its_result(output: object, t
     assert [r.text for r in parsed.tool_results] == [text]
     assert run is not None
     assert run.results == {"call_1": text}
+
+
+@settings(max_examples=20, deadline=None)
+@given(plan=gated_interleavings())
+def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_result(
+    plan: tuple[Interleaving, list[bool], list[bool]],
+) -> None:
+    # Parallel calls whose fragments interleave, any of them needing approval, each
+    # approval answered yes or no: every call gets exactly one result, in the asking
+    # message (a call that ran) or in the continuation (a gated one: its output, or the
+    # SDK's rejection), and the turn ends with the model's answer.
+    calls, gated, approve = plan
+    count = len(calls.arguments)
+    ran: list[str] = []
+
+    def tool(k: int) -> FunctionTool:
+        async def invoke(context: Any, arguments: str) -> str:
+            ran.append(f"f{k}")
+            return f"f{k} ran"
+
+        return FunctionTool(
+            name=f"f{k}",
+            description="Any object.",
+            params_json_schema={"type": "object"},
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+            needs_approval=gated[k],
+        )
+
+    whole = [(f"call_{k}", f"f{k}", a) for k, a in enumerate(calls.arguments)]
+    model = ScriptedResponses(
+        [Response().mixed(list(calls.sequence), whole).done(), Response().text("done").done()]
+    )
+    agent = Agent(name="a", model=model, tools=[tool(k) for k in range(count)])
+    turns = AgentTurns(agent)
+    events = answer_approvals(turns(chat("s")), turns.on_answer, gated, approve)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.complete
+    assert parsed.messages[-1].stop_reason == "end_turn"
+    assert parsed.text.endswith("done")
+    results: dict[str, list[tuple[str, bool]]] = {}
+    for result in parsed.tool_results:
+        results.setdefault(result.tool_use_id, []).append((result.text, result.is_error))
+    expected = {}
+    for k in range(count):
+        if not gated[k] or approve[k]:
+            expected[f"call_{k}"] = [(f"f{k} ran", False)]
+    assert {key: value for key, value in results.items() if key in expected} == expected
+    denied = [f"call_{k}" for k in range(count) if gated[k] and not approve[k]]
+    assert all(len(results[key]) == 1 and results[key][0][1] for key in denied)
+    assert sorted(results) == [f"call_{k}" for k in range(count)]
+    assert sorted(ran) == sorted(f"f{k}" for k in range(count) if not gated[k] or approve[k])

@@ -56,6 +56,8 @@ from tests import pydantic_ai_agents as agents
 from tests.adapter_views import (
     Interleaving,
     Step,
+    answer_approvals,
+    gated_interleavings,
     interleavings,
     split_text,
     text_among,
@@ -632,3 +634,42 @@ def test_a_call_s_fragment_after_another_call_began_goes_into_its_block() -> Non
     assert check(events) == []
     assert [(i, p) for i, _, _, p in tool_use_blocks(events)] == [(0, ["{", "}"]), (1, ["{}"])]
     assert [c.arguments for c in reassemble_events(events).tool_calls] == ["{}", "{}"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(plan=gated_interleavings())
+def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_result(
+    plan: tuple[Interleaving, list[bool], list[bool]],
+) -> None:
+    # Parallel calls whose fragments interleave, any of them needing approval, each
+    # approval answered yes or no: every call that ran gets exactly one result, in the
+    # asking message or in the continuation, a denied one the hub's record of the
+    # denial; and the turn ends with the model's answer.
+    calls, gated, approve = plan
+    count = len(calls.arguments)
+    ran: list[str] = []
+    turns = AgentTurns(agents.gated_calls_agent(list(calls.sequence), gated, ran))
+    events = answer_approvals(turns(request("go", "s")), turns.on_answer, gated, approve)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.complete
+    assert parsed.messages[-1].stop_reason == "end_turn"
+    assert parsed.text.endswith("done")
+    results: dict[str, list[tuple[str, bool]]] = {}
+    for result in parsed.tool_results:
+        results.setdefault(result.tool_use_id, []).append((result.text, result.is_error))
+    # A denied call's answer is the hub's record of the denial (docs/pydantic_ai.md).
+    ran_calls = [k for k in range(count) if not gated[k] or approve[k]]
+    assert results == {f"call_{k}": [(f"f{k} ran", False)] for k in ran_calls}
+    waited = parsed.waiting
+    denied = {k for k in range(count) if gated[k] and not approve[k]}
+    if denied:
+        assert waited is not None
+        assert waited.answered is not None
+        refused = {
+            r.tool_use_id  # type: ignore[union-attr]
+            for r in waited.requests
+            if not waited.answered[r.id].approved  # type: ignore[union-attr]
+        }
+        assert refused == {f"call_{k}" for k in denied}
+    assert sorted(ran) == sorted(f"f{k}" for k in range(count) if not gated[k] or approve[k])
