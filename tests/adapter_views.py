@@ -70,6 +70,9 @@ CALL_ARGUMENTS = (
 )
 
 
+ANY_ARGUMENTS: st.SearchStrategy[str] = st.sampled_from(CALL_ARGUMENTS)
+
+
 @dataclass(frozen=True)
 class Interleaving:
     """Parallel tool calls whose fragments arrive in turns.
@@ -91,10 +94,14 @@ def split_text(text: str, cuts: list[int]) -> list[str]:
 
 
 @st.composite
-def interleavings(draw: st.DrawFn, max_calls: int = 4) -> Interleaving:
-    """N calls' arguments, each cut into non-empty fragments, arriving in any order (each
-    call's own fragments in their order)."""
-    texts = draw(st.lists(st.sampled_from(CALL_ARGUMENTS), min_size=1, max_size=max_calls))
+def interleavings(
+    draw: st.DrawFn,
+    max_calls: int = 4,
+    arguments: st.SearchStrategy[str] = ANY_ARGUMENTS,
+) -> Interleaving:
+    """N calls' arguments (``arguments`` draws each), each cut into non-empty fragments,
+    arriving in any order (each call's own fragments in their order)."""
+    texts = draw(st.lists(arguments, min_size=1, max_size=max_calls))
     pieces = [split_text(t, draw(st.lists(st.integers(1, 60), max_size=8))) for t in texts]
     labels = draw(st.permutations([k for k, parts in enumerate(pieces) for _ in parts]))
     # Renumber by first appearance: the order the calls' blocks open in.
@@ -210,10 +217,12 @@ def responses_events(calls: Interleaving) -> list[dict[str, Any]]:
 
 
 @st.composite
-def gated_interleavings(draw: st.DrawFn) -> tuple[Interleaving, list[bool], list[bool]]:
+def gated_interleavings(
+    draw: st.DrawFn, arguments: st.SearchStrategy[str] = ANY_ARGUMENTS
+) -> tuple[Interleaving, list[bool], list[bool]]:
     """Interleaved parallel calls (up to three), which of them need approval, and the
     answer each would get."""
-    calls = draw(interleavings(max_calls=3))
+    calls = draw(interleavings(max_calls=3, arguments=arguments))
     count = len(calls.arguments)
     gated = draw(st.lists(st.booleans(), min_size=count, max_size=count), label="gated")
     approve = draw(st.lists(st.booleans(), min_size=count, max_size=count), label="yes")
@@ -221,11 +230,18 @@ def gated_interleavings(draw: st.DrawFn) -> tuple[Interleaving, list[bool], list
 
 
 def answer_approvals(
-    producer: TurnProducer, on_answer: Continuation, gated: list[bool], approve: list[bool]
-) -> list[Event]:
+    producer: TurnProducer,
+    on_answer: Continuation,
+    gated: list[bool],
+    approve: list[bool],
+    *,
+    answer: str,
+) -> tuple[Any, dict[str, list[tuple[str, bool]]]]:
     """Run ``producer``'s turn on a hub; when ``gated`` has any, the turn must ask to
     approve exactly the calls ``call_k`` gated, each answered ``approve[k]``, and the
-    continuation is waited for. The stream's events."""
+    continuation is waited for. The stream must then be valid and complete, ending with
+    the model's ``answer`` (stop reason ``end_turn``). The stream read, and each call's
+    results (text, is_error) in order."""
 
     async def run() -> list[Event]:
         async with StreamHub(on_answer=on_answer) as hub:
@@ -249,4 +265,14 @@ def answer_approvals(
             events, _ = await hub.store.since("s", None)
             return events
 
-    return anyio.run(run)
+    events = anyio.run(run)
+    violations = check(events)
+    assert violations == [], violations
+    parsed = reassemble_events(events)
+    assert parsed.complete
+    assert parsed.messages[-1].stop_reason == "end_turn", parsed.messages[-1].stop_reason
+    assert parsed.text.endswith(answer), parsed.text
+    results: dict[str, list[tuple[str, bool]]] = {}
+    for result in parsed.tool_results:
+        results.setdefault(result.tool_use_id, []).append((result.text, result.is_error))
+    return parsed, results

@@ -275,3 +275,42 @@ def two_rounds(messages: list[BaseMessage]) -> list[AIMessageChunk]:
             finish("tool_calls"),
         ]
     return reply(f"The sum is {results[0].text} and the sky is clear.")
+
+
+def gated_tools(gated: Sequence[bool], ran: list[str]) -> list[Any]:
+    """Tools ``f0``, ``f1``, ... taking ``q``; ``f<k>`` asks for approval first when
+    ``gated[k]`` (a denial is its result). ``ran`` gets each tool that ran to its end."""
+
+    def make(k: int) -> Any:
+        def run(q: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+            if gated[k]:
+                decision = request_approval(tool_call_id)
+                if not decision.approved:
+                    return f"f{k} denied"
+            ran.append(f"f{k}")
+            return f"f{k} ran"
+
+        return tool(f"f{k}", description=f"Tool {k}.")(run)
+
+    return [make(k) for k in range(len(gated))]
+
+
+def interleaved(sequence: Sequence[tuple[int, str, bool]]) -> list[AIMessageChunk]:
+    """Parallel calls whose fragments arrive in ``sequence``'s order (``(k, fragment,
+    first)``: call ``k`` is ``call_k`` of tool ``f<k>``), then the end of the call."""
+    chunks = [
+        AIMessageChunk(
+            content="",
+            tool_call_chunks=[
+                {
+                    "type": "tool_call_chunk",
+                    "index": k,
+                    "id": f"call_{k}" if first else None,
+                    "name": f"f{k}" if first else None,
+                    "args": fragment,
+                }
+            ],
+        )
+        for k, fragment, first in sequence
+    ]
+    return [*chunks, finish("tool_calls")]

@@ -65,6 +65,8 @@ from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
 from tests.adapter_views import (
     Interleaving,
+    answer_approvals,
+    gated_interleavings,
     interleavings,
     split_text,
     starts,
@@ -78,6 +80,8 @@ from tests.langgraph_graphs import (
     after_tools,
     calls,
     finish,
+    gated_tools,
+    interleaved,
     react_graph,
     reply,
     two_rounds,
@@ -1040,3 +1044,42 @@ async def test_values_orjson_cannot_write_go_out_as_their_exact_json_text() -> N
     assert published.usage["input_tokens"] == 0
     assert published.usage["output_tokens"] == 3
     assert out.results == {"c1": result.text}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    plan=gated_interleavings(st.sampled_from(['{"q": "a"}', '{"q": "b\\\\"c"}', '{"q": "}{"}'])),
+    send=st.booleans(),
+)
+def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_result(
+    plan: tuple[Interleaving, list[bool], list[bool]], send: bool
+) -> None:
+    # Parallel calls whose fragments interleave, any of them asking for approval from
+    # inside its tool, each answered yes or no, with one Send per call (or one tools
+    # task for the round, when none asks or there is one call): every call gets exactly
+    # one result (the tool's output, or its denial) before the question or after, and
+    # the turn ends with the model's answer.
+    calls, gated, approve = plan
+    count = len(calls.arguments)
+    if any(gated) and count > 1:
+        # One task for the round stops at its first call that asks, and loses what the
+        # others did: they are the client's to answer then (docs/langgraph.md, and why).
+        send = True
+    ran: list[str] = []
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return reply("done") if after_tools(messages) else interleaved(calls.sequence)
+
+    graph = react_graph(respond, tools=gated_tools(gated, ran), send=send)
+    turns = AgentTurns(graph)
+    _parsed, results = answer_approvals(
+        turns(chat("s")), turns.on_answer, gated, approve, answer="done"
+    )
+    expected = {
+        f"call_{k}": [(f"f{k} ran" if not gated[k] or approve[k] else f"f{k} denied", False)]
+        for k in range(count)
+    }
+    assert results == expected
+    # A tools task that stopped to ask runs again from its start once answered: with one
+    # task for the round, the calls that did not ask run again too (LangGraph's way).
+    assert set(ran) == {f"f{k}" for k in range(count) if not gated[k] or approve[k]}

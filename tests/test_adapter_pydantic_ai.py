@@ -649,15 +649,9 @@ def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_resul
     count = len(calls.arguments)
     ran: list[str] = []
     turns = AgentTurns(agents.gated_calls_agent(list(calls.sequence), gated, ran))
-    events = answer_approvals(turns(request("go", "s")), turns.on_answer, gated, approve)
-    assert check(events) == []
-    parsed = reassemble_events(events)
-    assert parsed.complete
-    assert parsed.messages[-1].stop_reason == "end_turn"
-    assert parsed.text.endswith("done")
-    results: dict[str, list[tuple[str, bool]]] = {}
-    for result in parsed.tool_results:
-        results.setdefault(result.tool_use_id, []).append((result.text, result.is_error))
+    parsed, results = answer_approvals(
+        turns(request("go", "s")), turns.on_answer, gated, approve, answer="done"
+    )
     # A denied call's answer is the hub's record of the denial (docs/pydantic_ai.md).
     ran_calls = [k for k in range(count) if not gated[k] or approve[k]]
     assert results == {f"call_{k}": [(f"f{k} ran", False)] for k in ran_calls}
