@@ -1382,6 +1382,7 @@ def _responses_item_events(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
             [
                 *("message", "reasoning", "function_call", "web_search_call"),
                 *("custom_tool_call", "mcp_approval_request", MARKER),
+                *("mcp_call", "code_interpreter_call", "shell_call", "tool_search_call"),
             ]
         )
     )
@@ -1464,6 +1465,19 @@ def _responses_item_events(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
         if kind == "web_search_call":
             events.append({"type": "response.web_search_call.searching", **where})
             item["action"] = {"type": "search", "query": MARKER}
+        elif kind == "mcp_call":
+            item.update(server_label="s", name="lookup", arguments=draw(PROVIDER_TEXT))
+            delta = {"type": "response.mcp_call_arguments.delta", **where, "delta": MARKER}
+            events.append(delta)
+        elif kind == "code_interpreter_call":
+            item.update(code=draw(PROVIDER_TEXT), container_id="c")
+            delta = {"type": "response.code_interpreter_call_code.delta", **where}
+            events.append(delta | {"delta": MARKER})
+        elif kind == "shell_call":
+            item.update(call_id=f"call_{n}", action={"commands": [draw(PROVIDER_TEXT)]})
+        else:
+            item.update(call_id=f"call_{n}", arguments=draw(ANY_VALUE))
+            item["execution"] = draw(st.sampled_from(["client", "server", MARKER]))
         done = dict(item, status="completed")
     added = (
         []
