@@ -28,6 +28,7 @@ __all__ = [
     "add_count",
     "arguments_complete",
     "as_mapping",
+    "clean",
     "count",
     "fits_count",
     "has_lone_surrogate",
@@ -64,6 +65,12 @@ def has_lone_surrogate(text: str) -> bool:
 def replace_surrogates(text: str) -> str:
     """``text`` with every surrogate code point replaced by U+FFFD."""
     return _SURROGATE.sub("\ufffd", text)
+
+
+def clean(text: str) -> str:
+    """``text`` as UTF-8 carries it: a lone surrogate replaced by U+FFFD (the common
+    case, none, costs one test)."""
+    return replace_surrogates(text) if has_lone_surrogate(text) else text
 
 
 def fits_count(value: int) -> bool:
@@ -221,9 +228,7 @@ def json_value(value: object, *, depth: int) -> Any:
 def output_text(output: object) -> str:
     """A tool's output as its result's text: a string as it is (a lone surrogate, which
     no UTF-8 text carries, replaced by U+FFFD), anything else as :func:`json_text`."""
-    if isinstance(output, str):
-        return replace_surrogates(output) if has_lone_surrogate(output) else output
-    return json_text(output)
+    return clean(output) if isinstance(output, str) else json_text(output)
 
 
 def as_mapping(raw: object, what: str) -> Mapping[str, Any]:

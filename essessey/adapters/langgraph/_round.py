@@ -11,17 +11,10 @@ from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
-from essessey.adapters._values import (
-    add_count,
-    has_lone_surrogate,
-    json_text,
-    json_value,
-    output_text,
-    replace_surrogates,
-)
+from essessey.adapters._values import add_count, clean, json_text, json_value, output_text
 from essessey.adapters.rounds import RoundStream
 
-__all__ = ["LLMCall", "add_usage", "clean", "read_part", "result_of"]
+__all__ = ["LLMCall", "add_usage", "read_part", "result_of"]
 
 logger = logging.getLogger("essessey.adapters.langgraph")
 
@@ -50,11 +43,6 @@ def read_part(raw: object) -> tuple[str, Any] | None:
             return raw[1], raw[2]
     logger.warning("skipping a stream part that is a %s of no known shape", type(raw).__name__)
     return None
-
-
-def clean(text: str) -> str:
-    """``text`` with a lone surrogate (which no UTF-8 text carries) replaced by U+FFFD."""
-    return replace_surrogates(text) if has_lone_surrogate(text) else text
 
 
 def _pieces(message: AIMessage) -> list[_Piece]:

@@ -27,8 +27,9 @@ from langgraph.types import Interrupt
 
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
+from essessey.adapters._values import clean
 from essessey.adapters.langgraph._approval import approval_call
-from essessey.adapters.langgraph._round import LLMCall, add_usage, clean, read_part, result_of
+from essessey.adapters.langgraph._round import LLMCall, add_usage, read_part, result_of
 from essessey.adapters.rounds import RoundStream, stream_rounds
 from essessey.protocol import StopReason
 from essessey.protocol.asking import Answered
