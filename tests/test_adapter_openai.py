@@ -831,3 +831,94 @@ assert message.text == "hi", message
 assert "openai" not in sys.modules
 """
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+# -- citations -----------------------------------------------------------------------------
+
+
+def _cited(annotations: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    chunk = _chunk(**fields)
+    chunk["choices"][0]["delta"]["annotations"] = annotations
+    return chunk
+
+
+def _url(url: str, start: int = 0, end: int = 0) -> dict[str, Any]:
+    fields = {"url": url, "title": "T", "start_index": start, "end_index": end}
+    return {"type": "url_citation", "url_citation": fields | {"content": "page text"}}
+
+
+@pytest.mark.anyio
+async def test_annotations_are_citations_of_the_text_block() -> None:
+    # OpenRouter's web search sends its sources first, with empty content; OpenAI's search
+    # models, after the text they cite, with indexes into it. Either way a citation goes
+    # out in the text block, after text, as the Anthropic format's web search citation.
+    chunks = [
+        _cited([_url("https://a.example")], content=""),
+        _chunk(reasoning="Looking."),
+        _chunk(content="Pydantic AI "),
+        _chunk(content="is a framework."),
+        _cited([_url("https://b.example", 0, 11), {"type": "file_citation", "file_id": "f"}]),
+        _chunk(finish_reason="stop"),
+    ]
+    message, events = await _publish(chunks)
+    assert check(events) == []
+    citations = [
+        orjson.loads(e.data)["delta"]["citation"] for e in events if b'"citations_delta"' in e.data
+    ]
+    assert citations == [
+        {
+            "type": "web_search_result_location",
+            "url": "https://a.example",
+            "title": "T",
+            "cited_text": "",
+            "encrypted_index": "",
+            "start_index": 0,
+            "end_index": 0,
+        },
+        {
+            "type": "web_search_result_location",
+            "url": "https://b.example",
+            "title": "T",
+            "cited_text": "Pydantic AI",
+            "encrypted_index": "",
+            "start_index": 0,
+            "end_index": 11,
+        },
+        {"type": "file_citation", "file_id": "f"},
+    ]
+    parsed = reassemble_events(events)
+    assert parsed.text == message.text == "Pydantic AI is a framework."
+    assert parsed.thinking == "Looking."
+    # The first waited for the text it follows: after the first text delta.
+    kinds = [
+        orjson.loads(e.data)["delta"]["type"] for e in events if e.event == "content_block_delta"
+    ]
+    assert kinds == [
+        "thinking_delta",
+        "text_delta",
+        "citations_delta",
+        "text_delta",
+        "citations_delta",
+        "citations_delta",
+    ]
+
+
+@pytest.mark.anyio
+async def test_an_annotation_with_no_text_after_it_is_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chunks = [
+        _chunk(content="Hi."),
+        _cited([_url("https://a.example")], reasoning="more thought"),
+        _cited([{"type": "url_citation"}]),  # no url_citation object: malformed
+        _chunk(finish_reason="stop"),
+    ]
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters"):
+        _, events = await _publish(chunks)
+    assert check(events) == []
+    # The reasoning closed the text block; no text came after the citation.
+    assert b"citations_delta" not in b"".join(e.data for e in events)
+    text = _log_text(caplog)
+    assert "1 citations came with no text after them; not published" in text
+    assert "choices[0].delta.annotations[0].url_citation is missing" in text
+    assert "a.example" not in text

@@ -1209,12 +1209,23 @@ def _openai_chunks(draw: st.DrawFn) -> list[Any]:
     calls = draw(st.integers(0, 3))
     for kind in draw(
         st.lists(
-            st.sampled_from(["text", "reasoning", "refusal", "call", "legacy", "other", "none"]),
+            st.sampled_from(
+                ["text", "reasoning", "refusal", "call", "legacy", "other", "none", "cited"]
+            ),
             max_size=14,
         )
     ):
         if kind == "text":
             chunks.append(chunk({"role": "assistant", "content": draw(PROVIDER_TEXT)}))
+        elif kind == "cited":
+            source = {"url": MARKER, "title": draw(PROVIDER_TEXT), "content": MARKER}
+            source |= {"start_index": draw(COUNT), "end_index": draw(COUNT)}
+            given = draw(
+                st.sampled_from(
+                    [{"type": "url_citation", "url_citation": source}, {"type": MARKER}]
+                )
+            )
+            chunks.append(chunk({"content": draw(PROVIDER_TEXT), "annotations": [given]}))
         elif kind == "reasoning":
             key = draw(st.sampled_from(["reasoning_content", "reasoning"]))
             chunks.append(chunk({key: draw(PROVIDER_TEXT)}))

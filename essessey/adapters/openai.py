@@ -11,6 +11,10 @@ The mapping, for ``choices[0]`` (other choices are skipped, with one log line):
 - ``delta.reasoning_content`` (DeepSeek, vLLM) or ``delta.reasoning`` (vLLM, Ollama,
   OpenRouter) -> a thinking block. Some servers send both with the same text; then
   ``reasoning_content`` is taken and ``reasoning`` ignored, so nothing is doubled.
+- ``delta.annotations`` (OpenAI's search models, OpenRouter's web search) -> the text
+  block's ``citations_delta``, after the text they follow (a ``url_citation`` as the
+  Anthropic format's ``web_search_result_location``; sources sent before any text wait
+  for it).
 - ``delta.tool_calls[k]`` -> one tool_use block per call, its arguments streamed as
   ``input_json_delta`` as they arrive (see :func:`stream_round` for the details), and
   the deprecated ``delta.function_call`` as one more call.
@@ -37,9 +41,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from essessey._logsafe import log_label
+from essessey.adapters._citations import citation, nested_annotation
 from essessey.adapters._message import PublishedMessage, PublishedToolCall
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
@@ -256,12 +261,18 @@ class _Fragment:
     legacy: bool = False
 
 
+# What a chunk's choice carries, in order: ("text" | "reasoning", text), or
+# ("citation", an annotation of the text).
+_Piece: TypeAlias = tuple[str, Any]
+
+
 @dataclass(slots=True)
 class _Delta:
     """What ``choices[0]`` of one chunk carries: its output pieces in order, each
-    ``(True, text)`` for answer text or ``(False, text)`` for reasoning."""
+    ``("text", text)`` for answer text, ``("reasoning", text)`` for reasoning and
+    ``("citation", annotation)`` for an annotation of the text (after the chunk's text)."""
 
-    output: list[tuple[bool, str]]
+    output: list[_Piece]
     fragments: list[_Fragment]
     finish_reason: str | None
 
@@ -343,12 +354,12 @@ def _part_text(value: object, where: str) -> str:
     return opt_str(value, where) or ""
 
 
-def _read_content(value: object, where: str) -> list[tuple[bool, str]]:
+def _read_content(value: object, where: str) -> list[_Piece]:
     """``delta.content``: a string, or (Mistral) a list of typed parts in order."""
     if not isinstance(value, list | tuple):
         text = opt_str(value, where)
-        return [(True, text)] if text else []
-    pieces: list[tuple[bool, str]] = []
+        return [("text", text)] if text else []
+    pieces: list[_Piece] = []
     for k, part in enumerate(value):
         at = f"{where}[{k}]"
         entry = opt_map(part, at)
@@ -356,15 +367,15 @@ def _read_content(value: object, where: str) -> list[tuple[bool, str]]:
             raise Malformed(f"{at} is null")
         kind = entry.get("type")
         if kind == "text":
-            text, is_text = _part_text(entry.get("text"), f"{at}.text"), True
+            text, piece = _part_text(entry.get("text"), f"{at}.text"), "text"
         elif kind == "thinking":
-            text, is_text = _part_text(entry.get("thinking"), f"{at}.thinking"), False
+            text, piece = _part_text(entry.get("thinking"), f"{at}.thinking"), "reasoning"
         else:
             # An image, a reference...: nothing the protocol's blocks carry.
             logger.info("skipping a content part of type %s in %s", log_label(kind), where)
             continue
         if text:
-            pieces.append((is_text, text))
+            pieces.append((piece, text))
     return pieces
 
 
@@ -373,13 +384,19 @@ def _read_choice(choice: Mapping[str, Any], where: str) -> _Delta:
     at = f"{where}.delta"
     reasoning_content = opt_str(delta.get("reasoning_content"), f"{at}.reasoning_content")
     reasoning = opt_str(delta.get("reasoning"), f"{at}.reasoning")
-    output: list[tuple[bool, str]] = []
+    output: list[_Piece] = []
     if reasoning_content or reasoning:
-        output.append((False, reasoning_content or reasoning or ""))
+        output.append(("reasoning", reasoning_content or reasoning or ""))
     output.extend(_read_content(delta.get("content"), f"{at}.content"))
     refusal = opt_str(delta.get("refusal"), f"{at}.refusal")
     if refusal:
-        output.append((True, refusal))
+        output.append(("text", refusal))
+    found = opt_list(delta.get("annotations"), f"{at}.annotations") or ()
+    # (OpenAI's search models, OpenRouter's web search): after the chunk's text, which
+    # the citations follow.
+    output.extend(
+        ("citation", nested_annotation(a, f"{at}.annotations[{j}]")) for j, a in enumerate(found)
+    )
     return _Delta(
         output=output,
         fragments=_read_fragments(delta, at),
@@ -455,10 +472,12 @@ class _RoundReader:
 
     __slots__ = (
         "_by_key",
+        "_citations",
         "_held",
         "_position",
         "_skipped_choices",
         "_text",
+        "_text_open",
         "_thinking",
         "error",
         "finish_reason",
@@ -470,9 +489,18 @@ class _RoundReader:
     def __init__(self, rounds: RoundStream, id_prefix: str) -> None:
         self.rounds = rounds
         self._position = -1
-        self._held: HeldCalls[tuple[bool, str]] = HeldCalls(
-            rounds, id_prefix, self._output, logger=logger, noun="tool call", where="chunk %d"
+        self._held: HeldCalls[_Piece] = HeldCalls(
+            rounds,
+            id_prefix,
+            self._output,
+            logger=logger,
+            noun="tool call",
+            where="chunk %d",
+            before_start=self._call_starts,
         )
+        # Citations wait for the text they follow; the text block is the last one out.
+        self._citations: list[dict[str, Any]] = []
+        self._text_open = False
         self._by_key: dict[object, HeldCall] = {}
         self._text: list[str] = []
         self._thinking: list[str] = []
@@ -534,6 +562,11 @@ class _RoundReader:
         """End of the chunks: publish what waits, then declare the round's calls."""
         await self._held.advance(final=True)
         self._held.log_late()
+        if self._citations:
+            logger.warning(
+                "%d citations came with no text after them; not published", len(self._citations)
+            )
+            self._citations.clear()
         await self.rounds.assistant_message(self._held.requests())
         calls = self._held.published()
         return StreamedRound(
@@ -546,14 +579,34 @@ class _RoundReader:
             model=self.model,
         )
 
-    async def _output(self, piece: tuple[bool, str]) -> None:
-        is_text, text = piece
-        if is_text:
-            await self.rounds.delta(text=text)
-            self._text.append(text)
+    async def _output(self, piece: _Piece) -> None:
+        kind, value = piece
+        if kind == "text":
+            await self.rounds.delta(text=value)
+            self._text.append(value)
+            self._text_open = True
+            if self._citations:
+                await self._cite()
+        elif kind == "reasoning":
+            await self.rounds.delta(reasoning=value)
+            self._thinking.append(value)
+            self._text_open = False
         else:
-            await self.rounds.delta(reasoning=text)
-            self._thinking.append(text)
+            self._citations.append(value)
+            if self._text_open:
+                await self._cite()
+
+    async def _cite(self) -> None:
+        """The citations waiting, each a ``citations_delta`` of the open text block."""
+        text = "".join(self._text)
+        for given in self._citations:
+            await self.rounds.raw_delta(
+                {"type": "citations_delta", "citation": citation(given, text)}
+            )
+        self._citations.clear()
+
+    async def _call_starts(self) -> None:
+        self._text_open = False
 
     def _call_for(self, fragment: _Fragment) -> HeldCall | None:
         key: object

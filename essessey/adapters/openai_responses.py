@@ -60,7 +60,7 @@ block and its result block once its item is whole (see ``_HOSTED``); its progres
 events are read quietly. The lifecycle events with nothing to publish
 (``response.in_progress``, ``response.content_part.added``, ...) are read quietly too.
 A text part's annotations (``response.output_text.annotation.added``, a message
-part's ``annotations``) are its text block's ``citations_delta`` (see ``_citation``).
+part's ``annotations``) are its text block's ``citations_delta`` (see ``_citations``).
 Every other event (audio, ...) and every output item of another type is skipped, with
 one log line per type naming only the type.
 
@@ -83,6 +83,7 @@ from typing import Any, Final, Literal, TypeAlias
 import orjson
 
 from essessey._logsafe import log_label
+from essessey.adapters._citations import annotation, citation
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
@@ -586,14 +587,9 @@ def _read_usage(value: object) -> dict[str, int] | None:
     return token_counts(given, cached, output, reasoning)
 
 
-# How deep in an event's payload a value passed on whole goes: a citation in its delta
-# (``delta.citation``), a hosted tool's item in its result block (``content_block.content``).
+# How deep in an event's payload a hosted tool's item goes, passed on whole: in its
+# result block (``content_block.content``).
 _NESTED: Final = 2
-
-
-def _annotation(value: object, where: str) -> dict[str, Any]:
-    """An annotation, passed on whole as a citation."""
-    return dict(writable(req_map(value, where), where, depth=_NESTED))
 
 
 def _read_parts(
@@ -618,7 +614,7 @@ def _read_parts(
         text = opt_str(part.get(text_field), f"{at}.{text_field}")
         if text is not None and part_kind is not None:
             found = opt_list(part.get("annotations"), f"{at}.annotations") or ()
-            annotations = [_annotation(a, f"{at}.annotations[{j}]") for j, a in enumerate(found)]
+            annotations = [annotation(a, f"{at}.annotations[{j}]") for j, a in enumerate(found)]
             parts.append(_Part(part_kind, item_id, output_index, k, text, True, annotations))
     return parts
 
@@ -813,7 +809,7 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
             opt_int(data.get("output_index"), "output_index"),
             opt_int(data.get("content_index"), "content_index"),
             opt_int(data.get("annotation_index"), "annotation_index"),
-            _annotation(data.get("annotation"), "annotation"),
+            annotation(data.get("annotation"), "annotation"),
         ), []
     if name in _QUIET or name.startswith(_HOSTED_PROGRESS):
         return None, []
@@ -935,25 +931,6 @@ class _Piece:
 
 def _complete_json(arguments: str) -> bool:
     return bool(arguments.strip()) and parse_arguments(arguments) is not None
-
-
-def _citation(annotation: dict[str, Any], text: str) -> dict[str, Any]:
-    """A Responses annotation as a ``citations_delta``'s citation: a ``url_citation`` in
-    the Anthropic format's shape for a web search result (``web_search_result_location``,
-    with the cited span of ``text`` and its indexes kept), any other as it was given."""
-    if annotation.get("type") != "url_citation":
-        return annotation
-    start, end = annotation.get("start_index"), annotation.get("end_index")
-    spans = type(start) is int and type(end) is int and 0 <= start <= end <= len(text)
-    return {
-        "type": "web_search_result_location",
-        "url": annotation.get("url"),
-        "title": annotation.get("title"),
-        "cited_text": text[start:end] if spans else "",
-        "encrypted_index": "",
-        "start_index": start,
-        "end_index": end,
-    }
 
 
 class _Reader:
@@ -1384,12 +1361,12 @@ class _Reader:
         its ``first`` (the annotation_index of one event, or all of a whole part's)."""
         taken = self._cited.get(key, 0)
         start = 0 if first is None else first
-        for n, annotation in enumerate(annotations, start):
+        for n, given in enumerate(annotations, start):
             if n < taken:
                 continue  # its event came before the part's whole list
             self._cited[key] = n + 1
-            citation = _citation(annotation, "".join(self._received.get(key, ())))
-            await self._held.put(_Piece(key, "", citation=citation), output_index)
+            cited = citation(given, "".join(self._received.get(key, ())))
+            await self._held.put(_Piece(key, "", citation=cited), output_index)
 
     async def _settle_part(self, part: _Part) -> None:
         await self._settle_text(part)
