@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["log_label"]
+__all__ = ["dotted_label", "log_label"]
 
 _IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -22,3 +22,16 @@ def log_label(value: object) -> str:
     if isinstance(value, str):
         return value if _IDENTIFIER.fullmatch(value) else f"<{len(value)} chars>"
     return f"<{type(value).__name__}>"
+
+
+def dotted_label(value: object) -> str:
+    """A dotted name fit for a log line (``response.output_text.delta``,
+    ``reasoning.encrypted``): as it is when each part is an identifier, anything else as
+    :func:`log_label` shows it; ``?`` for none."""
+    if value is None:
+        return "?"
+    if isinstance(value, str) and len(value) <= 128:
+        parts = value.split(".")
+        if all(log_label(part) == part for part in parts):
+            return value
+    return log_label(value)

@@ -922,3 +922,49 @@ async def test_an_annotation_with_no_text_after_it_is_named_in_a_warning(
     assert "1 citations came with no text after them; not published" in text
     assert "choices[0].delta.annotations[0].url_citation is missing" in text
     assert "a.example" not in text
+
+
+# -- reasoning details ---------------------------------------------------------------------
+
+
+def _details(*details: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    chunk = _chunk(**fields)
+    chunk["choices"][0]["delta"]["reasoning_details"] = list(details)
+    return chunk
+
+
+def _detail(text: str | None = None, signature: str | None = None) -> dict[str, Any]:
+    found: dict[str, Any] = {"type": "reasoning.text", "format": "anthropic-claude-v1"}
+    if text is not None:
+        found["text"] = text
+    if signature is not None:
+        found["signature"] = signature
+    return found
+
+
+@pytest.mark.anyio
+async def test_reasoning_details_give_the_thinking_a_server_sends_only_there_and_its_signature(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Snowflake sends a Claude model's thinking only in reasoning_details; OpenRouter sends
+    # it twice (reasoning and reasoning_details, the same text), then the signature.
+    chunks = [
+        _details(_detail("15 * 27")),
+        _details(_detail(" = 405")),
+        _details(_detail("Twice."), reasoning="Twice."),
+        _details(_detail(signature="c2ln")),
+        _details({"type": "reasoning.encrypted", "data": "gAAA", "format": "openai"}),
+        _chunk(content="405"),
+        _details(_detail(signature="late")),  # no reasoning open: not published
+        _chunk(finish_reason="stop"),
+    ]
+    with caplog.at_level(logging.INFO, logger="essessey.adapters"):
+        message, events = await _publish(chunks)
+    assert check(events) == []
+    [parsed] = reassemble_events(events).messages
+    assert parsed.thinking == message.thinking == "15 * 27 = 405Twice."
+    assert parsed.signature == "c2ln"
+    assert parsed.text == "405"
+    text = _log_text(caplog)
+    assert "skipping reasoning details of type reasoning.encrypted" in text
+    assert "a reasoning signature came with no reasoning before it; skipped" in text

@@ -1227,8 +1227,22 @@ def _openai_chunks(draw: st.DrawFn) -> list[Any]:
             )
             chunks.append(chunk({"content": draw(PROVIDER_TEXT), "annotations": [given]}))
         elif kind == "reasoning":
-            key = draw(st.sampled_from(["reasoning_content", "reasoning"]))
-            chunks.append(chunk({key: draw(PROVIDER_TEXT)}))
+            key = draw(st.sampled_from(["reasoning_content", "reasoning", "reasoning_details"]))
+            if key == "reasoning_details":
+                detail = draw(
+                    st.sampled_from(
+                        [
+                            {"type": "reasoning.text", "text": draw(PROVIDER_TEXT)},
+                            {"type": "reasoning.text", "signature": draw(PROVIDER_TEXT)},
+                            {"type": "reasoning.summary", "summary": draw(PROVIDER_TEXT)},
+                            {"type": "reasoning.encrypted", "data": MARKER},
+                            {"type": MARKER},
+                        ]
+                    )
+                )
+                chunks.append(chunk({key: [detail]}))
+            else:
+                chunks.append(chunk({key: draw(PROVIDER_TEXT)}))
         elif kind == "refusal":
             chunks.append(chunk({"refusal": draw(PROVIDER_TEXT)}))
         elif kind == "call" and calls:

@@ -11,6 +11,9 @@ The mapping, for ``choices[0]`` (other choices are skipped, with one log line):
 - ``delta.reasoning_content`` (DeepSeek, vLLM) or ``delta.reasoning`` (vLLM, Ollama,
   OpenRouter) -> a thinking block. Some servers send both with the same text; then
   ``reasoning_content`` is taken and ``reasoning`` ignored, so nothing is doubled.
+  ``delta.reasoning_details`` (OpenRouter, Snowflake): its text when the delta has
+  neither (Snowflake sends it alone), its ``signature`` as the thinking block's
+  ``signature_delta``; encrypted reasoning is skipped with a log line.
 - ``delta.annotations`` (OpenAI's search models, OpenRouter's web search) -> the text
   block's ``citations_delta``, after the text they follow (a ``url_citation`` as the
   Anthropic format's ``web_search_result_location``; sources sent before any text wait
@@ -43,7 +46,7 @@ from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from essessey._logsafe import log_label
+from essessey._logsafe import dotted_label, log_label
 from essessey.adapters._citations import citation, nested_annotation
 from essessey.adapters._message import PublishedMessage, PublishedToolCall
 from essessey.adapters._publishing import Ending, publish_message, require_round
@@ -58,6 +61,7 @@ from essessey.adapters._values import (
     opt_map,
     opt_str,
     read_all,
+    req_map,
     token_counts,
 )
 from essessey.adapters.rounds import RoundStream
@@ -379,14 +383,40 @@ def _read_content(value: object, where: str) -> list[_Piece]:
     return pieces
 
 
+def _read_details(value: object, where: str) -> tuple[str, list[str]]:
+    """``delta.reasoning_details`` (OpenRouter, Snowflake): the reasoning's text and its
+    signatures. Encrypted reasoning (``reasoning.encrypted``) has nothing a thinking
+    block carries; it is skipped with a log line."""
+    text: list[str] = []
+    signatures: list[str] = []
+    for k, entry in enumerate(opt_list(value, where) or ()):
+        at = f"{where}[{k}]"
+        detail = req_map(entry, at)
+        kind = detail.get("type")
+        if kind == "reasoning.text":
+            text.append(opt_str(detail.get("text"), f"{at}.text") or "")
+            signature = opt_str(detail.get("signature"), f"{at}.signature")
+            if signature:
+                signatures.append(signature)
+        elif kind == "reasoning.summary":
+            text.append(opt_str(detail.get("summary"), f"{at}.summary") or "")
+        else:
+            logger.info("skipping reasoning details of type %s", dotted_label(kind))
+    return "".join(text), signatures
+
+
 def _read_choice(choice: Mapping[str, Any], where: str) -> _Delta:
     delta = opt_map(choice.get("delta"), f"{where}.delta") or {}
     at = f"{where}.delta"
     reasoning_content = opt_str(delta.get("reasoning_content"), f"{at}.reasoning_content")
     reasoning = opt_str(delta.get("reasoning"), f"{at}.reasoning")
+    details, signatures = _read_details(delta.get("reasoning_details"), f"{at}.reasoning_details")
     output: list[_Piece] = []
-    if reasoning_content or reasoning:
-        output.append(("reasoning", reasoning_content or reasoning or ""))
+    # The details repeat the plain field's text where a server sends both (OpenRouter);
+    # some send the details alone (Snowflake).
+    if reasoning_content or reasoning or details:
+        output.append(("reasoning", reasoning_content or reasoning or details))
+    output.extend(("signature", signature) for signature in signatures)
     output.extend(_read_content(delta.get("content"), f"{at}.content"))
     refusal = opt_str(delta.get("refusal"), f"{at}.refusal")
     if refusal:
@@ -479,6 +509,7 @@ class _RoundReader:
         "_text",
         "_text_open",
         "_thinking",
+        "_thinking_open",
         "error",
         "finish_reason",
         "model",
@@ -501,6 +532,8 @@ class _RoundReader:
         # Citations wait for the text they follow; the text block is the last one out.
         self._citations: list[dict[str, Any]] = []
         self._text_open = False
+        # A signature goes to the thinking block, the last one out.
+        self._thinking_open = False
         self._by_key: dict[object, HeldCall] = {}
         self._text: list[str] = []
         self._thinking: list[str] = []
@@ -585,12 +618,19 @@ class _RoundReader:
             await self.rounds.delta(text=value)
             self._text.append(value)
             self._text_open = True
+            self._thinking_open = False
             if self._citations:
                 await self._cite()
         elif kind == "reasoning":
             await self.rounds.delta(reasoning=value)
             self._thinking.append(value)
             self._text_open = False
+            self._thinking_open = True
+        elif kind == "signature":
+            if self._thinking_open:
+                await self.rounds.delta(signature=value)
+            else:
+                logger.warning("a reasoning signature came with no reasoning before it; skipped")
         else:
             self._citations.append(value)
             if self._text_open:
@@ -606,7 +646,7 @@ class _RoundReader:
         self._citations.clear()
 
     async def _call_starts(self) -> None:
-        self._text_open = False
+        self._text_open = self._thinking_open = False
 
     def _call_for(self, fragment: _Fragment) -> HeldCall | None:
         key: object

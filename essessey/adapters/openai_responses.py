@@ -82,7 +82,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import orjson
 
-from essessey._logsafe import log_label
+from essessey._logsafe import dotted_label, log_label
 from essessey.adapters._citations import annotation, citation
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters._publishing import Ending, publish_message, require_round
@@ -541,19 +541,6 @@ _PART_TYPES: Final = {
     "refusal": ("message", "refusal"),
     "reasoning_text": ("reasoning", "text"),
 }
-
-
-def _label(value: object) -> str:
-    """An event or item type fit for a log line: the Responses API's dotted names
-    (``response.output_text.delta``) as they are when each part is an identifier,
-    anything else as :func:`~essessey._logsafe.log_label` shows it."""
-    if value is None:
-        return "?"
-    if isinstance(value, str) and len(value) <= 128:
-        parts = value.split(".")
-        if all(log_label(part) == part for part in parts):
-            return value
-    return log_label(value)
 
 
 def _error_text(value: object) -> str | None:
@@ -1183,11 +1170,11 @@ class _Reader:
 
     def _skip(self, name: object, reason: str) -> None:
         logger.warning(
-            "skipping Responses API event #%d (%s): %s", self._position, _label(name), reason
+            "skipping Responses API event #%d (%s): %s", self._position, dotted_label(name), reason
         )
 
     def _warn(self, name: object, what: str) -> None:
-        logger.warning("Responses API event #%d (%s): %s", self._position, _label(name), what)
+        logger.warning("Responses API event #%d (%s): %s", self._position, dotted_label(name), what)
 
     def _once(self, what: str, type_name: str) -> None:
         # One line per type: a hosted tool's call streams many events of a few types.
@@ -1198,7 +1185,7 @@ class _Reader:
         logger.info(
             "skipping Responses API %s of type %s (first at event #%d): not published",
             kind,
-            _label(type_name),
+            dotted_label(type_name),
             self._position,
         )
 
@@ -1308,7 +1295,7 @@ class _Reader:
             if not self._text_open:
                 logger.warning(
                     "a %s citation came with no text block open; not published",
-                    _label(piece.citation.get("type")),
+                    dotted_label(piece.citation.get("type")),
                 )
                 return
             await self.rounds.raw_delta({"type": "citations_delta", "citation": piece.citation})
