@@ -31,10 +31,10 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from essessey import check
+from essessey import Publisher, check, reassemble_events
 from essessey.bindings import _starlette, _uvicorn
 from essessey.bindings._uvicorn import body_writer, connection_aborter, frame_writer
-from essessey.bindings.sse import SSEDecoder
+from essessey.bindings.sse import EventStreamResponse, SSEDecoder
 from essessey.bindings.ws import decode_frame
 from essessey.demo import create_app
 from essessey.event import Event
@@ -54,7 +54,8 @@ def _probe_app() -> Starlette:
     async def ws(websocket: WebSocket) -> None:
         await websocket.accept()
         abort = connection_aborter()
-        await websocket.send_json({"found": abort.__name__ != "_no_abort", "aborted": abort()})
+        found = {"found": abort.__name__ != "_no_abort", "aborted": abort()}
+        await websocket.send_json(found | {"limit": _uvicorn.limit_unacknowledged(2.5)})  # + 5 s
         await websocket.close()
 
     return Starlette(routes=[Route("/http", http), WebSocketRoute("/ws", ws)])
@@ -74,9 +75,55 @@ def test_the_aborter_finds_uvicorns_transport_for_http(http: str) -> None:
 @pytest.mark.parametrize("ws", ["websockets", "websockets-sansio"])
 async def test_the_aborter_finds_uvicorns_transport_for_websockets(ws: str) -> None:
     with serve(_probe_app(), ws=ws) as base:
-        async with websockets.connect(base.replace("http", "ws") + "/ws") as socket:
-            answer = json.loads(await socket.recv())
-    assert answer == {"found": True, "aborted": False}
+        async with websockets.connect(base.replace("http", "ws") + "/ws") as client:
+            answer = json.loads(await client.recv())
+    # The connection's limit on unacknowledged bytes, where the platform has one.
+    limit = 7500 if hasattr(socket, "TCP_USER_TIMEOUT") else None
+    assert answer == {"found": True, "aborted": False, "limit": limit}
+
+
+def _server_socket() -> Any:
+    """The server's socket of the current request, found as essessey finds it."""
+    transport = _uvicorn._transport_of(_uvicorn._current_cycle())
+    return transport.get_extra_info("socket")
+
+
+def _unacknowledged_ms(sock: Any) -> int:
+    return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux's TCP option")
+@pytest.mark.parametrize("http", HTTP_IMPLEMENTATIONS)
+def test_an_event_stream_bounds_how_long_its_bytes_may_go_unacknowledged(http: str) -> None:
+    # A client gone without a FIN (its network dropped) takes writes into the kernel's
+    # buffer for about fifteen minutes of retransmissions; TCP_USER_TIMEOUT, set from the
+    # response's send_timeout, ends the connection after that long without an ACK.
+    async def stream(request: Request) -> Response:
+        sock = _server_socket()
+        before = _unacknowledged_ms(sock)
+
+        async def produce(publisher: Publisher) -> None:
+            after = _unacknowledged_ms(sock)
+            await publisher.send_stream_preamble("msg_1", "s", "m")
+            await publisher.send_content_block_start_text(0)
+            await publisher.send_content_block_delta_text(0, f"{before} {after}")
+            await publisher.send_content_block_stop(0)
+            await publisher.send_stream_epilogue("end_turn", 1)
+
+        return EventStreamResponse(produce, send_timeout=4.25)
+
+    async def plain(request: Request) -> JSONResponse:
+        return JSONResponse({"limit": _uvicorn.limit_unacknowledged(None)})
+
+    app = Starlette(routes=[Route("/stream", stream), Route("/plain", plain)])
+    with serve(app, http=http) as base, httpx.Client(base_url=base, timeout=10) as client:
+        body = client.get("/stream").text
+        assert client.get("/plain").json() == {"limit": None}  # None: left as it is
+    parsed = reassemble_events(list(SSEDecoder().feed(body.encode())))
+    assert parsed.text == "0 9250", (  # send_timeout, and 5 s for the send watch to act
+        "limit_unacknowledged no longer reaches uvicorn's socket: a client gone without "
+        "a word would hold its stream for the kernel's retransmissions"
+    )
 
 
 def test_outside_uvicorn_the_aborter_does_nothing() -> None:

@@ -1,8 +1,9 @@
 """The one place essessey reaches into uvicorn's internals (written against uvicorn 0.55,
 with h11, httptools, and websockets' sans-I/O implementation).
 
-ASGI gives an app two things it cannot do through ``send``: abort a connection whose
-client stopped reading (:func:`connection_aborter`), and write a response body's chunk or
+ASGI gives an app three things it cannot do through ``send``: abort a connection whose
+client stopped reading (:func:`connection_aborter`), end one whose client is gone without
+a word (:func:`limit_unacknowledged`), and write a response body's chunk or
 a WebSocket frame without the server's per-message work (:func:`body_writer`,
 :func:`frame_writer`). uvicorn has no public API for either, so both find the connection
 the way uvicorn runs an app: the current task is its ``run_asgi``, whose ``self`` (the
@@ -39,6 +40,7 @@ __all__ = [
     "body_writer",
     "connection_aborter",
     "frame_writer",
+    "limit_unacknowledged",
 ]
 
 logger = logging.getLogger("essessey.bindings")
@@ -109,6 +111,42 @@ def connection_aborter() -> Callable[[], bool]:
 
 def _no_abort() -> bool:
     return False
+
+
+# How much longer than a response's send_timeout the kernel waits for an acknowledgment:
+# a send that stalls (a client that stopped reading) is the response's to report and
+# reset, with its warning, before the kernel ends the connection without one.
+_AFTER_SEND_TIMEOUT: Final = 5.0
+
+
+def limit_unacknowledged(send_timeout: float | None) -> int | None:
+    """Have the kernel end the current request's connection once bytes it sent stay
+    unacknowledged for a few seconds past ``send_timeout`` (``TCP_USER_TIMEOUT``, where
+    the platform has it); the limit it set, in milliseconds, or None.
+
+    A client whose network went away without a word (a laptop closed, Wi-Fi gone: no
+    FIN, no reset) still takes writes: the kernel buffers them and retransmits for about
+    fifteen minutes before it gives up, and a stream with a ping every few seconds never
+    fills the buffer that would stall a send. With the limit, the connection fails after
+    that long without an acknowledgment, the server reports the disconnect, and the
+    response ends as for a client that left. A live client acknowledges what it gets, so
+    a slow one is not cut. Call it from the request's own task.
+    """
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if send_timeout is None or option is None:
+        return None
+    transport = _transport_of(_current_cycle())
+    extra = getattr(transport, "get_extra_info", None)
+    sock = extra("socket") if callable(extra) else None
+    if sock is None:
+        return None
+    milliseconds = round((send_timeout + _AFTER_SEND_TIMEOUT) * 1000)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, milliseconds)
+        set_to: int = sock.getsockopt(socket.IPPROTO_TCP, option)
+    except OSError:  # not a TCP socket (a Unix one), or the option refused
+        return None
+    return set_to
 
 
 # -- writing a body's chunks straight to the transport -------------------------------

@@ -66,7 +66,12 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._line import Line, LineEnded
-from essessey.bindings._uvicorn import BodyWriter, body_writer, connection_aborter
+from essessey.bindings._uvicorn import (
+    BodyWriter,
+    body_writer,
+    connection_aborter,
+    limit_unacknowledged,
+)
 from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,
@@ -133,6 +138,7 @@ class _SSEWire:
         # Found now, in the request's own task: the watchdog that may need it runs in
         # another task (see connection_aborter).
         self._abort = connection_aborter()
+        limit_unacknowledged(response.send_timeout)
         # A body chunk written straight to the server's transport costs a fraction of an
         # ASGI send; None where that is not safe.
         writer: BodyWriter | None = body_writer(

@@ -82,7 +82,12 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._line import Line, LineEnded
-from essessey.bindings._uvicorn import FrameWriter, connection_aborter, frame_writer
+from essessey.bindings._uvicorn import (
+    FrameWriter,
+    connection_aborter,
+    frame_writer,
+    limit_unacknowledged,
+)
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.ws._frame import encode_frame, frame_bytes
 from essessey.bindings.ws._source import CloseCode
@@ -180,7 +185,7 @@ async def websocket_subscription(
         return
     ending = _Ending()
     async with connection_tasks() as tasks:
-        wire = _WSWire(websocket, ending)
+        wire = _WSWire(websocket, ending, send_timeout)
         line = Line(
             wire,
             tasks.cancel_scope,
@@ -351,11 +356,12 @@ class _WSWire:
 
     __slots__ = ("_abort", "_ending", "_websocket", "_writer", "direct")
 
-    def __init__(self, websocket: WebSocket, ending: _Ending) -> None:
+    def __init__(self, websocket: WebSocket, ending: _Ending, send_timeout: float | None) -> None:
         self._websocket = websocket
         self._ending = ending
         # Found now, in the request's own task (see connection_aborter and frame_writer).
         self._abort = connection_aborter()
+        limit_unacknowledged(send_timeout)
         writer: FrameWriter | None = frame_writer()
         self._writer = writer
         self.direct: Callable[[bytes], bool] | None = None if writer is None else writer.write
