@@ -13,6 +13,7 @@ openai SDK, a drop and resume in the middle of the run, an error and a cancel.""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -1083,3 +1084,32 @@ def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_resul
     # A tools task that stopped to ask runs again from its start once answered: with one
     # task for the round, the calls that did not ask run again too (LangGraph's way).
     assert set(ran) == {f"f{k}" for k in range(count) if not gated[k] or approve[k]}
+
+
+def test_a_round_run_in_one_tools_task_that_stops_to_ask_says_what_that_costs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # ToolNode for the whole round: the call that asks stops the task, the other call's
+    # result is lost and LangGraph runs it again on resume; the protocol reads it as the
+    # client's. docs/langgraph.md says so, and the warning points there.
+    ran: list[str] = []
+    sequence = [(0, '{"q": "a"}', True), (1, '{"q": "b"}', True)]
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return reply("done") if after_tools(messages) else interleaved(sequence)
+
+    graph = react_graph(respond, tools=gated_tools([False, True], ran), send=False)
+    turns = AgentTurns(graph)
+
+    async def run() -> Any:
+        async with StreamHub(on_answer=turns.on_answer) as hub:
+            await hub.start("s", turns(chat("s")))
+            await hub.wait("s")
+            return await hub.waiting("s")
+
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.langgraph"):
+        waiting = anyio.run(run)
+    assert waiting is not None
+    assert [type(r).__name__ for r in waiting.requests] == ["ClientToolCall", "ApprovalRequest"]
+    assert "1 calls of its round have no result" in caplog.text
+    assert ran == ["f0"]  # it ran, and its result was lost with the task

@@ -323,7 +323,18 @@ class _Run:
             used.add(request_id)
             asks.append((request_id, item, call))
         asks.sort(key=lambda ask: ask[2] is None)  # approvals before questions
-        out.asked = [c.id for c in unanswered if c.id not in gated] + [a[0] for a in asks]
+        for_client = [c.id for c in unanswered if c.id not in gated]
+        if for_client and asks:
+            # Most often a tools node that runs the whole round in one task: the calls
+            # that did not ask lost their results, and run again when the graph resumes.
+            logger.warning(
+                "the run stops to ask while %d calls of its round have no result; they are "
+                "the client's to answer. If a tools node runs them, dispatch one task per "
+                "call (Send), or LangGraph runs them again when it resumes "
+                "(docs/langgraph.md)",
+                len(for_client),
+            )
+        out.asked = for_client + [a[0] for a in asks]
         out.resume_ids = {request_id: item.id for request_id, item, _ in asks}
         if current is not None:
             await self._end_round(answer_missing=not out.asked)
