@@ -22,10 +22,19 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
+    FunctionToolResultEvent,
     ModelMessage,
     ModelResponse,
+    PartDeltaEvent,
+    PartEndEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
     ThinkingPart,
+    ThinkingPartDelta,
     ToolCallPart,
+    ToolCallPartDelta,
+    ToolReturnPart,
 )
 from pydantic_ai.models.test import TestModel
 from starlette.applications import Starlette
@@ -667,3 +676,63 @@ def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_resul
         }
         assert refused == {f"call_{k}" for k in denied}
     assert sorted(ran) == sorted(f"f{k}" for k in range(count) if not gated[k] or approve[k])
+
+
+# -- any sequence of a run's events ----------------------------------------------------------
+
+_IDS = ["c1", "c2", "c3"]
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=4)
+_PART = st.one_of(
+    st.builds(TextPart, content=_TEXT),
+    st.builds(ThinkingPart, content=_TEXT, signature=st.none() | st.just("sig")),
+    st.builds(
+        lambda name, call_id, args: ToolCallPart(tool_name=name, tool_call_id=call_id, args=args),
+        st.sampled_from(["f", "g"]),
+        st.sampled_from(_IDS),
+        st.sampled_from(["", "{", '{"a": 1}', "}"]),
+    ),
+)
+_DELTA = st.one_of(
+    st.builds(TextPartDelta, content_delta=_TEXT),
+    st.builds(ThinkingPartDelta, content_delta=_TEXT),
+    st.builds(
+        lambda args: ToolCallPartDelta(args_delta=args),
+        st.sampled_from(["{", '"a"', ": 1", "}", ""]),
+    ),
+)
+_EVENT = st.one_of(
+    st.builds(PartStartEvent, index=st.integers(0, 3), part=_PART),
+    st.builds(PartDeltaEvent, index=st.integers(0, 3), delta=_DELTA),
+    st.builds(PartEndEvent, index=st.integers(0, 3), part=_PART),
+    st.builds(
+        lambda call_id, content: FunctionToolResultEvent(
+            part=ToolReturnPart(tool_name="f", content=content, tool_call_id=call_id)
+        ),
+        st.sampled_from([*_IDS, "unknown"]),
+        st.sampled_from(["ok", {"x": 1}, "lone \ud800"]),
+    ),
+)
+
+
+async def publish_events(events: list[Any]) -> list[Event]:
+    """``events`` (as ``run_stream_events`` yields them, in any order) as one message."""
+
+    async def stream() -> Any:
+        for event in events:
+            yield event
+
+    sink = InMemorySink()
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
+        await stream_run(rounds, stream())
+    return sink.events
+
+
+@settings(max_examples=100, deadline=None)
+@given(events=st.lists(_EVENT, max_size=16))
+def test_any_sequence_of_events_publishes_a_valid_message(events: list[Any]) -> None:
+    # Events in orders a run never sends (a result for a call no message made, a second
+    # result for one call, a part's end after the tools ran, two parts at one index) are
+    # skipped with a log line: the message stays valid, and whole.
+    published = anyio.run(publish_events, events)
+    assert check(published) == []
+    assert reassemble_events(published).complete

@@ -236,8 +236,8 @@ class _RunReader:
         self.by_part: dict[int, HeldCall] = {}  # a tool call part's index -> its call
         self.by_id: dict[str, HeldCall] = {}  # the framework's call id -> its call
         self.ended: dict[HeldCall, str] = {}  # a call's arguments as its last part end had them
-        self.last_part: int | None = None  # the part whose content went out last
-        self.thinking: set[int] = set()  # thinking parts with content out
+        # The thinking part whose content went out last (None when the last was another).
+        self.last_part: int | None = None
         self.natives: set[int] = set()  # native tool call parts, published at their end
         self.declared = False
         self.messages = -1
@@ -348,6 +348,9 @@ class _RunReader:
 
     async def _part_end(self, event: PartEndEvent) -> None:
         part = event.part
+        if self.side != "response":
+            logger.warning("a part end outside a model response; skipped")
+            return
         if isinstance(part, ThinkingPart) and part.signature:
             await self.held.put(("signature", event.index, part.signature))
         elif isinstance(part, NativeToolCallPart) and event.index in self.natives:
@@ -368,10 +371,9 @@ class _RunReader:
             await self.rounds.delta(text=value)
         elif kind == "reasoning":
             await self.rounds.delta(reasoning=value)
-            self.thinking.add(index)
         elif kind == "signature":
             # The signature of the thinking part that went out last, as the block's end.
-            if index in self.thinking and self.last_part == index:
+            if self.last_part == index:
                 await self.rounds.delta(signature=value)
             return
         elif kind == "native_call":
@@ -391,7 +393,7 @@ class _RunReader:
                     "content": json_value(to_jsonable_python(value.content, fallback=str), depth=2),
                 }
             )
-        self.last_part = index if kind in ("text", "reasoning") else None
+        self.last_part = index if kind == "reasoning" else None
 
     async def _server_block(self, block: dict[str, Any]) -> None:
         await self.rounds.block_start(block)
@@ -427,7 +429,11 @@ class _RunReader:
         if i is None:
             await self._earlier_result(part, text, is_error)
             return
-        self.run.results[self.held.started[i].id] = text
+        published = self.held.started[i].id
+        if published in self.run.results:
+            logger.warning("tool call %d got a second result; not published", i)
+            return
+        self.run.results[published] = text
         # The round holds a result behind an earlier call's: results go out in call order.
         await self.rounds.tool_result(i, text, is_error=is_error)
 
@@ -436,11 +442,17 @@ class _RunReader:
         call_id = part.tool_call_id
         if part.outcome == "denied" or call_id in self.answered_calls:
             return  # the answer's record already says it (approval_response, tool_result)
-        if self.rounds.in_round:
+        rounds = self.rounds
+        if rounds.in_round:
             logger.warning("a tool result for a call of no round; skipped")
             return
+        if rounds.publisher.strict and not rounds.call_id_used(call_id):
+            # A call no message of the stream made (a run resumed from a history of its
+            # own): its result has no block to answer. A strict publisher knows them all.
+            logger.warning("a tool result for a call the stream does not know; skipped")
+            return
         self.run.results[call_id] = text
-        await self.rounds.earlier_result(call_id, text, is_error=err)
+        await rounds.earlier_result(call_id, text, is_error=err)
 
     async def _end_round(self, *, waiting: bool = False) -> None:
         if not self.declared:
