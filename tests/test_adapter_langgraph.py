@@ -412,18 +412,10 @@ async def test_a_tool_the_provider_ran_is_a_server_tool_block_pair() -> None:
         chunk([{"type": "text", "text": "It snows."}]),
     ]
 
-    async def given() -> Any:
-        for part in parts:
-            yield part
-
-    sink = InMemorySink()
-    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
-        await stream_run(rounds, given())
-    assert check(sink.events) == []
+    events, _ = await publish_parts(parts)
+    assert check(events) == []
     blocks = [
-        event.json()["content_block"]
-        for event in sink.events
-        if event.event == "content_block_start"
+        event.json()["content_block"] for event in events if event.event == "content_block_start"
     ]
     assert [block["type"] for block in blocks] == [
         "text",
@@ -447,7 +439,7 @@ async def test_a_tool_the_provider_ran_is_a_server_tool_block_pair() -> None:
         "content": None,
         "is_error": True,
     }
-    assert reassemble_events(sink.events).messages[0].text == "Let me look. It snows."
+    assert reassemble_events(events).messages[0].text == "Let me look. It snows."
 
 
 async def test_interleaved_calls_without_an_end_chunk_are_all_published() -> None:
