@@ -1105,3 +1105,29 @@ def test_a_round_run_in_one_tools_task_that_stops_to_ask_says_what_that_costs(
     assert [type(r).__name__ for r in waiting.requests] == ["ClientToolCall", "ApprovalRequest"]
     assert "1 calls of its round have no result" in caplog.text
     assert ran == ["f0"]  # it ran, and its result was lost with the task
+
+
+async def test_a_thread_config_value_no_json_writer_takes_is_not_kept_with_the_run() -> None:
+    # The state kept for an answer holds the thread's config values; one past 64 bits or
+    # with a lone surrogate failed the save, and the run that asked ended in an error.
+    states = RunStates()
+    question = Interrupt(value="Which unit?", id="q" * 32)
+    parts = [
+        _part_of(AIMessage("Let me ask.", id="run-1")),
+        {"type": "updates", "ns": (), "data": {"__interrupt__": (question,)}},
+    ]
+
+    async def stream() -> Any:
+        for part in parts:
+            yield part
+
+    configurable = {"thread_id": "t1", "big": 2**64, "odd": "a\ud800", "kept": 7}
+    sink = InMemorySink()
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rounds:
+        out = await stream_run(
+            rounds, stream(), config={"configurable": configurable}, states=states
+        )
+    assert check(sink.events) == []
+    [asked] = out.asked
+    saved = json.loads(await states.load(asked) or b"null")
+    assert saved["configurable"] == {"thread_id": "t1", "kept": 7}

@@ -27,7 +27,7 @@ from langgraph.types import Interrupt
 
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
-from essessey.adapters._values import clean
+from essessey.adapters._values import Malformed, clean, writable
 from essessey.adapters.langgraph._approval import approval_call
 from essessey.adapters.langgraph._round import LLMCall, add_usage, read_part, result_of
 from essessey.adapters.rounds import RoundStream, stream_rounds
@@ -393,11 +393,24 @@ def _state(config: RunnableConfig | None, resume_ids: Mapping[str, str]) -> byte
     kept = {
         key: value
         for key, value in configurable.items()
-        if isinstance(value, str | int | float | bool) and not key.startswith("__")
+        if isinstance(key, str)
+        and not key.startswith("__")
+        and isinstance(value, str | int | float | bool)
+        and _writable(value)
     }
     return orjson.dumps(
         {"version": _STATE_VERSION, "configurable": kept, "interrupts": dict(resume_ids)}
     )
+
+
+def _writable(value: object) -> bool:
+    """Whether ``value`` can be kept: not an integer past 64 bits, nor a string with a
+    lone surrogate, which a thread's config may hold and no JSON writer takes."""
+    try:
+        writable(value, "configurable", depth=2)
+    except Malformed:
+        return False
+    return True
 
 
 # -- the public functions ------------------------------------------------------------------------
