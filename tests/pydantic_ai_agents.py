@@ -313,3 +313,34 @@ def gated_calls_agent(
         output_type=[str, DeferredToolRequests],
         tools=[tool(k) for k in range(len(gated))],
     )
+
+
+def undecodable_name_agent() -> Agent[None, str | DeferredToolRequests]:
+    """Lists files (a name decoded with surrogateescape: a lone surrogate), then asks to
+    delete one (a tool that needs approval), then says ``done``."""
+
+    async def script(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        n = requests_made(messages)
+        if n == 1:
+            yield {0: DeltaToolCall(name="list_files", json_args="{}", tool_call_id="c1")}
+        elif n == 2:
+            yield {0: DeltaToolCall(name="delete", json_args='{"name": "x"}', tool_call_id="c2")}
+        else:
+            yield "done"
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(stream_function=script, model_name=MODEL_NAME),
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    def list_files() -> str:
+        return b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+
+    @agent.tool_plain(requires_approval=True)
+    def delete(name: str) -> str:
+        return f"deleted {name}"
+
+    return agent

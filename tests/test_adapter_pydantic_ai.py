@@ -736,3 +736,23 @@ def test_any_sequence_of_events_publishes_a_valid_message(events: list[Any]) -> 
     published = anyio.run(publish_events, events)
     assert check(published) == []
     assert reassemble_events(published).complete
+
+
+async def test_a_run_whose_history_holds_a_lone_surrogate_asks_and_resumes() -> None:
+    # Pydantic AI's own dump_json refuses the run's history when a tool's output holds a
+    # lone surrogate: the state kept for the answer failed, and the turn that asked ended
+    # with an error.
+    turns = AgentTurns(agents.undecodable_name_agent())
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("Tidy up.")))
+        await hub.wait("s1")
+        waiting = await hub.waiting("s1")
+        assert waiting is not None
+        [asked] = waiting.requests
+        await hub.answer("s1", [ToolApproval(asked.id, approved=True)])
+        await hub.wait("s1")
+        parsed = reassemble_events(await events_of(hub, "s1"))
+    assert parsed.complete
+    assert parsed.text.endswith("done")
+    results = {r.tool_use_id: r.text for r in parsed.tool_results}
+    assert results == {"c1": "caf\ufffd.txt", "c2": "deleted x"}

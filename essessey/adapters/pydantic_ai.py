@@ -51,6 +51,8 @@ from collections.abc import AsyncIterable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+import orjson
+
 from essessey._public import missing_extra
 
 try:
@@ -91,7 +93,7 @@ try:
     from pydantic_ai.models import Model
     from pydantic_ai.run import AgentRunResult
     from pydantic_ai.usage import RunUsage
-    from pydantic_core import to_jsonable_python
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise missing_extra(__name__, exc, extra="pydantic-ai") from None
 
@@ -100,7 +102,7 @@ from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
-from essessey.adapters._values import add_count, json_text, json_value, output_text
+from essessey.adapters._values import add_count, clean, json_text, json_value, output_text
 from essessey.adapters.rounds import (
     RoundStream,
     continue_rounds,
@@ -578,8 +580,30 @@ async def publish_run(
 async def _keep(states: RunStates | None, published: PublishedRun) -> None:
     # Saved before the message ends: an answer is taken only once it has.
     if states is not None and published.asked:
-        state = ModelMessagesTypeAdapter.dump_json(published.messages())
-        await states.save(published.asked[0], state)
+        await states.save(published.asked[0], _history_json(published.messages()))
+
+
+def _history_json(messages: list[ModelMessage]) -> bytes:
+    """The run's messages as Pydantic AI writes them, to be read back by its
+    ``validate_json``. A lone surrogate in their text (a tool's output of a file name
+    decoded with surrogateescape, say) is replaced by U+FFFD: no JSON writer takes one,
+    and Pydantic AI's own raises."""
+    try:
+        return ModelMessagesTypeAdapter.dump_json(messages)
+    except PydanticSerializationError:
+        cleaned = _cleaned(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
+        return orjson.dumps(cleaned)
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` (JSON values) with every string's lone surrogates replaced."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, list):
+        return [_cleaned(item) for item in value]
+    if isinstance(value, dict):
+        return {clean(key): _cleaned(item) for key, item in value.items()}
+    return value
 
 
 class AgentTurns:
