@@ -10,6 +10,7 @@ the run, an error and a cancel."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -32,6 +33,11 @@ from agents import (
 from agents.exceptions import ModelBehaviorError
 from agents.items import ToolCallItem, ToolCallOutputItem
 from agents.result import RunResultBase
+from agents.stream_events import (
+    AgentUpdatedStreamEvent,
+    RawResponsesStreamEvent,
+    RunItemStreamEvent,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
@@ -862,3 +868,82 @@ def test_any_parallel_calls_some_gated_answered_any_way_give_each_call_one_resul
     assert all(len(results[key]) == 1 and results[key][0][1] for key in denied)
     assert sorted(results) == [f"call_{k}" for k in range(count)]
     assert sorted(ran) == sorted(f"f{k}" for k in range(count) if not gated[k] or approve[k])
+
+
+# -- any sequence of a run's stream events ---------------------------------------------------
+
+
+class _Replayed:
+    """A finished run's stream events handed out again, with what ``publish_run`` reads
+    of a ``RunResultStreaming`` once they end (nothing asked, the run complete)."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+        self.interruptions: list[Any] = []
+        self.final_output = "done"
+        self.is_complete = True
+        self.run_loop_task = None
+
+    async def stream_events(self) -> Any:
+        for event in self.events:
+            yield event
+
+    def cancel(self) -> None:
+        pass
+
+
+_AGENT = Agent(name="a")
+
+
+def _output(call_id: str, output: Any) -> RunItemStreamEvent:
+    raw = {"type": "function_call_output", "call_id": call_id, "output": output}
+    item = ToolCallOutputItem(agent=_AGENT, raw_item=raw, output=output)  # type: ignore[arg-type]
+    return RunItemStreamEvent(name="tool_output", item=item)
+
+
+@st.composite
+def _run_events(draw: st.DrawFn) -> list[Any]:
+    """Responses (text, calls) with events dropped or swapped, outputs for calls known
+    or not, agent switches: in orders a run does not send, too."""
+    found: list[Any] = []
+    for n in range(draw(st.integers(0, 3))):
+        response = Response()
+        if draw(st.booleans()):
+            response.text(*draw(st.lists(st.text(max_size=5), max_size=3)))
+        ids = [
+            draw(st.sampled_from([f"c{n}{k}", "c00", ""])) for k in range(draw(st.integers(0, 2)))
+        ]
+        if ids:
+            response.calls(*[(call_id, "t", ['{"a"', ": 1}"]) for call_id in ids])
+        raw = [
+            RawResponsesStreamEvent(data=e)
+            for e in (response.done() if draw(st.integers(0, 5)) else response.events)
+        ]
+        for _ in range(draw(st.integers(0, 2))):
+            if raw:
+                i, j = draw(st.integers(0, len(raw) - 1)), draw(st.integers(0, len(raw) - 1))
+                if draw(st.booleans()):
+                    raw[i], raw[j] = raw[j], raw[i]
+                else:
+                    del raw[i]
+        found += raw
+        for k in range(draw(st.integers(0, 3))):
+            call_id = draw(st.sampled_from([f"c{n}{k}", "c00", "unknown"]))
+            found.append(_output(call_id, draw(st.sampled_from(["ok", {"x": 1}, None]))))
+        if draw(st.integers(0, 4)) == 0:
+            found.append(AgentUpdatedStreamEvent(new_agent=_AGENT))
+    return found
+
+
+@settings(max_examples=60, deadline=None)
+@given(events=_run_events())
+def test_any_sequence_of_stream_events_publishes_a_valid_stream(events: list[Any]) -> None:
+    async def run() -> list[Event]:
+        sink = InMemorySink()
+        with contextlib.suppress(ProviderStreamError):  # a response cut short: in band
+            await publish_run(Publisher(sink), _Replayed(events), message_id="m", stream_id="s")  # type: ignore[arg-type]
+        return sink.events
+
+    published = anyio.run(run)
+    assert check(published) == []
+    assert published[-1].event in ("message_stop", "error")
