@@ -10,21 +10,17 @@ web search result, so every reader of the protocol (and every dialect) reads one
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from essessey.adapters._values import Malformed, opt_map, req_map, writable
 
 __all__ = ["annotation", "citation", "nested_annotation"]
 
-# How deep in an event's payload a citation goes (``delta.citation``): what orjson must
-# be able to write there.
-_DEPTH: Final = 2
-
 
 def annotation(value: object, where: str) -> dict[str, Any]:
     """An annotation as a provider sent it: an object orjson can write where the
-    citation goes (else :class:`Malformed`, naming ``where``)."""
-    return dict(writable(req_map(value, where), where, depth=_DEPTH))
+    citation goes, ``delta.citation`` (else :class:`Malformed`, naming ``where``)."""
+    return dict(writable(req_map(value, where), where))
 
 
 def nested_annotation(value: object, where: str) -> dict[str, Any]:

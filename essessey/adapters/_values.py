@@ -166,6 +166,12 @@ def opt_list(value: object, where: str) -> list[Any] | tuple[Any, ...] | None:
     raise Malformed(f"{where} is a {kind(value)}, not a list")
 
 
+# How deep a value passed on whole sits in an event's payload: a block's field
+# (``content_block.content``) or a delta's (``delta.citation``). orjson's nesting limit
+# counts the levels around it.
+_FIELD_DEPTH: Final = 2
+
+
 def _dumps_at(value: object, depth: int, default: Callable[[Any], Any] | None = None) -> bytes:
     """``value`` written ``depth`` levels down (the levels an event's payload puts around
     it count toward orjson's nesting limit); orjson's JSONEncodeError, a TypeError, when
@@ -176,10 +182,11 @@ def _dumps_at(value: object, depth: int, default: Callable[[Any], Any] | None = 
     return orjson.dumps(nested, default=default)
 
 
-def writable(value: Any, where: str, *, depth: int) -> Any:
+def writable(value: Any, where: str, *, depth: int = _FIELD_DEPTH) -> Any:
     """``value`` as it is, when orjson can write it ``depth`` levels down in an event's
-    payload (for a value passed on whole, not read field by field): no lone surrogate,
-    no integer past 64 bits, not nested too deeply."""
+    payload (a block's or a delta's field by default; for a value passed on whole, not
+    read field by field): no lone surrogate, no integer past 64 bits, not nested too
+    deeply."""
     try:
         _dumps_at(value, depth)
     except TypeError:
@@ -212,10 +219,10 @@ def json_text(value: object) -> str:
         return json.dumps(type(value).__name__)
 
 
-def json_value(value: object, *, depth: int) -> Any:
+def json_value(value: object, *, depth: int = _FIELD_DEPTH) -> Any:
     """A framework's value as JSON values for an event's payload, ``depth`` levels down
-    (what is not JSON as its ``str()``); one that cannot be written there goes as its
-    :func:`json_text`, a string."""
+    (a block's or a delta's field by default; what is not JSON as its ``str()``); one
+    that cannot be written there goes as its :func:`json_text`, a string."""
     try:
         found = orjson.loads(_dumps_at(value, depth, default=str))
     except TypeError:

@@ -265,16 +265,17 @@ class _Fragment:
     legacy: bool = False
 
 
-# What a chunk's choice carries, in order: ("text" | "reasoning", text), or
-# ("citation", an annotation of the text).
+# What a chunk's choice carries, in order: ("text" | "reasoning", text), ("signature",
+# the reasoning's signature), or ("citation", an annotation of the text).
 _Piece: TypeAlias = tuple[str, Any]
 
 
 @dataclass(slots=True)
 class _Delta:
     """What ``choices[0]`` of one chunk carries: its output pieces in order, each
-    ``("text", text)`` for answer text, ``("reasoning", text)`` for reasoning and
-    ``("citation", annotation)`` for an annotation of the text (after the chunk's text)."""
+    ``("text", text)`` for answer text, ``("reasoning", text)`` for reasoning,
+    ``("signature", signature)`` for the reasoning's signature and ``("citation",
+    annotation)`` for an annotation of the text (after the chunk's text)."""
 
     output: list[_Piece]
     fragments: list[_Fragment]
@@ -504,12 +505,11 @@ class _RoundReader:
         "_by_key",
         "_citations",
         "_held",
+        "_open",
         "_position",
         "_skipped_choices",
         "_text",
-        "_text_open",
         "_thinking",
-        "_thinking_open",
         "error",
         "finish_reason",
         "model",
@@ -529,11 +529,10 @@ class _RoundReader:
             where="chunk %d",
             before_start=self._call_starts,
         )
-        # Citations wait for the text they follow; the text block is the last one out.
+        # The kind of the last block out ("text", "reasoning"; None for a call, or none
+        # yet): citations wait for a text block, a signature goes to a thinking block.
+        self._open: str | None = None
         self._citations: list[dict[str, Any]] = []
-        self._text_open = False
-        # A signature goes to the thinking block, the last one out.
-        self._thinking_open = False
         self._by_key: dict[object, HeldCall] = {}
         self._text: list[str] = []
         self._thinking: list[str] = []
@@ -617,23 +616,21 @@ class _RoundReader:
         if kind == "text":
             await self.rounds.delta(text=value)
             self._text.append(value)
-            self._text_open = True
-            self._thinking_open = False
+            self._open = kind
             if self._citations:
                 await self._cite()
         elif kind == "reasoning":
             await self.rounds.delta(reasoning=value)
             self._thinking.append(value)
-            self._text_open = False
-            self._thinking_open = True
+            self._open = kind
         elif kind == "signature":
-            if self._thinking_open:
+            if self._open == "reasoning":
                 await self.rounds.delta(signature=value)
             else:
                 logger.warning("a reasoning signature came with no reasoning before it; skipped")
         else:
             self._citations.append(value)
-            if self._text_open:
+            if self._open == "text":
                 await self._cite()
 
     async def _cite(self) -> None:
@@ -646,7 +643,7 @@ class _RoundReader:
         self._citations.clear()
 
     async def _call_starts(self) -> None:
-        self._text_open = self._thinking_open = False
+        self._open = None
 
     def _call_for(self, fragment: _Fragment) -> HeldCall | None:
         key: object

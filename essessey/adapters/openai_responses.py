@@ -574,11 +574,6 @@ def _read_usage(value: object) -> dict[str, int] | None:
     return token_counts(given, cached, output, reasoning)
 
 
-# How deep in an event's payload a hosted tool's item goes, passed on whole: in its
-# result block (``content_block.content``).
-_NESTED: Final = 2
-
-
 def _read_parts(
     item: Mapping[str, Any],
     list_field: str,
@@ -689,8 +684,8 @@ def _read_item(value: object, output_index: int | None, where: str, *, whole: bo
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
         return _ContentItem(summary + content)
     if item_type in _HOSTED:
-        # Published whole, in its result block's content.
-        given = dict(writable(item, where, depth=_NESTED)) if whole else None
+        # Published whole, as its result block's content.
+        given = dict(writable(item, where)) if whole else None
         return _HostedItem(output_index, item_id, item_type, given)
     return _OtherItem(item_type)
 

@@ -384,7 +384,7 @@ class _RunReader:
                     "type": "server_tool_use",
                     "id": value.tool_call_id,
                     "name": value.tool_name,
-                    "input": json_value(value.args_as_dict(), depth=2),
+                    "input": json_value(value.args_as_dict()),
                 }
             )
         else:
@@ -392,7 +392,7 @@ class _RunReader:
                 {
                     "type": f"{value.tool_name}_tool_result",
                     "tool_use_id": value.tool_call_id,
-                    "content": json_value(to_jsonable_python(value.content, fallback=str), depth=2),
+                    "content": json_value(to_jsonable_python(value.content, fallback=str)),
                 }
             )
         self.last_part = index if kind == "reasoning" else None

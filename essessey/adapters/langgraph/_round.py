@@ -81,11 +81,6 @@ def _pieces(message: AIMessage) -> list[_Piece]:
     return found
 
 
-def _json(value: object) -> Any:
-    """``value`` as JSON values for a block's field (``content_block.<field>``)."""
-    return json_value(value, depth=2)
-
-
 def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
     """A tool the provider ran itself (a web search, code execution), as the protocol's
     ``server_tool_use`` block; None, with a log line, when it names no call or tool."""
@@ -93,7 +88,7 @@ def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
     if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
         logger.warning("a server tool call without an id or a name; not published")
         return None
-    given = _json(args) if isinstance(args, Mapping) else {}
+    given = json_value(args) if isinstance(args, Mapping) else {}
     return {"type": "server_tool_use", "id": call_id, "name": clean(name), "input": given}
 
 
@@ -103,7 +98,7 @@ def _server_result(block: Mapping[str, Any]) -> dict[str, Any] | None:
     if not (isinstance(call_id, str) and call_id):
         logger.warning("a server tool result without its call's id; not published")
         return None
-    result: dict[str, Any] = {"tool_use_id": call_id, "content": _json(block.get("output"))}
+    result: dict[str, Any] = {"tool_use_id": call_id, "content": json_value(block.get("output"))}
     if block.get("status") == "error":
         result["is_error"] = True
     return result

@@ -407,7 +407,7 @@ def _writable(value: object) -> bool:
     """Whether ``value`` can be kept: not an integer past 64 bits, nor a string with a
     lone surrogate, which a thread's config may hold and no JSON writer takes."""
     try:
-        writable(value, "configurable", depth=2)
+        writable(value, "configurable")
     except Malformed:
         return False
     return True
