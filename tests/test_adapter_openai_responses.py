@@ -1771,6 +1771,177 @@ async def test_hosted_tools_go_back_out_as_the_items_they_were() -> None:
     ]
 
 
+# Calls the provider runs itself although their item type is one a client may answer, and
+# the outputs it makes of them as items of their own: published as server tools, never as
+# calls the client must run (the turn does not stop to wait for them).
+_CONTAINER = {"type": "container_reference", "container_id": "cntr_1"}
+_PROVIDER_RUN = [
+    (
+        [{"type": "shell", "environment": _CONTAINER}],
+        [
+            {
+                "id": "sh_1",
+                "type": "shell_call",
+                "status": "completed",
+                "call_id": "call_sh",
+                "action": {"commands": ["uname -a"], "timeout_ms": None},
+                "environment": _CONTAINER,
+            },
+            {
+                "id": "sho_1",
+                "type": "shell_call_output",
+                "status": "completed",
+                "call_id": "call_sh",
+                "output": [{"outcome": {"type": "exit", "exit_code": 0}, "stdout": "Linux\n"}],
+            },
+        ],
+        [
+            ("shell", {"action": {"commands": ["uname -a"], "timeout_ms": None}}),
+            ("shell", {"call_id": "call_sh"}),
+        ],
+    ),
+    (
+        [{"type": "function", "name": "get_weather", "defer_loading": True}],
+        [
+            {
+                "id": "tsc_1",
+                "type": "tool_search_call",
+                "status": "completed",
+                "call_id": None,
+                "execution": "server",
+                "arguments": {"paths": ["get_weather"]},
+            },
+            {
+                "id": "tso_1",
+                "type": "tool_search_output",
+                "status": "completed",
+                "call_id": None,
+                "execution": "server",
+                "tools": [{"type": "function", "name": "get_weather"}],
+            },
+        ],
+        [
+            ("tool_search", {"arguments": {"paths": ["get_weather"]}}),
+            ("tool_search", {"call_id": None}),
+        ],
+    ),
+    (
+        # xAI's X search: its searches are custom tool calls of tools the request did
+        # not declare, which xAI runs.
+        [{"type": "x_search", "allowed_x_handles": ["xai"]}],
+        [
+            {
+                "id": "ctc_1",
+                "type": "custom_tool_call",
+                "status": "completed",
+                "call_id": "xs_call_1",
+                "name": "x_keyword_search",
+                "input": '{"query":"from:xai","limit":20}',
+            },
+            {
+                "id": "xs_2",
+                "type": "x_search_call",
+                "status": "completed",
+                "name": "x_semantic_search",
+                "arguments": '{"query":"grok"}',
+            },
+        ],
+        [
+            ("x_keyword_search", {"input": '{"query":"from:xai","limit":20}'}),
+            ("x_search", {"name": "x_semantic_search", "arguments": '{"query":"grok"}'}),
+        ],
+    ),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+@pytest.mark.parametrize(
+    ("tools", "items", "uses"), _PROVIDER_RUN, ids=["hosted-shell", "server-tool-search", "xai"]
+)
+async def test_calls_the_provider_runs_are_server_tools_not_the_client_s(
+    tools: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+    uses: list[tuple[str, dict[str, Any]]],
+    streamed: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    created = _created()
+    created["response"]["tools"] = tools
+    events: list[dict[str, Any]] = [created]
+    if streamed:
+        for out, item in enumerate(items):
+            events.append(_added({**_partial(item), "status": "in_progress"}, out))
+            events.append(_event("response.output_item.done", output_index=out, item=item))
+        events += [_text("Done.", item="msg_9", out=2), _text_done("Done.", item="msg_9", out=2)]
+    events.append(_completed(output=[*items, _message_item("Done.", "msg_9")]))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.tool_calls == ()
+    assert message.tool_calls == []
+    assert parsed.stop_reason == message.stop_reason == "end_turn"
+    assert parsed.text == "Done."
+    starts = [
+        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
+    ]
+    assert [(b["type"], b.get("name"), b.get("input")) for b in starts[0:4:2]] == [
+        ("server_tool_use", name, given) for name, given in uses
+    ]
+    # Each result block carries the provider's item whole: nothing of it is lost.
+    assert [b["content"] for b in starts[1:4:2]] == items
+    assert _warnings(caplog) == []
+    # And the Responses dialect writes them back as the items they were (read as JSON:
+    # xAI's own item types are not the openai SDK's).
+    from essessey.dialects.responses import ResponsesEncoder
+
+    encoder = ResponsesEncoder("resp_run")
+    body = b"".join(encoder.encode(event) for event in published) + encoder.finish()
+    frames = [orjson.loads(line[6:]) for line in body.split(b"\n") if line.startswith(b"data: ")]
+    done = [f["item"] for f in frames if f["type"] == "response.output_item.done"]
+    assert done[: len(items)] == items
+    assert done[-1]["type"] == "message"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("tools", "client"),
+    [
+        ([{"type": "custom", "name": "write_sql"}], True),
+        (
+            [{"type": "function", "name": "get_weather"}, {"type": "custom", "name": "write_sql"}],
+            True,
+        ),
+        ([], True),  # no tools listed (a gateway that leaves them out): the client's
+        ([{"type": "function", "name": "get_weather"}], False),
+    ],
+    ids=["declared", "declared-among-others", "none-listed", "not-declared"],
+)
+async def test_a_custom_tool_call_is_the_client_s_when_its_request_declared_it(
+    tools: list[dict[str, Any]], client: bool
+) -> None:
+    item = {
+        "id": "ct_1",
+        "type": "custom_tool_call",
+        "status": "completed",
+        "call_id": "call_c",
+        "name": "write_sql",
+        "input": "SELECT 1",
+    }
+    created = _created()
+    created["response"]["tools"] = tools
+    events = [
+        created,
+        _added(_partial(item), 0),
+        _event("response.output_item.done", output_index=0, item=item),
+    ]
+    message, published = await _publish([*events, _completed(output=[item])])
+    assert check(published) == []
+    assert [c.id for c in message.tool_calls] == (["call_c"] if client else [])
+    assert message.stop_reason == ("tool_use" if client else "end_turn")
+
+
 # -- citations --------------------------------------------------------------------------------
 
 _CITED = "Paris is sunny today."

@@ -1408,6 +1408,7 @@ def _responses_item_events(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
                 *("message", "reasoning", "function_call", "web_search_call"),
                 *("custom_tool_call", "mcp_approval_request", MARKER),
                 *("mcp_call", "code_interpreter_call", "shell_call", "tool_search_call"),
+                *("shell_call_output", "tool_search_output", "x_search_call"),
             ]
         )
     )
@@ -1500,6 +1501,13 @@ def _responses_item_events(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
             events.append(delta | {"delta": MARKER})
         elif kind == "shell_call":
             item.update(call_id=f"call_{n}", action={"commands": [draw(PROVIDER_TEXT)]})
+            environment = draw(st.sampled_from([None, "local", "container_auto", MARKER]))
+            if environment is not None:
+                item["environment"] = {"type": environment}
+        elif kind in ("shell_call_output", "tool_search_output"):
+            item.update(call_id=f"call_{n}", output=draw(ANY_VALUE))
+        elif kind == "x_search_call":
+            item.update(name="x_keyword_search", arguments=draw(PROVIDER_TEXT))
         else:
             item.update(call_id=f"call_{n}", arguments=draw(ANY_VALUE))
             item["execution"] = draw(st.sampled_from(["client", "server", MARKER]))
@@ -1515,6 +1523,11 @@ def _responses_item_events(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
 
 def _responses_events(draw: st.DrawFn) -> list[Any]:
     response = {"id": "resp_1", "object": "response", "model": "gpt-x", "output": []}
+    # The tools the request declared, echoed: which custom tool calls are the client's.
+    response["tools"] = draw(
+        st.sampled_from([[], [{"type": "custom", "name": "lookup"}], [{"type": "x_search"}]])
+        | st.builds(lambda value: [value], ANY_VALUE)
+    )
     events: list[Any] = [{"type": "response.created", "response": response}]
     # Each item's events in their order, the items' interleaved.
     queues = [_responses_item_events(draw, n) for n in range(draw(st.integers(0, 4)))]

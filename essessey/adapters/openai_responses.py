@@ -18,7 +18,10 @@ Responses API event                           published as
 an output item the client must answer         a tool_use block once the item is whole
 (``custom_tool_call``, ``apply_patch_call``,  (its input: the item's input, operation,
 ``shell_call``, ``local_shell_call``, a       action or arguments, as JSON); see
-client ``tool_search_call``)                  ``_CLIENT_CALLS``
+client ``tool_search_call``)                  ``_CLIENT_CALLS`` and ``_runs_on_client``
+                                              (a shell in a container the provider
+                                              hosts, a custom tool the request did not
+                                              declare: the provider's, as below)
 ``mcp_approval_request``                      the MCP call it asks about, a tool_use
                                               block (id ``<item id>_call``, the tool's
                                               name and arguments, ``item_type``
@@ -55,8 +58,10 @@ item id only where an event gives no index: gateways rename items (in the termin
 output, at every event, in the done events), and a renamed item must not be published
 again as a new part.
 A tool the provider ran itself (web search, file search, code interpreter, image
-generation, an MCP call or tool list, a server tool search) is a ``server_tool_use``
-block and its result block once its item is whole (see ``_HOSTED``); its progress
+generation, an MCP call or tool list, a server tool search, a hosted shell, xAI's search
+tools), and an output such a tool makes as an item of its own (``shell_call_output``,
+``tool_search_output``), is a ``server_tool_use`` block and its result block once its
+item is whole (see ``_HOSTED``); its progress
 events are read quietly. The lifecycle events with nothing to publish
 (``response.in_progress``, ``response.content_part.added``, ...) are read quietly too.
 A text part's annotations (``response.output_text.annotation.added``, a message
@@ -399,6 +404,7 @@ class _HostedItem:
     item_id: str | None
     item_type: str
     item: dict[str, Any] | None
+    name: str = ""  # the server tool's name (see _HOSTED; a custom tool's own name)
 
 
 _Item: TypeAlias = _CallItem | _ContentItem | _OtherItem | _HostedItem
@@ -414,6 +420,10 @@ _HOSTED_PROGRESS: Final = (
     "response.mcp_call.",
     "response.mcp_call_arguments.",
     "response.mcp_list_tools.",
+    "response.shell_call_command.",
+    "response.shell_call_output_content.",
+    "response.x_search_call.",
+    "response.code_execution_call.",
 )
 
 # A hosted tool's item type -> the server tool's name and the fields its input carries
@@ -426,6 +436,20 @@ _HOSTED: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "mcp_call": ("mcp", ("server_label", "name", "arguments")),
     "mcp_list_tools": ("mcp_list_tools", ("server_label",)),
     "tool_search_call": ("tool_search", ("arguments",)),
+    # What a server tool made as an item of its own after its call's item: a hosted
+    # shell's output, a server tool search's tools.
+    "tool_search_output": ("tool_search", ("call_id",)),
+    "shell_call_output": ("shell", ("call_id",)),
+    # A shell in a container the provider hosts (see _runs_on_client).
+    "shell_call": ("shell", ("action",)),
+    # A custom tool the request did not declare: the provider's own (xAI's X search runs
+    # its searches as such calls); its name is the item's.
+    "custom_tool_call": ("", ("input",)),
+    # xAI's server tools' own items.
+    "x_search_call": ("x_search", ("name", "arguments", "action")),
+    "code_execution_call": ("code_execution", ("name", "arguments", "action")),
+    "view_image_call": ("view_image", ("name", "arguments", "action")),
+    "view_x_video_call": ("view_x_video", ("name", "arguments", "action")),
 }
 
 
@@ -453,6 +477,7 @@ class _Lifecycle:
 
     model: str | None
     response_id: str | None
+    declared: frozenset[str] | None = None  # see _declared_tools
 
 
 @dataclass(slots=True)
@@ -655,15 +680,20 @@ def _approval_call(
     )
 
 
-def _read_item(value: object, output_index: int | None, where: str, *, whole: bool = True) -> _Item:
+def _read_item(
+    value: object,
+    output_index: int | None,
+    where: str,
+    *,
+    whole: bool = True,
+    declared: frozenset[str] | None = None,
+) -> _Item:
     item = req_map(value, where)
     item_type = req_str(item.get("type"), f"{where}.type")
     item_id = opt_str(item.get("id"), f"{where}.id")
     if item_type == "mcp_approval_request":
         return _approval_call(item, output_index, item_id, where)
-    if item_type in _CLIENT_CALLS and (
-        item_type != "tool_search_call" or item.get("execution") == "client"
-    ):
+    if item_type in _CLIENT_CALLS and _runs_on_client(item, item_type, declared):
         if output_index is None and item_id is None:
             raise Malformed(f"{where} has neither an output_index nor an id")
         return _client_call(item, item_type, output_index, item_id, whole, where)
@@ -684,10 +714,48 @@ def _read_item(value: object, output_index: int | None, where: str, *, whole: bo
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
         return _ContentItem(summary + content)
     if item_type in _HOSTED:
+        name = _HOSTED[item_type][0] or opt_str(item.get("name"), f"{where}.name") or item_type
         # Published whole, as its result block's content.
         given = dict(writable(item, where)) if whole else None
-        return _HostedItem(output_index, item_id, item_type, given)
+        return _HostedItem(output_index, item_id, item_type, given, name)
     return _OtherItem(item_type)
+
+
+def _runs_on_client(
+    item: Mapping[str, Any], item_type: str, declared: frozenset[str] | None
+) -> bool:
+    """Whether a call item of one of the ``_CLIENT_CALLS`` types is the client's to run;
+    otherwise the provider runs it and it is published as a hosted tool."""
+    if item_type == "tool_search_call":
+        return item.get("execution") == "client"
+    if item_type == "shell_call":
+        # A shell in a container the provider hosts runs there, and its output comes as
+        # an item of the same response; a local one (or one that names no environment) is
+        # the client's.
+        environment = item.get("environment")
+        return not isinstance(environment, Mapping) or environment.get("type") in (None, "local")
+    if item_type == "custom_tool_call" and declared is not None:
+        # A client answers only the custom tools its request declared; a call of another
+        # is the provider's own (xAI's X search makes its searches such calls).
+        name = item.get("name")
+        return not isinstance(name, str) or name in declared
+    return True
+
+
+def _declared_tools(response: Mapping[str, Any]) -> frozenset[str] | None:
+    """The names of the function and custom tools a response lists (the request's,
+    echoed), or None when it lists no tools: a gateway that leaves them out says nothing
+    about which calls are the client's."""
+    tools = response.get("tools")
+    if not isinstance(tools, list | tuple) or not tools:
+        return None
+    return frozenset(
+        tool["name"]
+        for tool in tools
+        if isinstance(tool, Mapping)
+        and tool.get("type") in ("function", "custom")
+        and isinstance(tool.get("name"), str)
+    )
 
 
 def _read_response(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:
@@ -697,9 +765,12 @@ def _read_response(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | No
     return response, model or None, response_id
 
 
-def _read_terminal(data: Mapping[str, Any], status: str) -> tuple[_Terminal, list[str]]:
+def _read_terminal(
+    data: Mapping[str, Any], status: str, declared: frozenset[str] | None
+) -> tuple[_Terminal, list[str]]:
     """The terminal event, and why any of its output items could not be read."""
     response, model, response_id = _read_response(data)
+    declared = _declared_tools(response) or declared
     usage = _read_usage(response.get("usage"))
     details = opt_map(response.get("incomplete_details"), "response.incomplete_details")
     reason = None
@@ -721,14 +792,19 @@ def _read_terminal(data: Mapping[str, Any], status: str) -> tuple[_Terminal, lis
         output = response.get("output")
         for k, entry in enumerate(output if isinstance(output, list | tuple) else ()):
             try:
-                items.append((k, _read_item(entry, k, f"response.output[{k}]")))
+                read = _read_item(entry, k, f"response.output[{k}]", declared=declared)
+                items.append((k, read))
             except Malformed as exc:
                 refused.append(str(exc))
     terminal = _Terminal(status, model, response_id, usage, reason, error, items)
     return terminal, refused
 
 
-def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
+def _read_event(
+    name: str, data: Mapping[str, Any], declared: frozenset[str] | None = None
+) -> tuple[_Op, list[str]]:
+    """What the event ``name`` carries; ``declared``: the tools the response listed as
+    the client's (see :func:`_declared_tools`)."""
     if name in _DELTAS or name in _DONES:
         kind, index_field, text_field = _DELTAS.get(name) or _DONES[name]
         item_id = opt_str(data.get("item_id"), "item_id")
@@ -746,7 +822,8 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
         return _Arguments(output_index, item_id, text, done), []
     if name in ("response.output_item.added", "response.output_item.done"):
         output_index = opt_int(data.get("output_index"), "output_index")
-        item = _read_item(data.get("item"), output_index, "item", whole=name.endswith(".done"))
+        done = name.endswith(".done")
+        item = _read_item(data.get("item"), output_index, "item", whole=done, declared=declared)
         return _ItemEvent(item, done=name.endswith(".done")), []
     if name in ("response.content_part.done", "response.reasoning_summary_part.done"):
         summary = name == "response.reasoning_summary_part.done"
@@ -767,10 +844,10 @@ def _read_event(name: str, data: Mapping[str, Any]) -> tuple[_Op, list[str]]:
             return None, []
         return _Part(kind, item_id, output_index, index, whole, done=True), []
     if name in _LIFECYCLE:
-        _, model, response_id = _read_response(data)
-        return _Lifecycle(model, response_id), []
+        response, model, response_id = _read_response(data)
+        return _Lifecycle(model, response_id, _declared_tools(response)), []
     if name in _TERMINAL:
-        return _read_terminal(data, _TERMINAL[name])
+        return _read_terminal(data, _TERMINAL[name], declared)
     if name == "error":
         # The Responses API puts code and message at the top; some servers nest them in
         # an "error" object, as chat completions does.
@@ -932,6 +1009,7 @@ class _Reader:
         "_by_index",
         "_by_item",
         "_cited",
+        "_declared",
         "_differs",
         "_held",
         "_hosted",
@@ -1004,6 +1082,8 @@ class _Reader:
         self._last_call_at: tuple[int | None, str | None] | None = None
         self._last_call: _Call | None = None
         self._approvals: dict[int, str] = {}  # a call's ordinal: its approval request's id
+        # The tools the response lists as the client's (see _declared_tools).
+        self._declared: frozenset[str] | None = None
         self.ended = False  # a terminal event (or an error) was read
         self.error: ProviderStreamError | None = None
         self.model: str | None = None
@@ -1035,7 +1115,7 @@ class _Reader:
                 raise Malformed("it has no type")
             if not isinstance(name, str):
                 raise Malformed(f"type is a {kind(name)}, not a string")
-            op, refused = _read_event(name, data)
+            op, refused = _read_event(name, data, self._declared)
         except Malformed as exc:
             self._skip(name, str(exc))
             return
@@ -1062,6 +1142,8 @@ class _Reader:
         elif isinstance(op, _ItemEvent):
             await self._item(op.item, done=op.done)
         elif isinstance(op, _Lifecycle):
+            if op.declared is not None:
+                self._declared = op.declared
             self._lifecycle(op.model, op.response_id)
             if self.model is not None:
                 await self._ready()  # message_start can name the model now
@@ -1320,7 +1402,7 @@ class _Reader:
         ``server_tool_use`` block with what it was asked, then its result block with the
         provider's item whole (docs/adapters.md)."""
         item = hosted.item or {}
-        name, fields = _HOSTED[hosted.item_type]
+        name, fields = hosted.name, _HOSTED[hosted.item_type][1]
         tool_id = hosted.item_id or f"hosted_{len(self._hosted)}"
         use: dict[str, Any] = {"type": "server_tool_use", "id": tool_id, "name": name}
         use["input"] = {key: item[key] for key in fields if key in item}

@@ -134,6 +134,14 @@ _HOSTED_ITEM_TYPES: Final = frozenset(
         "mcp_call",
         "mcp_list_tools",
         "tool_search_call",
+        "tool_search_output",
+        "shell_call",
+        "shell_call_output",
+        "custom_tool_call",
+        "x_search_call",
+        "code_execution_call",
+        "view_image_call",
+        "view_x_video_call",
     }
 )
 """The Responses API items of a tool the provider ran itself: a ``server_tool_use`` block
