@@ -1942,6 +1942,84 @@ async def test_a_custom_tool_call_is_the_client_s_when_its_request_declared_it(
     assert message.stop_reason == ("tool_use" if client else "end_turn")
 
 
+# A reasoning item's encrypted_content (store=false with include=["reasoning.encrypted_
+# content"]): what the client sends back so the model goes on from its reasoning.
+_ENCRYPTED = "gAAAAAB" + "x" * 300
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+@pytest.mark.parametrize("summary", ["**Plan**\n\nAdd them.", ""], ids=["summary", "no-summary"])
+async def test_encrypted_reasoning_is_the_thinking_block_s_signature(
+    streamed: bool, summary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    item = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": _ENCRYPTED}
+    if summary:
+        item["summary"] = [{"type": "summary_text", "text": summary}]
+    events: list[dict[str, Any]] = [_created()]
+    if streamed:
+        # The item's added event carries an encrypted_content of its own, which its done
+        # replaces: the whole item's is the one that goes out.
+        events.append(_added({**item, "summary": [], "encrypted_content": "early"}, 0))
+        if summary:
+            events += [_summary(summary[:5]), _summary(summary[5:]), _summary_done(summary)]
+        events.append(_event("response.output_item.done", output_index=0, item=item))
+        events += [_text("4", item="msg_1", out=1), _text_done("4", item="msg_1", out=1)]
+    message_item = _message_item("4", "msg_1")
+    events.append(_completed(output=[{**item, "encrypted_content": "again"}, message_item]))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        _, published = await _publish(events)
+    assert check(published) == []
+    assert _warnings(caplog) == []
+    parsed = reassemble_events(published)
+    assert (parsed.thinking, parsed.text) == (summary, "4")
+    starts = [
+        orjson.loads(e.data)["content_block"]["type"]
+        for e in published
+        if e.event == "content_block_start"
+    ]
+    whole = _ENCRYPTED if streamed else "again"
+    if summary:
+        assert starts == ["thinking", "text"]
+        assert parsed.signature == whole
+    else:
+        assert starts == ["redacted_thinking", "text"]
+        [redacted] = [item for item in parsed.timeline if item.kind == "other"]
+        assert redacted.payloads[0]["content_block"] == {"type": "redacted_thinking", "data": whole}
+    # The Responses dialect gives the client the reasoning item back, encrypted content
+    # and all, as the openai SDK reads it.
+    frames = _through_the_responses_dialect(published, "resp_enc")
+    [reasoning] = [i for i in frames[-1].response.output if i.type == "reasoning"]
+    assert reasoning.encrypted_content == whole
+    texts = [part.text for part in [*reasoning.summary, *(reasoning.content or [])]]
+    assert texts == ([summary] if summary else [])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+async def test_each_text_part_is_a_block_of_its_own(streamed: bool) -> None:
+    # A model's preamble and its answer (two message items, GPT-5's "commentary" and
+    # "final_answer" phases), or two parts of one item, must not run together.
+    preamble, answer = "I'll check the sources.", "Here are today's headlines."
+    two_parts = {**_message_item(answer, "msg_2")}
+    two_parts["content"] = [*two_parts["content"], {"type": "output_text", "text": "(1)"}]
+    events: list[dict[str, Any]] = [_created()]
+    if streamed:
+        events += [_text(preamble, item="msg_1", out=0), _text_done(preamble, "msg_1", out=0)]
+        events += [_text(answer[:7], item="msg_2", out=1), _text(answer[7:], item="msg_2", out=1)]
+        events.append(_text("(1)", item="msg_2", out=1, part=1))
+    events.append(_completed(output=[_message_item(preamble, "msg_1"), two_parts]))
+    message, published = await _publish(events)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    texts = [item.text for item in parsed.timeline if item.kind == "text"]
+    assert texts == [preamble, answer, "(1)"]
+    assert message.text == preamble + answer + "(1)"
+    frames = _through_the_responses_dialect(published, "resp_parts")
+    output = frames[-1].response.output
+    assert [part.text for item in output for part in item.content] == texts
+
+
 # -- citations --------------------------------------------------------------------------------
 
 _CITED = "Paris is sunny today."

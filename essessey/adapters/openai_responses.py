@@ -11,6 +11,9 @@ Responses API event                           published as
 ============================================  =========================================
 ``response.reasoning_summary_text.delta``,    a thinking block (``delta``)
 ``response.reasoning_text.delta``
+a reasoning item's ``encrypted_content``      that thinking block's ``signature_delta``,
+                                              or a ``redacted_thinking`` block when the
+                                              item has no text
 ``response.output_text.delta``,               a text block (``delta``; a refusal is the
 ``response.refusal.delta``                    model's answer too)
 ``response.output_item.added`` of a           a tool_use block: ``call_id`` is its id,
@@ -45,10 +48,11 @@ client ``tool_search_call``)                  ``_CLIENT_CALLS`` and ``_runs_on_c
 ============================================  =========================================
 
 Each reasoning part (a summary part, a reasoning item's text) is a thinking block of its
-own: the stream marks where one part ends only by its index (``summary_index``,
-``content_index``, the item), and summaries that each open with a heading would run
-together in one block. Nothing is added to the text the provider sent. Text parts are
-published as they came.
+own, and each text part (a message item's content part) a text block of its own: the
+stream marks where one part ends only by its index (``summary_index``, ``content_index``,
+the item), and summaries that each open with a heading, or a model's preamble and its
+answer (two message items), would run together in one block. Nothing is added to the
+text the provider sent.
 
 The ``*.done`` events (``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done``, ..., and the output of ``response.completed``) carry each
@@ -386,6 +390,11 @@ class _ContentItem:
     """A ``message`` or ``reasoning`` output item: its parts, whole."""
 
     parts: list[_Part]
+    # A whole reasoning item's encrypted_content: what a client that keeps no state with
+    # the provider (store=false) sends back for the model to go on from its reasoning.
+    encrypted: str | None = None
+    item_id: str | None = None
+    output_index: int | None = None
 
 
 @dataclass(slots=True)
@@ -712,7 +721,10 @@ def _read_item(
     if item_type == "reasoning":
         summary = _read_parts(item, "summary", "summary", item_id, output_index, where)
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
-        return _ContentItem(summary + content)
+        encrypted = None
+        if whole:
+            encrypted = opt_str(item.get("encrypted_content"), f"{where}.encrypted_content")
+        return _ContentItem(summary + content, encrypted or None, item_id, output_index)
     if item_type in _HOSTED:
         name = _HOSTED[item_type][0] or opt_str(item.get("name"), f"{where}.name") or item_type
         # Published whole, as its result block's content.
@@ -986,6 +998,7 @@ class _Piece:
     text: str
     hosted: _HostedItem | None = None
     citation: dict[str, Any] | None = None
+    signature: str | None = None  # a reasoning item's encrypted_content
 
 
 def _complete_json(arguments: str) -> bool:
@@ -1020,11 +1033,12 @@ class _Reader:
         "_last_received",
         "_last_where",
         "_logged_types",
+        "_open_text",
         "_opener",
         "_position",
         "_received",
+        "_signed",
         "_text",
-        "_text_open",
         "_thinking",
         "ended",
         "error",
@@ -1064,8 +1078,12 @@ class _Reader:
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._hosted: set[_PartKey] = set()  # the hosted tools published
+        self._signed: set[_PartKey] = set()  # the reasoning items whose signature went
         self._cited: dict[_PartKey, int] = {}  # each text part's citations taken
-        self._text_open = False  # the last block published is a text block
+        # The text part whose block is the last one published (None: it is not a text
+        # block): each part is a block of its own (a preamble and the answer, two message
+        # items, must not run together), and a citation goes to the open one.
+        self._open_text: _PartKey | None = None
         self._text: list[str] = []
         self._thinking: list[str] = []
         # The reasoning part the open thinking block's text came from (None when the
@@ -1189,10 +1207,12 @@ class _Reader:
             return
         if held.open is None and not held.pending and self._opener is None:
             if kind == "message":  # _publish_text's text case, one call fewer per delta
+                if key != self._open_text and self._open_text is not None:
+                    await self.rounds.close_block()
                 await self.rounds.delta(text=text)
                 self._text.append(text)
                 self._last_part = None
-                self._text_open = True
+                self._open_text = key
             else:
                 await self._publish_text(key, text)
         else:
@@ -1324,6 +1344,8 @@ class _Reader:
             if done:
                 for part in item.parts:
                     await self._settle_part(part)
+                if item.encrypted is not None:
+                    await self._sign(item, item.encrypted)
         elif isinstance(item, _HostedItem):
             if done and item.item is not None:
                 anchor = self._key(_Part("hosted", item.item_id, item.output_index, 0, ""))
@@ -1362,14 +1384,38 @@ class _Reader:
         if text:
             await self._held.put(_Piece(key, text), output_index)
 
+    async def _sign(self, item: _ContentItem, encrypted: str) -> None:
+        """A reasoning item's encrypted content, once (its done and the terminal output
+        both carry it), after its text."""
+        key = self._key(_Part("signature", item.item_id, item.output_index, 0, ""))
+        if key not in self._signed:
+            self._signed.add(key)
+            await self._held.put(_Piece(key, "", signature=encrypted), item.output_index)
+
+    async def _publish_signature(self, anchor: _Anchor, signature: str) -> None:
+        """The signature of the item's thinking block while it is the open block, else
+        (an item with no text, or whose block closed) a ``redacted_thinking`` block: the
+        protocol's two ways to carry reasoning a client cannot read but must send back."""
+        last = self._last_part
+        if last is not None and last[1] == anchor:
+            await self.rounds.delta(signature=signature)
+        else:
+            await self.rounds.block_start({"type": "redacted_thinking", "data": signature})
+            await self.rounds.block_stop()
+            self._last_part = None
+        self._open_text = None
+
     async def _publish(self, piece: _Piece) -> None:
         await self._ready()
+        if piece.signature is not None:
+            await self._publish_signature(piece.key[1], piece.signature)
+            return
         if piece.hosted is not None:
             await self._publish_hosted(piece.hosted)
-            self._text_open = False
+            self._open_text = None
             return
         if piece.citation is not None:
-            if not self._text_open:
+            if self._open_text is None:
                 logger.warning(
                     "a %s citation came with no text block open; not published",
                     dotted_label(piece.citation.get("type")),
@@ -1382,12 +1428,14 @@ class _Reader:
     async def _publish_text(self, key: _PartKey, text: str) -> None:
         """Text or reasoning of the part ``key``, into its block."""
         if key[0] == "message":
+            if key != self._open_text and self._open_text is not None:
+                await self.rounds.close_block()  # another part: a block of its own
             await self.rounds.delta(text=text)
             self._text.append(text)
             self._last_part = None
-            self._text_open = True
+            self._open_text = key
             return
-        self._text_open = False
+        self._open_text = None
         if self._last_part is not None and key != self._last_part:
             # A new reasoning part (summary parts each open with their own heading): a
             # thinking block of its own, so the parts do not run together ("**A****B**")
@@ -1537,6 +1585,6 @@ class _Reader:
 
     async def _before_start(self) -> None:
         await self._ready()
-        self._text_open = False
+        self._open_text = None
         # A call's block closes any thinking block: reasoning after it opens a new one.
         self._last_part = None

@@ -714,7 +714,8 @@ class ResponsesEncoder(DialectEncoder):
             )
         if item.kind in (BlockType.THINKING, "redacted_thinking"):
             reasoning: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": []}
-            reasoning["content"] = [{"type": "reasoning_text", "text": whole}]
+            if item.kind == BlockType.THINKING:  # a redacted block has no text, only its data
+                reasoning["content"] = [{"type": "reasoning_text", "text": whole}]
             if item.signature is not None:
                 reasoning["encrypted_content"] = item.signature
             frames = []
