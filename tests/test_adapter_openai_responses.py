@@ -1942,6 +1942,20 @@ async def test_a_custom_tool_call_is_the_client_s_when_its_request_declared_it(
     assert message.stop_reason == ("tool_use" if client else "end_turn")
 
 
+@pytest.mark.anyio
+async def test_tools_the_terminal_event_lists_decide_when_the_stream_listed_none() -> None:
+    # A response.created without tools, then a terminal output whose tools are only the
+    # provider's (xAI's X search): its custom tool call is the provider's, not the
+    # client's (an empty set of declared tools is an answer too).
+    _, items, _ = _PROVIDER_RUN[2]
+    completed = _completed(output=[items[0], _message_item("Done.", "msg_9")])
+    completed["response"]["tools"] = [{"type": "x_search"}]
+    message, published = await _publish([_created(), completed])
+    assert check(published) == []
+    assert message.tool_calls == []
+    assert message.stop_reason == "end_turn"
+
+
 # A reasoning item's encrypted_content (store=false with include=["reasoning.encrypted_
 # content"]): what the client sends back so the model goes on from its reasoning.
 _ENCRYPTED = "gAAAAAB" + "x" * 300

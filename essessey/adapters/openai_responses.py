@@ -413,7 +413,7 @@ class _HostedItem:
     item_id: str | None
     item_type: str
     item: dict[str, Any] | None
-    name: str = ""  # the server tool's name (see _HOSTED; a custom tool's own name)
+    name: str  # the server tool's name (see _HOSTED; a custom tool's own name)
 
 
 _Item: TypeAlias = _CallItem | _ContentItem | _OtherItem | _HostedItem
@@ -782,7 +782,8 @@ def _read_terminal(
 ) -> tuple[_Terminal, list[str]]:
     """The terminal event, and why any of its output items could not be read."""
     response, model, response_id = _read_response(data)
-    declared = _declared_tools(response) or declared
+    listed = _declared_tools(response)
+    declared = declared if listed is None else listed
     usage = _read_usage(response.get("usage"))
     details = opt_map(response.get("incomplete_details"), "response.incomplete_details")
     reason = None
@@ -836,7 +837,7 @@ def _read_event(
         output_index = opt_int(data.get("output_index"), "output_index")
         done = name.endswith(".done")
         item = _read_item(data.get("item"), output_index, "item", whole=done, declared=declared)
-        return _ItemEvent(item, done=name.endswith(".done")), []
+        return _ItemEvent(item, done=done), []
     if name in ("response.content_part.done", "response.reasoning_summary_part.done"):
         summary = name == "response.reasoning_summary_part.done"
         item_id = opt_str(data.get("item_id"), "item_id")
@@ -1029,11 +1030,10 @@ class _Reader:
         "_last_call",
         "_last_call_at",
         "_last_key",
-        "_last_part",
         "_last_received",
         "_last_where",
         "_logged_types",
-        "_open_text",
+        "_open_part",
         "_opener",
         "_position",
         "_received",
@@ -1080,15 +1080,12 @@ class _Reader:
         self._hosted: set[_PartKey] = set()  # the hosted tools published
         self._signed: set[_PartKey] = set()  # the reasoning items whose signature went
         self._cited: dict[_PartKey, int] = {}  # each text part's citations taken
-        # The text part whose block is the last one published (None: it is not a text
-        # block): each part is a block of its own (a preamble and the answer, two message
-        # items, must not run together), and a citation goes to the open one.
-        self._open_text: _PartKey | None = None
+        # The text or reasoning part whose block is the last one published (None when
+        # something else went out since): each part is a block of its own, a citation
+        # goes to an open text part's block, a signature to an open reasoning part's.
+        self._open_part: _PartKey | None = None
         self._text: list[str] = []
         self._thinking: list[str] = []
-        # The reasoning part the open thinking block's text came from (None when the
-        # last thing published was not reasoning).
-        self._last_part: _PartKey | None = None
         self._logged_types: set[tuple[str, str]] = set()
         # The part and the call the last deltas named, with what they were found as: a
         # part's deltas come in a row, and finding it again costs more than the rest.
@@ -1207,12 +1204,12 @@ class _Reader:
             return
         if held.open is None and not held.pending and self._opener is None:
             if kind == "message":  # _publish_text's text case, one call fewer per delta
-                if key != self._open_text and self._open_text is not None:
+                open_part = self._open_part
+                if key != open_part and open_part is not None:
                     await self.rounds.close_block()
                 await self.rounds.delta(text=text)
                 self._text.append(text)
-                self._last_part = None
-                self._open_text = key
+                self._open_part = key
             else:
                 await self._publish_text(key, text)
         else:
@@ -1396,14 +1393,13 @@ class _Reader:
         """The signature of the item's thinking block while it is the open block, else
         (an item with no text, or whose block closed) a ``redacted_thinking`` block: the
         protocol's two ways to carry reasoning a client cannot read but must send back."""
-        last = self._last_part
-        if last is not None and last[1] == anchor:
+        open_part = self._open_part
+        if open_part is not None and open_part[0] != "message" and open_part[1] == anchor:
             await self.rounds.delta(signature=signature)
         else:
             await self.rounds.block_start({"type": "redacted_thinking", "data": signature})
             await self.rounds.block_stop()
-            self._last_part = None
-        self._open_text = None
+            self._open_part = None
 
     async def _publish(self, piece: _Piece) -> None:
         await self._ready()
@@ -1412,10 +1408,10 @@ class _Reader:
             return
         if piece.hosted is not None:
             await self._publish_hosted(piece.hosted)
-            self._open_text = None
             return
         if piece.citation is not None:
-            if self._open_text is None:
+            open_part = self._open_part
+            if open_part is None or open_part[0] != "message":
                 logger.warning(
                     "a %s citation came with no text block open; not published",
                     dotted_label(piece.citation.get("type")),
@@ -1427,23 +1423,19 @@ class _Reader:
 
     async def _publish_text(self, key: _PartKey, text: str) -> None:
         """Text or reasoning of the part ``key``, into its block."""
+        open_part = self._open_part
+        if open_part is not None and key != open_part:
+            # Another part (summary parts each open with their own heading, a preamble
+            # and its answer): a block of its own, so the parts do not run together
+            # ("**A****B**") and nothing is added to what the provider sent.
+            await self.rounds.close_block()
+        self._open_part = key
         if key[0] == "message":
-            if key != self._open_text and self._open_text is not None:
-                await self.rounds.close_block()  # another part: a block of its own
             await self.rounds.delta(text=text)
             self._text.append(text)
-            self._last_part = None
-            self._open_text = key
-            return
-        self._open_text = None
-        if self._last_part is not None and key != self._last_part:
-            # A new reasoning part (summary parts each open with their own heading): a
-            # thinking block of its own, so the parts do not run together ("**A****B**")
-            # and nothing is added to what the provider sent.
-            await self.rounds.close_block()
-        self._last_part = key
-        await self.rounds.delta(reasoning=text)
-        self._thinking.append(text)
+        else:
+            await self.rounds.delta(reasoning=text)
+            self._thinking.append(text)
 
     async def _publish_hosted(self, hosted: _HostedItem) -> None:
         """A hosted tool as the Anthropic format has its server tools: a
@@ -1460,7 +1452,7 @@ class _Reader:
         result = {"type": f"{name}_tool_result", "tool_use_id": tool_id, "content": item}
         await self.rounds.block_start(result)
         await self.rounds.block_stop()
-        self._last_part = None
+        self._open_part = None
 
     async def _cite(
         self,
@@ -1585,6 +1577,5 @@ class _Reader:
 
     async def _before_start(self) -> None:
         await self._ready()
-        self._open_text = None
-        # A call's block closes any thinking block: reasoning after it opens a new one.
-        self._last_part = None
+        # A call's block closes the open part's: text or reasoning after it opens a new one.
+        self._open_part = None
