@@ -321,6 +321,88 @@ async def test_a_hosted_web_search_is_a_server_tool_block_of_its_round() -> None
     assert reassemble_events(events).text == result.final_output == "Found it."
 
 
+def _chat_body(*deltas: dict[str, Any], finish: str) -> bytes:
+    """A Chat Completions stream's body: a chunk per delta, the finish, the usage."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        for delta in deltas
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    usage = {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}
+    chunks.append({**base, "choices": [], "usage": usage})
+    lines = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks]
+    return b"".join(lines) + b"data: [DONE]\n\n"
+
+
+@pytest.fixture
+def chat_server() -> Iterator[tuple[str, list[bytes]]]:
+    """A Chat Completions endpoint on loopback: each request gets the next body the test
+    queued."""
+    from starlette.requests import Request
+    from starlette.responses import Response as HTTPResponse
+    from starlette.routing import Route
+
+    bodies: list[bytes] = []
+
+    async def completions(request: Request) -> HTTPResponse:
+        await request.body()
+        return HTTPResponse(bodies.pop(0), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    with serve(app) as url:
+        yield url, bodies
+
+
+async def test_parallel_calls_of_a_chat_completions_model_are_calls_of_their_own(
+    chat_server: tuple[str, list[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The SDK gives every item of a Chat Completions stream one id; the output indexes
+    # tell them apart.
+    from agents import OpenAIChatCompletionsModel
+
+    url, bodies = chat_server
+
+    def fragment(index: int, arguments: str, **start: str) -> dict[str, Any]:
+        call: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+        if start:
+            call.update(id=start["id"], type="function")
+            call["function"]["name"] = start["name"]
+        return {"tool_calls": [call]}
+
+    bodies.append(
+        _chat_body(
+            {"role": "assistant", "content": "Let me look."},
+            fragment(0, "", id="call_w", name="get_weather"),
+            fragment(0, '{"city":'),
+            fragment(0, '"Oslo"}'),
+            fragment(1, "", id="call_t", name="get_time"),
+            fragment(1, '{"city":"Rome"}'),
+            finish="tool_calls",
+        )
+    )
+    bodies.append(_chat_body({"role": "assistant", "content": "Sunny, noon."}, finish="stop"))
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+        agent = Agent(name="assistant", model=model, tools=[get_weather, get_time])
+        with caplog.at_level("WARNING", logger="essessey"):
+            events, _, result, error = await run_to_sink(agent)
+    assert error is None
+    assert [r.message for r in caplog.records if r.name.startswith("essessey")] == []
+    calls, results = published_calls(events)
+    assert (
+        calls
+        == sdk_calls(result)
+        == [
+            ("call_w", "get_weather", {"city": "Oslo"}),
+            ("call_t", "get_time", {"city": "Rome"}),
+        ]
+    )
+    assert results == sdk_outputs(result)
+    assert set(results) == {"call_w", "call_t"}
+    assert reassemble_events(events).text == "Let me look.Sunny, noon."
+
+
 async def test_a_continuation_without_its_state_is_an_error_in_band() -> None:
     model = ScriptedResponses(approval_scripts())
     states = RunStates()

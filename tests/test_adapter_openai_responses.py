@@ -2240,3 +2240,36 @@ def test_the_sdk_s_delta_objects_are_read_without_a_model_dump() -> None:
 
     defaulted = Defaulted(type="response.output_text.delta", delta="Hi", item_id="msg_1")
     assert openai_responses._quick_delta(defaulted) is None
+
+
+@pytest.mark.anyio
+async def test_items_that_share_one_id_are_told_apart_by_their_output_index(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A stream that gives every item one id (the Agents SDK's, for a Chat Completions
+    # model): each item added at an index of its own is an item of its own, in the stream
+    # and in the terminal output.
+    shared = "__fake_id__"
+    first, second = _message_item("Let me look.", shared), _message_item("Both found.", shared)
+    calls = [_call_item(n, id=shared, call_id=f"call_{n}", name=f"f{n}") for n in (1, 2)]
+    events: list[dict[str, Any]] = [_created(), _added({**first, "content": []}, 0)]
+    events += [_text("Let me look.", item=shared, out=0), _item_done(first, 0)]
+    for n, item in enumerate(calls, 1):
+        arguments = json.dumps({"n": n})
+        events += [_added(item, n), _args(n, arguments)]
+        events[-1]["item_id"] = shared
+        events.append(_item_done({**item, "arguments": arguments}, n))
+    events += [_added({**second, "content": []}, 3), _text("Both found.", item=shared, out=3)]
+    done = [first, *({**c, "arguments": json.dumps({"n": n})} for n, c in enumerate(calls, 1))]
+    events.append(_completed(output=[*done, second]))
+    with caplog.at_level(logging.WARNING):
+        _, published = await _publish(events)
+    assert _warnings(caplog) == []
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls] == [
+        ("call_1", "f1", {"n": 1}),
+        ("call_2", "f2", {"n": 2}),
+    ]
+    texts = [item.text for item in parsed.timeline if item.kind == "text"]
+    assert texts == ["Let me look.", "Both found."]

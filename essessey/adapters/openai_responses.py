@@ -717,7 +717,8 @@ def _read_item(
             arguments=opt_str(item.get("arguments"), f"{where}.arguments"),
         )
     if item_type == "message":
-        return _ContentItem(_read_parts(item, "content", None, item_id, output_index, where))
+        parts = _read_parts(item, "content", None, item_id, output_index, where)
+        return _ContentItem(parts, None, item_id, output_index)
     if item_type == "reasoning":
         summary = _read_parts(item, "summary", "summary", item_id, output_index, where)
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
@@ -1037,6 +1038,7 @@ class _Reader:
         "_opener",
         "_position",
         "_received",
+        "_reused",
         "_signed",
         "_text",
         "_thinking",
@@ -1075,6 +1077,7 @@ class _Reader:
         self._by_item: dict[str, _Call] = {}
         self._anchor_of_index: dict[int, _Anchor] = {}
         self._anchor_of_item: dict[str, _Anchor] = {}
+        self._reused: set[str] = set()  # item ids that name more than one item
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._hosted: set[_PartKey] = set()  # the hosted tools published
@@ -1318,6 +1321,8 @@ class _Reader:
         self.incomplete_reason = op.incomplete_reason
 
     async def _item(self, item: _Item, *, done: bool) -> None:
+        if not done and not isinstance(item, _OtherItem):
+            self._note_added(item.item_id, item.output_index)
         if isinstance(item, _CallItem):
             call = self._call_for(item.output_index, item.item_id)
             if item.call_id and call.given_id is None:
@@ -1352,6 +1357,21 @@ class _Reader:
         else:
             self._once("item", item.item_type)
 
+    def _note_added(self, item_id: str | None, output_index: int | None) -> None:
+        """An item added at an output_index of its own under an id that already names the
+        item at another index: the id names more than one item (the Agents SDK gives
+        every item of a Chat Completions stream one id), so from here on only the indexes
+        tell the items apart."""
+        if item_id is None or output_index is None or item_id in self._reused:
+            return
+        anchor = self._anchor_of_item.get(item_id)
+        call = self._by_item.get(item_id)
+        if (
+            anchor is not None
+            and anchor != self._anchor_of_index.get(output_index, ("index", output_index))
+        ) or (call is not None and call.output_index not in (None, output_index)):
+            self._reused.add(item_id)
+
     # -- text and reasoning ----------------------------------------------------------
 
     def _key(self, part: _Part) -> _PartKey:
@@ -1359,9 +1379,13 @@ class _Reader:
         absent; what one event names the item by is remembered for the others, so an id
         renamed or minted anew at a known index is the same item. An id already seen
         at another index wins over the index (a terminal output that lists only some
-        items, at other positions)."""
+        items, at other positions), unless it names more than one item."""
         output_index, item_id = part.output_index, part.item_id
-        found = None if item_id is None else self._anchor_of_item.get(item_id)
+        found = (
+            None
+            if item_id is None or item_id in self._reused
+            else self._anchor_of_item.get(item_id)
+        )
         if found is None and output_index is not None:
             found = self._anchor_of_index.get(output_index)
         anchor: _Anchor
@@ -1513,7 +1537,7 @@ class _Reader:
 
     def _find_call(self, output_index: int | None, item_id: str | None) -> _Call:
         call = self._by_index.get(output_index) if output_index is not None else None
-        if call is None and item_id:
+        if call is None and item_id and item_id not in self._reused:
             call = self._by_item.get(item_id)
         if call is None:
             call = _Call(len(self._held.calls))
