@@ -153,6 +153,28 @@ class Response:
         self.output.append(whole)
         return self
 
+    def item(self, item: dict[str, Any]) -> Response:
+        """An output item that comes whole: added, then done."""
+        n = len(self.output)
+        self._add("response.output_item.added", output_index=n, item=item)
+        self._add("response.output_item.done", output_index=n, item=item)
+        self.output.append(item)
+        return self
+
+    def hosted_shell(self, call_id: str, command: str, stdout: str) -> Response:
+        """A shell the provider ran in its own container: the call, then its output."""
+        first = len(self.output)
+        call: dict[str, Any] = {"type": "shell_call", "id": f"sh_{self.id}_{first}"}
+        call["call_id"] = call_id
+        call |= {"action": {"commands": [command]}, "status": "completed"}
+        call["environment"] = {"type": "container_reference", "container_id": "cntr_1"}
+        result: dict[str, Any] = {"type": "shell_call_output", "id": f"sho_{self.id}_{first}"}
+        result["call_id"] = call_id
+        outcome = {"type": "exit", "exit_code": 0}
+        result |= {"output": [{"stdout": stdout, "stderr": "", "outcome": outcome}]}
+        result["status"] = "completed"
+        return self.item(call).item(result)
+
     def calls(self, *calls: tuple[str, str, Sequence[str]]) -> Response:
         """Function calls ``(call_id, name, argument fragments)``, all announced first,
         their fragments interleaved (one of each in turn), then each done."""

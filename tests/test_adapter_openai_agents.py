@@ -24,8 +24,10 @@ import pytest
 from agents import (
     Agent,
     FunctionTool,
+    HostedMCPTool,
     RunConfig,
     Runner,
+    ShellTool,
     WebSearchTool,
     function_tool,
     set_tracing_disabled,
@@ -319,6 +321,119 @@ async def test_a_hosted_web_search_is_a_server_tool_block_of_its_round() -> None
         "text",
     ]
     assert reassemble_events(events).text == result.final_output == "Found it."
+
+
+async def test_a_shell_the_provider_ran_is_a_server_tool_and_its_output_goes_out_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent, _ = agent_of(
+        [Response().hosted_shell("call_sh", "ls", "a.txt\n").text("One file.").done()],
+        tools=[ShellTool(environment={"type": "container_auto"})],
+    )
+    with caplog.at_level("WARNING", logger="essessey"):
+        events, run, result, error = await run_to_sink(agent)
+    assert error is None
+    assert run is not None
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("essessey")] == []
+    # The SDK made an output item of the provider's shell output, as of a call it ran.
+    assert "call_sh" in sdk_outputs(result)
+    assert [kind for _, kind in starts(events)] == [
+        "server_tool_use",
+        "shell_tool_result",
+        "server_tool_use",
+        "shell_tool_result",
+        "text",
+    ]
+    assert not reassemble_events(events).tool_calls
+    assert run.results == {}
+
+
+_MCP_REQUEST = {
+    "type": "mcp_approval_request",
+    "id": "mcpr_1",
+    "server_label": "wiki",
+    "name": "ask",
+    "arguments": '{"q":"essessey"}',
+}
+_MCP_CALL = {
+    "type": "mcp_call",
+    "id": "mcp_1",
+    "server_label": "wiki",
+    "name": "ask",
+    "arguments": '{"q":"essessey"}',
+    "output": "A streaming library.",
+    "approval_request_id": "mcpr_1",
+    "status": "completed",
+}
+
+
+def mcp_tool(**options: Any) -> HostedMCPTool:
+    config: Any = {"type": "mcp", "server_label": "wiki", "server_url": "https://wiki.example"}
+    return HostedMCPTool(tool_config={**config, "require_approval": "always"}, **options)
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["approved", "denied"])
+async def test_a_hosted_mcp_call_the_app_s_callback_answers_is_answered_in_the_message(
+    approve: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The SDK asks on_approval_request and sends its answer to the model: that answer is
+    # the result of the call the request gates.
+    asked: list[str] = []
+
+    def on_approval(request: Any) -> Any:
+        asked.append(request.data.name)
+        return {"approve": approve} if approve else {"approve": False, "reason": "not now"}
+
+    scripts = [Response().item(_MCP_REQUEST).done(), Response().text("Done.").done()]
+    if approve:
+        scripts[1] = Response().item(_MCP_CALL).text("It streams.").done()
+    agent, _ = agent_of(scripts, tools=[mcp_tool(on_approval_request=on_approval)])
+    with caplog.at_level("WARNING", logger="essessey"):
+        events, run, _, error = await run_to_sink(agent)
+    assert error is None
+    assert run is not None
+    assert asked == ["ask"]
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("essessey")] == []
+    [call] = reassemble_events(events).tool_calls
+    assert (call.name, call.params) == ("ask", {"q": "essessey"})
+    [result] = reassemble_events(events).tool_results
+    assert result.tool_use_id == call.tool_use_id
+    answer = json.loads(result.text)
+    assert (answer["approval_request_id"], answer["approve"]) == ("mcpr_1", approve)
+    assert result.is_error is (not approve)
+    if approve:  # the provider ran it: a server tool of the next round
+        assert ("server_tool_use" in [kind for _, kind in starts(events)]) is True
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["approved", "denied"])
+async def test_a_hosted_mcp_call_the_sdk_stops_for_is_asked_and_the_answer_resumes_it(
+    approve: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    then = Response().item(_MCP_CALL).text("It streams.") if approve else Response().text("No.")
+    model = ScriptedResponses([Response().item(_MCP_REQUEST).done(), then.done()])
+    turns = AgentTurns(Agent(name="a", model=model, tools=[mcp_tool()]))
+    with caplog.at_level("WARNING", logger="essessey"):
+        async with StreamHub(on_answer=turns.on_answer) as hub:
+            await hub.start("s_mcp", turns(chat("s_mcp")))
+            await hub.wait("s_mcp")
+            waiting = await hub.waiting("s_mcp")
+            assert waiting is not None
+            [request] = waiting.requests
+            assert request.tool_use_id == "mcpr_1_call"  # type: ignore[union-attr]
+            await hub.answer("s_mcp", [ToolApproval(request.id, approved=approve)])
+            await hub.wait("s_mcp")
+            events, _ = await hub.store.since("s_mcp", None)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("essessey")] == []
+    assert check(events) == []
+    first, second = reassemble_events(events).messages
+    assert first.stop_reason == "tool_use"
+    # The answer the SDK sent the model is the gated call's result.
+    [result] = second.tool_results
+    assert result.tool_use_id == "mcpr_1_call"
+    assert json.loads(result.text)["approve"] is approve
+    assert result.is_error is (not approve)
+    assert second.text == ("It streams." if approve else "No.")
+    assert second.stop_reason == "end_turn"
 
 
 def _chat_body(*deltas: dict[str, Any], finish: str) -> bytes:

@@ -66,6 +66,7 @@ try:
     from agents import Agent, RunConfig, RunHooks, Runner, RunState
     from agents.items import (
         HandoffOutputItem,
+        MCPApprovalResponseItem,
         ToolApprovalItem,
         ToolCallOutputItem,
         TResponseInputItem,
@@ -78,6 +79,7 @@ try:
         StreamEvent,
     )
     from openai.types.responses import ResponseCreatedEvent
+    from openai.types.responses.response_output_item import McpApprovalRequest
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise missing_extra(__name__, exc, extra="openai-agents") from None
 
@@ -86,7 +88,11 @@ from essessey._public import set_public_module
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
 from essessey.adapters._values import add_count, output_text
-from essessey.adapters.openai_responses import StreamedResponse, stream_round
+from essessey.adapters.openai_responses import (
+    StreamedResponse,
+    approval_call_id,
+    stream_round,
+)
 from essessey.adapters.rounds import RoundStream, continue_rounds, stream_rounds
 from essessey.dialects import DialectRequest, conversation
 from essessey.hub import TurnProducer
@@ -227,7 +233,12 @@ class _Run:
         # The open round's calls by the id the model gave them (which the SDK's items
         # carry): a call that repeated an earlier call's id went out under a fresh one.
         self.given: dict[str, int] = {}
+        # The open round's hosted MCP approval requests, by their id: the call each gates.
+        self.gates: dict[str, int] = {}
         self.message_calls: set[str] = set()  # every call of the message, as published
+        # The calls the provider ran itself, their outputs published with them (the SDK
+        # makes an output item of a hosted shell's output too).
+        self.hosted: set[str] = set()
         # The earlier rounds' calls that got an output, by the model's id: their name,
         # input and output (see repeats).
         self.ran: dict[str, tuple[str, Any, str]] = {}
@@ -248,7 +259,14 @@ class _Run:
         for i, call in enumerate(self.calls):
             if call.given_id:
                 self.given.setdefault(call.given_id, i)
+        slots = {call.id: i for i, call in enumerate(self.calls)}
+        self.gates = {
+            request_id: slots[call_id]
+            for request_id, call_id in streamed.approvals
+            if call_id in slots
+        }
         self.message_calls.update(call.id for call in self.calls)
+        self.hosted.update(streamed.hosted_calls)
         self.last = streamed
 
     async def output(self, call_id: str | None, output: object) -> None:
@@ -258,20 +276,48 @@ class _Run:
         text = _text(output)
         i = self.given.get(call_id) if self.rounds.in_round else None
         if i is not None:
-            call = self.calls[i]
-            if call.id in self.out.results:
-                logger.warning("tool call %d got a second output; not published", i)
-                return
-            self.out.results[call.id] = text
-            self.ran[call_id] = (call.name, call.input, text)
-            # The round holds a result behind an earlier call's (which may wait for an
-            # approval, its result then in the next message): results go out in call order.
-            await self.rounds.tool_result(i, text)
+            if await self._result(i, text):
+                self.ran[call_id] = (self.calls[i].name, self.calls[i].input, text)
         elif not self.rounds.in_round and call_id in self.earlier:
             self.out.results[call_id] = text
             await self.rounds.earlier_result(call_id, text, is_error=self.earlier.pop(call_id))
+        elif call_id in self.hosted:
+            pass  # a call the provider ran: its output went out with it
         else:
             logger.warning("an output for a call this message does not know; not published")
+
+    async def approval_answer(self, answer: Mapping[str, Any]) -> None:
+        """The SDK's answer to a hosted MCP server's approval request, which the app's
+        ``on_approval_request`` gave: the result of the call the request gates, as the
+        SDK sends it to the model (an error result when it denies the call)."""
+        request_id = answer.get("approval_request_id")
+        if not isinstance(request_id, str):
+            logger.warning("an approval answer without its request's id; not published")
+            return
+        text, denied = _text(answer), answer.get("approve") is not True
+        i = self.gates.get(request_id) if self.rounds.in_round else None
+        call_id = approval_call_id(request_id)
+        if i is not None:
+            await self._result(i, text, is_error=denied)
+        elif not self.rounds.in_round and call_id in self.earlier:
+            # The answer to the message that asked: a resumed run sends it to the model.
+            self.out.results[call_id] = text
+            del self.earlier[call_id]
+            await self.rounds.earlier_result(call_id, text, is_error=denied)
+        else:
+            logger.warning("an approval answer for a request this message does not know")
+
+    async def _result(self, i: int, text: str, *, is_error: bool = False) -> bool:
+        """Publish the result of the open round's call ``i``, unless it has one."""
+        call = self.calls[i]
+        if call.id in self.out.results:
+            logger.warning("tool call %d got a second output; not published", i)
+            return False
+        self.out.results[call.id] = text
+        # The round holds a result behind an earlier call's (which may wait for an
+        # approval, its result then in the next message): results go out in call order.
+        await self.rounds.tool_result(i, text, is_error=is_error)
+        return True
 
     async def end_round(self, *, asking: bool = False) -> None:
         rounds = self.rounds
@@ -307,8 +353,8 @@ class _Run:
             state = self.result.to_state().to_string()
             await states.save(ids[0], state.encode())
         for item, request_id in zip(interruptions, ids, strict=True):
-            given = item.call_id
-            i = self.given.get(given) if given else None
+            given = item.call_id  # a hosted MCP server's: its approval request's id
+            i = self.given.get(given, self.gates.get(given)) if given else None
             call_id = given if i is None else self.calls[i].id
             if call_id not in self.message_calls:
                 # A nested agent's call (an agent used as a tool), a hosted MCP server's: no
@@ -445,6 +491,8 @@ async def _stream_from(
                 if isinstance(item, ToolCallOutputItem | HandoffOutputItem):
                     payload = cast(Mapping[str, Any], item.to_input_item())
                     await run.output(_call_id(payload), payload.get("output"))
+                elif isinstance(item, MCPApprovalResponseItem):
+                    await run.approval_answer(cast(Mapping[str, Any], item.raw_item))
             elif isinstance(event, AgentUpdatedStreamEvent):
                 run.out.agents.append(event.new_agent.name)
         if result.interruptions:
@@ -455,6 +503,18 @@ async def _stream_from(
         return run.out
     finally:
         await _close(result, events)
+
+
+def _asked_call(item: ToolApprovalItem) -> str | None:
+    """The call an interruption's approval request gates, as published: a hosted MCP
+    server's interruption names its approval request, whose call has an id of its own."""
+    raw = item.raw_item
+    # A live run holds the openai SDK's object; a run restored from its state, a dict.
+    mcp = isinstance(raw, McpApprovalRequest) or (
+        isinstance(raw, Mapping) and raw.get("type") == "mcp_approval_request"
+    )
+    given = item.call_id
+    return approval_call_id(given) if mcp and given else given
 
 
 def _call_id(payload: Mapping[str, Any]) -> str | None:
@@ -554,7 +614,7 @@ class AgentTurns:
             if self.context is not None:
                 options["context_override"] = self.context
             state = await RunState.from_string(self.agent, saved.decode(), **options)
-            waiting = {item.call_id: item for item in state.get_interruptions()}
+            waiting = {_asked_call(item): item for item in state.get_interruptions()}
             for request, approval in answered.approvals():
                 item = waiting.get(request.tool_use_id)
                 if item is None:

@@ -124,6 +124,7 @@ __all__ = [
     "INCOMPLETE_MESSAGE",
     "PublishedResponse",
     "StreamedResponse",
+    "approval_call_id",
     "map_stop_reason",
     "publish",
     "stream_round",
@@ -186,6 +187,9 @@ class StreamedResponse:
     ``tool_calls``): a caller that owns the round asks them once it ends
     (``rounds.ask_approval(call_id, request_id=request_id, expires_in=None)``), as
     :func:`publish` does, so that an ``mcp_approval_response`` answers them.
+    ``hosted_calls`` are the ``call_id`` of the calls the provider ran itself (a shell in
+    its container, say), published as server tools with their outputs: an output that
+    comes for one of them later has gone out already.
     """
 
     text: str = ""
@@ -198,6 +202,7 @@ class StreamedResponse:
     model: str | None = None
     response_id: str | None = None
     approvals: list[tuple[str, str]] = field(default_factory=list)
+    hosted_calls: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -670,6 +675,12 @@ def _client_call(
     return _CallItem(output_index, item_id, call_id, name, arguments, item_type)
 
 
+def approval_call_id(request_id: str) -> str:
+    """The id of the tool_use block of the MCP call an ``mcp_approval_request`` (of id
+    ``request_id``) asks about: what its approval request gates, and what an answer names."""
+    return f"{request_id}_call"
+
+
 def _approval_call(
     item: Mapping[str, Any], output_index: int | None, item_id: str | None, where: str
 ) -> _CallItem:
@@ -681,7 +692,7 @@ def _approval_call(
     return _CallItem(
         output_index,
         item_id,
-        f"{item_id}_call",
+        approval_call_id(item_id),
         opt_str(item.get("name"), f"{where}.name"),
         opt_str(item.get("arguments"), f"{where}.arguments"),
         "mcp_call",
@@ -1028,6 +1039,7 @@ class _Reader:
         "_differs",
         "_held",
         "_hosted",
+        "_hosted_calls",
         "_last_call",
         "_last_call_at",
         "_last_key",
@@ -1078,6 +1090,7 @@ class _Reader:
         self._anchor_of_index: dict[int, _Anchor] = {}
         self._anchor_of_item: dict[str, _Anchor] = {}
         self._reused: set[str] = set()  # item ids that name more than one item
+        self._hosted_calls: list[str] = []  # the call_id of each hosted call published
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
         self._hosted: set[_PartKey] = set()  # the hosted tools published
@@ -1261,6 +1274,7 @@ class _Reader:
             model=self.model,
             response_id=self.response_id,
             approvals=approvals,
+            hosted_calls=list(self._hosted_calls),
         )
 
     # -- logging ---------------------------------------------------------------------
@@ -1471,6 +1485,9 @@ class _Reader:
         use: dict[str, Any] = {"type": "server_tool_use", "id": tool_id, "name": name}
         use["input"] = {key: item[key] for key in fields if key in item}
         use["item_type"] = hosted.item_type  # what a dialect writes it back as
+        call_id = item.get("call_id")
+        if isinstance(call_id, str) and call_id:
+            self._hosted_calls.append(call_id)
         await self.rounds.block_start(use)
         await self.rounds.block_stop()
         result = {"type": f"{name}_tool_result", "tool_use_id": tool_id, "content": item}
