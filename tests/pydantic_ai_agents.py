@@ -2,16 +2,22 @@
 
 ``FunctionModel`` with a ``stream_function`` scripts each model request by how many
 requests the run has made (so a resumed run goes on with the script), ``TestModel``
-calls every tool once and answers with JSON of their results.
+calls every tool once and answers with JSON of their results. ``AnthropicModel`` reads
+a Messages API stream written here (:func:`anthropic_stream`), served over loopback
+(:func:`messages_app`), for what only a provider's stream carries (cache counts, a stop
+reason, redacted thinking).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from anthropic import AsyncAnthropic
 from pydantic_ai import Agent, DeferredToolRequests, ModelRetry, Tool
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
+from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.function import (
     AgentInfo,
     DeltaThinkingPart,
@@ -19,8 +25,13 @@ from pydantic_ai.models.function import (
     DeltaToolCalls,
     FunctionModel,
 )
+from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ExternalToolset
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 MODEL_NAME = "scripted-pydantic-ai"
 SENT: list[dict[str, Any]] = []
@@ -344,3 +355,95 @@ def undecodable_name_agent() -> Agent[None, str | DeferredToolRequests]:
         return f"deleted {name}"
 
     return agent
+
+
+def client_calls_agent(deltas: Sequence[DeltaToolCalls]) -> Agent[None, str | DeferredToolRequests]:
+    """One model request that streams ``deltas`` as they are (a part's name, id and
+    arguments, any of them in any delta), the calls of an external tool ``lookup`` (any
+    arguments): the run stops at them, the client's to run."""
+
+    async def script(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[DeltaToolCalls]:
+        for delta in deltas:
+            yield delta
+
+    lookup = ToolDefinition(
+        name="lookup",
+        parameters_json_schema={"type": "object", "additionalProperties": True},
+        description="Looks anything up, on the client.",
+    )
+    return Agent(
+        FunctionModel(stream_function=script, model_name=MODEL_NAME),
+        output_type=[str, DeferredToolRequests],
+        toolsets=[ExternalToolset([lookup])],
+    )
+
+
+CLAUDE = "claude-sonnet-4-5"
+
+
+def anthropic_stream(
+    blocks: Sequence[Mapping[str, Any]],
+    *,
+    stop_reason: str = "end_turn",
+    usage: Mapping[str, int] | None = None,
+    output_tokens: int = 5,
+) -> bytes:
+    """A Messages API stream as Anthropic sends it: ``message_start`` with ``usage``
+    (its input counts), then each of ``blocks`` (a text block's text and a thinking
+    block's thinking and signature as their deltas after an empty start, any other block
+    whole at its start), then ``message_delta`` with ``stop_reason`` and
+    ``output_tokens``, and ``message_stop``."""
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": CLAUDE,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1, **(usage or {})},
+    }
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
+    for index, block in enumerate(blocks):
+        deltas: list[dict[str, Any]] = []
+        start = dict(block)
+        if block["type"] == "text":
+            start["text"] = ""
+            deltas.append({"type": "text_delta", "text": block["text"]})
+        elif block["type"] == "thinking":
+            start.update(thinking="", signature="")
+            if block["thinking"]:
+                deltas.append({"type": "thinking_delta", "thinking": block["thinking"]})
+            deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        events.append({"type": "content_block_start", "index": index, "content_block": start})
+        events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
+        events.append({"type": "content_block_stop", "index": index})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        }
+    )
+    events.append({"type": "message_stop"})
+    return b"".join(
+        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
+    )
+
+
+def messages_app(body: bytes) -> Starlette:
+    """Anthropic's ``POST /v1/messages``, answering every request with the stream
+    ``body``."""
+
+    async def messages(request: Request) -> Response:
+        return Response(body, media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+
+
+def anthropic_agent(client: AsyncAnthropic) -> Agent[None, str]:
+    """An agent on Pydantic AI's ``AnthropicModel`` with ``client`` (closed by its
+    caller, before the event loop is)."""
+    return Agent(AnthropicModel(CLAUDE, provider=AnthropicProvider(anthropic_client=client)))

@@ -17,6 +17,7 @@ import anyio
 import httpx
 import openai
 import pytest
+from anthropic import AsyncAnthropic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -25,6 +26,8 @@ from pydantic_ai.messages import (
     FunctionToolResultEvent,
     ModelMessage,
     ModelResponse,
+    NativeToolCallPart,
+    NativeToolReturnPart,
     PartDeltaEvent,
     PartEndEvent,
     PartStartEvent,
@@ -36,6 +39,7 @@ from pydantic_ai.messages import (
     ToolCallPartDelta,
     ToolReturnPart,
 )
+from pydantic_ai.models.function import DeltaToolCall
 from pydantic_ai.models.test import TestModel
 from starlette.applications import Starlette
 
@@ -61,6 +65,7 @@ from essessey.adapters.pydantic_ai import (
 from essessey.dialects import dialect_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest
 from essessey.dialects.ui import ChatRequest
+from essessey.reassemble import ThinkingItem
 from tests import pydantic_ai_agents as agents
 from tests.adapter_views import (
     Interleaving,
@@ -251,7 +256,6 @@ async def test_a_structured_output_is_the_output_tool_s_call_and_result() -> Non
 
 
 async def test_a_provider_s_native_tool_is_a_server_tool_block() -> None:
-    from pydantic_ai.messages import NativeToolCallPart, NativeToolReturnPart
     from pydantic_ai.models.function import FunctionModel
 
     async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
@@ -274,6 +278,291 @@ async def test_a_provider_s_native_tool_is_a_server_tool_block() -> None:
         {"type": "text"},
     ]
     assert published.output == "Two hits."
+
+
+def block_starts(events: list[Event]) -> list[dict[str, Any]]:
+    return [json.loads(e.data)["content_block"] for e in events if e.event == "content_block_start"]
+
+
+def thinking_of(events: list[Event]) -> list[tuple[str, str | None]]:
+    """Each thinking block's text and signature, in order."""
+    timeline = reassemble_events(events).timeline
+    return [(item.text, item.signature) for item in timeline if isinstance(item, ThinkingItem)]
+
+
+async def test_a_native_call_sent_again_at_its_index_is_published_once() -> None:
+    # AnthropicModel sends a tool search call again, whole, at its index once its
+    # arguments are normalised (a second part start and end): it went out as two
+    # server_tool_use blocks under one id.
+    from pydantic_ai.models.function import FunctionModel
+
+    call = NativeToolCallPart("tool_search", {"queries": ["rate"]}, tool_call_id="srv_1")
+    found = NativeToolReturnPart("tool_search", {"tools": ["rate"]}, tool_call_id="srv_1")
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        if agents.requests_made(messages) == 1:
+            yield {1: call}
+            yield {1: call}
+            yield {2: found}
+            yield {2: found}
+        else:
+            yield "One tool."
+
+    events, published = await publish_one(Agent(FunctionModel(stream_function=script)), "Go")
+    assert check(events) == []
+    [response] = [m for m in published.messages() if isinstance(m, ModelResponse)][:1]
+    assert [type(p).__name__ for p in response.parts] == [
+        "NativeToolCallPart",
+        "NativeToolReturnPart",
+    ]
+    assert block_starts(events) == [
+        {
+            "type": "server_tool_use",
+            "id": "srv_1",
+            "name": "tool_search",
+            "input": {"queries": ["rate"]},
+        },
+        {"type": "tool_search_tool_result", "tool_use_id": "srv_1", "content": {"tools": ["rate"]}},
+        {"type": "text"},
+    ]
+
+
+async def test_a_signature_sent_after_its_part_ended_is_its_open_block_s() -> None:
+    # OpenAIResponsesModel sends a reasoning item's encrypted content as a signature
+    # delta of its first part after that part ended (the item's summary parts go out as
+    # one block): it was dropped, and the reasoning could not be sent back.
+    from pydantic_ai.models.function import DeltaThinkingPart, FunctionModel
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        yield {0: DeltaThinkingPart(content="First, ")}
+        yield {1: DeltaThinkingPart(content="then.")}
+        yield {0: DeltaThinkingPart(signature="enc-1")}
+        yield "Done."
+
+    events, published = await publish_one(Agent(FunctionModel(stream_function=script)), "Go")
+    assert check(events) == []
+    [thinking, second] = [p for p in published.result.response.parts if isinstance(p, ThinkingPart)]  # type: ignore[union-attr]
+    assert (thinking.signature, second.signature) == ("enc-1", None)
+    assert thinking_of(events) == [("First, then.", "enc-1")]
+    assert reassemble_events(events).text == "Done."
+
+
+async def test_a_signature_after_its_block_closed_is_a_redacted_thinking_block() -> None:
+    # Its thinking block cannot take it any more (text came between): the protocol's
+    # other way to carry reasoning a client cannot read, as the Responses adapter does.
+    from pydantic_ai.models.function import DeltaThinkingPart, FunctionModel
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        yield {0: DeltaThinkingPart(content="Think.")}
+        yield "Done."
+        yield {0: DeltaThinkingPart(signature="enc-1")}
+
+    events, _ = await publish_one(Agent(FunctionModel(stream_function=script)), "Go")
+    assert check(events) == []
+    assert block_starts(events) == [
+        {"type": "thinking"},
+        {"type": "text"},
+        {"type": "redacted_thinking", "data": "enc-1"},
+    ]
+    assert reassemble_events(events).text == "Done."
+
+
+async def test_a_thinking_part_with_a_signature_and_no_text_is_a_block_of_its_own() -> None:
+    # A reasoning item with encrypted content and no summary (OpenAIResponsesModel), an
+    # empty thinking block with a signature (Claude's advisor): no block went out, and
+    # the signature was lost.
+    from pydantic_ai.models.function import DeltaThinkingPart, FunctionModel
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        yield {0: DeltaThinkingPart(signature="enc-0")}
+        yield {1: DeltaThinkingPart(content="Then this.", signature="sig-1")}
+        yield "Done."
+
+    events, published = await publish_one(Agent(FunctionModel(stream_function=script)), "Go")
+    assert check(events) == []
+    parts = [p for p in published.result.response.parts if isinstance(p, ThinkingPart)]  # type: ignore[union-attr]
+    assert [(p.content, p.signature) for p in parts] == [("", "enc-0"), ("Then this.", "sig-1")]
+    assert thinking_of(events) == [
+        ("", "enc-0"),
+        ("Then this.", "sig-1"),
+    ]
+    assert [b["type"] for b in block_starts(events)] == ["thinking", "thinking", "text"]
+
+
+async def test_each_signed_thinking_part_is_a_block_of_its_own() -> None:
+    # Two signed parts in a row (Claude's thinking blocks, two reasoning items) ran on
+    # in one block: the second's text after the first's signature, and the two
+    # signatures joined (every dialect adds a block's signature deltas up).
+    from pydantic_ai.models.function import DeltaThinkingPart, FunctionModel
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        yield {0: DeltaThinkingPart(content="One.", signature="sig-0")}
+        yield {1: DeltaThinkingPart(content="Two.", signature="sig-1")}
+        yield "Done."
+
+    events, _ = await publish_one(Agent(FunctionModel(stream_function=script)), "Go")
+    assert check(events) == []
+    assert thinking_of(events) == [("One.", "sig-0"), ("Two.", "sig-1")]
+
+
+# -- what only a provider's stream carries ---------------------------------------------------
+
+
+async def run_on_claude(body: bytes) -> tuple[list[Event], Any]:
+    """A run of AnthropicModel on the Messages API stream ``body``, over loopback."""
+    with serve(agents.messages_app(body)) as url:
+        async with AsyncAnthropic(base_url=url, api_key="test", max_retries=0) as client:
+            return await publish_one(agents.anthropic_agent(client), "Hi")
+
+
+async def test_the_input_count_leaves_the_cache_s_tokens_out() -> None:
+    # Pydantic AI's input_tokens counts the cache's reads and writes too; the protocol's
+    # does not, and a client adds the three up: it read the input about twice over.
+    body = agents.anthropic_stream(
+        [{"type": "text", "text": "Hello."}],
+        usage={
+            "input_tokens": 6,
+            "cache_read_input_tokens": 6289,
+            "cache_creation_input_tokens": 3337,
+        },
+        output_tokens=12,
+    )
+    events, published = await run_on_claude(body)
+    assert check(events) == []
+    assert published.usage.input_tokens == 6 + 6289 + 3337
+    [message] = reassemble_events(events).messages
+    assert message.usage == {
+        "input_tokens": 6,
+        "cache_read_input_tokens": 6289,
+        "cache_creation_input_tokens": 3337,
+        "output_tokens": 12,
+    }
+
+
+@pytest.mark.parametrize(
+    ("provider_reason", "finish_reason", "stop_reason"),
+    [("max_tokens", "length", "max_tokens"), ("refusal", "content_filter", "refusal")],
+)
+async def test_a_cut_or_refused_answer_ends_with_its_stop_reason(
+    provider_reason: str, finish_reason: str, stop_reason: str
+) -> None:
+    # Every run ended end_turn: a truncated or refused answer looked complete.
+    body = agents.anthropic_stream(
+        [{"type": "text", "text": "Part of"}], stop_reason=provider_reason
+    )
+    events, published = await run_on_claude(body)
+    assert check(events) == []
+    assert published.result.response.finish_reason == finish_reason
+    parsed = reassemble_events(events)
+    assert (parsed.text, parsed.stop_reason) == ("Part of", stop_reason)
+
+
+async def test_claude_s_redacted_thinking_is_a_redacted_thinking_block() -> None:
+    # Pydantic AI keeps it as a ThinkingPart with no text, the data as its signature
+    # (id "redacted_thinking"): nothing went out, and a client replaying the turn lost
+    # the model's reasoning state.
+    body = agents.anthropic_stream(
+        [
+            {"type": "redacted_thinking", "data": "opaque-1"},
+            {"type": "thinking", "thinking": "", "signature": "sig-empty"},
+            {"type": "thinking", "thinking": "So.", "signature": "sig-2"},
+            {"type": "text", "text": "Hello."},
+        ]
+    )
+    events, published = await run_on_claude(body)
+    assert check(events) == []
+    parts = [p for p in published.result.response.parts if isinstance(p, ThinkingPart)]
+    assert [(p.id, p.content, p.signature) for p in parts] == [
+        ("redacted_thinking", "", "opaque-1"),
+        (None, "", "sig-empty"),
+        (None, "So.", "sig-2"),
+    ]
+    assert block_starts(events) == [
+        {"type": "redacted_thinking", "data": "opaque-1"},
+        {"type": "thinking"},
+        {"type": "thinking"},
+        {"type": "text"},
+    ]
+    assert thinking_of(events) == [
+        ("", "sig-empty"),
+        ("So.", "sig-2"),
+    ]
+
+
+# -- a call's name and id changed by a later delta -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("deltas", "calls"),
+    [
+        pytest.param(
+            [
+                {1: DeltaToolCall(name="", json_args='{"a"', tool_call_id="call_0")},
+                {1: DeltaToolCall(name="lookup", json_args=": 1}")},
+            ],
+            [("call_0", "lookup", {"a": 1})],
+            id="named-later",
+        ),
+        pytest.param(
+            [
+                {1: DeltaToolCall(name="lookup", json_args="{", tool_call_id="call_0")},
+                {2: DeltaToolCall(name="lookup", json_args="{}", tool_call_id="tmp")},
+                {2: DeltaToolCall(tool_call_id="call_1")},
+                {1: DeltaToolCall(json_args="}")},
+            ],
+            [("call_0", "lookup", {}), ("call_1", "lookup", {})],
+            id="new-id-while-held",
+        ),
+    ],
+)
+async def test_a_name_or_id_a_later_delta_gives_a_call_not_out_yet_is_its_block_s(
+    deltas: list[Any], calls: list[tuple[str, str, dict[str, Any]]]
+) -> None:
+    # A call named only by a later delta was dropped ("never got a name"); a held call
+    # whose id changed went out under the first.
+    events, published = await publish_one(agents.client_calls_agent(deltas), "go")
+    assert check(events) == []
+    assert [
+        (c.tool_call_id, c.tool_name, c.args_as_dict()) for c in published.deferred.calls
+    ] == calls  # type: ignore[union-attr]
+    parsed = reassemble_events(events)
+    assert [(c.tool_use_id, c.name, c.params) for c in parsed.tool_calls] == calls
+    assert published.asked == [call_id for call_id, _, _ in calls]
+
+
+async def test_a_call_whose_id_changes_after_its_block_went_out_keeps_it_and_its_result(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The block cannot change once out: it keeps its id, and the result Pydantic AI
+    # gives the new id answers it (it was skipped, and the call got an error result).
+    from pydantic_ai.models.function import FunctionModel
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        if agents.requests_made(messages) == 1:
+            yield {0: DeltaToolCall(name="f", json_args="{}", tool_call_id="c1")}
+            yield {0: DeltaToolCall(tool_call_id="c2")}
+        else:
+            yield "done"
+
+    agent = Agent(FunctionModel(stream_function=script))
+
+    @agent.tool_plain
+    def f() -> str:
+        return "ran"
+
+    with caplog.at_level("WARNING", logger="essessey"):
+        events, published = await publish_one(agent, "go")
+    assert check(events) == []
+    assert [c.tool_call_id for c in calls_in(published.messages())] == ["c2"]
+    parsed = reassemble_events(events)
+    assert [(c.tool_use_id, c.name) for c in parsed.tool_calls] == [("c1", "f")]
+    assert [(r.tool_use_id, r.text, r.is_error) for r in parsed.tool_results] == [
+        ("c1", "ran", False)
+    ]
+    assert parsed.text == "done"
+    assert [r.getMessage() for r in caplog.records] == [
+        "tool call 0 changed its name or id after its block went out; the block keeps the first"
+    ]
 
 
 async def test_a_plain_iterable_of_events_rounds_the_same() -> None:
@@ -684,20 +973,41 @@ _IDS = ["c1", "c2", "c3"]
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=4)
 _PART = st.one_of(
     st.builds(TextPart, content=_TEXT),
-    st.builds(ThinkingPart, content=_TEXT, signature=st.none() | st.just("sig")),
+    st.builds(
+        ThinkingPart,
+        content=_TEXT,
+        signature=st.none() | st.sampled_from(["sig", "sig-2"]),
+        id=st.none() | st.just("redacted_thinking"),
+    ),
     st.builds(
         lambda name, call_id, args: ToolCallPart(tool_name=name, tool_call_id=call_id, args=args),
-        st.sampled_from(["f", "g"]),
+        st.sampled_from(["f", "g", ""]),
         st.sampled_from(_IDS),
         st.sampled_from(["", "{", '{"a": 1}', "}"]),
+    ),
+    st.builds(
+        lambda call_id: NativeToolCallPart("web_search", {"q": "x"}, tool_call_id=call_id),
+        st.sampled_from(["ws_1", "ws_2"]),
+    ),
+    st.builds(
+        lambda call_id: NativeToolReturnPart("web_search", {"hits": 1}, tool_call_id=call_id),
+        st.sampled_from(["ws_1", "ws_2"]),
     ),
 )
 _DELTA = st.one_of(
     st.builds(TextPartDelta, content_delta=_TEXT),
-    st.builds(ThinkingPartDelta, content_delta=_TEXT),
     st.builds(
-        lambda args: ToolCallPartDelta(args_delta=args),
+        ThinkingPartDelta,
+        content_delta=_TEXT,
+        signature_delta=st.none() | st.sampled_from(["sig", "sig-2"]),
+    ),
+    st.builds(
+        lambda args, name, call_id: ToolCallPartDelta(
+            args_delta=args, tool_name_delta=name, tool_call_id=call_id
+        ),
         st.sampled_from(["{", '"a"', ": 1", "}", ""]),
+        st.none() | st.sampled_from(["f", "g"]),
+        st.none() | st.sampled_from(_IDS),
     ),
 )
 _EVENT = st.one_of(
@@ -731,8 +1041,9 @@ async def publish_events(events: list[Any]) -> list[Event]:
 @given(events=st.lists(_EVENT, max_size=16))
 def test_any_sequence_of_events_publishes_a_valid_message(events: list[Any]) -> None:
     # Events in orders a run never sends (a result for a call no message made, a second
-    # result for one call, a part's end after the tools ran, two parts at one index) are
-    # skipped with a log line: the message stays valid, and whole.
+    # result for one call, a part's end after the tools ran, two parts at one index, a
+    # signature or a call's new name or id at any point) are skipped with a log line, or
+    # published where the protocol has a place: the message stays valid, and whole.
     published = anyio.run(publish_events, events)
     assert check(published) == []
     assert reassemble_events(published).complete

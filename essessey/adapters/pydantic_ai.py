@@ -18,12 +18,22 @@ Pydantic AI                                    published as
 ``TextPart`` and ``TextPartDelta``             a text block
 ``ThinkingPart`` and ``ThinkingPartDelta``     a thinking block; the part's final
                                                ``signature`` as its ``signature_delta``
+                                               (a signed block ends there); a part
+                                               with a signature and no text, a thinking
+                                               block of the signature alone; Claude's
+                                               redacted thinking, a ``redacted_thinking``
+                                               block; a signature delta after its part
+                                               ended, on the part's block while that is
+                                               open, else a ``redacted_thinking`` block
 ``ToolCallPart`` and ``ToolCallPartDelta``     a tool_use block (the part's
                                                ``tool_call_id`` is its id), arguments as
                                                they stream; output tools too
-                                               (``final_result``)
+                                               (``final_result``); a name or id a later
+                                               delta gives, while the block is not out
 ``NativeToolCallPart``,                        a ``server_tool_use`` block and its
-``NativeToolReturnPart``                       ``<tool>_tool_result`` block
+``NativeToolReturnPart``                       ``<tool>_tool_result`` block, each once
+                                               per call id in a response (a part sent
+                                               again is not)
 ``FunctionToolResultEvent``,                   the call's tool_result; ``is_error`` for
 ``OutputToolResultEvent``                      the outcomes Pydantic AI counts as errors
                                                (``failed``, ``retried``: a ``ModelRetry``
@@ -32,8 +42,12 @@ a run ending with ``DeferredToolRequests``     the calls left without a result (
                                                client's to run, ``calls``), an
                                                ``approval_request`` per call in
                                                ``approvals``; stop reason ``tool_use``
-the run's usage                                ``input_tokens``, ``output_tokens`` and the
-                                               cache token counts of the epilogue
+the last response's ``finish_reason``          the stop reason otherwise: ``length``,
+                                               ``max_tokens``; ``content_filter``,
+                                               ``refusal``; anything else, ``end_turn``
+the run's usage                                ``input_tokens`` (without the cache's),
+                                               ``output_tokens`` and the cache token
+                                               counts of the epilogue
 =============================================  ==========================================
 
 An output tool's call (the ``final_result`` tool of a structured output) is published as
@@ -49,7 +63,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 import orjson
 
@@ -109,7 +123,7 @@ from essessey.adapters.rounds import (
     stream_rounds,
 )
 from essessey.dialects import DialectRequest, conversation
-from essessey.protocol import StopReason
+from essessey.protocol import StopReason, thinking_block_start
 from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher, TurnProducer
 
@@ -199,9 +213,20 @@ def _as_history(said: Sequence[Any]) -> list[ModelMessage]:
 
 
 # What waits behind an open tool call whose arguments are not whole yet (HeldCalls):
-# ("text" | "reasoning", part index, text), ("signature", part index, signature), or a
-# tool the provider ran, ("native_call" | "native_result", part index, its part).
+# ("text" | "reasoning", part index, text), ("signature" | "redacted", part index, the
+# signature), or a tool the provider ran, ("native_call" | "native_result", part index,
+# its part).
 _Piece: TypeAlias = tuple[str, int, Any]
+
+# The ``ThinkingPart.id`` Pydantic AI gives Claude's redacted thinking (AnthropicModel's
+# and BedrockConverseModel's), whose encrypted data is the part's ``signature``.
+_REDACTED_IDS: Final = frozenset({"redacted_thinking", "redacted_content"})
+
+# A response's ``finish_reason`` that is not the protocol's ``end_turn``.
+_STOP_REASONS: Final[Mapping[str | None, str]] = {
+    "length": StopReason.MAX_TOKENS,
+    "content_filter": StopReason.REFUSAL,
+}
 
 
 class _RunReader:
@@ -238,9 +263,19 @@ class _RunReader:
         self.by_part: dict[int, HeldCall] = {}  # a tool call part's index -> its call
         self.by_id: dict[str, HeldCall] = {}  # the framework's call id -> its call
         self.ended: dict[HeldCall, str] = {}  # a call's arguments as its last part end had them
-        # The thinking part whose content went out last (None when the last was another).
-        self.last_part: int | None = None
+        # A call's name and id as Pydantic AI's part has them now (a delta may change them).
+        self.named: dict[HeldCall, tuple[str, str]] = {}
+        # The thinking parts whose content is in the open thinking block (empty when the
+        # open block is another, or none), and those whose content went out at all.
+        self.thinking: set[int] = set()
+        self.shown: set[int] = set()
+        self.thought_ended: set[int] = set()  # thinking parts whose end came
+        self.signed: dict[int, str] = {}  # a thinking part's signature, once it is sent
         self.natives: set[int] = set()  # native tool call parts, published at their end
+        # The provider's own calls and results published, by kind and call id: Pydantic
+        # AI sends a finished part again at its index (AnthropicModel a tool search call,
+        # once its arguments are normalised), in the same response.
+        self.natives_out: set[tuple[str, str]] = set()
         self.declared = False
         self.messages = -1
         self.max_part = -1
@@ -304,12 +339,14 @@ class _RunReader:
             held.add(call)
             self.by_part[event.index] = call
             self.by_id[part.tool_call_id] = call
+            self.named[call] = (part.tool_name, part.tool_call_id)
             await held.fragment(call, _arguments(part.args), self.position)
             await held.advance()
         elif isinstance(part, NativeToolCallPart):
             self.natives.add(event.index)  # published whole, at its end
         elif isinstance(part, NativeToolReturnPart):
-            await held.put(("native_result", event.index, part))
+            if self._first_out("result", part):
+                await held.put(("native_result", event.index, part))
         else:
             self._skip(type(part).__name__)
 
@@ -326,18 +363,28 @@ class _RunReader:
             await self._content(event.index, "text", delta.content_delta)
         elif isinstance(delta, ThinkingPartDelta):
             await self._content(event.index, "reasoning", delta.content_delta or "")
+            if delta.signature_delta and event.index in self.thought_ended:
+                # After its part ended (OpenAIResponsesModel's encrypted reasoning, at
+                # the item's end): no later part end carries it. Before, the end does.
+                await self._signature(event.index, delta.signature_delta)
         elif isinstance(delta, ToolCallPartDelta):
             await self._call_delta(event.index, delta)
         else:
             self._skip(type(delta).__name__)
 
     async def _call_delta(self, index: int, delta: ToolCallPartDelta) -> None:
-        args = delta.args_delta
-        if not args:
-            return
         call = self.by_part.get(index)
         if call is None:
             return  # a native tool call's arguments: it goes out whole at its end
+        name, call_id = self.named[call]
+        if delta.tool_name_delta or (delta.tool_call_id and delta.tool_call_id != call_id):
+            # Pydantic AI's own rule: a name delta adds to the name, an id replaces it.
+            await self._follow(
+                call, name + (delta.tool_name_delta or ""), delta.tool_call_id or call_id
+            )
+        args = delta.args_delta
+        if not args:
+            return
         if not isinstance(args, str):
             # The provider merges arguments as objects: the block keeps what went out;
             # the part has the rest.
@@ -348,36 +395,90 @@ class _RunReader:
         await self.held.fragment(call, args, self.position)
         await self.held.advance()
 
+    async def _follow(self, call: HeldCall, name: str, call_id: str) -> None:
+        """The call's part now has ``name`` and ``call_id``: its block takes them while
+        it is not out yet; once out, it keeps what it went out with."""
+        if self.named[call] == (name, call_id):
+            return
+        self.named[call] = (name, call_id)
+        # Its result and the run's deferred requests name it by the id it has now.
+        self.by_id[call_id] = call
+        if call.slot >= 0:
+            logger.warning(
+                "tool call %d changed its name or id after its block went out; "
+                "the block keeps the first",
+                call.ordinal,
+            )
+            return
+        call.name = name
+        call.given_id = call_id
+        await self.held.advance()  # a call that got its name may open its block now
+
     async def _part_end(self, event: PartEndEvent) -> None:
         part = event.part
         if self.side != "response":
             logger.warning("a part end outside a model response; skipped")
             return
-        if isinstance(part, ThinkingPart) and part.signature:
-            await self.held.put(("signature", event.index, part.signature))
+        if isinstance(part, ThinkingPart):
+            self.thought_ended.add(event.index)
+            if part.signature:
+                await self._signature(
+                    event.index,
+                    part.signature,
+                    redacted=part.id in _REDACTED_IDS and not part.content,
+                )
         elif isinstance(part, NativeToolCallPart) and event.index in self.natives:
             self.natives.discard(event.index)
-            await self.held.put(("native_call", event.index, part))
+            if self._first_out("call", part):
+                await self.held.put(("native_call", event.index, part))
         elif isinstance(part, ToolCallPart) and event.index in self.by_part:
             # Not the call's end for certain: a part's end comes when the next part
             # begins, and a model that interleaves its calls sends more of this one
             # after. Its block closes once its arguments are whole JSON, or the
             # response is done.
-            self.ended[self.by_part[event.index]] = _arguments(part.args)
+            call = self.by_part[event.index]
+            self.ended[call] = _arguments(part.args)
+            await self._follow(call, part.tool_name, part.tool_call_id)
+
+    async def _signature(self, index: int, signature: str, *, redacted: bool = False) -> None:
+        """The signature of thinking part ``index``, once per part."""
+        sent = self.signed.get(index)
+        if sent is not None:
+            if sent != signature:
+                logger.warning(
+                    "thinking part %d got a second signature after the first was sent; "
+                    "not published",
+                    index,
+                )
+            return
+        self.signed[index] = signature
+        await self.held.put(("redacted" if redacted else "signature", index, signature))
+
+    def _first_out(self, kind: str, part: NativeToolCallPart | NativeToolReturnPart) -> bool:
+        """Whether the provider's own call (``kind`` ``"call"``) or result (``"result"``)
+        ``part`` is published for the first time; a part sent again is not."""
+        key = (kind, part.tool_call_id)
+        if key in self.natives_out:
+            logger.debug("a native tool %s sent again at its index; published once", kind)
+            return False
+        self.natives_out.add(key)
+        return True
 
     # -- publishing what the held calls let go ------------------------------------------
 
     async def _emit(self, piece: _Piece) -> None:
         kind, index, value = piece
+        if kind == "reasoning":
+            await self.rounds.delta(reasoning=value)
+            self.thinking.add(index)
+            self.shown.add(index)
+            return
         if kind == "text":
             await self.rounds.delta(text=value)
-        elif kind == "reasoning":
-            await self.rounds.delta(reasoning=value)
         elif kind == "signature":
-            # The signature of the thinking part that went out last, as the block's end.
-            if self.last_part == index:
-                await self.rounds.delta(signature=value)
-            return
+            await self._sign(index, value)
+        elif kind == "redacted":
+            await self._redacted(value)
         elif kind == "native_call":
             await self._server_block(
                 {
@@ -395,14 +496,35 @@ class _RunReader:
                     "content": json_value(to_jsonable_python(value.content, fallback=str)),
                 }
             )
-        self.last_part = index if kind == "reasoning" else None
+        self.thinking.clear()
+
+    async def _sign(self, index: int, signature: str) -> None:
+        """Publish the signature of thinking part ``index``: on its thinking block while
+        that is the open block; on a thinking block of its own when the part had no
+        text; else (its block closed) as a ``redacted_thinking`` block, the protocol's
+        other way to carry reasoning a client cannot read but must send back."""
+        rounds = self.rounds
+        if index not in self.thinking and index in self.shown:
+            await self._redacted(signature)
+            return
+        if index not in self.thinking:
+            await rounds.open_content(thinking_block_start(rounds.publisher.dialect))
+        await rounds.delta(signature=signature)
+        # What the provider signed ends here: the next part's reasoning, signed on its
+        # own, is a block of its own (a second signature would join the first).
+        await rounds.close_block()
+
+    async def _redacted(self, data: str) -> None:
+        """Reasoning a client cannot read, only send back: a ``redacted_thinking`` block,
+        as the Anthropic and Responses adapters publish it."""
+        await self._server_block({"type": "redacted_thinking", "data": data})
 
     async def _server_block(self, block: dict[str, Any]) -> None:
         await self.rounds.block_start(block)
         await self.rounds.block_stop()
 
     async def _before_call(self) -> None:
-        self.last_part = None
+        self.thinking.clear()
 
     async def _declare(self) -> None:
         self.declared = True
@@ -474,17 +596,14 @@ class _RunReader:
         if run.result is not None:
             run.usage = run.result.usage
             run.model = run.result.response.model_name
-            usage: dict[str, int] = {}
-            add_count(usage, "output_tokens", run.usage.output_tokens)
+            usage = _usage_counts(run.usage)
             self.rounds.output_tokens = usage.pop("output_tokens", 0)
-            add_count(usage, "input_tokens", run.usage.input_tokens)
-            if run.usage.cache_read_tokens:
-                add_count(usage, "cache_read_input_tokens", run.usage.cache_read_tokens)
-            if run.usage.cache_write_tokens:
-                add_count(usage, "cache_creation_input_tokens", run.usage.cache_write_tokens)
             self.rounds.usage = usage
         if deferred is None:
-            self.rounds.stop_reason = StopReason.END_TURN
+            # A run that ends without calls waiting: its calls (an output tool's too)
+            # were answered, so a final "tool_call" ends the turn as "stop" does.
+            finish = None if run.result is None else run.result.response.finish_reason
+            self.rounds.stop_reason = _STOP_REASONS.get(finish, StopReason.END_TURN)
             return run
         run.asked.extend(self._published_id(call.tool_call_id) for call in deferred.calls)
         for call in deferred.approvals:
@@ -498,6 +617,22 @@ class _RunReader:
         """The id the last round published the framework's call ``tool_call_id`` under."""
         i = self._slot(tool_call_id)
         return tool_call_id if i is None else self.held.started[i].id
+
+
+def _usage_counts(usage: RunUsage) -> dict[str, int]:
+    """The run's token counts in the protocol's terms. Pydantic AI's ``input_tokens``
+    includes the cache's reads and writes; the protocol's (Anthropic's) leaves them out,
+    counted apart, and clients add the three up."""
+    counts: dict[str, int] = {}
+    add_count(counts, "output_tokens", usage.output_tokens)
+    cached = usage.cache_read_tokens
+    written = usage.cache_write_tokens
+    add_count(counts, "input_tokens", max(usage.input_tokens - cached - written, 0))
+    if cached:
+        add_count(counts, "cache_read_input_tokens", cached)
+    if written:
+        add_count(counts, "cache_creation_input_tokens", written)
+    return counts
 
 
 def _arguments(args: str | Mapping[str, Any] | None) -> str:
@@ -542,9 +677,12 @@ async def stream_run(
     result and the results of ``answered_calls`` (the client's outputs the answer's
     record carries) are not published again.
 
-    Usage goes to ``rounds.usage`` and ``rounds.output_tokens``, the stop reason to
-    ``rounds.stop_reason``. What the events raise propagates (:func:`stream_rounds`
-    then ends the message with an ``error`` event).
+    Usage goes to ``rounds.usage`` and ``rounds.output_tokens`` (``input_tokens``
+    without the cache's reads and writes, which have keys of their own), the stop reason
+    to ``rounds.stop_reason`` (``tool_use`` for a run that stopped at calls, else the
+    last response's ``finish_reason``: ``max_tokens`` for ``length``, ``refusal`` for
+    ``content_filter``, ``end_turn`` for any other). What the events raise propagates
+    (:func:`stream_rounds` then ends the message with an ``error`` event).
     """
     handle = events if isinstance(events, AgentRunEvents) else None
     reader = _RunReader(rounds, handle, answered_calls)
