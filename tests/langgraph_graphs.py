@@ -150,6 +150,79 @@ def finish(
     )
 
 
+# What langchain-anthropic's ChatAnthropic streams (its default output version, tools
+# bound): Anthropic's content blocks with their index, read through content_blocks.
+ANTHROPIC: dict[str, Any] = {"model_provider": "anthropic"}
+
+
+def anthropic(*blocks: dict[str, Any]) -> AIMessageChunk:
+    """A ChatAnthropic chunk holding ``blocks`` (each with its ``index``)."""
+    return AIMessageChunk(content=list(blocks), response_metadata=dict(ANTHROPIC))
+
+
+def anthropic_text(index: int, text: str) -> list[AIMessageChunk]:
+    """A text block, one chunk per word."""
+    return [
+        anthropic({"type": "text", "text": str(part.content), "index": index})
+        for part in words(text)
+    ]
+
+
+def anthropic_use(
+    index: int, call_id: str, name: str, arguments: str, *, server: bool = False
+) -> list[AIMessageChunk]:
+    """A tool_use block (``server``: a server_tool_use block) as ChatAnthropic streams it:
+    its start with an empty input, then its input JSON in two pieces. A client call's
+    chunks carry the tool call chunks too; a server call's only its blocks, which
+    langchain-core reads as ``server_tool_call_chunk`` s."""
+    start = {
+        "id": call_id,
+        "input": {},
+        "name": name,
+        "type": "server_tool_use" if server else "tool_use",
+        "index": index,
+    }
+    half = len(arguments) // 2
+    chunks = [
+        AIMessageChunk(
+            content=[start],
+            tool_call_chunks=[]
+            if server
+            else [{"id": call_id, "name": name, "args": "", "index": index}],
+            response_metadata=dict(ANTHROPIC),
+        )
+    ]
+    for piece in ("", arguments[:half], arguments[half:]):
+        delta = {"partial_json": piece, "type": "input_json_delta", "index": index}
+        chunks.append(
+            AIMessageChunk(
+                content=[delta],
+                tool_call_chunks=[]
+                if server
+                else [{"id": None, "name": None, "args": piece, "index": index}],
+                response_metadata=dict(ANTHROPIC),
+            )
+        )
+    return chunks
+
+
+def anthropic_end(stop_reason: str, *, output_tokens: int = 5, **metadata: Any) -> AIMessageChunk:
+    """ChatAnthropic's chunk of a ``message_delta``: the stop reason (and ``metadata``:
+    ``stop_sequence``, ``stop_details``) and usage, at ``chunk_position="last"`` (it marks
+    every message_delta with a stop reason so)."""
+    return AIMessageChunk(
+        content=[],
+        response_metadata={"stop_reason": stop_reason, "stop_sequence": None, **metadata}
+        | ANTHROPIC,
+        usage_metadata={
+            "input_tokens": 10,
+            "output_tokens": output_tokens,
+            "total_tokens": 10 + output_tokens,
+        },
+        chunk_position="last",
+    )
+
+
 def after_tools(messages: list[BaseMessage]) -> list[ToolMessage]:
     """The tool messages since the last AI message."""
     found: list[ToolMessage] = []
@@ -253,6 +326,21 @@ def react_graph(
     return builder.compile(
         checkpointer=checkpointer if checkpointer is not None else InMemorySaver()
     )
+
+
+def model_graph(respond: Respond) -> Any:
+    """One node, ``agent``, that calls the model once: calls it makes are left to the
+    client."""
+    model = ScriptedChatModel(respond=respond).bind_tools(TOOLS)
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    return builder.compile(checkpointer=InMemorySaver())
 
 
 def reply(text: str) -> list[AIMessageChunk]:

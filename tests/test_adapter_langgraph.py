@@ -79,10 +79,15 @@ from tests.langgraph_graphs import (
     SENT,
     ScriptedChatModel,
     after_tools,
+    anthropic,
+    anthropic_end,
+    anthropic_text,
+    anthropic_use,
     calls,
     finish,
     gated_tools,
     interleaved,
+    model_graph,
     react_graph,
     reply,
     two_rounds,
@@ -455,6 +460,400 @@ async def test_interleaved_calls_without_an_end_chunk_are_all_published() -> Non
     assert check(events) == []
     assert run.rounds == 3
     assert reassemble_events(events).text == "A1 B1 B2 C1 "
+
+
+# -- what the integrations stream -----------------------------------------------------------------
+# Chunks as langchain-anthropic's ChatAnthropic and langchain-openai's ChatOpenAI give them
+# (tests/langgraph_graphs.py), streamed by a scripted model in a graph.
+
+
+def block_starts(events: list[Event]) -> list[dict[str, Any]]:
+    return [e.json()["content_block"] for e in events if e.event == "content_block_start"]
+
+
+async def test_a_server_tool_chatanthropic_streams_is_its_call_then_its_result() -> None:
+    """ChatAnthropic streams a server tool's call as ``server_tool_call_chunk`` pieces,
+    never as a whole block: the call goes out whole once its input is, before its
+    result, whose block type is the provider's (an MCP call's too)."""
+    hits = [{"type": "web_search_result", "title": "Oslo", "url": "https://example.com"}]
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [
+            *anthropic_text(0, "Let me look."),
+            *anthropic_use(1, "srvtoolu_1", "web_search", '{"query": "Oslo"}', server=True),
+            anthropic(
+                {
+                    "type": "web_search_tool_result",
+                    "tool_use_id": "srvtoolu_1",
+                    "content": hits,
+                    "index": 2,
+                }
+            ),
+            anthropic(
+                {
+                    "type": "mcp_tool_use",
+                    "id": "mcptoolu_1",
+                    "name": "echo",
+                    "input": {},
+                    "server_name": "echo",
+                    "index": 3,
+                }
+            ),
+            anthropic(
+                {"partial_json": '{"message": "hi"}', "type": "input_json_delta", "index": 3}
+            ),
+            anthropic(
+                {
+                    "type": "mcp_tool_result",
+                    "tool_use_id": "mcptoolu_1",
+                    "is_error": False,
+                    "content": [{"type": "text", "text": "hi"}],
+                    "index": 4,
+                }
+            ),
+            *anthropic_text(5, "It snows."),
+            anthropic_end("end_turn"),
+        ]
+
+    events, run, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert run is not None
+    blocks = block_starts(events)
+    assert [block["type"] for block in blocks] == [
+        "text",
+        "server_tool_use",
+        "web_search_tool_result",
+        "server_tool_use",
+        "mcp_tool_result",
+        "text",
+    ]
+    assert blocks[1] == {
+        "type": "server_tool_use",
+        "id": "srvtoolu_1",
+        "name": "web_search",
+        "input": {"query": "Oslo"},
+    }
+    assert blocks[2] == {
+        "type": "web_search_tool_result",
+        "tool_use_id": "srvtoolu_1",
+        "content": hits,
+    }
+    assert blocks[3] == {
+        "type": "server_tool_use",
+        "id": "mcptoolu_1",
+        "name": "remote_mcp",  # langchain-core's name for an MCP call
+        "input": {"message": "hi"},
+    }
+    assert blocks[4]["tool_use_id"] == "mcptoolu_1"
+    assert reassemble_events(events).messages[0].text == "Let me look.It snows."
+    assert run.stop_reason == "end_turn"
+
+
+async def test_a_streamed_server_call_goes_out_once_its_input_is_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once its input is whole JSON, while the provider runs the tool (a search takes its
+    time), not when the result comes; an input that never is goes out as ``{}`` when the
+    next block begins, with a log line giving its length only."""
+    sink = InMemorySink()
+    seen: list[list[dict[str, Any]]] = []
+
+    def result(call_id: str, index: int) -> dict[str, Any]:
+        block = {"type": "web_search_tool_result", "tool_use_id": call_id, "content": []}
+        return _part(anthropic({**block, "index": index}))
+
+    async def stream() -> Any:
+        for chunk in anthropic_use(0, "srvtoolu_1", "web_search", '{"query": "x"}', server=True):
+            yield _part(chunk)
+        seen.append(block_starts(sink.events))  # the provider runs the search now
+        yield result("srvtoolu_1", 1)
+        for chunk in anthropic_use(2, "srvtoolu_2", "web_search", '{"query": "se', server=True):
+            yield _part(chunk)
+        yield result("srvtoolu_2", 3)
+        yield _part(anthropic_end("end_turn"))
+
+    async with stream_rounds(Publisher(sink), message_id="m", stream_id="s", model="m") as rs:
+        await stream_run(rs, stream())
+    assert check(sink.events) == []
+    call = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
+    assert seen == [[{**call, "input": {"query": "x"}}]]
+    assert [(b["type"], b.get("input")) for b in block_starts(sink.events)] == [
+        ("server_tool_use", {"query": "x"}),
+        ("web_search_tool_result", None),
+        ("server_tool_use", {}),
+        ("web_search_tool_result", None),
+    ]
+    assert "input is not a JSON object (13 characters)" in caplog.text
+    assert "query" not in caplog.text
+
+
+async def test_a_call_cut_off_by_max_tokens_is_not_left_to_the_client() -> None:
+    """The provider's stream has the cut call's block and stops at max_tokens: so does
+    the message, which does not wait for the call (LangChain hands the graph the call
+    with what it could parse of its arguments; the graph did not run it)."""
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [
+            *anthropic_text(0, "Adding."),
+            *anthropic_use(1, "toolu_1", "add", '{"a": 1, "b'),
+            anthropic_end("max_tokens"),
+        ]
+
+    events, run, error = await run_to_sink(model_graph(respond))
+    assert error is None
+    assert run is not None
+    parsed = reassemble_events(events)
+    [message] = parsed.messages
+    assert message.stop_reason == run.stop_reason == "max_tokens"
+    assert [(c.tool_use_id, c.arguments) for c in message.tool_calls] == [
+        ("toolu_1", '{"a": 1, "b')
+    ]
+    assert message.tool_results == ()
+    assert run.asked == []
+    assert parsed.pending == ()
+
+
+async def test_a_cut_call_in_a_message_that_asks_gets_an_error_result() -> None:
+    """A message that asks ends with stop reason tool_use, which would make a cut call
+    without a result the client's: it gets an error result, and only the question is
+    asked."""
+    question = Interrupt(value="Go on?", id="q" * 32)
+    parts = [
+        _part(chunk)
+        for chunk in [*anthropic_use(0, "toolu_1", "add", '{"a": 1'), anthropic_end("max_tokens")]
+    ]
+    parts.append({"type": "updates", "ns": (), "data": {"__interrupt__": (question,)}})
+
+    events, run = await publish_parts(parts)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    [result] = parsed.messages[0].tool_results
+    assert (result.tool_use_id, result.is_error) == ("toolu_1", True)
+    assert run.asked == ["q" * 32]
+    assert [type(r).__name__ for r in parsed.pending] == ["Question"]
+    assert parsed.messages[0].stop_reason == "tool_use"
+
+
+@pytest.mark.parametrize(
+    ("reason", "metadata"),
+    [
+        ("pause_turn", {}),
+        ("stop_sequence", {"stop_sequence": "###"}),
+        ("model_context_window_exceeded", {}),
+    ],
+)
+async def test_the_protocol_s_stop_reasons_go_out_as_they_are(
+    reason: str, metadata: dict[str, Any]
+) -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [*anthropic_text(0, "So far"), anthropic_end(reason, **metadata)]
+
+    events, run, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert run is not None
+    message = reassemble_events(events).messages[0]
+    assert message.stop_reason == run.stop_reason == reason
+    assert message.stop_sequence == metadata.get("stop_sequence")
+
+
+@pytest.mark.parametrize(
+    ("reason", "stop"), [("max_output_tokens", "max_tokens"), ("content_filter", "refusal")]
+)
+async def test_a_responses_api_response_cut_short_says_why(reason: str, stop: str) -> None:
+    """ChatOpenAI on the Responses API: the response's status and incomplete_details."""
+    openai = {"model_provider": "openai", "model_name": "gpt-5"}
+    end = {**openai, "status": "incomplete", "incomplete_details": {"reason": reason}}
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        text = {"type": "text", "text": "Cut", "index": 0}
+        return [
+            AIMessageChunk(content=[text], response_metadata=openai),
+            AIMessageChunk(content=[], response_metadata=end, chunk_position="last"),
+        ]
+
+    events, run, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert run is not None
+    message = reassemble_events(events).messages[0]
+    assert (message.text, message.stop_reason, run.stop_reason) == ("Cut", stop, stop)
+
+
+async def test_a_refusal_s_stop_details_go_out_with_its_stop() -> None:
+    """Anthropic's account of a refusal (``stop_details``) is the epilogue's; its
+    explanation, which langchain-core also gives as a refusal block, is not the model's
+    text."""
+    details = {"type": "refusal", "category": "cyber", "explanation": "Refused by policy."}
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [anthropic_end("refusal", stop_details=details)]
+
+    events, run, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert run is not None
+    message = reassemble_events(events).messages[0]
+    assert message.stop_reason == "refusal"
+    assert message.stop_details == details
+    assert message.text == ""
+    assert block_starts(events) == []
+
+
+async def test_a_signed_thinking_block_without_text_keeps_its_signature() -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [
+            anthropic({"type": "thinking", "thinking": "", "index": 0}),
+            anthropic({"type": "thinking", "thinking": "", "signature": "sig-1", "index": 0}),
+            *anthropic_text(1, "Four."),
+            anthropic_end("end_turn"),
+        ]
+
+    events, _, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    message = reassemble_events(events).messages[0]
+    assert (message.thinking, message.signature, message.text) == ("", "sig-1", "Four.")
+    assert starts(events) == [(0, "thinking"), (1, "text")]
+
+
+async def test_a_stream_of_several_provider_messages_is_one_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ChatAnthropic marks each message_delta last, and one Anthropic stream may hold
+    several messages (a tool search, programmatic calls): all of them are the LLM call's
+    round, each message's blocks closed at its end, their calls declared together."""
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if after_tools(messages):
+            return reply("Both done.")
+        return [
+            *anthropic_text(0, "Adding first."),
+            *anthropic_use(1, "toolu_add", "add", '{"a": 2, "b": 3}'),
+            anthropic_end("tool_use"),
+            *anthropic_text(0, " Then the sky."),
+            *anthropic_use(2, "toolu_sky", "weather", '{"city": "Oslo"}'),
+            anthropic_end("tool_use", output_tokens=7),
+        ]
+
+    graph = react_graph(respond)
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.langgraph"):
+        events, run, error = await run_to_sink(graph)
+    assert error is None
+    assert run is not None
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("essessey")] == []
+    [message] = reassemble_events(events).messages
+    state = await final_state(graph, "t1")
+    assert [(c.tool_use_id, c.name, c.params) for c in message.tool_calls] == graph_calls(state)
+    assert {r.tool_use_id: (r.text, r.is_error) for r in message.tool_results} == graph_results(
+        state
+    )
+    assert starts(events) == [
+        (0, "text"),
+        (1, "tool_use"),
+        (2, "text"),
+        (3, "tool_use"),
+        (4, "tool_result"),
+        (5, "tool_result"),
+        (6, "text"),
+    ]
+    assert message.text == "Adding first. Then the sky.Both done."
+    assert run.rounds == 2
+    assert message.usage["output_tokens"] == 5 + 7 + 5
+
+
+async def test_mistral_thinking_parts_through_chatopenai_are_thinking() -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        openai = {"model_provider": "openai"}
+        return [
+            AIMessageChunk(
+                content=[{"type": "thinking", "thinking": [{"type": "text", "text": part}]}],
+                response_metadata=openai,
+            )
+            for part in ("Two and two ", "make four.")
+        ] + [AIMessageChunk(content="4.", response_metadata=openai), finish()]
+
+    events, _, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    message = reassemble_events(events).messages[0]
+    assert (message.thinking, message.text) == ("Two and two make four.", "4.")
+
+
+async def test_a_block_the_protocol_has_no_place_for_is_logged_once_per_type(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An item that needs the client (an apply_patch_call), an image, ...: a WARNING
+    naming the type, once a run, never the content; a custom tool call, which
+    langchain-core gives as a tool call too, is published as that."""
+    openai = {"model_provider": "openai"}
+    patch = {
+        "type": "apply_patch_call",
+        "call_id": "call_patch",
+        "operation": {"type": "delete_file", "path": "secret.txt"},
+        "index": 0,
+    }
+    custom = {
+        "type": "custom_tool_call",
+        "call_id": "call_sql",
+        "name": "add",
+        "input": "1 + 2",
+        "index": 2,
+    }
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if after_tools(messages):
+            return reply("Done.")
+        return [
+            AIMessageChunk(content=[patch], response_metadata=openai),
+            AIMessageChunk(content=[{**patch, "index": 1}], response_metadata=openai),
+            AIMessageChunk(
+                content=[{"type": "image", "base64": "aGk=", "mime_type": "image/png"}],
+                response_metadata=openai,
+            ),
+            AIMessageChunk(
+                content=[custom],
+                tool_call_chunks=[
+                    {"id": "call_sql", "name": "add", "args": '{"a": 1, "b": 2}', "index": 2}
+                ],
+                response_metadata=openai,
+            ),
+            finish("tool_calls"),
+        ]
+
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.langgraph"):
+        _, run, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert run is not None
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "essessey.adapters.langgraph" and r.levelno == logging.WARNING
+    ]
+    assert len(warnings) == 2
+    assert "type apply_patch_call is not published" in warnings[0]
+    assert "type image is not published" in warnings[1]
+    assert "secret" not in caplog.text
+    assert [c.id for c in run.tool_calls] == ["call_sql"]
+
+
+async def test_a_new_call_id_at_an_index_in_use_is_a_call_of_its_own() -> None:
+    def fragment(call_id: str, name: str, args: str) -> dict[str, Any]:
+        chunk = {"index": 0, "id": call_id, "name": name, "args": args}
+        return _part(AIMessageChunk(content="", tool_call_chunks=[chunk]))
+
+    parts = [
+        fragment("c1", "add", '{"a": 1, "b": 2}'),
+        fragment("c2", "weather", '{"city": "Rome"}'),
+        _part(
+            AIMessageChunk(
+                content="", response_metadata={"finish_reason": "tool_calls"}, chunk_position="last"
+            )
+        ),
+    ]
+
+    events, run = await publish_parts(parts)
+    assert check(events) == []
+    assert [(c.id, c.name, c.input) for c in run.tool_calls] == [
+        ("c1", "add", {"a": 1, "b": 2}),
+        ("c2", "weather", {"city": "Rome"}),
+    ]
+    assert run.asked == ["c1", "c2"]
 
 
 def test_graph_input_is_the_conversation_or_the_last_user_message() -> None:

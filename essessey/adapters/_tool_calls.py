@@ -170,6 +170,13 @@ class HeldCalls(Generic[P]):
             await self.rounds.tool_call_delta(call.slot, text)
         call.parts.append(text)
 
+    async def close_open(self) -> None:
+        """Close the open call's block now (the provider's message that streamed it
+        ended), so that no later :meth:`advance` closes it again."""
+        if self.open is not None:
+            await self.rounds.close_block()
+            self.open = None
+
     async def advance(self, *, final: bool = False) -> None:
         """Publish what can go out now, in order (everything when ``final``)."""
         queue = self._queue

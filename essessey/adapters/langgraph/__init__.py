@@ -14,15 +14,18 @@ LangGraph stream part                         published as
                                               a string, or its ``content_blocks``' text
                                               and refusal blocks) in a text block, its
                                               ``reasoning`` blocks (a provider's
-                                              thinking, ``reasoning_content``) in a
-                                              thinking block with their signature
-``tool_call_chunks`` of those chunks          a tool_use block per ``index``, its id and
-                                              name from the first fragment, the
-                                              arguments streamed as they come (parallel
-                                              calls too, interleaved or not)
-their ``server_tool_call`` and                a ``server_tool_use`` block and its
-``server_tool_result`` blocks (a tool the     ``<name>_tool_result`` block, where they
-provider ran itself)                          came
+                                              thinking, ``reasoning_content``,
+                                              Mistral's thinking parts) in a thinking
+                                              block with their signature
+``tool_call_chunks`` of those chunks          a tool_use block per ``index`` (and id),
+                                              its id and name from the first fragment,
+                                              the arguments streamed as they come
+                                              (parallel calls too, interleaved or not)
+their ``server_tool_call`` blocks (whole, or  a ``server_tool_use`` block once its input
+``server_tool_call_chunk`` pieces) and        is whole, and its result block (the
+``server_tool_result`` blocks (a tool the     provider's type, else
+provider ran itself)                          ``<name>_tool_result``), where they came
+other content blocks                          not published: a WARNING per type a run
 ``messages``: a whole ``AIMessage``           a round of its own, whole (a node that
                                               wrote the message itself, a subgraph's
                                               messages when ``subgraphs`` is off)
@@ -35,8 +38,10 @@ provider ran itself)                          came
                                               (``rounds.ask``), or the approval of a
                                               call (:func:`request_approval`)
 ``usage_metadata``, ``response_metadata``     the epilogue's usage (every call's summed),
-                                              the model name (``model_name``) and stop
-                                              reason (``finish_reason``/``stop_reason``)
+                                              the model name (``model_name``), the stop
+                                              reason (``finish_reason``/``stop_reason``,
+                                              a Responses API ``incomplete`` status) and
+                                              ``stop_details`` of the last call
 ============================================  =========================================
 
 Only the LLM calls LangGraph streams in ``messages`` mode are published: a model bound with
@@ -47,7 +52,11 @@ of the nodes it names. A subgraph's LLM calls stream only with ``subgraphs=True`
 the node ends. Human and system messages a node writes are not published.
 
 Two LLM calls that stream at the same time (parallel branches) are published one after
-the other: the chunks of the second are held until the first's output is whole.
+the other: the chunks of the second are held until the first's output is whole. A call's
+output is whole once the run goes on past its chunk at ``chunk_position="last"``: a
+stream of several provider messages (ChatAnthropic marks each one's end last) is one
+round. A call cut short (``max_tokens``, a refusal) made no calls to run: the message ends
+with that stop reason, its calls without results.
 
 A run that stops at ``interrupt()`` (LangGraph's human in the loop) ends its message
 asking: an interrupt's value that is a string is the question, a mapping with a string

@@ -9,10 +9,19 @@ from typing import Any, Final, Literal, TypeAlias
 
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
-from essessey.adapters._message import PublishedToolCall
+from essessey._logsafe import log_label
+from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
-from essessey.adapters._values import add_count, clean, json_text, json_value, output_text
+from essessey.adapters._values import (
+    add_count,
+    arguments_complete,
+    clean,
+    json_text,
+    json_value,
+    output_text,
+)
 from essessey.adapters.rounds import RoundStream
+from essessey.protocol import thinking_block_start
 
 __all__ = ["LLMCall", "add_usage", "read_part", "result_of"]
 
@@ -20,10 +29,16 @@ logger = logging.getLogger("essessey.adapters.langgraph")
 
 _LC_ID: Final = "lc_run-"  # the message id langchain-core gives a chunk its provider did not
 
+# The blocks of a model's own tool calls: published from tool_call_chunks / tool_calls.
+_CALL_BLOCKS: Final = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_call"})
+
+# What a call publishes, in order (held behind a call whose arguments are not whole).
 _Piece: TypeAlias = (
     tuple[Literal["text", "reasoning", "signature"], str]
     | tuple[Literal["server_call", "server_result"], dict[str, Any]]
 )
+# What a chunk carries: a piece, or a piece of a server call's input (added to its call).
+_Found: TypeAlias = _Piece | tuple[Literal["server_chunk"], dict[str, Any]]
 
 
 # -- reading the parts ------------------------------------------------------------------------
@@ -45,27 +60,29 @@ def read_part(raw: object) -> tuple[str, Any] | None:
     return None
 
 
-def _pieces(message: AIMessage) -> list[_Piece]:
-    """A message's (or chunk's) text, reasoning and reasoning signatures, in order."""
+def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
+    """A message's (or chunk's) text, reasoning, reasoning signatures and server tool
+    blocks, in order. A block of a type with no place in the protocol is logged once per
+    type in ``warned`` (the run's) and left out."""
     content = message.content
     if isinstance(content, str) and not message.additional_kwargs:
         return [("text", clean(content))] if content else []
-    found: list[_Piece] = []
+    found: list[_Found] = []
+    calls: set[object] | None = None  # the message's tool call ids, once needed
     for block in message.content_blocks:
         kind = block.get("type")
-        if kind == "text" or kind == "refusal":
-            text = block.get(kind)
+        if kind == "text":
+            text = block.get("text")
             if isinstance(text, str) and text:
                 found.append(("text", clean(text)))
+        elif kind == "refusal":
+            text = block.get("refusal")
+            if isinstance(text, str) and text and not _restates_stop(message, text):
+                found.append(("text", clean(text)))
         elif kind == "reasoning":
-            reasoning = block.get("reasoning")
-            if isinstance(reasoning, str) and reasoning:
-                found.append(("reasoning", clean(reasoning)))
-            extras = block.get("extras")
-            if isinstance(extras, Mapping):
-                signature = extras.get("signature")
-                if isinstance(signature, str) and signature:
-                    found.append(("signature", signature))
+            _reasoning(block.get("reasoning"), block.get("extras"), found)
+        elif kind == "server_tool_call_chunk":
+            found.append(("server_chunk", dict(block)))
         elif kind == "server_tool_call":
             call = _server_call(block)
             if call is not None:
@@ -74,11 +91,61 @@ def _pieces(message: AIMessage) -> list[_Piece]:
             result = _server_result(block)
             if result is not None:
                 found.append(("server_result", result))
-        elif kind not in ("tool_call", "tool_call_chunk", "invalid_tool_call"):
-            # server_tool_call_chunk among them: the call goes out whole, from the block
-            # the provider's integration gives once its arguments are.
-            logger.debug("a content block of type %s is not published", kind)
+        elif kind == "non_standard":
+            value = block.get("value")
+            given = value.get("type") if isinstance(value, Mapping) else None
+            if given == "thinking" and isinstance(value, Mapping):
+                # A provider's reasoning langchain-core has no translator for (Mistral's
+                # thinking parts, a list of text chunks, through ChatOpenAI).
+                thinking = value.get("thinking")
+                if isinstance(thinking, list):
+                    thinking = "".join(
+                        part["text"]
+                        for part in thinking
+                        if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+                    )
+                _reasoning(thinking, value, found)
+                continue
+            call_id = value.get("call_id") if isinstance(value, Mapping) else None
+            if isinstance(call_id, str) and call_id:
+                if calls is None:
+                    calls = {c.get("id") for c in message.tool_calls}
+                    calls.update(c.get("id") for c in message.invalid_tool_calls)
+                if call_id in calls:
+                    continue  # a call langchain-core gives as a tool call too (custom tools)
+            _not_published(given if isinstance(given, str) else kind, warned)
+        elif kind not in _CALL_BLOCKS:
+            _not_published(kind, warned)
     return found
+
+
+def _reasoning(text: object, extras: object, found: list[_Found]) -> None:
+    """Reasoning text and the signature ``extras`` carries, as pieces."""
+    if isinstance(text, str) and text:
+        found.append(("reasoning", clean(text)))
+    if isinstance(extras, Mapping):
+        signature = extras.get("signature")
+        if isinstance(signature, str) and signature:
+            found.append(("signature", signature))
+
+
+def _restates_stop(message: AIMessage, text: str) -> bool:
+    """Whether a refusal block is the explanation of the stop's ``stop_details``, which
+    langchain-core adds as a block of Anthropic's refusals: the epilogue carries it, and it
+    is not the model's text."""
+    details = message.response_metadata.get("stop_details")
+    return isinstance(details, Mapping) and details.get("explanation") == text
+
+
+def _not_published(kind: object, warned: set[str]) -> None:
+    label = log_label(kind)
+    if label not in warned:
+        warned.add(label)
+        logger.warning(
+            "a content block of type %s is not published: the adapter has no block for it "
+            "(said once per run)",
+            label,
+        )
 
 
 def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -93,12 +160,22 @@ def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _server_result(block: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A server tool's result: its call's id, its output and whether it failed."""
+    """A server tool's result: its block type (the provider's own, when langchain-core
+    kept it; empty for :class:`LLMCall` to name after the call's tool), its call's id,
+    its output and whether it failed."""
     call_id = block.get("tool_call_id")
     if not (isinstance(call_id, str) and call_id):
         logger.warning("a server tool result without its call's id; not published")
         return None
-    result: dict[str, Any] = {"tool_use_id": call_id, "content": json_value(block.get("output"))}
+    extras = block.get("extras")
+    given = extras.get("block_type") if isinstance(extras, Mapping) else None
+    # Only a result type: a provider's "tool_result" would be the protocol's own block.
+    kind = clean(given) if isinstance(given, str) and given.endswith("_tool_result") else ""
+    result: dict[str, Any] = {
+        "type": kind,
+        "tool_use_id": call_id,
+        "content": json_value(block.get("output")),
+    }
     if block.get("status") == "error":
         result["is_error"] = True
     return result
@@ -135,37 +212,78 @@ def result_of(message: ToolMessage) -> str:
 # -- one LLM call ------------------------------------------------------------------------------
 
 
+class _ServerCall:
+    """A server tool call whose input streams in pieces (``server_tool_call_chunk``)."""
+
+    __slots__ = ("id", "index", "name", "parts")
+
+    def __init__(self, call_id: str, name: object, index: object) -> None:
+        self.id = call_id
+        self.name = name
+        self.index = index
+        self.parts: list[str] = []
+
+
 class LLMCall:
-    """One LLM call's chunks, published as a round of ``rounds``."""
+    """One LLM call's chunks, published as a round of ``rounds``.
+
+    A call's stream may hold several provider messages, each ending with a chunk at
+    ``chunk_position="last"`` (ChatAnthropic marks every ``message_delta`` with a stop
+    reason so): each such end closes what its message opened, and the call is
+    :attr:`ended` until another chunk of it comes. Its calls are declared at
+    :meth:`finish`, once the run has gone on past it.
+    """
 
     __slots__ = (
         "by_index",
+        "content",
         "done",
+        "ended",
         "finish_reason",
         "held",
         "ids",
+        "late_server",
         "node",
         "requests",
         "rounds",
+        "server",
         "server_names",
-        "signable",
         "slots",
+        "stop_details",
+        "stop_sequence",
+        "warned",
     )
 
-    def __init__(self, rounds: RoundStream, message_id: str | None, node: object) -> None:
+    def __init__(
+        self, rounds: RoundStream, message_id: str | None, node: object, warned: set[str]
+    ) -> None:
         self.rounds = rounds
         self.ids: set[str] = {message_id} if message_id else set()
         self.node = node
+        self.warned = warned  # the block types the run logged as not published
         self.held: HeldCalls[_Piece] = HeldCalls(
-            rounds, "call_", self._emit, logger=logger, noun="tool call", where="chunk %d"
+            rounds,
+            "call_",
+            self._emit,
+            logger=logger,
+            noun="tool call",
+            where="chunk %d",
+            before_start=self._call_opens,
         )
         self.by_index: dict[object, HeldCall] = {}
         self.done = False  # the model's output is whole: assistant_message was sent
+        self.ended = False  # a chunk at chunk_position="last" came, and none after it
         self.requests: list[PublishedToolCall] = []
         self.slots: dict[str, int] = {}  # a call's id (given and published) -> its slot
-        self.signable = False  # a thinking block is open: a signature may follow
+        # The text or thinking block this call has open, if any (a thinking block takes
+        # a signature).
+        self.content: Literal["text", "thinking"] | None = None
         self.finish_reason: str | None = None
+        self.stop_details: dict[str, Any] | None = None
+        self.stop_sequence: str | None = None
         self.server_names: dict[str, str] = {}  # a server tool call's id -> its tool
+        self.server: _ServerCall | None = None  # the server call whose input streams
+        self.late_server = 0  # characters of server call input that came too late
 
     def continues(self, message_id: str | None, node: object) -> bool:
         """Whether a chunk of ``message_id`` (from ``node``) belongs to this call.
@@ -191,47 +309,108 @@ class LLMCall:
         kind, text = piece
         if kind == "text":
             await self.rounds.delta(text=text)
-            self.signable = False
+            self.content = "text"
         elif kind == "reasoning":
             await self.rounds.delta(reasoning=text)
-            self.signable = True
-        elif self.signable:
-            await self.rounds.delta(signature=text)
+            self.content = "thinking"
         else:
-            logger.warning("a reasoning signature with no reasoning before it; not published")
+            if self.content != "thinking":
+                # The signature of a thinking block with no text (Anthropic signs those
+                # too): a thinking block opens for it, as the Anthropic adapter has it.
+                await self.rounds.open_content(thinking_block_start(self.rounds.publisher.dialect))
+                self.content = "thinking"
+            await self.rounds.delta(signature=text)
+
+    async def _call_opens(self) -> None:
+        # A tool call's block opening closes the text or thinking block.
+        self.content = None
 
     async def _server_block(self, kind: str, block: dict[str, Any]) -> None:
         # As the Anthropic format has its server tools (and the Responses adapter the
         # tools the provider ran): a server_tool_use block, then <tool>_tool_result.
         if kind == "server_call":
             self.server_names[block["id"]] = block["name"]
-        else:
+        elif not block["type"]:
             name = self.server_names.get(block["tool_use_id"], "server")
-            block = {"type": f"{name}_tool_result", **block}
-        self.signable = False
+            block = {**block, "type": f"{name}_tool_result"}
+        self.content = None
         await self.rounds.block_start(block)
         await self.rounds.block_stop()
 
+    async def _take(self, found: _Found) -> None:
+        """Publish a piece, or hold it behind the open call; a server call's piece is
+        added to its input, and anything else ends that input."""
+        if found[0] == "server_chunk":
+            await self._server_chunk(found[1])
+            return
+        await self._server_done()
+        await self.held.put(found)
+
+    async def _server_chunk(self, block: Mapping[str, Any]) -> None:
+        """A piece of a server tool call: the first names it (an id, a tool, an index),
+        the rest add to its input (by index); the call is published once its input is
+        whole JSON, or when something else comes."""
+        call_id, index, args = block.get("id"), block.get("index"), block.get("args")
+        if isinstance(call_id, str) and call_id:
+            await self._server_done()  # a new call: the one before it is whole
+            self.server = _ServerCall(call_id, block.get("name"), index)
+        call = self.server
+        if not (isinstance(args, str) and args):
+            return
+        if call is None or (index is not None and call.index is not None and index != call.index):
+            self.late_server += len(args)
+            return
+        call.parts.append(clean(args))
+        if arguments_complete(call.parts):
+            await self._server_done()
+
+    async def _server_done(self) -> None:
+        """The streamed server call's input is whole: its block goes out."""
+        call = self.server
+        if call is None:
+            return
+        self.server = None
+        text = "".join(call.parts)
+        args = parse_arguments(text)
+        if not isinstance(args, dict):
+            logger.warning(
+                "a server tool call's input is not a JSON object (%d characters); published as {}",
+                len(text),
+            )
+            args = {}
+        block = _server_call({"id": call.id, "name": call.name, "args": args})
+        if block is not None:
+            await self.held.put(("server_call", block))
+
     async def chunk(self, message: AIMessageChunk, position: int) -> None:
         """Publish what one chunk carries."""
+        self.ended = False
         held = self.held
         content = message.content
         if isinstance(content, str) and not message.additional_kwargs:
             if not content:
                 pass
-            elif held.open is None and not held.pending:  # the common chunk: text, live
+            elif held.open is None and not held.pending and self.server is None:
+                # The common chunk: text, live.
                 await self.rounds.delta(text=clean(content))
-                self.signable = False
+                self.content = "text"
             else:
-                await held.put(("text", clean(content)))
+                await self._take(("text", clean(content)))
         else:
-            for piece in _pieces(message):
-                await held.put(piece)
+            for piece in _pieces(message, self.warned):
+                await self._take(piece)
         fragments = message.tool_call_chunks
+        if fragments:
+            await self._server_done()
         for fragment in fragments:
             index = fragment.get("index")
             given = fragment.get("id")
             call = self.by_index.get(index) if index is not None else None
+            if call is not None and given and call.given_id and given != call.given_id:
+                # Another call's id at an index in use: a call of its own, and the one
+                # before it has all its arguments.
+                call.done = True
+                call = None
             if call is None and index is None and not given and held.calls:
                 call = held.calls[-1]
             if call is None:
@@ -251,11 +430,30 @@ class LLMCall:
             await held.advance()
         if message.response_metadata:
             self._metadata(message)
+        if message.chunk_position == "last":
+            await self._message_end()
+
+    async def _message_end(self) -> None:
+        """A provider message of the call ended: what it opened is whole and closes now.
+        A next one (a stream of several) starts its blocks and call indexes anew."""
+        await self._server_done()
+        held = self.held
+        for call in held.calls:
+            call.done = True
+        self.by_index.clear()
+        await held.advance(final=True)
+        if held.open is not None:
+            await held.close_open()
+        elif self.content is not None:
+            await self.rounds.close_block()
+        self.content = None
+        self.ended = True
 
     async def whole(self, message: AIMessage) -> None:
         """Publish a whole message as the round's output."""
-        for piece in _pieces(message):
-            await self.held.put(piece)
+        for piece in _pieces(message, self.warned):
+            await self._take(piece)
+        await self._server_done()
         for number, tool_call in enumerate([*message.tool_calls, *message.invalid_tool_calls]):
             call = HeldCall(number)
             call.given_id = tool_call.get("id")
@@ -270,10 +468,20 @@ class LLMCall:
 
     def _metadata(self, message: AIMessage) -> None:
         metadata = message.response_metadata
-        if metadata:
-            reason = metadata.get("finish_reason") or metadata.get("stop_reason")
-            if isinstance(reason, str) and reason:
-                self.finish_reason = reason
+        if not metadata:
+            return
+        reason = metadata.get("finish_reason") or metadata.get("stop_reason")
+        if not reason and metadata.get("status") == "incomplete":
+            # The Responses API's cut response (its status, and why).
+            details = metadata.get("incomplete_details")
+            reason = details.get("reason") if isinstance(details, Mapping) else None
+        if isinstance(reason, str) and reason:
+            self.finish_reason = reason
+            details = metadata.get("stop_details")
+            given = json_value(details) if isinstance(details, Mapping) else None
+            self.stop_details = given if isinstance(given, dict) else None
+            sequence = metadata.get("stop_sequence")
+            self.stop_sequence = clean(sequence) if isinstance(sequence, str) else None
 
     async def finish(self) -> bool:
         """The model's output is whole: publish what waits and declare the calls; False
@@ -281,9 +489,15 @@ class LLMCall:
         if self.done:
             return False
         self.done = True
+        await self._server_done()
         held = self.held
         await held.advance(final=True)
         held.log_late()
+        if self.late_server:
+            logger.warning(
+                "%d characters of server tool call input came for no open call; they cannot go out",
+                self.late_server,
+            )
         await self.rounds.assistant_message(held.requests())
         for slot, call in enumerate(held.published()):
             self.requests.append(call)

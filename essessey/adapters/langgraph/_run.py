@@ -34,6 +34,7 @@ from essessey.adapters.rounds import RoundStream, stream_rounds
 from essessey.protocol import StopReason
 from essessey.protocol.asking import Answered
 from essessey.publisher import Publisher
+from essessey.streamers import NO_RESULT_TEXT
 
 __all__ = ["STREAM_MODES", "Graph", "PublishedRun", "graph_stream", "publish_run", "stream_run"]
 
@@ -45,8 +46,21 @@ STREAM_MODES: Final = ("messages", "updates")
 _INTERRUPTS: Final = "__interrupt__"
 # A request id the protocol carries as it is: an interrupt's id (hex) always is.
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-_MAX_TOKENS: Final = frozenset({"length", "max_tokens", "MAX_TOKENS"})
-_REFUSAL: Final = frozenset({"content_filter", "refusal", "SAFETY"})
+# The stop reasons the integrations give (``finish_reason``, ``stop_reason``, a Responses
+# API response's incomplete reason) in the protocol's words; any other is end_turn: the
+# model stopped, or stopped for calls the graph then ran (it waits for nothing).
+_STOP_REASONS: Final[Mapping[str, str]] = {
+    "length": StopReason.MAX_TOKENS,
+    "max_tokens": StopReason.MAX_TOKENS,
+    "MAX_TOKENS": StopReason.MAX_TOKENS,
+    "max_output_tokens": StopReason.MAX_TOKENS,
+    "content_filter": StopReason.REFUSAL,
+    "refusal": StopReason.REFUSAL,
+    "SAFETY": StopReason.REFUSAL,
+    "stop_sequence": StopReason.STOP_SEQUENCE,
+    "pause_turn": StopReason.PAUSE_TURN,
+    "model_context_window_exceeded": StopReason.MODEL_CONTEXT_WINDOW_EXCEEDED,
+}
 _STATE_VERSION: Final = 1
 # How long a run that ends early (cancelled, failed) is given to close its tasks.
 _CLOSE_TIMEOUT: Final = 5.0
@@ -99,7 +113,9 @@ class _Run:
         "_owed",
         "_position",
         "_round",
+        "_stop",
         "_waiting",
+        "_warned",
         "out",
         "rounds",
     )
@@ -118,6 +134,10 @@ class _Run:
         # rounds; the client's outputs the hub recorded already are not published again.
         self._earlier: dict[str, bool] = {}
         self._owed: list[tuple[str, str, bool]] = []
+        # The block types logged as not published (once each per run).
+        self._warned: set[str] = set()
+        # The last round's stop_details and stop_sequence, for the epilogue.
+        self._stop: tuple[dict[str, Any] | None, str | None] = (None, None)
         if answered is not None:
             for request, _ in answered.approvals():
                 self._earlier[request.tool_use_id] = True
@@ -145,6 +165,7 @@ class _Run:
             await self._message(message, metadata)
         elif mode == "updates":
             if isinstance(data, Mapping):
+                await self._settle()  # a node's update: the graph went on
                 self._updates(data)
             else:
                 logger.warning(
@@ -176,7 +197,9 @@ class _Run:
         current = self._round
         if chunk is None:
             if current is not None and message.id in current.ids:
-                return  # the whole message of the call that streamed it
+                # The whole message of the call that streamed it: that call is over.
+                await self._output_done()
+                return
             await self._start(message.id, node)
             assert self._round is not None
             await self._round.whole(message)
@@ -188,7 +211,9 @@ class _Run:
                 logger.warning("a chunk came after its call's output ended; skipped")
                 return
             await current.chunk(chunk, self._position)
-        elif chunk_id and (chunk_id in self._waiting or (current and not current.done)):
+            return
+        await self._settle()
+        if chunk_id and (chunk_id in self._waiting or (current and not current.done)):
             # Another call streams meanwhile: it is published once this one's output is.
             self._waiting.setdefault(chunk_id, (node, []))[1].append(chunk)
             if current is None or current.done:
@@ -199,8 +224,6 @@ class _Run:
             current = self._round
             assert current is not None
             await current.chunk(chunk, self._position)
-        if chunk.chunk_position == "last":
-            await self._output_done()
 
     def _model(self, message: AIMessage, metadata: Mapping[str, Any]) -> None:
         """Learn the model's name from the first message that names it."""
@@ -211,13 +234,21 @@ class _Run:
     async def _start(self, message_id: str | None, node: object) -> None:
         await self._end_round(answer_missing=True)
         await self.rounds.round_start()
-        self._round = LLMCall(self.rounds, message_id, node)
+        self._round = LLMCall(self.rounds, message_id, node, self._warned)
 
     async def _output_done(self) -> None:
         """The current call's output is whole: its calls are declared."""
         current = self._round
         if current is not None and await current.finish():
             self.out.tool_calls.extend(current.requests)
+
+    async def _settle(self) -> None:
+        """A part that is not a chunk of the current call came: a call whose stream
+        ended (its last chunk came) has its whole output now. Until then more of it may
+        come: a stream of several provider messages marks the end of each as last."""
+        current = self._round
+        if current is not None and current.ended:
+            await self._output_done()
 
     async def _flush_waiting(self, *, final: bool = False) -> None:
         """Publish the calls that streamed beside the current one, in the order they
@@ -229,11 +260,9 @@ class _Run:
             await self._start(message_id, node)
             current = self._round
             assert current is not None
-            last = False
             for chunk in chunks:
                 await current.chunk(chunk, self._position)
-                last = last or chunk.chunk_position == "last"
-            if last or final:
+            if current.ended or final:
                 await self._output_done()
             else:
                 return  # it still streams: its next chunks continue it
@@ -294,6 +323,7 @@ class _Run:
         self.out.rounds += 1
         self.out.text = summary.text
         self.out.stop_reason = _stop_reason(current.finish_reason)
+        self._stop = (current.stop_details, current.stop_sequence)
         for call_id, text, is_error in self._owed:
             await self.rounds.earlier_result(call_id, text, is_error=is_error)
         self._owed.clear()
@@ -303,9 +333,14 @@ class _Run:
         await self._flush_waiting(final=True)
         current = self._round
         unanswered: list[PublishedToolCall] = []
+        cut = False
         if current is not None:
             await self._output_done()
             unanswered = [c for c in current.requests if c.id not in self.out.results]
+            # An output cut short (max_tokens, a refusal, a pause) made no calls to run:
+            # its calls stay in the message without results, as the provider's own
+            # stream has them, and the message does not wait for them.
+            cut = _stop_reason(current.finish_reason) != StopReason.END_TURN
         out = self.out
         asks: list[tuple[str, Interrupt, str | None]] = []  # (request id, interrupt, call)
         gated: set[str] = set()
@@ -323,7 +358,7 @@ class _Run:
             used.add(request_id)
             asks.append((request_id, item, call))
         asks.sort(key=lambda ask: ask[2] is None)  # approvals before questions
-        for_client = [c.id for c in unanswered if c.id not in gated]
+        for_client = [] if cut else [c.id for c in unanswered if c.id not in gated]
         if for_client and asks:
             # Most often a tools node that runs the whole round in one task: the calls
             # that did not ask lost their results, and run again when the graph resumes.
@@ -337,7 +372,15 @@ class _Run:
         out.asked = for_client + [a[0] for a in asks]
         out.resume_ids = {request_id: item.id for request_id, item, _ in asks}
         if current is not None:
-            await self._end_round(answer_missing=not out.asked)
+            if cut and asks:
+                # The message asks, so a call without a result would read as the
+                # client's: the cut calls (that no approval gates) get error results.
+                for request in unanswered:
+                    if request.id not in gated:
+                        await self.rounds.tool_result(
+                            current.slots[request.id], NO_RESULT_TEXT, is_error=True
+                        )
+            await self._end_round(answer_missing=not (out.asked or cut))
         if out.asked:
             out.stop_reason = StopReason.TOOL_USE
             if states is not None:
@@ -351,6 +394,11 @@ class _Run:
                     question, schema = _question(item)
                     await self.rounds.ask(question, schema=schema, request_id=request_id)
         self.rounds.stop_reason = out.stop_reason
+        if not out.asked:
+            details, sequence = self._stop
+            self.rounds.stop_details = details
+            if out.stop_reason == StopReason.STOP_SEQUENCE:
+                self.rounds.stop_sequence = sequence
         usage = dict(out.usage)
         self.rounds.output_tokens = usage.pop("output_tokens", 0)
         self.rounds.usage = usage
@@ -358,11 +406,9 @@ class _Run:
 
 
 def _stop_reason(finish_reason: str | None) -> str:
-    if finish_reason in _MAX_TOKENS:
-        return StopReason.MAX_TOKENS
-    if finish_reason in _REFUSAL:
-        return StopReason.REFUSAL
-    return StopReason.END_TURN
+    if finish_reason is None:
+        return StopReason.END_TURN
+    return _STOP_REASONS.get(finish_reason, StopReason.END_TURN)
 
 
 def _reason(value: object) -> str | None:
