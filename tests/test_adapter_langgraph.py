@@ -713,6 +713,26 @@ async def test_a_signed_thinking_block_without_text_keeps_its_signature() -> Non
     assert starts(events) == [(0, "thinking"), (1, "text")]
 
 
+async def test_claude_s_redacted_thinking_is_a_redacted_thinking_block(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [
+            anthropic({"type": "redacted_thinking", "data": "opaque-1", "index": 0}),
+            *anthropic_text(1, "Four."),
+            anthropic_end("end_turn"),
+        ]
+
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.langgraph"):
+        events, _, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert [r.getMessage() for r in caplog.records] == []
+    assert starts(events) == [(0, "redacted_thinking"), (1, "text")]
+    [block] = [b for b in block_starts(events) if b["type"] == "redacted_thinking"]
+    assert block["data"] == "opaque-1"
+    assert reassemble_events(events).text == "Four."
+
+
 async def test_a_stream_of_several_provider_messages_is_one_round(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

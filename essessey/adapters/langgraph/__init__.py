@@ -16,7 +16,8 @@ LangGraph stream part                         published as
                                               ``reasoning`` blocks (a provider's
                                               thinking, ``reasoning_content``,
                                               Mistral's thinking parts) in a thinking
-                                              block with their signature
+                                              block with their signature; Anthropic's
+                                              ``redacted_thinking``, a block of its own
 ``tool_call_chunks`` of those chunks          a tool_use block per ``index`` (and id),
                                               its id and name from the first fragment,
                                               the arguments streamed as they come

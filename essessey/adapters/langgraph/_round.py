@@ -35,7 +35,7 @@ _CALL_BLOCKS: Final = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_c
 # What a call publishes, in order (held behind a call whose arguments are not whole).
 _Piece: TypeAlias = (
     tuple[Literal["text", "reasoning", "signature"], str]
-    | tuple[Literal["server_call", "server_result"], dict[str, Any]]
+    | tuple[Literal["server_call", "server_result", "redacted"], dict[str, Any]]
 )
 # What a chunk carries: a piece, or a piece of a server call's input (added to its call).
 _Found: TypeAlias = _Piece | tuple[Literal["server_chunk"], dict[str, Any]]
@@ -105,6 +105,13 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
                         if isinstance(part, Mapping) and isinstance(part.get("text"), str)
                     )
                 _reasoning(thinking, value, found)
+                continue
+            if given == "redacted_thinking" and isinstance(value, Mapping):
+                # Reasoning Anthropic encrypted: a client cannot read it, only send it
+                # back, as the Anthropic adapter's redacted_thinking block carries it.
+                data = value.get("data")
+                if isinstance(data, str) and data:
+                    found.append(("redacted", {"type": "redacted_thinking", "data": data}))
                 continue
             call_id = value.get("call_id") if isinstance(value, Mapping) else None
             if isinstance(call_id, str) and call_id:
@@ -305,6 +312,11 @@ class LLMCall:
     async def _emit(self, piece: _Piece) -> None:
         if piece[0] == "server_call" or piece[0] == "server_result":
             await self._server_block(piece[0], piece[1])
+            return
+        if piece[0] == "redacted":
+            self.content = None
+            await self.rounds.block_start(piece[1])
+            await self.rounds.block_stop()
             return
         kind, text = piece
         if kind == "text":
