@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
 from essessey import Event, InMemorySink, Publisher, StreamHub
+from essessey.adapters import stream_rounds
 from essessey.bindings.sse import SSEDecoder
 from essessey.dialects.agui import (
     BLOCK_EVENT,
@@ -37,7 +38,26 @@ AGUI_EVENT: TypeAdapter[Any] = TypeAdapter(AGUIEvent)
 NODE = Path(__file__).parent / "node"
 
 
+def reasoning_turn(stream_id: str) -> TurnProducer:
+    """Reasoning a client cannot read (a redacted block), then signed reasoning."""
+
+    async def produce(publisher: Publisher) -> None:
+        async with stream_rounds(
+            publisher, message_id="m_r", stream_id=stream_id, model="m"
+        ) as rounds:
+            await rounds.round_start()
+            await rounds.block_start({"type": "redacted_thinking", "data": "opaque-1"})
+            await rounds.block_stop()
+            await rounds.delta(reasoning="Two and two.", signature="sig-1")
+            await rounds.delta(text="Four.")
+            await rounds.round_end()
+
+    return produce
+
+
 def answer(run: AGUIRunRequest) -> TurnProducer:
+    if run.body.get("runId") == "run-reasoning":
+        return reasoning_turn(run.id)
     props = run.body.get("forwardedProps") or {}
     if props.get("bad_option"):
         raise ValueError("bad_option is not one the app takes")
@@ -277,3 +297,26 @@ def test_http_agent_reads_a_whole_run(node_client: Path, base_url: str) -> None:
         ("call_paris", '{"temp_c":18}'),
         ("call_oslo", "station offline"),
     ]
+
+
+def test_http_agent_keeps_the_reasoning_a_client_must_send_back(
+    node_client: Path, base_url: str
+) -> None:
+    # A redacted block's data and a thinking block's signature are each their reasoning
+    # message's encryptedValue: what a client sends back for the model to go on.
+    done = subprocess.run(
+        ["node", str(NODE / "agui.mjs"), f"{base_url}/agui", "thread-r", "run-reasoning"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    reasoning = [m for m in result["messages"] if m["role"] == "reasoning"]
+    assert [(m.get("content"), m.get("encryptedValue")) for m in reasoning] == [
+        ("", "opaque-1"),
+        ("Two and two.", "sig-1"),
+    ]
+    assistant = [m for m in result["messages"] if m["role"] == "assistant"]
+    assert "".join(m.get("content") or "" for m in assistant) == "Four."

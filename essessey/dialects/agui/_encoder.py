@@ -334,7 +334,15 @@ class AGUIEncoder(DialectEncoder):
                 ),
             ]
         if kind == _REDACTED:
-            return [_frame({"type": "REASONING_START", "messageId": block.id})]
+            # A reasoning message with no content: AG-UI clients keep an encrypted value
+            # only on a message they have, and this one is what the client sends back.
+            return [
+                _frame({"type": "REASONING_START", "messageId": block.id}),
+                _frame(
+                    {"type": "REASONING_MESSAGE_START", "messageId": block.id, "role": "reasoning"}
+                ),
+                _frame({"type": "REASONING_MESSAGE_END", "messageId": block.id}),
+            ]
         if kind == BlockType.TOOL_USE:
             call = {"type": "TOOL_CALL_START", "toolCallId": block.id}
             call["toolCallName"] = str(start["name"])
