@@ -138,10 +138,14 @@ async def test_ui_message_stream_usage() -> None:
     assert finish["messageMetadata"] == {
         "usage": {
             "inputTokens": PROMPT,
+            "inputTokenDetails": {
+                "noCacheTokens": PROMPT - CACHE_READ - CACHE_WRITE,
+                "cacheReadTokens": CACHE_READ,
+                "cacheWriteTokens": CACHE_WRITE,
+            },
             "outputTokens": OUTPUT,
+            "outputTokenDetails": {"textTokens": OUTPUT - REASONING, "reasoningTokens": REASONING},
             "totalTokens": PROMPT + OUTPUT,
-            "reasoningTokens": REASONING,
-            "cachedInputTokens": CACHE_READ,
         }
     }
     off = encoded(UIMessageEncoder(usage_metadata=False), events)

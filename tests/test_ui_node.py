@@ -82,13 +82,20 @@ def test_use_chat_receives_the_whole_turn(node_client: Path, base_url: str) -> N
     assert parts_of(answer) == WHOLE_TURN
     # The finish's token counts reach the app as the message's metadata.
     usage = answer["metadata"]["usage"]
+    # The shape of ai's own LanguageModelUsage.
     assert set(usage) == {
         "inputTokens",
+        "inputTokenDetails",
         "outputTokens",
+        "outputTokenDetails",
         "totalTokens",
-        "reasoningTokens",
-        "cachedInputTokens",
     }
+    assert set(usage["inputTokenDetails"]) == {
+        "noCacheTokens",
+        "cacheReadTokens",
+        "cacheWriteTokens",
+    }
+    assert set(usage["outputTokenDetails"]) == {"textTokens", "reasoningTokens"}
     assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"] > 0
 
 

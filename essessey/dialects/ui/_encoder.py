@@ -247,16 +247,24 @@ class UIMessageEncoder(DialectEncoder):
         self.ended = True
         return b"".join(out)
 
-    def _usage_fields(self) -> dict[str, int]:
+    def _usage_fields(self) -> dict[str, Any]:
         """The turn's counts in the AI SDK's usage fields (``LanguageModelUsage``)."""
         counts = self._usage
         prompt, output = counts.prompt_tokens, counts.output_tokens
+        reasoning = counts.count("reasoning_tokens")
         return {
             "inputTokens": prompt,
+            "inputTokenDetails": {
+                "noCacheTokens": counts.count("input_tokens"),
+                "cacheReadTokens": counts.count("cache_read_input_tokens"),
+                "cacheWriteTokens": counts.count("cache_creation_input_tokens"),
+            },
             "outputTokens": output,
+            "outputTokenDetails": {
+                "textTokens": max(output - reasoning, 0),
+                "reasoningTokens": reasoning,
+            },
             "totalTokens": prompt + output,
-            "reasoningTokens": counts.count("reasoning_tokens"),
-            "cachedInputTokens": counts.count("cache_read_input_tokens"),
         }
 
     # -- the events ------------------------------------------------------------------------
