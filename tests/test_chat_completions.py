@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from starlette.applications import Starlette
 
 from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events
@@ -23,6 +24,7 @@ from essessey.dialects.chat_completions import (
     chat_completions_routes,
 )
 from essessey.hub import TurnProducer
+from essessey.protocol import StopReason
 from tests.processes import WAIT
 from tests.scripted_turn import ANSWER, THINKING, scripted_turn
 from tests.servers import serve
@@ -32,7 +34,29 @@ pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "user", "content": "Weather in Paris and Oslo?"}]
 
 
+def asks_then_goes_on(stream_id: str) -> TurnProducer:
+    """A message whose call is the client's (no result), then another message: what a
+    provider that runs several messages in one stream gives (Anthropic's tool search)."""
+
+    async def produce(p: Publisher) -> None:
+        await p.send_stream_preamble("msg_1", stream_id, "scripted", input_tokens=10)
+        await p.send_content_block_start_text(0)
+        await p.send_content_block_delta_text(0, "Looking it up.")
+        await p.send_content_block_stop(0)
+        await p.send_tool_use_block(1, "call_find", "find", {"q": "Oslo"})
+        await p.send_stream_epilogue(StopReason.TOOL_USE, 5)
+        await p.send_stream_preamble("msg_2", stream_id, "scripted", input_tokens=20)
+        await p.send_content_block_start_text(0)
+        await p.send_content_block_delta_text(0, " Found it.")
+        await p.send_content_block_stop(0)
+        await p.send_stream_epilogue(StopReason.END_TURN, 3)
+
+    return produce
+
+
 def answer(request: ChatCompletionRequest) -> TurnProducer:
+    if request.body.get("asks_then_goes_on"):
+        return asks_then_goes_on(request.id)
     delay = float(request.body.get("delay_ms", 0)) / 1000
     if request.body.get("bad_option"):
         raise ValueError("bad_option is not one the app takes")
@@ -214,6 +238,70 @@ async def test_an_error_in_the_turn_raises_the_sdk_s_api_error(base_url: str) ->
         with pytest.raises(openai.APIError, match="the provider is overloaded"):
             async for _ in stream:
                 pass
+
+
+@pytest.mark.parametrize(
+    "turn", [{}, {"asks_then_goes_on": True}], ids=["two-rounds", "asks-then-goes-on"]
+)
+async def test_a_request_without_stream_gets_what_the_stream_ends_with(
+    base_url: str, turn: dict[str, Any]
+) -> None:
+    async with client(base_url) as sdk:
+        streamed = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=turn,
+        )
+        state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+        async for chunk in streamed:
+            state.handle_chunk(chunk)
+        read = state.current_completion_snapshot
+        whole = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            extra_body=turn,
+        )
+    views = []
+    for ended in (read, whole):
+        [choice] = ended.choices
+        message = choice.message
+        calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        reasoning = getattr(message, "reasoning_content", None)  # an extra field of the SDK's
+        usage = ended.usage.model_dump() if ended.usage else None
+        views.append((message.content, reasoning, calls, choice.finish_reason, usage))
+    if turn:  # the message that asks ends the completion, in both
+        assert views[0][:4] == (
+            "Looking it up.",
+            None,
+            [("call_find", "find", '{"q":"Oslo"}')],
+            "tool_calls",
+        )
+    else:
+        assert views[0][0] == ANSWER
+        assert views[0][3] == "stop"
+    assert views[1] == views[0]
+
+
+async def test_a_request_without_stream_for_a_turn_that_failed_gets_the_error(
+    base_url: str,
+) -> None:
+    async with client(base_url) as sdk:
+        with pytest.raises(
+            openai.InternalServerError, match="the provider is overloaded"
+        ) as raised:
+            await sdk.chat.completions.create(
+                model="scripted",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                extra_body={"fail": True},
+            )
+    # No completion of a failed turn, and no retry: a retry would run the turn again.
+    assert raised.value.status_code == 500
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert raised.value.code is None
+    assert isinstance(raised.value.body, dict)
+    assert raised.value.body["type"] == "overloaded_error"
 
 
 @pytest.mark.parametrize(

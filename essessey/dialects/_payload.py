@@ -17,6 +17,7 @@ __all__ = [
     "QUESTION_TOOL",
     "TurnUsage",
     "answer_value",
+    "call_arguments",
     "content_text",
     "message_delta_totals",
     "read_payload",
@@ -120,6 +121,17 @@ def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
     else:
         log.warning("skipped a %s event: %s", event.event, record.reason)
     return None
+
+
+def call_arguments(parts: list[str], block: dict[str, Any]) -> str:
+    """A tool call's arguments as a dialect writes them whole: its fragments, or, when
+    none has any text (a tool that takes no parameters), its start's ``input`` as JSON
+    (``{}``): an OpenAI client parses the arguments, and ``""`` is no JSON."""
+    whole = "".join(parts)
+    if whole:
+        return whole
+    given = block.get("input")
+    return orjson.dumps(given if isinstance(given, dict) else {}).decode()
 
 
 def message_delta_totals(payload: dict[str, Any]) -> tuple[str | None, int]:

@@ -8,11 +8,16 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import QUESTION_TOOL, TurnUsage, message_delta_totals
+from essessey.dialects._payload import (
+    QUESTION_TOOL,
+    TurnUsage,
+    call_arguments,
+    message_delta_totals,
+)
 from essessey.dialects.base import DialectEncoder
+from essessey.errors import ProviderStreamError
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
-from essessey.reassemble import reassemble_events
 
 __all__ = [
     "APPROVAL_TOOL",
@@ -134,6 +139,9 @@ class ChatCompletionsEncoder(DialectEncoder):
         self._gated: set[str] = set()
         self._calls: dict[str, _Held] = {}  # the message's calls, by id
         self._results: set[str] = set()
+        # The calls written while open with no arguments yet, by block index: at their
+        # stop, if none came, their start's input.
+        self._argless: dict[int, dict[str, Any]] = {}
         self._asks = False  # the message asks for an approval or an answer
         self.tool_calls: list[dict[str, Any]] | None = [] if collect else None
         """The tool calls written, whole (with ``collect``)."""
@@ -197,8 +205,12 @@ class ChatCompletionsEncoder(DialectEncoder):
         held = self._held.pop(index, None)
         if held is not None:
             held.closed = True
-        self._blocks.pop(index, None)
-        return []
+        _, call = self._blocks.pop(index, _NO_BLOCK)
+        block = self._argless.pop(index, None)
+        if block is None:
+            return []
+        # A call written before any of its arguments came, and none came.
+        return [self._arguments_chunk(call, call_arguments([], block))]
 
     def on_message_delta(self, payload: dict[str, Any]) -> list[bytes]:
         """The calls held (the message ends); the finish reason and usage go into the
@@ -236,6 +248,7 @@ class ChatCompletionsEncoder(DialectEncoder):
         frames = self._release()
         self._blocks.clear()
         self._held.clear()
+        self._argless.clear()
         self._calls.clear()
         self._results.clear()
         self._gated.clear()
@@ -327,16 +340,21 @@ class ChatCompletionsEncoder(DialectEncoder):
                 continue
             call = self._calls_written
             name = str(block["name"])
-            calls.append(self._call(str(block["id"]), name, "".join(entry.parts)))
             if open_block:
+                arguments = "".join(entry.parts)
                 self._blocks[entry.index] = (BlockType.TOOL_USE, call)
+                if not arguments:
+                    self._argless[entry.index] = block  # its arguments may still come
+            else:
+                arguments = call_arguments(entry.parts, block)
+            calls.append(self._call(str(block["id"]), name, arguments))
         return calls
 
     def _approval(self, block: dict[str, Any]) -> dict[str, Any]:
         call = self._calls.get(str(block["tool_use_id"]))
         fields: dict[str, Any] = {"tool_use_id": str(block["tool_use_id"])}
         fields["name"] = str(call.block.get("name", "")) if call is not None else ""
-        fields["arguments"] = "".join(call.parts) if call is not None else ""
+        fields["arguments"] = call_arguments(call.parts, call.block) if call is not None else ""
         reason = block.get("reason")
         if isinstance(reason, str):
             fields["reason"] = reason
@@ -363,12 +381,16 @@ class ChatCompletionsEncoder(DialectEncoder):
             return [self._chunk({"reasoning_content": str(text)})]
         if kind == BlockType.TOOL_USE and delta_type == DeltaType.INPUT_JSON:
             text = str(delta["partial_json"])
-            if self.tool_calls is not None:
-                function = self.tool_calls[call]["function"]
-                function["arguments"] += text
-            entry = {"index": call, "function": {"arguments": text}}
-            return [self._chunk({"tool_calls": [entry]})]
+            if text:
+                self._argless.pop(index, None)
+            return [self._arguments_chunk(call, text)]
         return []  # a signature, a tool result, a block without a place here
+
+    def _arguments_chunk(self, call: int, text: str) -> bytes:
+        """A chunk of call ``call``'s arguments."""
+        if self.tool_calls is not None:
+            self.tool_calls[call]["function"]["arguments"] += text
+        return self._chunk({"tool_calls": [{"index": call, "function": {"arguments": text}}]})
 
     def _finish_chunk(self) -> bytes:
         self._finished = True
@@ -411,32 +433,48 @@ def completion(
     events: list[Event], completion_id: str, *, model: str = "essessey", created: int | None = None
 ) -> dict[str, Any]:
     """A whole turn as one ``chat.completion`` object (for a request without
-    ``stream``): the turn's text, reasoning and tool calls (as the stream writes them: a
-    turn's questions and approval requests too), its finish reason and usage, with the
-    same omissions as the stream."""
-    turn = reassemble_events(events)
-    message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
-    if turn.thinking:
-        message["reasoning_content"] = turn.thinking
-    encoder = ChatCompletionsEncoder(completion_id, collect=True)
-    for event in events:
-        encoder.encode(event)
-    encoder.finish()
+    ``stream``): what a client that reads the stream ends with, chunk by chunk (the same
+    text, reasoning, tool calls, finish reason and usage; a message that asks ends it).
+
+    Raises :class:`~essessey.ProviderStreamError` with the error's type and message when
+    the stream would carry an error object (the turn failed): a failed turn has no
+    completion to answer.
+    """
+    encoder = ChatCompletionsEncoder(
+        completion_id, model=model, include_usage=True, created=created, collect=True
+    )
+    frames = b"".join([*(encoder.encode(event) for event in events), encoder.finish()])
+    content: list[str] = []
+    reasoning: list[str] = []
+    finish_reason = "stop"
+    usage: Any = None
+    named = model
+    for line in frames.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue  # an id, a blank line, [DONE]
+        chunk = orjson.loads(line[6:])
+        error = chunk.get("error")
+        if isinstance(error, dict):
+            raise ProviderStreamError(str(error.get("type")), str(error.get("message")))
+        named = chunk["model"]
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content.append(delta.get("content") or "")
+            reasoning.append(delta.get("reasoning_content") or "")
+            finish_reason = choice["finish_reason"] or finish_reason
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if any(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
     if encoder.tool_calls:
         message["tool_calls"] = encoder.tool_calls
     return {
         "id": completion_id,
         "object": "chat.completion",
-        "created": int(time.time()) if created is None else created,
-        "model": turn.model or model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": FINISH_REASONS.get(turn.stop_reason or "", "stop"),
-            }
-        ],
-        "usage": openai_usage(TurnUsage.of(events)),
+        "created": encoder.created,
+        "model": named,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": usage if usage is not None else openai_usage(TurnUsage()),
     }
 
 

@@ -29,7 +29,8 @@ from essessey.dialects.chat_completions._encoder import (
     completion,
     error_object,
 )
-from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
+from essessey.errors import AnswerRefused, InvalidAnswer, ProviderStreamError, StreamNotFound
+from essessey.event import Event
 from essessey.hub import StreamHub
 from essessey.protocol.asking import (
     Answer,
@@ -173,6 +174,20 @@ def _refusal(exc: AnswerRefused, headers: dict[str, str]) -> Response:
     return json_error(exc.status, kind, str(exc), headers, shape=lambda _t, _m: data)
 
 
+def _whole(
+    events: list[Event], completion_id: str, model: str, headers: dict[str, str]
+) -> Response:
+    """The answer to a request without ``stream``: the completion, or (the turn failed)
+    its error as OpenAI answers one, with a 500 the client does not retry (a retry
+    would run the turn again)."""
+    try:
+        whole = completion(events, completion_id, model=model)
+    except ProviderStreamError as exc:
+        no_retry = {**headers, "x-should-retry": "false"}
+        return json_error(500, exc.error_type, exc.message, no_retry, shape=error_object)
+    return Response(orjson.dumps(whole), headers=headers, media_type="application/json")
+
+
 def chat_completions_routes(
     hub: StreamHub,
     turn: ChatTurnFactory,
@@ -234,12 +249,7 @@ def chat_completions_routes(
         if not parsed.stream:
             await hub.wait(completion_id)
             events, _ = await hub.store.since(completion_id, None)
-            whole = completion(events, completion_id, model=parsed.model)
-            return Response(
-                orjson.dumps(whole),
-                headers={**headers, **location},
-                media_type="application/json",
-            )
+            return _whole(events, completion_id, parsed.model, {**headers, **location})
         encoder = ChatCompletionsEncoder(
             completion_id, model=parsed.model, include_usage=parsed.include_usage
         )
@@ -282,10 +292,7 @@ def chat_completions_routes(
         if not parsed.stream:
             await hub.wait(stream_id)
             events, _ = await hub.store.since(stream_id, after)
-            whole = completion(events, completion_id, model=parsed.model)
-            return Response(
-                orjson.dumps(whole), headers={**headers, **location}, media_type="application/json"
-            )
+            return _whole(events, completion_id, parsed.model, {**headers, **location})
         encoder = ChatCompletionsEncoder(
             completion_id, model=parsed.model, include_usage=parsed.include_usage, after=after
         )

@@ -8,7 +8,12 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import QUESTION_TOOL, TurnUsage, message_delta_totals
+from essessey.dialects._payload import (
+    QUESTION_TOOL,
+    TurnUsage,
+    call_arguments,
+    message_delta_totals,
+)
 from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
 from essessey.protocol import BlockType, DeltaType, StopReason
@@ -668,6 +673,13 @@ class ResponsesEncoder(DialectEncoder):
     def _call_done(self, item: _Item) -> list[bytes]:
         """A call's done events (a call of the client's own kind: added and done)."""
         whole = "".join(item.parts)
+        frames: list[bytes] = []
+        if not whole and _client_item_type(item.block) is None:
+            # No arguments came (a tool with no parameters): its start's input, as a
+            # delta too, for a client that adds the deltas up.
+            whole = call_arguments([], item.block)
+            body = {"item_id": item.id, "output_index": item.output_index, "delta": whole}
+            frames = self._emit("response.function_call_arguments.delta", body)
         if _client_item_type(item.block) is not None:
             try:
                 given = orjson.loads(whole) if whole else {}
@@ -681,7 +693,8 @@ class ResponsesEncoder(DialectEncoder):
         call = self._call_item(item, whole, "completed")
         body = {"item_id": item.id, "output_index": item.output_index, "arguments": whole}
         body["name"] = call["name"]
-        return self._emit("response.function_call_arguments.done", body) + self._done(item, call)
+        frames += self._emit("response.function_call_arguments.done", body)
+        return frames + self._done(item, call)
 
     def _done(self, item: _Item, body: dict[str, Any]) -> list[bytes]:
         self._output.append(body)
