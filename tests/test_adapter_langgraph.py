@@ -678,6 +678,44 @@ async def test_a_responses_api_response_cut_short_says_why(reason: str, stop: st
     assert (message.text, message.stop_reason, run.stop_reason) == ("Cut", stop, stop)
 
 
+@pytest.mark.parametrize("summary", [True, False], ids=["with-summary", "no-summary"])
+async def test_a_responses_api_reasoning_item_s_encrypted_content_is_kept(summary: bool) -> None:
+    """ChatOpenAI on the Responses API gives a reasoning item's encrypted_content at its
+    end: the thinking block's signature, or a redacted_thinking block without a summary."""
+    openai = {"model_provider": "openai", "model_name": "gpt-5"}
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        item: dict[str, Any] = {"type": "reasoning", "id": "rs_1", "index": 0}
+        chunks = []
+        if summary:
+            part = {"index": 0, "type": "summary_text", "text": "Weighing it."}
+            chunks.append(
+                AIMessageChunk(content=[{**item, "summary": [part]}], response_metadata=openai)
+            )
+        done = {**item, "summary": [], "encrypted_content": "gAAAA-enc"}
+        chunks.append(AIMessageChunk(content=[done], response_metadata=openai))
+        chunks.append(
+            AIMessageChunk(
+                content=[{"type": "text", "text": "Done.", "index": 1}], response_metadata=openai
+            )
+        )
+        end = {**openai, "status": "completed"}
+        chunks.append(AIMessageChunk(content=[], response_metadata=end, chunk_position="last"))
+        return chunks
+
+    events, _, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    message = reassemble_events(events).messages[0]
+    assert message.text == "Done."
+    if summary:
+        assert (message.thinking, message.signature) == ("Weighing it.", "gAAAA-enc")
+        assert starts(events) == [(0, "thinking"), (1, "text")]
+    else:
+        assert starts(events) == [(0, "redacted_thinking"), (1, "text")]
+        [block] = [b for b in block_starts(events) if b["type"] == "redacted_thinking"]
+        assert block["data"] == "gAAAA-enc"
+
+
 async def test_a_refusal_s_stop_details_go_out_with_its_stop() -> None:
     """Anthropic's account of a refusal (``stop_details``) is the epilogue's; its
     explanation, which langchain-core also gives as a refusal block, is not the model's

@@ -34,7 +34,7 @@ _CALL_BLOCKS: Final = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_c
 
 # What a call publishes, in order (held behind a call whose arguments are not whole).
 _Piece: TypeAlias = (
-    tuple[Literal["text", "reasoning", "signature"], str]
+    tuple[Literal["text", "reasoning", "signature", "encrypted"], str]
     | tuple[Literal["server_call", "server_result", "redacted"], dict[str, Any]]
 )
 # What a chunk carries: a piece, or a piece of a server call's input (added to its call).
@@ -127,13 +127,18 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
 
 
 def _reasoning(text: object, extras: object, found: list[_Found]) -> None:
-    """Reasoning text and the signature ``extras`` carries, as pieces."""
+    """Reasoning text and what ``extras`` carries for the provider to read back, as
+    pieces: Anthropic's signature, or the Responses API's ``encrypted_content`` (what a
+    client that keeps no state with OpenAI sends back)."""
     if isinstance(text, str) and text:
         found.append(("reasoning", clean(text)))
     if isinstance(extras, Mapping):
         signature = extras.get("signature")
         if isinstance(signature, str) and signature:
             found.append(("signature", signature))
+        encrypted = extras.get("encrypted_content")
+        if isinstance(encrypted, str) and encrypted:
+            found.append(("encrypted", encrypted))
 
 
 def _restates_stop(message: AIMessage, text: str) -> bool:
@@ -314,9 +319,16 @@ class LLMCall:
             await self._server_block(piece[0], piece[1])
             return
         if piece[0] == "redacted":
-            self.content = None
-            await self.rounds.block_start(piece[1])
-            await self.rounds.block_stop()
+            await self._redacted(piece[1])
+            return
+        if piece[0] == "encrypted":
+            # The whole reasoning item's, at its end: the signature of its thinking block
+            # while that is open, else (an item with no summary) a redacted_thinking
+            # block, as the Responses adapter publishes it.
+            if self.content == "thinking":
+                await self.rounds.delta(signature=piece[1])
+            else:
+                await self._redacted({"type": "redacted_thinking", "data": piece[1]})
             return
         kind, text = piece
         if kind == "text":
@@ -332,6 +344,11 @@ class LLMCall:
                 await self.rounds.open_content(thinking_block_start(self.rounds.publisher.dialect))
                 self.content = "thinking"
             await self.rounds.delta(signature=text)
+
+    async def _redacted(self, block: dict[str, Any]) -> None:
+        self.content = None
+        await self.rounds.block_start(block)
+        await self.rounds.block_stop()
 
     async def _call_opens(self) -> None:
         # A tool call's block opening closes the text or thinking block.
