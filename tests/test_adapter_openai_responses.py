@@ -2011,6 +2011,48 @@ async def test_encrypted_reasoning_is_the_thinking_block_s_signature(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
+async def test_a_reasoning_summary_of_several_parts_goes_back_as_one_item(streamed: bool) -> None:
+    # Each summary part is a thinking block of its own (headings do not run together),
+    # marked as a summary; the Responses dialect writes the item back as the provider
+    # sent it: one reasoning item, its summary parts, its encrypted content once.
+    parts = ["**Plan**\n\nAdd them.", "**Check**\n\nIt is 4."]
+    item: dict[str, Any] = {"id": "rs_1", "type": "reasoning", "encrypted_content": _ENCRYPTED}
+    item["summary"] = [{"type": "summary_text", "text": text} for text in parts]
+    second = {"id": "rs_2", "type": "reasoning", "summary": [], "encrypted_content": "second"}
+    second["summary"] = [{"type": "summary_text", "text": "Done."}]
+    events: list[dict[str, Any]] = [_created()]
+    if streamed:
+        events.append(_added({**item, "summary": []}, 0))
+        for n, text in enumerate(parts):
+            events += [_summary(text, part=n), _summary_done(text, part=n)]
+        events.append(_event("response.output_item.done", output_index=0, item=item))
+        events += [_text("4", item="msg_1", out=1), _text_done("4", item="msg_1", out=1)]
+        events.append(_added({**second, "summary": []}, 2))
+        events += [_summary("Done.", item="rs_2", out=2), _summary_done("Done.", "rs_2", out=2)]
+        events.append(_event("response.output_item.done", output_index=2, item=second))
+    events.append(_completed(output=[item, _message_item("4", "msg_1"), second]))
+    _, published = await _publish(events)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert [i.text for i in parsed.timeline if i.kind == "thinking"] == [*parts, "Done."]
+    frames = _through_the_responses_dialect(published, "resp_sum")
+    output = frames[-1].response.output
+    assert [i.type for i in output] == ["reasoning", "message", "reasoning"]
+    first, _, last = output
+    assert [p.text for p in first.summary] == parts
+    assert (first.content, first.encrypted_content) == (None, _ENCRYPTED)
+    assert ([p.text for p in last.summary], last.encrypted_content) == (["Done."], "second")
+    # The stream has each part's own events, numbered within its item.
+    added = [
+        (f.item_id, f.summary_index)
+        for f in frames
+        if f.type == "response.reasoning_summary_part.added"
+    ]
+    assert added == [(first.id, 0), (first.id, 1), (last.id, 0)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-only"])
 async def test_each_text_part_is_a_block_of_its_own(streamed: bool) -> None:
     # A model's preamble and its answer (two message items, GPT-5's "commentary" and
     # "final_answer" phases), or two parts of one item, must not run together.

@@ -38,6 +38,8 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
@@ -757,6 +759,7 @@ CONTENT_BLOCK = st.fixed_dictionaries(
         "text": MAYBE_WRONG_TEXT,
         "thinking": MAYBE_WRONG_TEXT,
         "signature": MAYBE_WRONG_TEXT,
+        "summary": st.one_of(st.booleans(), WRONG),
     },
 )
 DELTA = st.fixed_dictionaries(
@@ -878,6 +881,11 @@ def valid_messages(draw: st.DrawFn, number: int) -> tuple[list[Event], str]:
         parts = draw(non_empty)
         deltas = [{"type": DeltaType.THINKING, thinking_field: p} for p in parts]
         block({"type": "thinking"}, [*deltas, {"type": DeltaType.SIGNATURE, "signature": "sig"}])
+    summaries = draw(st.integers(0, 3))  # a reasoning summary's parts, the last one signed
+    for n in range(summaries):
+        signed = [{"type": DeltaType.SIGNATURE, "signature": "sig"}] if n == summaries - 1 else []
+        part = [{"type": DeltaType.THINKING, thinking_field: draw(SECRET.filter(bool))}]
+        block({"type": "thinking", "summary": True}, [*part, *signed])
     if draw(st.booleans()):
         parts = draw(non_empty)
         text.extend(parts)
@@ -988,6 +996,7 @@ def test_reassembler_reads_any_sequence_without_raising(
 
 
 # Each dialect's encoder, as a route makes it for a subscriber.
+RESPONSES_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 DIALECT_ENCODERS: dict[str, Callable[[], Any]] = {
     "ui": lambda: UIMessageEncoder(message_id="turn"),
     "agui": lambda: AGUIEncoder("thread", "run"),
@@ -1073,6 +1082,48 @@ def test_valid_messages_pass_check_and_reassemble_quietly(count: int, data: st.D
     parsed = reassembler.result()
     assert parsed.text == "".join(text)
     assert parsed.complete
+
+
+@fuzz()
+@given(data=st.data())
+def test_the_responses_dialect_writes_a_summary_back_as_the_items_it_came_as(
+    data: st.DataObject,
+) -> None:
+    # Adjacent summary blocks, the last one signed, are one reasoning item's summary
+    # parts; every frame is one the openai SDK reads.
+    events = data.draw(valid_messages(0))[0]
+    expected: list[tuple[list[str], str]] = []
+    parts: dict[int, list[str]] = {}
+    summary: list[str] = []
+    for event in events:
+        payload = orjson.loads(event.data)
+        if event.event == "content_block_start":
+            if payload["content_block"].get("summary") is True:
+                parts[payload["index"]] = []
+        elif event.event == "content_block_delta" and payload["index"] in parts:
+            delta = payload["delta"]
+            if delta["type"] == DeltaType.THINKING:
+                parts[payload["index"]].append(delta.get("text", delta.get("thinking")))
+            else:
+                summary_text = "".join(parts.pop(payload["index"]))
+                expected.append(([*summary, summary_text], delta["signature"]))
+                summary = []
+        elif event.event == "content_block_stop" and payload["index"] in parts:
+            summary.append("".join(parts.pop(payload["index"])))
+    encoder = ResponsesEncoder("resp_1", created_at=1)
+    body = b"".join(encoder.encode(event) for event in events) + encoder.finish()
+    frames = [
+        RESPONSES_EVENT.validate_json(line[6:])
+        for line in body.split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+    output = frames[-1].response.output
+    written = [
+        ([part.text for part in item.summary], item.encrypted_content)
+        for item in output
+        if item.type == "reasoning" and item.summary
+    ]
+    assert written == expected
 
 
 # == 4. The provider adapters ======================================================

@@ -116,7 +116,7 @@ from essessey.adapters._values import (
 )
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import ProviderStreamError
-from essessey.protocol import StopReason
+from essessey.protocol import StopReason, thinking_block_start
 from essessey.publisher import Publisher
 
 __all__ = [
@@ -1467,6 +1467,11 @@ class _Reader:
             # and its answer): a block of its own, so the parts do not run together
             # ("**A****B**") and nothing is added to what the provider sent.
             await self.rounds.close_block()
+        if key[0] == "summary" and key != open_part:
+            # A summary of the model's reasoning, not the reasoning itself: its block
+            # says so, and the Responses dialect writes it back as a summary part.
+            start = thinking_block_start(self.rounds.publisher.dialect)
+            await self.rounds.open_content({**start, "summary": True})
         self._open_part = key
         if key[0] == "message":
             await self.rounds.delta(text=text)

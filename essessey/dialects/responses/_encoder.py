@@ -72,6 +72,7 @@ class _Item:
         "parts",
         "signature",
         "size",
+        "summaries",
         "text_frame",
     )
 
@@ -85,6 +86,8 @@ class _Item:
         self.deltas: list[dict[str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
         self.signature: str | None = None
+        # A reasoning item of summary parts: the parts done so far (None: not one).
+        self.summaries: list[str] | None = None
         self.size = 0
         self.held = False  # a call held until its round's approvals are known
         self.closed = False  # a held call whose block has stopped
@@ -227,6 +230,10 @@ class ResponsesEncoder(DialectEncoder):
         self._started = False
         self.ended = False
         self._items: dict[int, _Item] = {}  # open blocks, by block index
+        # A reasoning item of summary parts whose last part ended, unsigned: the block
+        # at ``_reasoning_next``, if it is a summary part too, is its next part.
+        self._reasoning: _Item | None = None
+        self._reasoning_next = -1
         self._output: list[dict[str, Any]] = []  # done items, for the final response
         self._next_output = 0
         self._stop_reason: str | None = None
@@ -415,6 +422,11 @@ class ResponsesEncoder(DialectEncoder):
         """An output item's start (and its first part's), by the block's kind; a call,
         a result after it and an approval request are held (see the class)."""
         kind = str(block.get("type"))
+        pending = self._reasoning
+        if pending is not None:
+            if _is_summary(block) and index == self._reasoning_next:
+                return self._next_summary(index, pending)
+            return self._finish_reasoning() + self.on_block_start(index, block)
         if kind == BlockType.TOOL_USE:
             return self._hold_call(index, block)
         if kind == BlockType.APPROVAL_REQUEST:
@@ -456,10 +468,10 @@ class ResponsesEncoder(DialectEncoder):
         by an approval request as its items (whole when its block stopped, else its start
         and arguments so far), each result as its item (at its stop when still open),
         each approval request as an ``mcp_approval_request``."""
+        frames: list[bytes] = self._finish_reasoning() if self._reasoning is not None else []
         if not self._queue:
-            return []
+            return frames
         queue, self._queue = self._queue, []
-        frames: list[bytes] = []
         for entry in queue:
             if isinstance(entry, dict):
                 frames += self._approval(entry)
@@ -563,10 +575,14 @@ class ResponsesEncoder(DialectEncoder):
             if kind == "redacted_thinking":
                 item.signature = str(block.get("data", ""))
             reasoning = {"id": item.id, "type": "reasoning", "summary": []}
-            return self._emit(
+            frames = self._emit(
                 "response.output_item.added",
                 {"output_index": item.output_index, "item": reasoning},
             )
+            if _is_summary(block):
+                item.summaries = []
+                frames += self._summary_part("response.reasoning_summary_part.added", item, "")
+            return frames
         if kind == "server_tool_use" and block.get("item_type") in _HOSTED_ITEM_TYPES:
             # A hosted tool's call: its result block carries the provider's item whole,
             # which is what goes out (one output item, no index of its own here).
@@ -577,6 +593,33 @@ class ResponsesEncoder(DialectEncoder):
 
     def _at(self, item: _Item, **body: Any) -> dict[str, Any]:
         return {"item_id": item.id, "output_index": item.output_index, "content_index": 0, **body}
+
+    def _in_summary(self, item: _Item, **body: Any) -> dict[str, Any]:
+        """The fields that place an event in the summary part ``item`` is writing."""
+        summaries = item.summaries or []
+        place = {"item_id": item.id, "output_index": item.output_index}
+        return {**place, "summary_index": len(summaries), **body}
+
+    def _summary_part(self, name: str, item: _Item, text: str) -> list[bytes]:
+        part = {"type": "summary_text", "text": text}
+        return self._emit(name, self._in_summary(item, part=part))
+
+    def _next_summary(self, index: int, item: _Item) -> list[bytes]:
+        """Block ``index`` is the next summary part of the reasoning item ``item``."""
+        self._reasoning = None
+        self._items[index] = item
+        return self._summary_part("response.reasoning_summary_part.added", item, "")
+
+    def _finish_reasoning(self) -> list[bytes]:
+        """The end of the reasoning item whose summary parts are done."""
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return []
+        parts = [{"type": "summary_text", "text": text} for text in item.summaries or []]
+        reasoning: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": parts}
+        if item.signature is not None:
+            reasoning["encrypted_content"] = item.signature
+        return self._done(item, reasoning)
 
     def _hold(self, item: _Item, text: str) -> bool:
         size = item.size = item.size + len(text)
@@ -615,6 +658,9 @@ class ResponsesEncoder(DialectEncoder):
         if item.kind == BlockType.THINKING and kind == DeltaType.THINKING:
             text = str(delta.get("thinking", delta.get("text")))  # the two dialects
             self._hold(item, text)
+            if item.summaries is not None:
+                body = self._in_summary(item, delta=text)
+                return self._emit("response.reasoning_summary_text.delta", body)
             return self._emit("response.reasoning_text.delta", self._at(item, delta=text))
         if item.kind == BlockType.THINKING and kind == DeltaType.SIGNATURE:
             item.signature = (item.signature or "") + str(delta["signature"])
@@ -725,6 +771,19 @@ class ResponsesEncoder(DialectEncoder):
                 + self._emit("response.content_part.done", self._at(item, part=part))
                 + self._done(item, message)
             )
+        if item.summaries is not None:
+            # A summary part's end; the item goes on while the next block is another of
+            # its parts, and ends with its encrypted content (its last part's signature).
+            frames = self._emit(
+                "response.reasoning_summary_text.done", self._in_summary(item, text=whole)
+            )
+            frames += self._summary_part("response.reasoning_summary_part.done", item, whole)
+            item.summaries.append(whole)
+            item.parts, item.size = [], 0
+            self._reasoning, self._reasoning_next = item, index + 1
+            if item.signature is not None:
+                frames += self._finish_reasoning()
+            return frames
         if item.kind in (BlockType.THINKING, "redacted_thinking"):
             reasoning: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": []}
             if item.kind == BlockType.THINKING:  # a redacted block has no text, only its data
@@ -784,6 +843,12 @@ class ResponsesEncoder(DialectEncoder):
         failure = {"code": "server_error", "message": message}
         self._final = self._response("failed", error=failure)
         return self._emit("error", error) + self._emit("response.failed", {"response": self._final})
+
+
+def _is_summary(block: dict[str, Any]) -> bool:
+    """Whether a block is a thinking block of a provider's summary of its reasoning
+    (docs/protocol.md): a summary part of a Responses reasoning item."""
+    return block.get("type") == BlockType.THINKING and block.get("summary") is True
 
 
 # -- serving it ---------------------------------------------------------------------------
