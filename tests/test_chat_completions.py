@@ -284,6 +284,24 @@ async def test_a_request_without_stream_gets_what_the_stream_ends_with(
     assert views[1] == views[0]
 
 
+async def test_the_sdk_s_retrieve_gets_the_whole_completion(base_url: str) -> None:
+    # GET of a completion asking for JSON (the openai SDK's retrieve) is answered whole,
+    # as a request without stream is; an SSE reader of the same URL gets the stream.
+    async with client(base_url) as sdk:
+        whole = await sdk.chat.completions.create(
+            model="scripted",
+            messages=MESSAGES,  # type: ignore[arg-type]
+        )
+        retrieved = await sdk.chat.completions.retrieve(whole.id)
+    assert isinstance(retrieved, openai.types.chat.ChatCompletion)
+    assert retrieved.model_dump(include={"id", "choices", "usage"}) == whole.model_dump(
+        include={"id", "choices", "usage"}
+    )
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        streamed = await http.get(f"{base_url}/v1/chat/completions/{whole.id}")
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+
+
 async def test_a_request_without_stream_for_a_turn_that_failed_gets_the_error(
     base_url: str,
 ) -> None:

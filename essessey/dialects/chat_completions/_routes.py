@@ -188,6 +188,17 @@ def _whole(
     return Response(orjson.dumps(whole), headers=headers, media_type="application/json")
 
 
+def _wants_json(request: Request) -> bool:
+    """Whether a read of a completion asks for it whole (its ``Accept`` names JSON and
+    not SSE, and it resumes nothing), as the openai SDK's ``retrieve`` does."""
+    accept = request.headers.get("accept", "")
+    return (
+        "application/json" in accept
+        and "text/event-stream" not in accept
+        and requested_resume_point(request) is None
+    )
+
+
 def chat_completions_routes(
     hub: StreamHub,
     turn: ChatTurnFactory,
@@ -304,6 +315,17 @@ def chat_completions_routes(
     async def resume(request: Request) -> Response:
         completion_id = request.path_params["completion_id"]
         stream_id, after = split_completion_id(completion_id)
+        if _wants_json(request):
+            # The openai SDK's retrieve: the whole completion, as a request without
+            # stream gets it.
+            verdict = await admit(hub, request, stream_id, None, logger)
+            if isinstance(verdict, Refusal):
+                return json_error(
+                    verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
+                )
+            await hub.wait(stream_id)
+            events, _ = await hub.store.since(stream_id, after)
+            return _whole(events, completion_id, "essessey", headers)
         encoder = ChatCompletionsEncoder(
             completion_id,
             include_usage=request.query_params.get("include_usage") == "true",
