@@ -409,7 +409,7 @@ async def test_cancelling_an_expired_interrupt_is_a_run_as_any_other(app: App) -
         [interrupt] = first[-1]["outcome"]["interrupts"]
         # Answers are refused once the clock is past expiresAt (whole seconds): wait for it.
         expires_at = datetime.fromisoformat(interrupt["expiresAt"]).timestamp()
-        await anyio.sleep(expires_at - time.time() + 0.05)
+        await anyio.sleep(max(expires_at - time.time() + 0.05, 0))
         resolved = {"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"}
         late = await post(http, app.url, resume_run(thread, "r2", [resolved]))
         cancelled = {"interruptId": interrupt["id"], "status": "cancelled"}
