@@ -6,6 +6,7 @@ into the same turn."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,6 +167,19 @@ async def test_unreadable_events_are_skipped_with_a_log_line(
     assert "not JSON" in caplog.text
     assert "not an object" in caplog.text
     assert "{not json" not in caplog.text
+
+
+async def test_a_block_with_no_place_is_logged_without_its_type_s_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A block's type comes from the network: a log line names it only if it is a word.
+    encoder = ChatCompletionsEncoder("chatcmpl-4")
+    start = {"type": "content_block_start", "index": 0, "content_block": {"type": "Secret Type"}}
+    with caplog.at_level(logging.DEBUG, logger="essessey"):
+        encoder.encode(Event("message_start", json.dumps({"message": {"id": "m"}}).encode()))
+        encoder.encode(Event("content_block_start", json.dumps(start).encode()))
+    assert "has no place in a chat completion" in caplog.text
+    assert "Secret Type" not in caplog.text
 
 
 # -- served, read by the openai SDK ----------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import orjson
 
+from essessey._logsafe import log_label
 from essessey.dialects._payload import (
     QUESTION_TOOL,
     TurnUsage,
@@ -295,7 +296,7 @@ class ChatCompletionsEncoder(DialectEncoder):
                 fields["schema"] = schema
             calls.append(self._call(str(block["id"]), QUESTION_TOOL, _json(fields)))
         elif kind not in (BlockType.TEXT, BlockType.THINKING):
-            logger.debug("a %s block has no place in a chat completion", kind[:64])
+            logger.debug("a %s block has no place in a chat completion", log_label(kind))
         return self._calls_chunk(calls)
 
     def _calls_chunk(self, calls: list[dict[str, Any]]) -> list[bytes]:
