@@ -279,8 +279,7 @@ class _Run:
             if await self._result(i, text):
                 self.ran[call_id] = (self.calls[i].name, self.calls[i].input, text)
         elif not self.rounds.in_round and call_id in self.earlier:
-            self.out.results[call_id] = text
-            await self.rounds.earlier_result(call_id, text, is_error=self.earlier.pop(call_id))
+            await self._earlier_result(call_id, text, is_error=self.earlier[call_id])
         elif call_id in self.hosted:
             pass  # a call the provider ran: its output went out with it
         else:
@@ -301,11 +300,15 @@ class _Run:
             await self._result(i, text, is_error=denied)
         elif not self.rounds.in_round and call_id in self.earlier:
             # The answer to the message that asked: a resumed run sends it to the model.
-            self.out.results[call_id] = text
-            del self.earlier[call_id]
-            await self.rounds.earlier_result(call_id, text, is_error=denied)
+            await self._earlier_result(call_id, text, is_error=denied)
         else:
             logger.warning("an approval answer for a request this message does not know")
+
+    async def _earlier_result(self, call_id: str, text: str, *, is_error: bool) -> None:
+        """Publish the result of a call the message that asked made (between rounds)."""
+        del self.earlier[call_id]
+        self.out.results[call_id] = text
+        await self.rounds.earlier_result(call_id, text, is_error=is_error)
 
     async def _result(self, i: int, text: str, *, is_error: bool = False) -> bool:
         """Publish the result of the open round's call ``i``, unless it has one."""

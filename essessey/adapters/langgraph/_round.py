@@ -319,7 +319,7 @@ class LLMCall:
             await self._server_block(piece[0], piece[1])
             return
         if piece[0] == "redacted":
-            await self._redacted(piece[1])
+            await self._whole_block(piece[1])
             return
         if piece[0] == "encrypted":
             # The whole reasoning item's, at its end: the signature of its thinking block
@@ -328,7 +328,7 @@ class LLMCall:
             if self.content == "thinking":
                 await self.rounds.delta(signature=piece[1])
             else:
-                await self._redacted({"type": "redacted_thinking", "data": piece[1]})
+                await self._whole_block({"type": "redacted_thinking", "data": piece[1]})
             return
         kind, text = piece
         if kind == "text":
@@ -345,7 +345,9 @@ class LLMCall:
                 self.content = "thinking"
             await self.rounds.delta(signature=text)
 
-    async def _redacted(self, block: dict[str, Any]) -> None:
+    async def _whole_block(self, block: dict[str, Any]) -> None:
+        """A block carried whole in its start (redacted reasoning, a server tool's call
+        or result): it closes the open text or thinking block."""
         self.content = None
         await self.rounds.block_start(block)
         await self.rounds.block_stop()
@@ -362,9 +364,7 @@ class LLMCall:
         elif not block["type"]:
             name = self.server_names.get(block["tool_use_id"], "server")
             block = {**block, "type": f"{name}_tool_result"}
-        self.content = None
-        await self.rounds.block_start(block)
-        await self.rounds.block_stop()
+        await self._whole_block(block)
 
     async def _take(self, found: _Found) -> None:
         """Publish a piece, or hold it behind the open call; a server call's piece is

@@ -188,6 +188,13 @@ def _whole(
     return Response(orjson.dumps(whole), headers=headers, media_type="application/json")
 
 
+def _refused(verdict: Refusal, headers: dict[str, str]) -> Response:
+    """An admission's refusal, in OpenAI's error shape."""
+    return json_error(
+        verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
+    )
+
+
 def _wants_json(request: Request) -> bool:
     """Whether a read of a completion asks for it whole (its ``Accept`` names JSON and
     not SSE, and it resumes nothing), as the openai SDK's ``retrieve`` does."""
@@ -285,9 +292,7 @@ def chat_completions_routes(
             return json_error(400, "invalid_request_error", unknown, headers, shape=error_object)
         verdict = await admit(hub, request, stream_id, None, logger, access="answer")
         if isinstance(verdict, Refusal):
-            return json_error(
-                verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
-            )
+            return _refused(verdict, headers)
         try:
             asked = await hub.waiting(stream_id)
             continued = await hub.answer(stream_id, tool_message_answers(tool_messages, asked))
@@ -320,9 +325,7 @@ def chat_completions_routes(
             # stream gets it.
             verdict = await admit(hub, request, stream_id, None, logger)
             if isinstance(verdict, Refusal):
-                return json_error(
-                    verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
-                )
+                return _refused(verdict, headers)
             await hub.wait(stream_id)
             events, _ = await hub.store.since(stream_id, after)
             return _whole(events, completion_id, "essessey", headers)
@@ -338,9 +341,7 @@ def chat_completions_routes(
         # A continuation: read from the event it follows, unless the client resumes.
         verdict = await admit(hub, request, stream_id, requested_resume_point(request), logger)
         if isinstance(verdict, Refusal):
-            return json_error(
-                verdict.status, verdict.error_type, verdict.message, headers, shape=error_object
-            )
+            return _refused(verdict, headers)
         resume = verdict.last_event_id or after
         return stream_response(
             hub, stream_id, resume, encoder=encoder, error_shape=error_object, **options

@@ -468,7 +468,7 @@ class ResponsesEncoder(DialectEncoder):
         by an approval request as its items (whole when its block stopped, else its start
         and arguments so far), each result as its item (at its stop when still open),
         each approval request as an ``mcp_approval_request``."""
-        frames: list[bytes] = self._finish_reasoning() if self._reasoning is not None else []
+        frames = self._finish_reasoning()
         if not self._queue:
             return frames
         queue, self._queue = self._queue, []
