@@ -1771,6 +1771,83 @@ async def test_hosted_tools_go_back_out_as_the_items_they_were() -> None:
     ]
 
 
+def _compaction(encrypted: str | None, item: str = "cmp_1") -> dict[str, Any]:
+    given: dict[str, Any] = {"id": item, "type": "compaction"}
+    if encrypted is not None:
+        given["encrypted_content"] = encrypted
+    return given
+
+
+def _compacted_turn(done: dict[str, Any]) -> list[dict[str, Any]]:
+    """A response that compacts the conversation, then answers: its compaction item's
+    added event carries content of its own, its done event (and the terminal output)
+    the item whole."""
+    return [
+        _created(),
+        _added(_compaction("enc-added"), 0),
+        _event("response.compaction.compacting", item_id="cmp_1", output_index=0),
+        _event("response.output_item.done", output_index=0, item=done),
+        _text("Hi.", item="msg_2", out=1),
+        _text_done("Hi.", item="msg_2", out=1),
+        _completed(output=[done, _message_item("Hi.", "msg_2")]),
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_compaction_item_is_a_compaction_block_once_whole(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a client that keeps no state with the provider must send back: the compacted
+    # conversation, from the item whole (its done event), published once although the
+    # terminal output lists it again.
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(_compacted_turn(_compaction("enc-whole")), dialect)
+    assert check(published) == []
+    starts = [
+        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
+    ]
+    assert starts[0] == {"type": "compaction", "content": None, "encrypted_content": "enc-whole"}
+    assert [b["type"] for b in starts] == ["compaction", "text"]
+    assert message.text == "Hi."
+    assert message.stop_reason == "end_turn"
+    assert "compaction" not in caplog.text  # read, not skipped
+    assert "enc-" not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_a_compaction_item_without_its_content_is_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events = _compacted_turn(_compaction(None))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events)
+    assert check(published) == []
+    assert {b[2] for b in _blocks(published)} == {"text"}
+    assert message.text == "Hi."
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # its done event, and the terminal output's item
+    assert all("encrypted_content" in r.getMessage() for r in warnings)
+
+
+@pytest.mark.anyio
+async def test_a_compaction_goes_back_out_as_the_item_it_was() -> None:
+    _, published = await _publish(_compacted_turn(_compaction("enc-whole")))
+    frames = _through_the_responses_dialect(published, "resp_cmp")
+    done = [e for e in frames if e.type == "response.output_item.done"]
+    assert [e.item.type for e in done] == ["compaction", "message"]
+    item = done[0].item
+    assert isinstance(item, openai.types.responses.ResponseCompactionItem)
+    assert item.encrypted_content == "enc-whole"
+    added = [e for e in frames if e.type == "response.output_item.added"]
+    assert added[0].item.type == "compaction"
+    assert added[0].output_index == done[0].output_index == 0
+    final = frames[-1]
+    assert final.type == "response.completed"
+    assert [i.type for i in final.response.output] == ["compaction", "message"]
+    assert final.response.output[0].encrypted_content == "enc-whole"
+
+
 # Calls the provider runs itself although their item type is one a client may answer, and
 # the outputs it makes of them as items of their own: published as server tools, never as
 # calls the client must run (the turn does not stop to wait for them).

@@ -45,6 +45,10 @@ client ``tool_search_call``)                  ``_CLIENT_CALLS`` and ``_runs_on_c
                                               ``cache_read_input_tokens``,
                                               ``output_tokens``, ``reasoning_tokens``
 ``response.created``                          the model name of ``message_start``
+a ``compaction`` item                         a ``compaction`` block, whole, once the
+                                              item is: ``{"type": "compaction",
+                                              "content": null, "encrypted_content"}``,
+                                              as the Anthropic format has it
 ============================================  =========================================
 
 Each reasoning part (a summary part, a reasoning item's text) is a thinking block of its
@@ -421,7 +425,19 @@ class _HostedItem:
     name: str  # the server tool's name (see _HOSTED; a custom tool's own name)
 
 
-_Item: TypeAlias = _CallItem | _ContentItem | _OtherItem | _HostedItem
+@dataclass(slots=True)
+class _BlockItem:
+    """An output item published as one block of its own, once whole (``block`` None
+    before): a ``compaction`` item, as the ``compaction`` block the Anthropic format has
+    for the same thing. Its ``encrypted_content`` is the conversation so far, compacted:
+    what a client that keeps no state with the provider sends back in its place."""
+
+    output_index: int | None
+    item_id: str | None
+    block: dict[str, Any] | None
+
+
+_Item: TypeAlias = _CallItem | _ContentItem | _OtherItem | _HostedItem | _BlockItem
 
 # A hosted tool's progress events (in_progress, searching, a partial image, its code as it
 # is written): its item's done event carries what they say, whole.
@@ -559,6 +575,9 @@ _QUIET: Final = frozenset(
         # A custom tool call's freeform input: its item's done event carries it whole.
         "response.custom_tool_call_input.delta",
         "response.custom_tool_call_input.done",
+        # The provider compacting the conversation: its compaction item's done event
+        # carries the result.
+        "response.compaction.compacting",
     }
 )
 # event type -> (part kind, the field of its part index, the field of its text)
@@ -737,6 +756,14 @@ def _read_item(
         if whole:
             encrypted = opt_str(item.get("encrypted_content"), f"{where}.encrypted_content")
         return _ContentItem(summary + content, encrypted or None, item_id, output_index)
+    if item_type == "compaction":
+        block = None
+        if whole:
+            encrypted = opt_str(item.get("encrypted_content"), f"{where}.encrypted_content")
+            if not encrypted:
+                raise Malformed(f"{where} is a compaction without its encrypted_content")
+            block = {"type": "compaction", "content": None, "encrypted_content": encrypted}
+        return _BlockItem(output_index, item_id, block)
     if item_type in _HOSTED:
         name = _HOSTED[item_type][0] or opt_str(item.get("name"), f"{where}.name") or item_type
         # Published whole, as its result block's content.
@@ -1010,6 +1037,7 @@ class _Piece:
     key: _PartKey
     text: str
     hosted: _HostedItem | None = None
+    block: dict[str, Any] | None = None  # a block carried whole (a _BlockItem's)
     citation: dict[str, Any] | None = None
     signature: str | None = None  # a reasoning item's encrypted_content
 
@@ -1093,7 +1121,8 @@ class _Reader:
         self._hosted_calls: list[str] = []  # the call_id of each hosted call published
         self._received: dict[_PartKey, list[str]] = {}
         self._differs: set[_PartKey] = set()
-        self._hosted: set[_PartKey] = set()  # the hosted tools published
+        # The items published whole (hosted tools, compactions), each once.
+        self._hosted: set[_PartKey] = set()
         self._signed: set[_PartKey] = set()  # the reasoning items whose signature went
         self._cited: dict[_PartKey, int] = {}  # each text part's citations taken
         # The text or reasoning part whose block is the last one published (None when
@@ -1368,6 +1397,13 @@ class _Reader:
                 if anchor not in self._hosted:  # its done and the terminal output: once
                     self._hosted.add(anchor)
                     await self._held.put(_Piece(anchor, "", item), item.output_index)
+        elif isinstance(item, _BlockItem):
+            if done and item.block is not None:
+                anchor = self._key(_Part("block", item.item_id, item.output_index, 0, ""))
+                if anchor not in self._hosted:  # its done and the terminal output: once
+                    self._hosted.add(anchor)
+                    piece = _Piece(anchor, "", block=item.block)
+                    await self._held.put(piece, item.output_index)
         else:
             self._once("item", item.item_type)
 
@@ -1446,6 +1482,11 @@ class _Reader:
             return
         if piece.hosted is not None:
             await self._publish_hosted(piece.hosted)
+            return
+        if piece.block is not None:
+            await self.rounds.block_start(piece.block)
+            await self.rounds.block_stop()
+            self._open_part = None
             return
         if piece.citation is not None:
             open_part = self._open_part

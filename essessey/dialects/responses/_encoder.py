@@ -166,6 +166,10 @@ round's calls), a question (written whole at its start), the record of an answer
 _GATED: Final = "gated"
 """The kind of a call an approval request holds back: not the client's to run."""
 
+_COMPACTION: Final = "compaction"
+"""A ``compaction`` block (the conversation compacted, as the Anthropic format and the
+Responses adapter publish it): written back as a ``compaction`` item."""
+
 _CLIENT_ITEM_TYPES: Final = frozenset(
     {
         "custom_tool_call",
@@ -588,6 +592,9 @@ class ResponsesEncoder(DialectEncoder):
             # which is what goes out (one output item, no index of its own here).
             self._items[index] = _Item(_HOSTED_CALL, "", -1, block)
             return []
+        if kind == _COMPACTION:
+            self._open(kind, "cmp", index, block)  # at its stop, whole
+            return []
         self._open(kind, "item", index, block)  # a tool result or another block: at its stop
         return []
 
@@ -804,6 +811,13 @@ class ResponsesEncoder(DialectEncoder):
             return self._emit(
                 "response.output_item.added", {"output_index": item.output_index, "item": hosted}
             ) + self._done(item, hosted)
+        if item.kind == _COMPACTION and (encrypted := _compacted(item)) is not None:
+            # The conversation compacted: the item a client that keeps no state with the
+            # provider sends back in its place.
+            body = {"id": item.id, "type": _COMPACTION, "encrypted_content": encrypted}
+            return self._emit(
+                "response.output_item.added", {"output_index": item.output_index, "item": body}
+            ) + self._done(item, body)
         other: dict[str, Any] = {"id": item.id, "type": "essessey_block", "block": item.block}
         other["deltas"] = item.deltas
         return self._done(item, other)
@@ -843,6 +857,16 @@ class ResponsesEncoder(DialectEncoder):
         failure = {"code": "server_error", "message": message}
         self._final = self._response("failed", error=failure)
         return self._emit("error", error) + self._emit("response.failed", {"response": self._final})
+
+
+def _compacted(item: _Item) -> str | None:
+    """A compaction block's ``encrypted_content``: its start's, replaced by each
+    ``compaction_delta``'s (as the Anthropic format streams it); None without one."""
+    encrypted = item.block.get("encrypted_content")
+    for delta in item.deltas:
+        if delta.get("type") == "compaction_delta" and delta.get("encrypted_content") is not None:
+            encrypted = delta["encrypted_content"]
+    return encrypted if isinstance(encrypted, str) and encrypted else None
 
 
 def _is_summary(block: dict[str, Any]) -> bool:
