@@ -391,10 +391,10 @@ def anthropic_stream(
     output_tokens: int = 5,
 ) -> bytes:
     """A Messages API stream as Anthropic sends it: ``message_start`` with ``usage``
-    (its input counts), then each of ``blocks`` (a text block's text and a thinking
-    block's thinking and signature as their deltas after an empty start, any other block
-    whole at its start), then ``message_delta`` with ``stop_reason`` and
-    ``output_tokens``, and ``message_stop``."""
+    (its input counts), then each of ``blocks`` (a text block's text, a thinking block's
+    thinking and signature and a compaction block's content as their deltas after an
+    empty start, any other block whole at its start), then ``message_delta`` with
+    ``stop_reason`` and ``output_tokens``, and ``message_stop``."""
     message = {
         "id": "msg_1",
         "type": "message",
@@ -417,6 +417,9 @@ def anthropic_stream(
             if block["thinking"]:
                 deltas.append({"type": "thinking_delta", "thinking": block["thinking"]})
             deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        elif block["type"] == "compaction":
+            start.update(content=None, encrypted_content=None)
+            deltas.append({**block, "type": "compaction_delta"})
         events.append({"type": "content_block_start", "index": index, "content_block": start})
         events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
         events.append({"type": "content_block_stop", "index": index})

@@ -8,6 +8,7 @@ and a cancelled run stops."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
+    CompactionPart,
     FunctionToolResultEvent,
     ModelMessage,
     ModelResponse,
@@ -413,6 +415,36 @@ async def run_on_claude(body: bytes) -> tuple[list[Event], Any]:
     with serve(agents.messages_app(body)) as url:
         async with AsyncAnthropic(base_url=url, api_key="test", max_retries=0) as client:
             return await publish_one(agents.anthropic_agent(client), "Hi")
+
+
+@pytest.mark.parametrize("last", [False, True])
+async def test_a_compaction_is_a_compaction_block_carried_whole(last: bool) -> None:
+    # Claude compacting the conversation: the summary and what a client sends back in
+    # its place went unpublished (a log line), and were lost to every client. Pydantic AI
+    # sends the part again as it fills in, with no end of its own: it is whole once the
+    # next part begins, or (the response's last part) once the response ends.
+    compaction = {"type": "compaction", "content": "So far: hi.", "encrypted_content": "enc-1"}
+    blocks = [compaction, {"type": "text", "text": "Hello."}]
+    body = agents.anthropic_stream(blocks[::-1] if last else blocks)
+    events, published = await run_on_claude(body)
+    assert check(events) == []
+    expected = [compaction, {"type": "text"}]
+    assert block_starts(events) == (expected[::-1] if last else expected)
+    assert reassemble_events(events).text == "Hello."
+    [part] = [p for p in published.result.response.parts if isinstance(p, CompactionPart)]
+    assert part.content == "So far: hi."
+
+
+async def test_a_compaction_with_nothing_to_send_back_is_not_published(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    compaction = {"type": "compaction", "content": None, "encrypted_content": None}
+    body = agents.anthropic_stream([compaction, {"type": "text", "text": "Hello."}])
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.pydantic_ai"):
+        events, _ = await run_on_claude(body)
+    assert check(events) == []
+    assert block_starts(events) == [{"type": "text"}]
+    assert "compaction part with nothing to send back" in caplog.text
 
 
 async def test_the_input_count_leaves_the_cache_s_tokens_out() -> None:

@@ -53,8 +53,12 @@ the run's usage                                ``input_tokens`` (without the cac
 An output tool's call (the ``final_result`` tool of a structured output) is published as
 the framework's own history has it: a tool_use block with the structured output as its
 arguments and a tool_result (``Final result processed.``). The run's output itself is
-:attr:`PublishedRun.output`. Other parts (files, speech, compaction) and events
-(custom, capability events) are skipped, with one log line per type naming only the type.
+:attr:`PublishedRun.output`. A ``CompactionPart`` (the provider compacting the
+conversation) is a ``compaction`` block carried whole at the part's end, the Anthropic
+format's: its ``content`` (Anthropic's summary) and the ``encrypted_content`` and
+``signature`` of its ``provider_details``, what a client sends back in the conversation's
+place. Other parts (files, speech) and events (custom, capability events) are skipped,
+with one log line per type naming only the type.
 Logs carry types, positions and lengths, never text, arguments or results.
 """
 
@@ -83,6 +87,7 @@ try:
         ERROR_OUTCOMES,
         AgentStreamEvent,
         BaseToolReturnPart,
+        CompactionPart,
         FinalResultEvent,
         ModelMessage,
         ModelMessagesTypeAdapter,
@@ -214,8 +219,8 @@ def _as_history(said: Sequence[Any]) -> list[ModelMessage]:
 
 # What waits behind an open tool call whose arguments are not whole yet (HeldCalls):
 # ("text" | "reasoning", part index, text), ("signature" | "redacted", part index, the
-# signature), or a tool the provider ran, ("native_call" | "native_result", part index,
-# its part).
+# signature), a tool the provider ran, ("native_call" | "native_result", part index,
+# its part), or a block carried whole, ("block", part index, the block).
 _Piece: TypeAlias = tuple[str, int, Any]
 
 # The ``ThinkingPart.id`` Pydantic AI gives Claude's redacted thinking (AnthropicModel's
@@ -227,6 +232,26 @@ _STOP_REASONS: Final[Mapping[str | None, str]] = {
     "length": StopReason.MAX_TOKENS,
     "content_filter": StopReason.REFUSAL,
 }
+
+
+def _compaction_block(part: CompactionPart) -> dict[str, Any] | None:
+    """A compaction part as the protocol's ``compaction`` block (the Anthropic format's):
+    its summary (Anthropic's; None for OpenAI's) and what the provider gave to send it
+    back with (``provider_details``: ``encrypted_content``, Anthropic's ``signature``);
+    None when it has none of them."""
+    details = part.provider_details or {}
+    encrypted = details.get("encrypted_content")
+    signature = details.get("signature")
+    block: dict[str, Any] = {
+        "type": "compaction",
+        "content": part.content,
+        "encrypted_content": encrypted if isinstance(encrypted, str) else None,
+    }
+    if isinstance(signature, str) and signature:
+        block["signature"] = signature
+    if not (part.content or block["encrypted_content"] or "signature" in block):
+        return None
+    return block
 
 
 class _RunReader:
@@ -272,6 +297,8 @@ class _RunReader:
         self.thought_ended: set[int] = set()  # thinking parts whose end came
         self.signed: dict[int, str] = {}  # a thinking part's signature, once it is sent
         self.natives: set[int] = set()  # native tool call parts, published at their end
+        # Compaction parts not published yet, by part index (see _part_start).
+        self.compactions: dict[int, CompactionPart] = {}
         # The provider's own calls and results published, by kind and call id: Pydantic
         # AI sends a finished part again at its index (AnthropicModel a tool search call,
         # once its arguments are normalised), in the same response.
@@ -327,6 +354,8 @@ class _RunReader:
                 self.messages = len(self.handle.all_messages())
         self.max_part = max(self.max_part, event.index)
         part = event.part
+        for index in [i for i in self.compactions if i != event.index]:
+            await self._compacted(index)  # another part began: it is whole
         held = self.held
         if isinstance(part, TextPart):
             await self._content(event.index, "text", part.content)
@@ -344,6 +373,10 @@ class _RunReader:
             await held.advance()
         elif isinstance(part, NativeToolCallPart):
             self.natives.add(event.index)  # published whole, at its end
+        elif isinstance(part, CompactionPart):
+            # The provider's stream sends it again as it fills in (no end of its own):
+            # published whole once another part begins, or the response ends.
+            self.compactions[event.index] = part
         elif isinstance(part, NativeToolReturnPart):
             if self._first_out("result", part):
                 await held.put(("native_result", event.index, part))
@@ -431,6 +464,9 @@ class _RunReader:
             self.natives.discard(event.index)
             if self._first_out("call", part):
                 await self.held.put(("native_call", event.index, part))
+        elif isinstance(part, CompactionPart) and event.index in self.compactions:
+            self.compactions[event.index] = part
+            await self._compacted(event.index)
         elif isinstance(part, ToolCallPart) and event.index in self.by_part:
             # Not the call's end for certain: a part's end comes when the next part
             # begins, and a model that interleaves its calls sends more of this one
@@ -439,6 +475,14 @@ class _RunReader:
             call = self.by_part[event.index]
             self.ended[call] = _arguments(part.args)
             await self._follow(call, part.tool_name, part.tool_call_id)
+
+    async def _compacted(self, index: int) -> None:
+        """Publish compaction part ``index`` as it is now: whole, once."""
+        block = _compaction_block(self.compactions.pop(index))
+        if block is None:
+            logger.warning("a compaction part with nothing to send back; not published")
+        else:
+            await self.held.put(("block", index, block))
 
     async def _signature(self, index: int, signature: str, *, redacted: bool = False) -> None:
         """The signature of thinking part ``index``, once per part."""
@@ -479,6 +523,8 @@ class _RunReader:
             await self._sign(index, value)
         elif kind == "redacted":
             await self._redacted(value)
+        elif kind == "block":
+            await self._server_block(value)
         elif kind == "native_call":
             await self._server_block(
                 {
@@ -528,6 +574,8 @@ class _RunReader:
 
     async def _declare(self) -> None:
         self.declared = True
+        for index in list(self.compactions):
+            await self._compacted(index)
         held = self.held
         await held.advance(final=True)
         held.log_late()
