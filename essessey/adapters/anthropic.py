@@ -47,7 +47,7 @@ from essessey.errors import (
     ProviderStreamError,
     SerializationError,
 )
-from essessey.protocol import BlockType, DeltaType, EventType
+from essessey.protocol import BlockType, DeltaType, EventType, given_blocks
 from essessey.publisher import Publisher
 
 __all__ = [
@@ -327,26 +327,11 @@ class _Reader:
             self.rounds = RoundStream(self.publisher, start_index=len(content))
             await self.rounds.round_start()
             return
-        for k, block in enumerate(content):
-            if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+        for k, given in enumerate(given_blocks(content)):
+            if given is None:
                 _skip(position, EventType.MESSAGE_START, f"message.content[{k}] has no type")
                 continue
-            block_type = block["type"]
-            events: list[dict[str, Any]] = []
-            if block_type in (BlockType.TEXT, BlockType.THINKING):
-                # Started empty, its content in deltas: the round opens it on content.
-                field_name = "text" if block_type == BlockType.TEXT else "thinking"
-                delta_type = DeltaType.TEXT if block_type == BlockType.TEXT else DeltaType.THINKING
-                start = {**block, field_name: ""}
-                start.pop("signature", None)
-                given = block.get(field_name)
-                if isinstance(given, str) and given:
-                    events.append({"type": delta_type, field_name: given})
-                signature = block.get("signature")
-                if block_type == BlockType.THINKING and isinstance(signature, str) and signature:
-                    events.append({"type": DeltaType.SIGNATURE, "signature": signature})
-            else:
-                start = dict(block)
+            start, deltas = given
             await self.feed_event(
                 position,
                 EventType.CONTENT_BLOCK_START,
@@ -356,7 +341,7 @@ class _Reader:
                     "content_block": start,
                 },
             )
-            for delta in events:
+            for delta in deltas:
                 await self.feed_event(
                     position,
                     EventType.CONTENT_BLOCK_DELTA,

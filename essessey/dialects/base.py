@@ -5,8 +5,8 @@ A dialect supplies what its frames say, nothing else:
 
 - a hook per kind of event, each returning the frames (whole SSE messages) it becomes:
   :meth:`~DialectEncoder.on_message_start`, :meth:`~DialectEncoder.on_block_start`,
-  :meth:`~DialectEncoder.on_text` (a text delta of an open text block: most events of a
-  turn), :meth:`~DialectEncoder.on_delta` (any other delta),
+  :meth:`~DialectEncoder.encode_text` (a text delta of an open text block: most events of
+  a turn), :meth:`~DialectEncoder.on_delta` (any other delta),
   :meth:`~DialectEncoder.on_block_stop`, :meth:`~DialectEncoder.on_message_delta` (the
   end's stop reason and usage), :meth:`~DialectEncoder.on_message_stop`,
   :meth:`~DialectEncoder.on_error`, and :meth:`~DialectEncoder.on_other` for an event the
@@ -28,6 +28,10 @@ What the base does, once for every dialect, and why:
   is skipped, logged by its type and the exception's class;
 - events of a message before the dialect's first message (``in_message`` False) are
   skipped with a log line, except a message's start and an error;
+- a message given whole in its start (its ``content`` and ``stop_reason``, as
+  Anthropic's programmatic tool calls send it and the ``anthropic`` payload dialect
+  passes it on) is written as its own events would be: each block's start, deltas and
+  stop (:func:`essessey.protocol.given_blocks`), and the stop reason at its stop;
 - an encoder that has ended (``ended``) writes nothing more.
 """
 
@@ -41,7 +45,7 @@ from essessey._public import set_public_module
 from essessey.bindings.sse import id_line, with_id
 from essessey.dialects._payload import read_payload
 from essessey.event import Event
-from essessey.protocol import Delta, DeltaType, EventType, read
+from essessey.protocol import Delta, DeltaType, EventType, given_blocks, read
 
 __all__ = ["UNREADABLE", "DialectEncoder"]
 
@@ -73,6 +77,9 @@ class DialectEncoder:
     """The exceptions of a hook that skip its event (``()``: none, they propagate)."""
 
     ended: bool = False
+    # The end a message's start gave (see _given), written at its stop unless a
+    # message_delta comes first.
+    _given_end: dict[str, Any] | None = None
     after: str | None = None
     """While not None: an event id up to which events are read (:meth:`read_before`),
     not written (:meth:`start_after`)."""
@@ -200,7 +207,41 @@ def _object(payload: dict[str, Any], key: str) -> dict[str, Any]:
 
 def _message_start(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
     message = payload.get("message")
-    return encoder.on_message_start(message if isinstance(message, dict) else {}, payload)
+    message = message if isinstance(message, dict) else {}
+    frames = encoder.on_message_start(message, payload)
+    encoder._given_end = None
+    content = message.get("content")
+    if isinstance(content, list) and content:
+        frames += _given(encoder, message, content)
+    return frames
+
+
+def _given(encoder: DialectEncoder, message: dict[str, Any], content: list[Any]) -> list[bytes]:
+    """A message given whole in its start (Anthropic's programmatic tool calls, in the
+    ``anthropic`` payload dialect, which passes the provider's start on as it came): its
+    blocks written as their own events would be, and its stop reason kept for the end,
+    which then comes with no ``message_delta``."""
+    frames: list[bytes] = []
+    for index, given in enumerate(given_blocks(content)):
+        if given is None:
+            encoder.log.warning("skipped block %d of a message's start: it has no type", index)
+            continue
+        start, deltas = given
+        frames += encoder.on_block_start(index, start)
+        for delta in deltas:
+            text = delta.get("text") if delta["type"] == _TEXT else None
+            frame = None if text is None else encoder.encode_text(index, text)
+            frames += [frame] if frame is not None else encoder.on_delta(index, delta)
+        frames += encoder.on_block_stop(index)
+    stop_reason = message.get("stop_reason")
+    if isinstance(stop_reason, str):
+        delta = {"stop_reason": stop_reason, "stop_sequence": message.get("stop_sequence")}
+        end: dict[str, Any] = {"type": EventType.MESSAGE_DELTA, "delta": delta}
+        usage = message.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+            end["usage"] = {"output_tokens": usage["output_tokens"]}
+        encoder._given_end = end
+    return frames
 
 
 def _block_start(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
@@ -216,10 +257,14 @@ def _block_stop(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]
 
 
 def _message_delta(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    encoder._given_end = None  # the message's own end, after what its start gave
     return encoder.on_message_delta(payload)
 
 
 def _message_stop(encoder: DialectEncoder, payload: dict[str, Any]) -> list[bytes]:
+    given, encoder._given_end = encoder._given_end, None
+    if given is not None:
+        return encoder.on_message_delta(given) + encoder.on_message_stop()
     return encoder.on_message_stop()
 
 

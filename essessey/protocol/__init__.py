@@ -55,6 +55,7 @@ __all__ = [
     "answer_block_start",
     "approval_request_block_start",
     "approval_response_block_start",
+    "given_blocks",
     "question_block_start",
     "read",
     "result_text",
@@ -181,6 +182,63 @@ def thinking_block_start(dialect: Dialect) -> dict[str, Any]:
     if dialect == ANTHROPIC:
         return {"type": BlockType.THINKING, "thinking": ""}
     return {"type": BlockType.THINKING}
+
+
+GivenBlock: TypeAlias = tuple[dict[str, Any], list[dict[str, Any]]]
+"""A block a ``message_start`` holds, as the ``content_block`` of its start and the
+deltas that stream it (see :func:`given_blocks`)."""
+
+
+def given_blocks(content: list[Any]) -> list[GivenBlock | None]:
+    """The blocks a ``message_start``'s ``message.content`` already holds, each as the
+    start and the deltas that stream it, at its index in ``content``.
+
+    Anthropic's programmatic tool calls send the message whole in its start (its content,
+    its stop reason), then ``message_stop``; the Anthropic SDK reads that message as the
+    snapshot it accumulates into, so these are the message's first blocks, at indexes
+    0..n-1. A text or thinking block is started empty and its text (a thinking block's
+    signature after it) comes as deltas, in the Anthropic format; a tool use's input as
+    one ``input_json_delta``; any other block is whole at its start. None for an entry
+    that is no block (not an object with a ``type`` string).
+    """
+    blocks: list[GivenBlock | None] = []
+    for block in content:
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            blocks.append(None)
+            continue
+        block_type = block["type"]
+        deltas: list[dict[str, Any]] = []
+        if block_type in (BlockType.TEXT, BlockType.THINKING):
+            field_name = "text" if block_type == BlockType.TEXT else "thinking"
+            delta_type = DeltaType.TEXT if block_type == BlockType.TEXT else DeltaType.THINKING
+            start = {**block, field_name: ""}
+            start.pop("signature", None)
+            given = block.get(field_name)
+            if isinstance(given, str) and given:
+                deltas.append({"type": delta_type, field_name: given})
+            signature = block.get("signature")
+            if block_type == BlockType.THINKING and isinstance(signature, str) and signature:
+                deltas.append({"type": DeltaType.SIGNATURE, "signature": signature})
+        elif block_type == BlockType.TOOL_USE and (arguments := _input_json(block)) is not None:
+            # Its input as a fragment, as a tool call's streams (the start's is empty).
+            start = {**block, "input": {}}
+            if arguments != "{}":
+                deltas.append({"type": DeltaType.INPUT_JSON, "partial_json": arguments})
+        else:
+            start = dict(block)
+        blocks.append((start, deltas))
+    return blocks
+
+
+def _input_json(block: Mapping[str, Any]) -> str | None:
+    """A tool use's input as JSON text; None when it is not an object JSON can write."""
+    given = block.get("input")
+    if not isinstance(given, Mapping):
+        return None
+    try:
+        return orjson.dumps(dict(given)).decode()
+    except TypeError:
+        return None
 
 
 def thinking_delta_field(dialect: Dialect) -> str:
