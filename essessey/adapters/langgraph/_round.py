@@ -4,7 +4,7 @@ tool call fragments, read as langchain-core gives them."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Final, Literal, TypeAlias
 
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
@@ -332,8 +332,7 @@ class LLMCall:
             return
         kind, text = piece
         if kind == "text":
-            await self.rounds.delta(text=text)
-            self.content = "text"
+            await self._text(text)
         elif kind == "reasoning":
             await self.rounds.delta(reasoning=text)
             self.content = "thinking"
@@ -411,19 +410,36 @@ class LLMCall:
         if block is not None:
             await self.held.put(("server_call", block))
 
-    async def chunk(self, message: AIMessageChunk, position: int) -> None:
-        """Publish what one chunk carries."""
+    def chunk(self, message: AIMessageChunk, position: int) -> Awaitable[None]:
+        """What publishes one chunk: the round's text delta itself for the common chunk
+        (only text, with nothing held or open before it), else :meth:`_chunk`."""
         self.ended = False
+        content = message.content
+        held = self.held
+        if (
+            type(content) is str
+            and content
+            and not message.additional_kwargs
+            and not message.tool_call_chunks
+            and not message.response_metadata
+            and message.chunk_position != "last"
+            and held.open is None
+            and not held.pending
+            and self.server is None
+        ):
+            return self._text(clean(content))
+        return self._chunk(message, position)
+
+    def _text(self, text: str) -> Awaitable[None]:
+        """Text out live: it goes to the open text block (or opens one)."""
+        self.content = "text"
+        return self.rounds.delta(text=text)
+
+    async def _chunk(self, message: AIMessageChunk, position: int) -> None:
         held = self.held
         content = message.content
         if isinstance(content, str) and not message.additional_kwargs:
-            if not content:
-                pass
-            elif held.open is None and not held.pending and self.server is None:
-                # The common chunk: text, live.
-                await self.rounds.delta(text=clean(content))
-                self.content = "text"
-            else:
+            if content:
                 await self._take(("text", clean(content)))
         else:
             for piece in _pieces(message, self.warned):

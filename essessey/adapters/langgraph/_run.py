@@ -68,6 +68,10 @@ _CLOSE_TIMEOUT: Final = 5.0
 Graph: TypeAlias = "Pregel[Any, Any, Any, Any]"
 """A compiled graph (``StateGraph.compile()``, ``create_react_agent``)."""
 
+# What publishes a stream part: it returns the awaitable that does (None when the part
+# publishes nothing), so that a part's common path creates no coroutine of its own.
+_Feed: TypeAlias = Callable[[Any], Awaitable[None] | None]
+
 
 # -- what a run published ------------------------------------------------------------------
 
@@ -144,35 +148,40 @@ class _Run:
             for call, _ in answered.tool_outputs():
                 self._earlier[call.id] = False
 
-    async def feed(self, raw: object) -> None:
-        """Publish what one stream part carries."""
+    def feed(self, raw: object) -> Awaitable[None] | None:
+        """What publishes one stream part (None: nothing to publish).
+
+        A plain function, as :meth:`_message` and :meth:`LLMCall.chunk` are: a part
+        that is a chunk of the current call reaches the round with no coroutine of
+        the adapter's own between the reading loop and the round's delta."""
         self._position += 1
         if type(raw) is dict:  # version="v2", the shape graph_stream asks for
             mode, data = raw.get("type"), raw.get("data")
         else:
             part = read_part(raw)
             if part is None:
-                return
+                return None
             mode, data = part
         if mode == "messages":
             if not (isinstance(data, tuple) and len(data) == 2):
                 logger.warning("skipping messages part %d: not a pair", self._position)
-                return
+                return None
             message, metadata = data
             # A dict, as LangGraph gives it, without the Mapping ABC's (slower) check.
             if type(metadata) is not dict and not isinstance(metadata, Mapping):
                 metadata = {}
-            await self._message(message, metadata)
-        elif mode == "updates":
+            return self._message(message, metadata)
+        if mode == "updates":
             if isinstance(data, Mapping):
-                await self._settle()  # a node's update: the graph went on
-                self._updates(data)
-            else:
-                logger.warning(
-                    "skipping updates part %d: a %s", self._position, type(data).__name__
-                )
+                return self._update(data)
+            logger.warning("skipping updates part %d: a %s", self._position, type(data).__name__)
+        return None
 
-    async def _message(self, given: object, metadata: Mapping[str, Any]) -> None:
+    async def _update(self, data: Mapping[str, Any]) -> None:
+        await self._settle()  # a node's update: the graph went on
+        self._updates(data)
+
+    def _message(self, given: object, metadata: Mapping[str, Any]) -> Awaitable[None] | None:
         # A chunk of the exact class (nearly every part) skips the isinstance checks,
         # which go through the ABC machinery of pydantic's metaclass.
         message: AIMessage
@@ -180,38 +189,44 @@ class _Run:
         if type(given) is AIMessageChunk:
             message = chunk = given
         elif isinstance(given, ToolMessage):
-            await self._tool_message(given)
-            return
+            return self._tool_message(given)
         elif isinstance(given, AIMessage):
             message = given
             chunk = given if isinstance(given, AIMessageChunk) else None
         else:
-            return  # a human or system message a node wrote: not the assistant's
+            return None  # a human or system message a node wrote: not the assistant's
         node = metadata.get("langgraph_node")
         if self._nodes is not None and node not in self._nodes:
-            return
+            return None
         if message.usage_metadata:
             add_usage(message, self.out.usage)
         if self.out.model is None:
             self._model(message, metadata)
-        current = self._round
         if chunk is None:
-            if current is not None and message.id in current.ids:
-                # The whole message of the call that streamed it: that call is over.
-                await self._output_done()
-                return
-            await self._start(message.id, node)
-            assert self._round is not None
-            await self._round.whole(message)
-            await self._output_done()
-            return
-        chunk_id = chunk.id
-        if current is not None and current.continues(chunk_id, node):
+            return self._whole(message, node)
+        current = self._round
+        if current is not None and current.continues(chunk.id, node):
             if current.done:
                 logger.warning("a chunk came after its call's output ended; skipped")
-                return
-            await current.chunk(chunk, self._position)
+                return None
+            return current.chunk(chunk, self._position)
+        return self._new_chunk(chunk, node)
+
+    async def _whole(self, message: AIMessage, node: object) -> None:
+        current = self._round
+        if current is not None and message.id in current.ids:
+            # The whole message of the call that streamed it: that call is over.
+            await self._output_done()
             return
+        await self._start(message.id, node)
+        assert self._round is not None
+        await self._round.whole(message)
+        await self._output_done()
+
+    async def _new_chunk(self, chunk: AIMessageChunk, node: object) -> None:
+        """A chunk that does not continue the current call: another call's."""
+        current = self._round
+        chunk_id = chunk.id
         await self._settle()
         if chunk_id and (chunk_id in self._waiting or (current and not current.done)):
             # Another call streams meanwhile: it is published once this one's output is.
@@ -219,11 +234,10 @@ class _Run:
             if current is None or current.done:
                 await self._flush_waiting()
             return
-        else:
-            await self._start(chunk_id, node)
-            current = self._round
-            assert current is not None
-            await current.chunk(chunk, self._position)
+        await self._start(chunk_id, node)
+        current = self._round
+        assert current is not None
+        await current.chunk(chunk, self._position)
 
     def _model(self, message: AIMessage, metadata: Mapping[str, Any]) -> None:
         """Learn the model's name from the first message that names it."""
@@ -506,8 +520,9 @@ async def stream_run(
     return await run.end(states, config)
 
 
-async def _feed_apart(parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable[None]]) -> None:
-    """Read the run's stream parts and ``feed`` each, in an asyncio task of its own.
+async def _feed_apart(parts: AsyncIterable[Any], feed: _Feed) -> None:
+    """Read the run's stream parts and publish each (what ``feed`` returns for it), in an
+    asyncio task of its own.
 
     LangGraph cancels a run's node tasks when the task iterating ``astream`` is cancelled
     once, the asyncio way; a cancel scope of anyio (the hub's), which cancels again at
@@ -551,7 +566,7 @@ class _Reader:
 
     __slots__ = ("_feed", "_iterator", "_stopped", "_waiting")
 
-    def __init__(self, parts: AsyncIterable[Any], feed: Callable[[Any], Awaitable[None]]) -> None:
+    def __init__(self, parts: AsyncIterable[Any], feed: _Feed) -> None:
         self._iterator = aiter(parts)
         self._feed = feed
         self._waiting = True  # for the run's next part (the task's first step, too)
@@ -574,7 +589,9 @@ class _Reader:
                     return
                 finally:
                     self._waiting = False
-                await self._feed(raw)
+                step = self._feed(raw)
+                if step is not None:
+                    await step
                 if self._stopped:
                     return
         finally:
