@@ -771,6 +771,38 @@ async def test_claude_s_redacted_thinking_is_a_redacted_thinking_block(
     assert reassemble_events(events).text == "Four."
 
 
+async def test_a_compaction_is_a_compaction_block_carried_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Claude compacting the conversation (ChatAnthropic gives its one compaction_delta as
+    # the block, with a "text" of None), and a Responses API compaction item (ChatOpenAI
+    # gives it whole): the summary and what a client sends back in its place were logged
+    # and left out, lost to every client.
+    claude = {"text": None, "type": "compaction", "content": "So far.", "index": 0}
+    claude["encrypted_content"] = "enc-1"
+    item = {"type": "compaction", "id": "cmp_1", "encrypted_content": "enc-2", "index": 1}
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        return [
+            anthropic(claude),
+            anthropic(item),
+            *anthropic_text(2, "Four."),
+            anthropic_end("end_turn"),
+        ]
+
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.langgraph"):
+        events, _, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert check(events) == []
+    assert [r.getMessage() for r in caplog.records] == []
+    assert block_starts(events) == [
+        {"type": "compaction", "content": "So far.", "encrypted_content": "enc-1"},
+        {"type": "compaction", "content": None, "encrypted_content": "enc-2"},
+        {"type": "text"},
+    ]
+    assert reassemble_events(events).text == "Four."
+
+
 async def test_a_stream_of_several_provider_messages_is_one_round(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -35,7 +35,7 @@ _CALL_BLOCKS: Final = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_c
 # What a call publishes, in order (held behind a call whose arguments are not whole).
 _Piece: TypeAlias = (
     tuple[Literal["text", "reasoning", "signature", "encrypted"], str]
-    | tuple[Literal["server_call", "server_result", "redacted"], dict[str, Any]]
+    | tuple[Literal["server_call", "server_result", "whole"], dict[str, Any]]
 )
 # What a chunk carries: a piece, or a piece of a server call's input (added to its call).
 _Found: TypeAlias = _Piece | tuple[Literal["server_chunk"], dict[str, Any]]
@@ -111,7 +111,14 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
                 # back, as the Anthropic adapter's redacted_thinking block carries it.
                 data = value.get("data")
                 if isinstance(data, str) and data:
-                    found.append(("redacted", {"type": "redacted_thinking", "data": data}))
+                    found.append(("whole", {"type": "redacted_thinking", "data": data}))
+                continue
+            if given == "compaction" and isinstance(value, Mapping):
+                # The provider compacting the conversation (Anthropic's compaction block,
+                # a Responses API compaction item): what a client sends back in its place.
+                compaction = _compaction(value)
+                if compaction is not None:
+                    found.append(("whole", compaction))
                 continue
             call_id = value.get("call_id") if isinstance(value, Mapping) else None
             if isinstance(call_id, str) and call_id:
@@ -124,6 +131,25 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
         elif kind not in _CALL_BLOCKS:
             _not_published(kind, warned)
     return found
+
+
+def _compaction(value: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A compaction as the protocol's ``compaction`` block (the Anthropic format's): its
+    summary (Anthropic's), ``encrypted_content`` and ``signature``. None for a chunk that
+    carries none of them: ChatAnthropic's for the block's start, whose content comes in
+    the next chunk."""
+    content, encrypted = value.get("content"), value.get("encrypted_content")
+    signature = value.get("signature")
+    block: dict[str, Any] = {
+        "type": "compaction",
+        "content": clean(content) if isinstance(content, str) else None,
+        "encrypted_content": encrypted if isinstance(encrypted, str) and encrypted else None,
+    }
+    if isinstance(signature, str) and signature:
+        block["signature"] = signature
+    if not (block["content"] or block["encrypted_content"] or "signature" in block):
+        return None
+    return block
 
 
 def _reasoning(text: object, extras: object, found: list[_Found]) -> None:
@@ -318,7 +344,7 @@ class LLMCall:
         if piece[0] == "server_call" or piece[0] == "server_result":
             await self._server_block(piece[0], piece[1])
             return
-        if piece[0] == "redacted":
+        if piece[0] == "whole":
             await self._whole_block(piece[1])
             return
         if piece[0] == "encrypted":
