@@ -363,12 +363,19 @@ class Publisher:
         )
 
     async def send_tool_use_start(
-        self, index: int, tool_use_id: str, name: str, *, item_type: str | None = None
+        self,
+        index: int,
+        tool_use_id: str,
+        name: str,
+        *,
+        item_type: str | None = None,
+        caller: Mapping[str, Any] | None = None,
     ) -> None:
         """Open a tool call block; its arguments follow as input deltas. ``item_type``:
-        the provider's own type for a call that is not a plain function call
+        the provider's own type for a call that is not a plain function call;
+        ``caller``: what made the call, when the model did not
         (``protocol.tool_use_block_start``)."""
-        block = protocol.tool_use_block_start(tool_use_id, name, item_type=item_type)
+        block = protocol.tool_use_block_start(tool_use_id, name, item_type=item_type, caller=caller)
         await self._send(
             EventType.CONTENT_BLOCK_START,
             {"type": EventType.CONTENT_BLOCK_START, "index": index, "content_block": block},

@@ -102,6 +102,9 @@ class ParsedToolCall:
     item_type: str | None = None
     """The provider's own type for a call that is not a plain function call (a Responses
     API ``custom_tool_call``, ``shell_call``, ...), from its block's ``item_type``."""
+    caller: dict[str, Any] | None = None
+    """What made the call when the model did not (the code of a provider's programmatic
+    tool calling, as the provider names it), from its block's ``caller``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +312,7 @@ class _Block:
 
     __slots__ = (
         "arguments",
+        "caller",
         "closed",
         "index",
         "initial_input",
@@ -340,6 +344,7 @@ class _Block:
         self.name: str | None = None
         self.initial_input: Any = None
         self.item_type: str | None = None
+        self.caller: dict[str, Any] | None = None
         self.is_error = False
         self.arguments: str | None = None
         self.params: Any = None
@@ -386,6 +391,7 @@ class _Block:
             self.index,
             self.closed,
             self.item_type,
+            self.caller,
         )
 
     def result(self) -> ParsedToolResult:
@@ -701,6 +707,8 @@ class Reassembler:
             block.initial_input = block_data.get("input")
             item_type = block_data.get("item_type")
             block.item_type = item_type if isinstance(item_type, str) else None
+            caller = block_data.get("caller")
+            block.caller = caller if isinstance(caller, dict) else None
         elif kind == "tool_result":
             tool_use_id = block_data.get("tool_use_id")
             is_error = block_data.get("is_error", False)

@@ -566,11 +566,18 @@ class ToolStreamer:
         self._deferred.add(tool_use_id)
 
     async def start_call(
-        self, tool_use_id: str, name: str, arguments: str = "", *, item_type: str | None = None
+        self,
+        tool_use_id: str,
+        name: str,
+        arguments: str = "",
+        *,
+        item_type: str | None = None,
+        caller: Mapping[str, Any] | None = None,
     ) -> None:
         """Open the tool_use block of a new call (closing the previous call's block);
         ``item_type``: the provider's own type for a call that is not a plain function
-        call (``Publisher.send_tool_use_start``)."""
+        call; ``caller``: what made the call, when the model did not
+        (``Publisher.send_tool_use_start``)."""
         if self._retired:
             raise ProtocolError(
                 "this ToolStreamer was closed by its Turn; ask the Turn for a new one"
@@ -587,7 +594,7 @@ class ToolStreamer:
         await self._cursor._start(
             self,
             lambda publisher, index: publisher.send_tool_use_start(
-                index, tool_use_id, name, item_type=item_type
+                index, tool_use_id, name, item_type=item_type, caller=caller
             ),
         )
         call = ToolCall(tool_use_id, name)

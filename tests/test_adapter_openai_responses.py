@@ -1848,6 +1848,138 @@ async def test_a_compaction_goes_back_out_as_the_item_it_was() -> None:
     assert final.response.output[0].encrypted_content == "enc-whole"
 
 
+# Programmatic tool calling: the model writes a program the provider runs, whose calls
+# of the client's functions name it as their caller, and its output is an item of a later
+# response once those calls have their outputs.
+_PROGRAM = {
+    "id": "cm_1",
+    "type": "program",
+    "call_id": "call_prog",
+    "code": "text(await tools.lookup({q: 1}))",
+    "fingerprint": "fp-opaque",
+}
+_PROGRAM_CALL = {
+    "id": "fc_1",
+    "type": "function_call",
+    "status": "in_progress",
+    "arguments": "",
+    "call_id": "call_look",
+    "caller": {"type": "program", "caller_id": "call_prog"},
+    "name": "lookup",
+}
+_PROGRAM_OUTPUT = {
+    "id": "cmo_1",
+    "type": "program_output",
+    "status": "completed",
+    "call_id": "call_prog",
+    "result": "42",
+}
+
+
+def _program_turns() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The response that writes the program and makes its call, and the one after the
+    call's output: the program's output, then the answer."""
+    arguments = '{"q": 1}'
+    first = [
+        _created(),
+        _added({**_PROGRAM, "code": ""}, 0),
+        _event("response.output_item.done", output_index=0, item=_PROGRAM),
+        _added(_PROGRAM_CALL, 1),
+        _event(
+            "response.function_call_arguments.delta",
+            item_id="fc_1",
+            output_index=1,
+            delta=arguments,
+        ),
+        _item_done({**_PROGRAM_CALL, "arguments": arguments}, 1),
+        _completed(output=[_PROGRAM, {**_PROGRAM_CALL, "arguments": arguments}]),
+    ]
+    second = [
+        _created(),
+        _added({**_PROGRAM_OUTPUT, "result": ""}, 0),
+        _event("response.output_item.done", output_index=0, item=_PROGRAM_OUTPUT),
+        _text("Found it.", item="msg_2", out=1),
+        _text_done("Found it.", item="msg_2", out=1),
+        _completed(output=[_PROGRAM_OUTPUT, _message_item("Found it.", "msg_2")]),
+    ]
+    return first, second
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_program_and_its_calls_are_published_with_what_made_them(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second = _program_turns()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(first, dialect)
+        answer, answered = await _publish(second, dialect)
+    assert check(published) == []
+    assert check(answered) == []
+    assert caplog.text == ""  # nothing skipped
+    starts = [
+        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
+    ]
+    assert starts[0] == {
+        "type": "server_tool_use",
+        "id": "cm_1",
+        "name": "programmatic_tool_calling",
+        "input": {"code": _PROGRAM["code"]},
+        "item_type": "program",
+    }
+    assert starts[1]["content"] == _PROGRAM  # the provider's item whole, fingerprint too
+    assert starts[2]["caller"] == {"type": "program", "caller_id": "call_prog"}
+    [call] = reassemble_events(published).tool_calls
+    assert (call.tool_use_id, call.params, call.caller) == (
+        "call_look",
+        {"q": 1},
+        {"type": "program", "caller_id": "call_prog"},
+    )
+    assert message.stop_reason == "tool_use"  # the client runs the program's call
+    later = [
+        orjson.loads(e.data)["content_block"] for e in answered if e.event == "content_block_start"
+    ]
+    assert [b["type"] for b in later] == [
+        "server_tool_use",
+        "programmatic_tool_calling_tool_result",
+        "text",
+    ]
+    assert later[1]["content"] == _PROGRAM_OUTPUT
+    assert answer.text == "Found it."
+
+
+@pytest.mark.anyio
+async def test_a_program_and_its_calls_go_back_out_as_the_items_they_were() -> None:
+    # A client that keeps no state with OpenAI sends the program, its calls with their
+    # caller, and its output back as they came.
+    from essessey.dialects.responses import ResponsesEncoder
+
+    first, second = _program_turns()
+    for events, items in (
+        (first, [_PROGRAM, {**_PROGRAM_CALL, "arguments": '{"q": 1}', "status": "completed"}]),
+        (second, [_PROGRAM_OUTPUT]),
+    ):
+        _, published = await _publish(events)
+        encoder = ResponsesEncoder("resp_prog")
+        for event in published:
+            encoder.encode(event)
+        encoder.finish()
+        output = encoder.response()["output"]
+        for written, sent in zip(output, items, strict=False):
+            assert {k: v for k, v in written.items() if k != "id"} == {
+                k: v for k, v in sent.items() if k != "id"
+            }
+    # The function call as the openai SDK reads it: its caller is the program.
+    frames = _through_the_responses_dialect((await _publish(first))[1], "resp_prog")
+    [done] = [
+        e
+        for e in frames
+        if e.type == "response.output_item.done" and e.item.type == "function_call"
+    ]
+    assert done.item.caller is not None
+    assert (done.item.caller.type, done.item.caller.caller_id) == ("program", "call_prog")
+
+
 # Calls the provider runs itself although their item type is one a client may answer, and
 # the outputs it makes of them as items of their own: published as server tools, never as
 # calls the client must run (the turn does not stop to wait for them).

@@ -524,6 +524,9 @@ async def test_a_message_given_whole_in_its_start_is_published(dialect: Dialect)
     assert parsed.complete
     assert parsed.error is None
     assert [(c.id, c.input) for c in result.tool_calls] == [("toolu_given", {"player": "one"})]
+    # The code that made the call (Anthropic's programmatic tool calling), which a client
+    # sends back with it: the essessey dialect's tool_use block left it out.
+    assert [c.caller for c in parsed.tool_calls] == [GIVEN_CALL["caller"]]
     if dialect == "anthropic":
         # A faithful proxy: the provider's events, stream id added.
         sent = _payloads(events)

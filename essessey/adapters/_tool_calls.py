@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._values import CallIds, arguments_complete
@@ -46,13 +46,24 @@ class HeldCall:
     the round once its block opened (-1 before) and ``id`` the id it went out with.
     """
 
-    __slots__ = ("done", "given_id", "id", "item_type", "name", "ordinal", "parts", "slot")
+    __slots__ = (
+        "caller",
+        "done",
+        "given_id",
+        "id",
+        "item_type",
+        "name",
+        "ordinal",
+        "parts",
+        "slot",
+    )
 
     def __init__(self, ordinal: int) -> None:
         self.ordinal = ordinal  # order of first appearance, to name it in a log line
         self.given_id: str | None = None
         self.name: str | None = None
         self.item_type: str | None = None  # the provider's own type, when not a function
+        self.caller: dict[str, Any] | None = None  # what made it, when the model did not
         self.parts: list[str] = []
         self.done = False
         self.slot = -1
@@ -219,7 +230,8 @@ class HeldCalls(Generic[P]):
     def requests(self) -> list[ToolCallRequest]:
         """The started calls as the round declares them: id, name, arguments."""
         return [
-            ToolCallRequest(c.id, c.name or "", "".join(c.parts), c.item_type) for c in self.started
+            ToolCallRequest(c.id, c.name or "", "".join(c.parts), c.item_type, c.caller)
+            for c in self.started
         ]
 
     def published(self) -> list[PublishedToolCall]:
@@ -240,7 +252,9 @@ class HeldCalls(Generic[P]):
             await self._before_start()
         call.slot = len(self.started)
         call.id = self._ids.assign(call.given_id, call.slot, f"{self._noun} {call.ordinal}")
-        request = ToolCallRequest(call.id, call.name or "", item_type=call.item_type)
+        request = ToolCallRequest(
+            call.id, call.name or "", item_type=call.item_type, caller=call.caller
+        )
         await self.rounds.tool_call_start(call.slot, request)
         self.started.append(call)
         self.open = call

@@ -573,7 +573,13 @@ class _Reader:
                 # integer past 64 bits, not JSON at all): the call cannot go out.
                 _skip(position, name, f"tool_use block {index} has an input not writable as JSON")
                 return
-            request = ToolCallRequest(call_id, tool, arguments)
+            caller = start.get("caller")  # a programmatic call's: the code that made it
+            request = ToolCallRequest(
+                call_id,
+                tool,
+                arguments,
+                caller=dict(caller) if isinstance(caller, Mapping) else None,
+            )
             await self.rounds.tool_call_start(len(self.calls), request)
             self.block.kind = "tool"
             self.block.opened = True

@@ -392,6 +392,7 @@ class _CallItem:
     arguments: str | None
     item_type: str | None = None  # the item's own type, when not a function_call
     approval: str | None = None  # an MCP call's approval request: the request's id
+    caller: dict[str, Any] | None = None  # a program's call: the program that made it
 
 
 @dataclass(slots=True)
@@ -480,6 +481,11 @@ _HOSTED: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "code_execution_call": ("code_execution", ("name", "arguments", "action")),
     "view_image_call": ("view_image", ("name", "arguments", "action")),
     "view_x_video_call": ("view_x_video", ("name", "arguments", "action")),
+    # Programmatic tool calling: the program the model wrote, which the provider runs
+    # (the client's function calls it makes name it as their caller), and its result,
+    # an item of a later response once the calls have their outputs.
+    "program": ("programmatic_tool_calling", ("code",)),
+    "program_output": ("programmatic_tool_calling", ("call_id",)),
 }
 
 
@@ -739,12 +745,14 @@ def _read_item(
     if item_type == "function_call":
         if output_index is None and item_id is None:
             raise Malformed(f"{where} has neither an output_index nor an id")
+        caller = opt_map(item.get("caller"), f"{where}.caller")
         return _CallItem(
             output_index=output_index,
             item_id=item_id,
             call_id=opt_str(item.get("call_id"), f"{where}.call_id"),
             name=opt_str(item.get("name"), f"{where}.name"),
             arguments=opt_str(item.get("arguments"), f"{where}.arguments"),
+            caller=None if caller is None else dict(writable(caller, f"{where}.caller")),
         )
     if item_type == "message":
         parts = _read_parts(item, "content", None, item_id, output_index, where)
@@ -1376,6 +1384,8 @@ class _Reader:
                 call.item_type = item.item_type
             if item.approval is not None:
                 self._approvals.setdefault(call.ordinal, item.approval)
+            if item.caller is not None and call.caller is None:
+                call.caller = item.caller
             if done:
                 await self._call_done(call, item.arguments or "")
             else:

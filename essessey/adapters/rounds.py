@@ -68,13 +68,16 @@ class ToolCallRequest:
     ``arguments`` is the JSON text as the model produced it (possibly still empty when
     the call is announced before its arguments stream in). ``item_type`` is the
     provider's own type for a call that is not a plain function call (a Responses API
-    ``custom_tool_call``, ``shell_call``, ...), carried on its tool_use block.
+    ``custom_tool_call``, ``shell_call``, ...), and ``caller`` what made the call when the
+    model did not (the code of a provider's programmatic tool calling, as the provider
+    names it), both carried on its tool_use block (``protocol.tool_use_block_start``).
     """
 
     id: str
     name: str
     arguments: str = ""
     item_type: str | None = None
+    caller: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -414,7 +417,7 @@ class RoundStream:
             self._check_new_call(i, call)
             await self._close_content()
             await self._tools.start_call(
-                call.id, call.name, call.arguments, item_type=call.item_type
+                call.id, call.name, call.arguments, item_type=call.item_type, caller=call.caller
             )
             self._call_ids.add(call.id)
             if self._declared is not None:
@@ -675,7 +678,11 @@ class RoundStream:
         for request in declared[len(self._tool_calls) :]:
             await self._close_content()
             await tools.start_call(
-                request.id, request.name, request.arguments, item_type=request.item_type
+                request.id,
+                request.name,
+                request.arguments,
+                item_type=request.item_type,
+                caller=request.caller,
             )
             self._call_ids.add(request.id)
         await tools.end_call()

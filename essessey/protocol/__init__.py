@@ -247,16 +247,26 @@ def thinking_delta_field(dialect: Dialect) -> str:
 
 
 def tool_use_block_start(
-    tool_use_id: str, name: str, *, item_type: str | None = None
+    tool_use_id: str,
+    name: str,
+    *,
+    item_type: str | None = None,
+    caller: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``content_block`` of a tool use block: the input always starts empty and
     arrives in ``input_json_delta`` events. ``item_type`` is the provider's own type for
     a call that is not a plain function call (a Responses API ``custom_tool_call``,
-    ``shell_call``, ...), so that a dialect can write it back as what it was."""
+    ``shell_call``, ...), so that a dialect can write it back as what it was. ``caller``
+    is what made the call when the model did not make it itself, as the provider names
+    it: the code a provider's tool runs (Anthropic's programmatic tool calls,
+    ``{"type": "code_execution_20250825", "tool_id"}``; the Responses API's
+    ``{"type": "program", "caller_id"}``), which a client sends back with the call."""
     block: dict[str, Any] = {"type": BlockType.TOOL_USE, "id": tool_use_id, "name": name}
     block["input"] = {}
     if item_type is not None:
         block["item_type"] = item_type
+    if caller is not None:
+        block["caller"] = dict(caller)
     return block
 
 

@@ -150,6 +150,8 @@ _HOSTED_ITEM_TYPES: Final = frozenset(
         "code_execution_call",
         "view_image_call",
         "view_x_video_call",
+        "program",
+        "program_output",
     }
 )
 """The Responses API items of a tool the provider ran itself: a ``server_tool_use`` block
@@ -165,6 +167,11 @@ round's calls), a question (written whole at its start), the record of an answer
 
 _GATED: Final = "gated"
 """The kind of a call an approval request holds back: not the client's to run."""
+
+_CALLERS: Final = frozenset({"program", "direct"})
+"""The Responses API's own kinds of a function call's ``caller``: a tool_use block's
+``caller`` of one of them is written back on its ``function_call`` item (another
+provider's, such as Anthropic's code execution, means nothing there)."""
 
 _COMPACTION: Final = "compaction"
 """A ``compaction`` block (the conversation compacted, as the Anthropic format and the
@@ -695,7 +702,7 @@ class ResponsesEncoder(DialectEncoder):
         return []
 
     def _call_item(self, item: _Item, arguments: str, status: str) -> dict[str, Any]:
-        return {
+        call: dict[str, Any] = {
             "id": item.id,
             "type": "function_call",
             "call_id": str(item.block["id"]),
@@ -703,6 +710,11 @@ class ResponsesEncoder(DialectEncoder):
             "arguments": arguments,
             "status": status,
         }
+        caller = item.block.get("caller")
+        if isinstance(caller, dict) and caller.get("type") in _CALLERS:
+            # A program's call: the client sends it back with the program that made it.
+            call["caller"] = caller
+        return call
 
     def _client_item(self, item: _Item, fields: dict[str, Any], status: str) -> dict[str, Any]:
         # status: what the item says of itself where its type has the field.
