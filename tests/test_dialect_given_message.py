@@ -130,3 +130,22 @@ async def test_openai_clients_read_the_call_and_the_stop_reason(sdk: openai.Asyn
         "rollDie",
         {"player": "one"},
     )
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+async def test_a_given_block_no_dialect_can_write_is_skipped_not_the_message(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A call that names no id: the rest of the message is written, its text and its end.
+    nameless = {"type": "tool_use", "name": "x", "input": {}}
+    given = await published(whole([nameless, TEXT], stop_reason="end_turn"), "anthropic")
+    body = written(ENCODERS[name](), given)
+    assert b"Rolling." in body
+    assert b"toolu" not in body
+    finished = {
+        "ui": b'"finishReason":"stop"',
+        "agui": b'"RUN_FINISHED"',
+        "chat": b'"finish_reason":"stop"',
+        "responses": b'"status":"completed"',
+    }
+    assert finished[name] in body

@@ -227,12 +227,21 @@ def _given(encoder: DialectEncoder, message: dict[str, Any], content: list[Any])
             encoder.log.warning("skipped block %d of a message's start: it has no type", index)
             continue
         start, deltas = given
-        frames += encoder.on_block_start(index, start)
-        for delta in deltas:
-            text = delta.get("text") if delta["type"] == _TEXT else None
-            frame = None if text is None else encoder.encode_text(index, text)
-            frames += [frame] if frame is not None else encoder.on_delta(index, delta)
-        frames += encoder.on_block_stop(index)
+        try:
+            # Each as the event of its own would be: one a hook cannot read is skipped,
+            # not the message's start with it.
+            block = encoder.on_block_start(index, start)
+            for delta in deltas:
+                text = delta.get("text") if delta["type"] == _TEXT else None
+                frame = None if text is None else encoder.encode_text(index, text)
+                block += [frame] if frame is not None else encoder.on_delta(index, delta)
+            block += encoder.on_block_stop(index)
+        except encoder.unreadable as exc:
+            encoder.log.warning(
+                "skipped block %d of a message's start: %s", index, type(exc).__name__
+            )
+            continue
+        frames += block
     stop_reason = message.get("stop_reason")
     if isinstance(stop_reason, str):
         delta = {"stop_reason": stop_reason, "stop_sequence": message.get("stop_sequence")}

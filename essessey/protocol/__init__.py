@@ -44,6 +44,7 @@ __all__ = [
     "Dialect",
     "ErrorRecord",
     "EventType",
+    "GivenBlock",
     "MessageDelta",
     "MessageStart",
     "MessageStop",
