@@ -535,6 +535,25 @@ async def test_a_message_given_whole_in_its_start_is_published(dialect: Dialect)
 
 
 @pytest.mark.anyio
+async def test_a_caller_not_writable_as_json_is_left_out_and_the_call_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caller = {"type": "code_execution_20250825", "tool_id": 2**70}
+    start = {"type": "tool_use", "id": "toolu_1", "name": "rollDie", "input": {}}
+    events = [
+        _message_start("msg_caller"),
+        *_block(0, {**start, "caller": caller}, {"type": "input_json_delta", "partial_json": "{}"}),
+        *_end("tool_use"),
+    ]
+    with caplog.at_level(logging.WARNING):
+        _, published = await _publish_anthropic(events, "essessey")
+    assert check(published) == []
+    [call] = reassemble_events(published).tool_calls
+    assert (call.tool_use_id, call.caller) == ("toolu_1", None)
+    assert "caller not writable as JSON" in caplog.text
+
+
+@pytest.mark.anyio
 async def test_blocks_streamed_after_a_snapshot_continue_its_indexes() -> None:
     events = [
         _message_start("msg_mixed", content=[GIVEN_CALL]),

@@ -573,12 +573,8 @@ class _Reader:
                 # integer past 64 bits, not JSON at all): the call cannot go out.
                 _skip(position, name, f"tool_use block {index} has an input not writable as JSON")
                 return
-            caller = start.get("caller")  # a programmatic call's: the code that made it
             request = ToolCallRequest(
-                call_id,
-                tool,
-                arguments,
-                caller=dict(caller) if isinstance(caller, Mapping) else None,
+                call_id, tool, arguments, caller=_caller(start.get("caller"), position, index)
             )
             await self.rounds.tool_call_start(len(self.calls), request)
             self.block.kind = "tool"
@@ -753,6 +749,24 @@ class _Reader:
         result.text = "".join(self.text_parts)
         result.thinking = "".join(self.thinking_parts)
         return result
+
+
+def _caller(given: object, position: int, index: int) -> dict[str, Any] | None:
+    """A programmatic call's ``caller`` (the code that made it), when it is an object
+    orjson can write; one that is not is left out with a warning, the call kept."""
+    if not isinstance(given, Mapping):
+        return None
+    try:
+        orjson.dumps(given)
+    except orjson.JSONEncodeError:
+        logger.warning(
+            "provider event #%d: tool_use block %d has a caller not writable as JSON; "
+            "the call goes out without it",
+            position,
+            index,
+        )
+        return None
+    return dict(given)
 
 
 def _skip(position: int, name: str, reason: str) -> None:
