@@ -1949,6 +1949,28 @@ async def test_a_program_and_its_calls_are_published_with_what_made_them(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("caller", ["program", {"type": "program", "caller_id": 2**70}])
+async def test_a_caller_that_cannot_be_read_is_left_out_and_the_call_kept(
+    caller: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    call = {**_PROGRAM_CALL, "caller": caller}
+    events = [
+        _created(),
+        _added(call, 0),
+        _item_done({**call, "arguments": "{}"}, 0),
+        _completed(output=[{**call, "arguments": "{}"}]),
+    ]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        message, published = await _publish(events)
+    assert check(published) == []
+    [parsed] = reassemble_events(published).tool_calls
+    assert (parsed.tool_use_id, parsed.name, parsed.caller) == ("call_look", "lookup", None)
+    assert message.stop_reason == "tool_use"
+    assert "without its caller" in caplog.text
+    assert "caller_id" not in caplog.text
+
+
+@pytest.mark.anyio
 async def test_a_program_and_its_calls_go_back_out_as_the_items_they_were() -> None:
     # A client that keeps no state with OpenAI sends the program, its calls with their
     # caller, and its output back as they came.

@@ -745,14 +745,14 @@ def _read_item(
     if item_type == "function_call":
         if output_index is None and item_id is None:
             raise Malformed(f"{where} has neither an output_index nor an id")
-        caller = opt_map(item.get("caller"), f"{where}.caller")
+        caller = _caller(item.get("caller"), where)
         return _CallItem(
             output_index=output_index,
             item_id=item_id,
             call_id=opt_str(item.get("call_id"), f"{where}.call_id"),
             name=opt_str(item.get("name"), f"{where}.name"),
             arguments=opt_str(item.get("arguments"), f"{where}.arguments"),
-            caller=None if caller is None else dict(writable(caller, f"{where}.caller")),
+            caller=caller,
         )
     if item_type == "message":
         parts = _read_parts(item, "content", None, item_id, output_index, where)
@@ -778,6 +778,18 @@ def _read_item(
         given = dict(writable(item, where)) if whole else None
         return _HostedItem(output_index, item_id, item_type, given, name)
     return _OtherItem(item_type)
+
+
+def _caller(value: object, where: str) -> dict[str, Any] | None:
+    """A call's ``caller`` (the program that made it); one that is no object orjson can
+    write is left out with a warning, the call kept."""
+    if value is None:
+        return None
+    try:
+        return dict(writable(req_map(value, f"{where}.caller"), f"{where}.caller"))
+    except Malformed as exc:
+        logger.warning("%s; the call goes out without its caller", exc)
+        return None
 
 
 def _runs_on_client(
