@@ -47,6 +47,7 @@ import os
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
 
@@ -818,7 +819,7 @@ class StreamHub:
 
         return produce
 
-    async def subscribe(
+    def subscribe(
         self, stream_id: str, last_event_id: str | None = None, *, snapshot: bool = True
     ) -> AsyncGenerator[Event, None]:
         """Replay the stream after ``last_event_id`` (from the oldest whole message when
@@ -833,13 +834,9 @@ class StreamHub:
         :class:`~essessey.UnknownEventId`, :class:`~essessey.TooManySubscribers`; and
         :class:`~essessey.SubscriberLagged` when it falls more than ``max_lag`` behind.
         """
-        subscription = await self.open(stream_id, last_event_id, snapshot=snapshot)
-        events = aiter(subscription)
-        try:
-            async for event in events:
-                yield event
-        finally:
-            await events.aclose()
+        # Opened on the first event asked for, in the follow loop itself: no generator of
+        # its own between the store's follow and the reader, on the path of every event.
+        return self._follow(partial(self.open, stream_id, last_event_id, snapshot=snapshot))
 
     async def open(
         self,
@@ -927,10 +924,13 @@ class StreamHub:
         if isinstance(self.store, InMemoryEventStore):
             _warn_if_worker()
 
-    async def _follow(self, subscription: Subscription) -> AsyncGenerator[Event, None]:
+    async def _follow(
+        self, opened: Subscription | Callable[[], Awaitable[Subscription]]
+    ) -> AsyncGenerator[Event, None]:
         """The one follow loop every transport and dialect reads through: the head the
-        subscription opened with, then the store's follow after it, counted as a
-        subscriber of the stream while it runs."""
+        subscription opened with (``opened``, or what opening it gives), then the store's
+        follow after it, counted as a subscriber of the stream while it runs."""
+        subscription = opened if isinstance(opened, Subscription) else await opened()
         stream_id = subscription.stream_id
         # Counted before the first await: nothing waits until it is added.
         count = self._subscribers.get(stream_id, 0)

@@ -281,7 +281,9 @@ class _Run:
         elif not self.rounds.in_round and call_id in self.earlier:
             await self._earlier_result(call_id, text, is_error=self.earlier[call_id])
         elif call_id in self.hosted:
-            pass  # a call the provider ran: its output went out with it
+            # A call the provider ran: its output went out with it (the SDK makes an item
+            # of a hosted shell's output too).
+            logger.debug("an output for a call the provider ran; published with the call")
         else:
             logger.warning("an output for a call this message does not know; not published")
 
