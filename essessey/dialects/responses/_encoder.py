@@ -728,8 +728,9 @@ class ResponsesEncoder(DialectEncoder):
         body: dict[str, Any] = {"id": item.id, "type": item_type, "call_id": call_id}
         if item_type == "custom_tool_call":
             body["name"] = str(item.block["name"])
-        else:
-            body["status"] = status
+        # A custom tool call's too: OpenAI's done item carries it, and the AI SDK's OpenAI
+        # provider refuses one without it.
+        body["status"] = status
         if item_type == "tool_search_call":
             body["execution"] = "client"  # the only tool search a client answers
         body.update(fields)
