@@ -313,7 +313,14 @@ async def test_the_sdk_s_retrieve_gets_the_whole_completion(base_url: str) -> No
     )
     async with httpx.AsyncClient(timeout=WAIT) as http:
         streamed = await http.get(f"{base_url}/v1/chat/completions/{whole.id}")
+        # The SDK's Accept on a streamed read, which names the stream's option.
+        asked = await http.get(
+            f"{base_url}/v1/chat/completions/{whole.id}?include_usage=true",
+            headers={"accept": "application/json"},
+        )
     assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert asked.headers["content-type"].startswith("text/event-stream")
+    assert b'"usage":{' in asked.content
 
 
 async def test_a_request_without_stream_for_a_turn_that_failed_gets_the_error(

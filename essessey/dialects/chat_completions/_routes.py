@@ -197,11 +197,14 @@ def _refused(verdict: Refusal, headers: dict[str, str]) -> Response:
 
 def _wants_json(request: Request) -> bool:
     """Whether a read of a completion asks for it whole (its ``Accept`` names JSON and
-    not SSE, and it resumes nothing), as the openai SDK's ``retrieve`` does."""
+    not SSE, it resumes nothing and names no option of the stream's), as the openai
+    SDK's ``retrieve`` does. The SDK sends ``Accept: application/json`` with every
+    request, a stream it reads too: ``include_usage`` asks for the stream."""
     accept = request.headers.get("accept", "")
     return (
         "application/json" in accept
         and "text/event-stream" not in accept
+        and "include_usage" not in request.query_params
         and requested_resume_point(request) is None
     )
 
