@@ -97,6 +97,7 @@ import orjson
 
 from essessey._logsafe import dotted_label, log_label
 from essessey.adapters._citations import annotation, citation
+from essessey.adapters._compaction import compaction_block
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters._publishing import Ending, publish_message, require_round
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
@@ -768,9 +769,9 @@ def _read_item(
         block = None
         if whole:
             encrypted = opt_str(item.get("encrypted_content"), f"{where}.encrypted_content")
-            if not encrypted:
+            block = compaction_block(None, encrypted, None)
+            if block is None:
                 raise Malformed(f"{where} is a compaction without its encrypted_content")
-            block = {"type": "compaction", "content": None, "encrypted_content": encrypted}
         return _BlockItem(output_index, item_id, block)
     if item_type in _HOSTED:
         name = _HOSTED[item_type][0] or opt_str(item.get("name"), f"{where}.name") or item_type

@@ -54,11 +54,12 @@ An output tool's call (the ``final_result`` tool of a structured output) is publ
 the framework's own history has it: a tool_use block with the structured output as its
 arguments and a tool_result (``Final result processed.``). The run's output itself is
 :attr:`PublishedRun.output`. A ``CompactionPart`` (the provider compacting the
-conversation) is a ``compaction`` block carried whole at the part's end, the Anthropic
-format's: its ``content`` (Anthropic's summary) and the ``encrypted_content`` and
-``signature`` of its ``provider_details``, what a client sends back in the conversation's
-place. Other parts (files, speech) and events (custom, capability events) are skipped,
-with one log line per type naming only the type.
+conversation) is a ``compaction`` block carried whole once the next part begins or the
+response ends (Pydantic AI sends it again as it fills in), the Anthropic format's: its
+``content`` (Anthropic's summary) and the ``encrypted_content`` and ``signature`` of its
+``provider_details``, what a client sends back in the conversation's place. Other parts
+(files, speech) and events (custom, capability events) are skipped, with one log line per
+type naming only the type.
 Logs carry types, positions and lengths, never text, arguments or results.
 """
 
@@ -118,6 +119,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed
 
 from essessey._ids import new_message_id
 from essessey._public import set_public_module
+from essessey.adapters._compaction import compaction_block
 from essessey.adapters._message import PublishedToolCall
 from essessey.adapters._run_state import RunStates
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
@@ -232,26 +234,6 @@ _STOP_REASONS: Final[Mapping[str | None, str]] = {
     "length": StopReason.MAX_TOKENS,
     "content_filter": StopReason.REFUSAL,
 }
-
-
-def _compaction_block(part: CompactionPart) -> dict[str, Any] | None:
-    """A compaction part as the protocol's ``compaction`` block (the Anthropic format's):
-    its summary (Anthropic's; None for OpenAI's) and what the provider gave to send it
-    back with (``provider_details``: ``encrypted_content``, Anthropic's ``signature``);
-    None when it has none of them."""
-    details = part.provider_details or {}
-    encrypted = details.get("encrypted_content")
-    signature = details.get("signature")
-    block: dict[str, Any] = {
-        "type": "compaction",
-        "content": part.content,
-        "encrypted_content": encrypted if isinstance(encrypted, str) else None,
-    }
-    if isinstance(signature, str) and signature:
-        block["signature"] = signature
-    if not (part.content or block["encrypted_content"] or "signature" in block):
-        return None
-    return block
 
 
 class _RunReader:
@@ -478,7 +460,12 @@ class _RunReader:
 
     async def _compacted(self, index: int) -> None:
         """Publish compaction part ``index`` as it is now: whole, once."""
-        block = _compaction_block(self.compactions.pop(index))
+        part = self.compactions.pop(index)
+        # Its summary (Anthropic's) and what it is sent back with (provider_details).
+        details = part.provider_details or {}
+        block = compaction_block(
+            part.content, details.get("encrypted_content"), details.get("signature")
+        )
         if block is None:
             logger.warning("a compaction part with nothing to send back; not published")
         else:

@@ -10,6 +10,7 @@ from typing import Any, Final, Literal, TypeAlias
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
 from essessey._logsafe import log_label
+from essessey.adapters._compaction import compaction_block
 from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._tool_calls import HeldCall, HeldCalls
 from essessey.adapters._values import (
@@ -116,7 +117,9 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
             if given == "compaction" and isinstance(value, Mapping):
                 # The provider compacting the conversation (Anthropic's compaction block,
                 # a Responses API compaction item): what a client sends back in its place.
-                compaction = _compaction(value)
+                compaction = compaction_block(
+                    value.get("content"), value.get("encrypted_content"), value.get("signature")
+                )
                 if compaction is not None:
                     found.append(("whole", compaction))
                 continue
@@ -131,25 +134,6 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
         elif kind not in _CALL_BLOCKS:
             _not_published(kind, warned)
     return found
-
-
-def _compaction(value: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A compaction as the protocol's ``compaction`` block (the Anthropic format's): its
-    summary (Anthropic's), ``encrypted_content`` and ``signature``. None for a chunk that
-    carries none of them: ChatAnthropic's for the block's start, whose content comes in
-    the next chunk."""
-    content, encrypted = value.get("content"), value.get("encrypted_content")
-    signature = value.get("signature")
-    block: dict[str, Any] = {
-        "type": "compaction",
-        "content": clean(content) if isinstance(content, str) else None,
-        "encrypted_content": encrypted if isinstance(encrypted, str) and encrypted else None,
-    }
-    if isinstance(signature, str) and signature:
-        block["signature"] = signature
-    if not (block["content"] or block["encrypted_content"] or "signature" in block):
-        return None
-    return block
 
 
 def _reasoning(text: object, extras: object, found: list[_Found]) -> None:
