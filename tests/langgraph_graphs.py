@@ -169,19 +169,28 @@ def anthropic_text(index: int, text: str) -> list[AIMessageChunk]:
 
 
 def anthropic_use(
-    index: int, call_id: str, name: str, arguments: str, *, server: bool = False
+    index: int,
+    call_id: str,
+    name: str,
+    arguments: str,
+    *,
+    server: bool = False,
+    caller: dict[str, Any] | None = None,
 ) -> list[AIMessageChunk]:
     """A tool_use block (``server``: a server_tool_use block) as ChatAnthropic streams it:
-    its start with an empty input, then its input JSON in two pieces. A client call's
-    chunks carry the tool call chunks too; a server call's only its blocks, which
-    langchain-core reads as ``server_tool_call_chunk`` s."""
-    start = {
+    its start with an empty input (and the ``caller`` of a programmatic call), then its
+    input JSON in two pieces. A client call's chunks carry the tool call chunks too; a
+    server call's only its blocks, which langchain-core reads as
+    ``server_tool_call_chunk`` s."""
+    start: dict[str, Any] = {
         "id": call_id,
         "input": {},
         "name": name,
         "type": "server_tool_use" if server else "tool_use",
         "index": index,
     }
+    if caller is not None:
+        start["caller"] = caller
     half = len(arguments) // 2
     chunks = [
         AIMessageChunk(

@@ -474,7 +474,9 @@ def block_starts(events: list[Event]) -> list[dict[str, Any]]:
 async def test_a_server_tool_chatanthropic_streams_is_its_call_then_its_result() -> None:
     """ChatAnthropic streams a server tool's call as ``server_tool_call_chunk`` pieces,
     never as a whole block: the call goes out whole once its input is, before its
-    result, whose block type is the provider's (an MCP call's too)."""
+    result, whose block type is the provider's (an MCP call's too). Each is named as
+    Anthropic names it, as the Anthropic adapter publishes it: langchain-core's
+    ``remote_mcp`` is Anthropic's ``mcp_tool_use`` of its tool on its server."""
     hits = [{"type": "web_search_result", "title": "Oslo", "url": "https://example.com"}]
 
     def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
@@ -523,7 +525,7 @@ async def test_a_server_tool_chatanthropic_streams_is_its_call_then_its_result()
         "text",
         "server_tool_use",
         "web_search_tool_result",
-        "server_tool_use",
+        "mcp_tool_use",
         "mcp_tool_result",
         "text",
     ]
@@ -539,14 +541,50 @@ async def test_a_server_tool_chatanthropic_streams_is_its_call_then_its_result()
         "content": hits,
     }
     assert blocks[3] == {
-        "type": "server_tool_use",
+        "type": "mcp_tool_use",
         "id": "mcptoolu_1",
-        "name": "remote_mcp",  # langchain-core's name for an MCP call
+        "name": "echo",
         "input": {"message": "hi"},
+        "server_name": "echo",
     }
     assert blocks[4]["tool_use_id"] == "mcptoolu_1"
     assert reassemble_events(events).messages[0].text == "Let me look.It snows."
     assert run.stop_reason == "end_turn"
+
+
+async def test_a_programmatic_call_keeps_its_caller_and_the_code_execution_its_name() -> None:
+    """Claude's programmatic tool calling (ChatAnthropic): the code execution is published
+    as Anthropic names it (langchain-core calls it ``code_interpreter``), and the client
+    call its code makes keeps its ``caller``, which a client sends back with it (it was
+    left out)."""
+    direct = {"type": "direct"}
+    by_code = {"type": "code_execution_20250825", "tool_id": "srvtoolu_1"}
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if after_tools(messages):
+            return reply("Rolled.")
+        return [
+            *anthropic_use(
+                0, "srvtoolu_1", "code_execution", '{"code": "roll()"}', server=True, caller=direct
+            ),
+            *anthropic_use(1, "toolu_1", "add", '{"a": 2, "b": 3}', caller=by_code),
+            anthropic_end("tool_use"),
+        ]
+
+    events, _, error = await run_to_sink(react_graph(respond))
+    assert error is None
+    assert check(events) == []
+    blocks = block_starts(events)
+    assert blocks[0] == {
+        "type": "server_tool_use",
+        "id": "srvtoolu_1",
+        "name": "code_execution",
+        "input": {"code": "roll()"},
+        "caller": direct,
+    }
+    assert blocks[1]["caller"] == by_code
+    [call, *_] = reassemble_events(events).tool_calls
+    assert (call.tool_use_id, call.params, call.caller) == ("toolu_1", {"a": 2, "b": 3}, by_code)
 
 
 async def test_a_streamed_server_call_goes_out_once_its_input_is_whole(

@@ -38,8 +38,13 @@ _Piece: TypeAlias = (
     tuple[Literal["text", "reasoning", "signature", "encrypted"], str]
     | tuple[Literal["server_call", "server_result", "whole"], dict[str, Any]]
 )
-# What a chunk carries: a piece, or a piece of a server call's input (added to its call).
-_Found: TypeAlias = _Piece | tuple[Literal["server_chunk"], dict[str, Any]]
+# What a chunk carries: a piece, a piece of a server call's input (added to its call), or
+# what made one of its tool calls (its ``caller``, by the call's index and id).
+_Found: TypeAlias = (
+    _Piece
+    | tuple[Literal["server_chunk"], dict[str, Any]]
+    | tuple[Literal["caller"], dict[str, Any]]
+)
 
 
 # -- reading the parts ------------------------------------------------------------------------
@@ -70,6 +75,7 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
         return [("text", clean(content))] if content else []
     found: list[_Found] = []
     calls: set[object] | None = None  # the message's tool call ids, once needed
+    anthropic = message.response_metadata.get("model_provider") == "anthropic"
     for block in message.content_blocks:
         kind = block.get("type")
         if kind == "text":
@@ -83,9 +89,9 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
         elif kind == "reasoning":
             _reasoning(block.get("reasoning"), block.get("extras"), found)
         elif kind == "server_tool_call_chunk":
-            found.append(("server_chunk", dict(block)))
+            found.append(("server_chunk", _anthropic_names(block) if anthropic else dict(block)))
         elif kind == "server_tool_call":
-            call = _server_call(block)
+            call = _server_call(_anthropic_names(block) if anthropic else block)
             if call is not None:
                 found.append(("server_call", call))
         elif kind == "server_tool_result":
@@ -131,7 +137,15 @@ def _pieces(message: AIMessage, warned: set[str]) -> list[_Found]:
                 if call_id in calls:
                     continue  # a call langchain-core gives as a tool call too (custom tools)
             _not_published(given if isinstance(given, str) else kind, warned)
-        elif kind not in _CALL_BLOCKS:
+        elif kind in _CALL_BLOCKS:
+            # The call itself comes from tool_call_chunks / tool_calls; what made it (a
+            # programmatic call's code execution) only here.
+            extras = block.get("extras")
+            caller = extras.get("caller") if isinstance(extras, Mapping) else None
+            if isinstance(caller, Mapping):
+                made = {"index": block.get("index"), "id": block.get("id")}
+                found.append(("caller", {**made, "caller": json_value(caller)}))
+        else:
             _not_published(kind, warned)
     return found
 
@@ -170,15 +184,46 @@ def _not_published(kind: object, warned: set[str]) -> None:
         )
 
 
+def _anthropic_names(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A server tool call of Anthropic's named as Anthropic names it (and as the
+    Anthropic adapter publishes it): langchain-core calls its code execution
+    ``code_interpreter`` and an MCP server's tool ``remote_mcp`` (the tool's own name and
+    its server in ``extras``), which langchain-anthropic names back so when it sends them
+    to Anthropic."""
+    named = dict(block)
+    name = block.get("name")
+    extras = block.get("extras")
+    extras = extras if isinstance(extras, Mapping) else {}
+    if name == "code_interpreter":
+        named["name"] = "code_execution"
+    elif name == "remote_mcp":
+        named["block_type"] = "mcp_tool_use"
+        if isinstance(extras.get("tool_name"), str):
+            named["name"] = extras["tool_name"]
+    return named
+
+
 def _server_call(block: Mapping[str, Any]) -> dict[str, Any] | None:
     """A tool the provider ran itself (a web search, code execution), as the protocol's
-    ``server_tool_use`` block; None, with a log line, when it names no call or tool."""
+    ``server_tool_use`` block (Anthropic's ``mcp_tool_use`` for an MCP server's tool, with
+    its ``server_name``), with its ``caller`` when ``extras`` names one; None, with a log
+    line, when it names no call or tool."""
     call_id, name, args = block.get("id"), block.get("name"), block.get("args")
     if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
         logger.warning("a server tool call without an id or a name; not published")
         return None
     given = json_value(args) if isinstance(args, Mapping) else {}
-    return {"type": "server_tool_use", "id": call_id, "name": clean(name), "input": given}
+    kind = block.get("block_type", "server_tool_use")
+    use = {"type": kind, "id": call_id, "name": clean(name), "input": given}
+    extras = block.get("extras")
+    if isinstance(extras, Mapping):
+        server = extras.get("server_name")
+        if kind == "mcp_tool_use" and isinstance(server, str):
+            use["server_name"] = clean(server)
+        caller = extras.get("caller")
+        if isinstance(caller, Mapping):
+            use["caller"] = json_value(caller)
+    return use
 
 
 def _server_result(block: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -201,6 +246,20 @@ def _server_result(block: Mapping[str, Any]) -> dict[str, Any] | None:
     if block.get("status") == "error":
         result["is_error"] = True
     return result
+
+
+def _caller_of(
+    callers: list[dict[str, Any]], index: object, call_id: object
+) -> dict[str, Any] | None:
+    """The caller a chunk's content gave for the tool call at ``index`` (or, without one,
+    of the id ``call_id``)."""
+    for made in callers:
+        if (index is not None and made["index"] == index) or (
+            index is None and call_id and made["id"] == call_id
+        ):
+            caller: dict[str, Any] = made["caller"]
+            return caller
+    return None
 
 
 def add_usage(message: AIMessage, into: dict[str, int]) -> None:
@@ -237,11 +296,11 @@ def result_of(message: ToolMessage) -> str:
 class _ServerCall:
     """A server tool call whose input streams in pieces (``server_tool_call_chunk``)."""
 
-    __slots__ = ("id", "index", "name", "parts")
+    __slots__ = ("first", "id", "index", "parts")
 
-    def __init__(self, call_id: str, name: object, index: object) -> None:
+    def __init__(self, call_id: str, first: Mapping[str, Any], index: object) -> None:
         self.id = call_id
-        self.name = name
+        self.first = first  # the piece that named it: its tool, its extras
         self.index = index
         self.parts: list[str] = []
 
@@ -381,6 +440,8 @@ class LLMCall:
         if found[0] == "server_chunk":
             await self._server_chunk(found[1])
             return
+        if found[0] == "caller":
+            return  # the caller of a tool call: the call's fragments take it (_chunk)
         await self._server_done()
         await self.held.put(found)
 
@@ -391,7 +452,7 @@ class LLMCall:
         call_id, index, args = block.get("id"), block.get("index"), block.get("args")
         if isinstance(call_id, str) and call_id:
             await self._server_done()  # a new call: the one before it is whole
-            self.server = _ServerCall(call_id, block.get("name"), index)
+            self.server = _ServerCall(call_id, block, index)
         call = self.server
         if not (isinstance(args, str) and args):
             return
@@ -416,7 +477,7 @@ class LLMCall:
                 len(text),
             )
             args = {}
-        block = _server_call({"id": call.id, "name": call.name, "args": args})
+        block = _server_call({**call.first, "id": call.id, "args": args})
         if block is not None:
             await self.held.put(("server_call", block))
 
@@ -448,12 +509,16 @@ class LLMCall:
     async def _chunk(self, message: AIMessageChunk, position: int) -> None:
         held = self.held
         content = message.content
+        callers: list[dict[str, Any]] = []
         if isinstance(content, str) and not message.additional_kwargs:
             if content:
                 await self._take(("text", clean(content)))
         else:
             for piece in _pieces(message, self.warned):
-                await self._take(piece)
+                if piece[0] == "caller":
+                    callers.append(piece[1])
+                else:
+                    await self._take(piece)
         fragments = message.tool_call_chunks
         if fragments:
             await self._server_done()
@@ -475,6 +540,8 @@ class LLMCall:
                     self.by_index[index] = call
             if given and call.given_id is None:
                 call.given_id = given
+            if callers and call.caller is None:
+                call.caller = _caller_of(callers, index, given)
             name = fragment.get("name")
             if name and not call.name:
                 call.name = name
@@ -506,13 +573,19 @@ class LLMCall:
 
     async def whole(self, message: AIMessage) -> None:
         """Publish a whole message as the round's output."""
+        callers: list[dict[str, Any]] = []
         for piece in _pieces(message, self.warned):
-            await self._take(piece)
+            if piece[0] == "caller":
+                callers.append(piece[1])
+            else:
+                await self._take(piece)
         await self._server_done()
         for number, tool_call in enumerate([*message.tool_calls, *message.invalid_tool_calls]):
             call = HeldCall(number)
             call.given_id = tool_call.get("id")
             call.name = tool_call.get("name")
+            if callers:
+                call.caller = _caller_of(callers, None, call.given_id)
             args = tool_call.get("args")
             arguments = args if isinstance(args, str) else json_text(args or {})
             call.parts.append(clean(arguments))
