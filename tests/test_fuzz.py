@@ -788,7 +788,10 @@ MESSAGE = st.fixed_dictionaries(
         "stream_id": MAYBE_WRONG_TEXT,
         "model": MAYBE_WRONG_TEXT,
         "usage": USAGE,
-        "content": WRONG,
+        # A message given whole in its start (Anthropic's programmatic tool calls): its
+        # blocks, each shaped like one or not, and its stop reason.
+        "content": st.one_of(WRONG, st.lists(st.one_of(CONTENT_BLOCK, WRONG), max_size=4)),
+        "stop_reason": MAYBE_WRONG_TEXT,
     },
 )
 ERROR = st.fixed_dictionaries(
