@@ -1,5 +1,5 @@
 """Processes for tests and benchmarks: a free loopback port, waiting for a server to
-listen, stopping it, and the one bound on a test's waits.
+listen, stopping it, a Node client's run, and the one bound on a test's waits.
 
 The one home of these helpers: tests/servers.py (uvicorn), tests/nats_server.py and
 tests/redis_server.py build on them, and so do the benchmarks (benchmarks/_server.py
@@ -9,6 +9,7 @@ puts the checkout on their path).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -25,6 +26,15 @@ WAIT_MS: Final = int(WAIT * 1000)
 """The same bound in milliseconds, as Playwright takes it."""
 
 STARTUP_TIMEOUT = 15.0
+
+
+def node_json(script: Any, *args: str) -> Any:
+    """What the Node client ``script`` (tests/node) printed as JSON, run with ``args``;
+    raises if it fails or takes longer than WAIT."""
+    done = subprocess.run(
+        ["node", str(script), *args], capture_output=True, text=True, timeout=WAIT, check=True
+    )
+    return json.loads(done.stdout)
 
 
 def free_port() -> int:

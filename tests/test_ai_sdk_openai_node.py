@@ -5,8 +5,6 @@ gets the turn's text, reasoning and calls."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from essessey import Publisher, StreamHub
 from essessey.dialects import DialectRequest, dialect_routes
 from essessey.hub import TurnProducer
 from essessey.protocol import StopReason
-from tests.processes import WAIT
+from tests.processes import node_json
 from tests.servers import serve
 
 
@@ -55,14 +53,7 @@ def base_url() -> Iterator[str]:
 
 def read(node_client: Path, base: str, api: str) -> dict[str, Any]:
     script = node_client.with_name("openai_provider.mjs")
-    done = subprocess.run(
-        ["node", str(script), base, api, "scripted"],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
+    result: dict[str, Any] = node_json(script, base, api, "scripted")
     return result
 
 

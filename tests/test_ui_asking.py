@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from essessey import Answered, Event, Publisher, StreamHub, continue_turn, stream_turn
 from essessey.dialects.ui import DONE, ChatRequest, UIMessageEncoder, ui_chat_routes
 from essessey.hub import TurnProducer
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.servers import serve
 
 NODE = Path(__file__).parent / "node"
@@ -497,22 +497,8 @@ def test_the_encoder_writes_a_continuation_alone_with_the_calls_it_is_given() ->
 
 
 def run_chat(base: str, chat_id: str, mode: str, arg: Any, action: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [
-            "node",
-            str(NODE / "ui_asking.mjs"),
-            base,
-            chat_id,
-            mode,
-            arg if isinstance(arg, str) else json.dumps(arg),
-            action,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
+    given = arg if isinstance(arg, str) else json.dumps(arg)
+    result: dict[str, Any] = node_json(NODE / "ui_asking.mjs", base, chat_id, mode, given, action)
     return result
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from essessey import Event, StreamHub
 from essessey.dialects.ui import DONE, UIMessageEncoder
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.servers import serve
 from tests.ui_app import create_app
 
@@ -29,14 +29,7 @@ def base_url() -> Iterator[str]:
 
 
 def chat(script: Path, base: str, mode: str, chat_id: str, arg: Any) -> dict[str, Any]:
-    done = subprocess.run(
-        ["node", str(script), base, mode, chat_id, json.dumps(arg)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
+    result: dict[str, Any] = node_json(script, base, mode, chat_id, json.dumps(arg))
     return result
 
 
