@@ -1,7 +1,8 @@
-"""The AI SDK's OpenAI provider (Node's ``@ai-sdk/openai``, what an AI SDK app points at an
-OpenAI-compatible server) reads a turn from essessey's Responses and Chat Completions
-routes on a real uvicorn server: every chunk passes the provider's own schema, and the app
-gets the turn's text, reasoning and calls."""
+"""The AI SDK's OpenAI providers (Node's ``@ai-sdk/openai`` and
+``@ai-sdk/openai-compatible``, what an AI SDK app points at an OpenAI-compatible server)
+read a turn from essessey's Responses and Chat Completions routes on a real uvicorn
+server: every chunk passes the provider's own schema, and the app gets the turn's text,
+reasoning and calls."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def read(node_client: Path, base: str, api: str) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.parametrize("api", ["responses", "chat"])
+@pytest.mark.parametrize("api", ["responses", "chat", "compatible"])
 def test_the_ai_sdk_s_openai_provider_reads_the_turn(
     node_client: Path, base_url: str, api: str
 ) -> None:
@@ -79,3 +80,6 @@ def test_the_ai_sdk_s_openai_provider_reads_the_turn(
         # The reasoning item reaches it; its text does not: the provider reads only the
         # summary parts of OpenAI's own models (docs/dialects.md).
         assert "reasoning-start" in result["parts"]
+    if api == "compatible":
+        # The OpenAI-compatible provider reads Chat Completions' reasoning_content.
+        assert result["reasoning"] == "Two tools."

@@ -1,16 +1,24 @@
-// Drives the AI SDK's OpenAI provider (@ai-sdk/openai, what an AI SDK app points at an
-// OpenAI-compatible server) against essessey's Responses or Chat Completions routes, and
-// prints what streamText gives the app as JSON on stdout.
+// Drives the AI SDK's OpenAI providers (what an AI SDK app points at an OpenAI-compatible
+// server: @ai-sdk/openai's Responses and Chat Completions models, @ai-sdk/openai-compatible's
+// chat model) against essessey's routes, and prints what streamText gives the app as JSON
+// on stdout.
 //
-//   node openai_provider.mjs BASE responses|chat MODEL
+//   node openai_provider.mjs BASE responses|chat|compatible MODEL
 import { createOpenAI } from '@ai-sdk/openai';
+import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { streamText } from 'ai';
 
 const [base, api, model] = process.argv.slice(2);
 const openai = createOpenAI({ baseURL: `${base}/v1`, apiKey: 'test' });
+const compatible = createOpenAICompatible({ name: 'essessey', baseURL: `${base}/v1`, apiKey: 'test' });
+const models = {
+  responses: () => openai.responses(model),
+  chat: () => openai.chat(model),
+  compatible: () => compatible.chatModel(model),
+};
 const errors = [];
 const result = streamText({
-  model: api === 'responses' ? openai.responses(model) : openai.chat(model),
+  model: models[api](),
   prompt: 'Go.',
   maxRetries: 0,
   onError: ({ error }) => errors.push(String(error)),
