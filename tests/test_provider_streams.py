@@ -535,10 +535,12 @@ async def test_a_message_given_whole_in_its_start_is_published(dialect: Dialect)
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    "caller", [{"type": "code_execution_20250825", "tool_id": 2**70}, "code_execution"]
+)
 async def test_a_caller_not_writable_as_json_is_left_out_and_the_call_kept(
-    caplog: pytest.LogCaptureFixture,
+    caller: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caller = {"type": "code_execution_20250825", "tool_id": 2**70}
     start = {"type": "tool_use", "id": "toolu_1", "name": "rollDie", "input": {}}
     events = [
         _message_start("msg_caller"),

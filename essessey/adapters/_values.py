@@ -28,6 +28,7 @@ __all__ = [
     "add_count",
     "arguments_complete",
     "as_mapping",
+    "call_caller",
     "clean",
     "count",
     "fits_count",
@@ -192,6 +193,16 @@ def writable(value: Any, where: str, *, depth: int = _FIELD_DEPTH) -> Any:
     except TypeError:
         raise Malformed(f"{where} cannot be written as JSON") from None
     return value
+
+
+def call_caller(value: object, where: str) -> dict[str, Any] | None:
+    """A tool call's ``caller`` (what made it when the model did not: a provider's
+    programmatic tool calling), None when it names none; raises :class:`Malformed` for
+    one that is no object orjson can write (the adapter then sends the call without it,
+    with a warning)."""
+    if value is None:
+        return None
+    return dict(writable(req_map(value, f"{where}.caller"), f"{where}.caller"))
 
 
 # -- a framework's values ----------------------------------------------------------------

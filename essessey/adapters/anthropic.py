@@ -40,7 +40,13 @@ from essessey._failure import send_failure
 from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters._publishing import publish_message, require_round
-from essessey.adapters._values import fits_count, has_lone_surrogate, replace_surrogates
+from essessey.adapters._values import (
+    Malformed,
+    call_caller,
+    fits_count,
+    has_lone_surrogate,
+    replace_surrogates,
+)
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
 from essessey.errors import (
     ProtocolError,
@@ -752,21 +758,18 @@ class _Reader:
 
 
 def _caller(given: object, position: int, index: int) -> dict[str, Any] | None:
-    """A programmatic call's ``caller`` (the code that made it), when it is an object
-    orjson can write; one that is not is left out with a warning, the call kept."""
-    if not isinstance(given, Mapping):
-        return None
+    """A programmatic call's ``caller`` (the code that made it); one that is no object
+    orjson can write is left out with a warning, the call kept."""
     try:
-        orjson.dumps(given)
-    except orjson.JSONEncodeError:
+        return call_caller(given, "tool_use")
+    except Malformed:
         logger.warning(
-            "provider event #%d: tool_use block %d has a caller not writable as JSON; "
-            "the call goes out without it",
+            "provider event #%d: tool_use block %d has a caller not writable as JSON, or "
+            "not an object; the call goes out without it",
             position,
             index,
         )
         return None
-    return dict(given)
 
 
 def _skip(position: int, name: str, reason: str) -> None:

@@ -105,6 +105,7 @@ from essessey.adapters._values import (
     MAX_COUNT,
     Malformed,
     as_mapping,
+    call_caller,
     count,
     has_lone_surrogate,
     kind,
@@ -782,12 +783,10 @@ def _read_item(
 
 
 def _caller(value: object, where: str) -> dict[str, Any] | None:
-    """A call's ``caller`` (the program that made it); one that is no object orjson can
-    write is left out with a warning, the call kept."""
-    if value is None:
-        return None
+    """A call's ``caller`` (the program that made it); one that cannot be read is left
+    out with a warning, the call kept."""
     try:
-        return dict(writable(req_map(value, f"{where}.caller"), f"{where}.caller"))
+        return call_caller(value, where)
     except Malformed as exc:
         logger.warning("%s; the call goes out without its caller", exc)
         return None
@@ -1494,9 +1493,7 @@ class _Reader:
         if open_part is not None and open_part[0] != "message" and open_part[1] == anchor:
             await self.rounds.delta(signature=signature)
         else:
-            await self.rounds.block_start({"type": "redacted_thinking", "data": signature})
-            await self.rounds.block_stop()
-            self._open_part = None
+            await self._whole_block({"type": "redacted_thinking", "data": signature})
 
     async def _publish(self, piece: _Piece) -> None:
         await self._ready()
@@ -1507,9 +1504,7 @@ class _Reader:
             await self._publish_hosted(piece.hosted)
             return
         if piece.block is not None:
-            await self.rounds.block_start(piece.block)
-            await self.rounds.block_stop()
-            self._open_part = None
+            await self._whole_block(piece.block)
             return
         if piece.citation is not None:
             open_part = self._open_part
@@ -1522,6 +1517,13 @@ class _Reader:
             await self.rounds.raw_delta({"type": "citations_delta", "citation": piece.citation})
             return
         await self._publish_text(piece.key, piece.text)
+
+    async def _whole_block(self, block: dict[str, Any]) -> None:
+        """A block carried whole in its start (redacted reasoning, a hosted tool's call
+        or result, a compaction): it closes the open text or reasoning part's block."""
+        await self.rounds.block_start(block)
+        await self.rounds.block_stop()
+        self._open_part = None
 
     async def _publish_text(self, key: _PartKey, text: str) -> None:
         """Text or reasoning of the part ``key``, into its block."""
@@ -1557,12 +1559,9 @@ class _Reader:
         call_id = item.get("call_id")
         if isinstance(call_id, str) and call_id:
             self._hosted_calls.append(call_id)
-        await self.rounds.block_start(use)
-        await self.rounds.block_stop()
+        await self._whole_block(use)
         result = {"type": f"{name}_tool_result", "tool_use_id": tool_id, "content": item}
-        await self.rounds.block_start(result)
-        await self.rounds.block_stop()
-        self._open_part = None
+        await self._whole_block(result)
 
     async def _cite(
         self,
