@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
 
+from essessey import StreamHub
+from essessey.dialects import dialect_routes
 from tests.processes import STARTUP_TIMEOUT, free_port, spawn, stop_process, wait_for_port
 
 
@@ -139,6 +142,17 @@ class ServerProcess:
         """Stop it: SIGTERM (graceful) or SIGKILL (a crash), then wait."""
         process, self.process = self.process, None
         stop_process(process, kill=kill)
+
+
+@contextmanager
+def serve_dialects(turn: Any, hub: Any = None) -> Iterator[str]:
+    """Serve the turns of ``turn`` (a dialect request's producer) in every wire dialect
+    (``dialect_routes``) through ``hub`` (a default ``StreamHub`` when None) and yield the
+    base URL."""
+    hub = StreamHub() if hub is None else hub
+    app = Starlette(routes=list(dialect_routes(hub, turn)), lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        yield url
 
 
 @contextmanager

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.applications import Starlette
 
-from essessey import Publisher, StreamHub
-from essessey.dialects import DialectRequest, dialect_routes
+from essessey import Publisher
+from essessey.dialects import DialectRequest
 from essessey.hub import TurnProducer
 from essessey.protocol import StopReason
 from tests.processes import node_json
-from tests.servers import serve
+from tests.servers import serve_dialects
 
 
 def turn(request: DialectRequest) -> TurnProducer:
@@ -46,9 +45,7 @@ def turn(request: DialectRequest) -> TurnProducer:
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    hub = StreamHub()
-    app = Starlette(routes=list(dialect_routes(hub, turn)), lifespan=hub.lifespan)
-    with serve(app, lifespan="on") as url:
+    with serve_dialects(turn) as url:
         yield url
 
 

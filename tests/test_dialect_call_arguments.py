@@ -12,13 +12,12 @@ from typing import Any
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from starlette.applications import Starlette
 
-from essessey import Publisher, StreamHub
-from essessey.dialects import DialectRequest, dialect_routes
+from essessey import Publisher
+from essessey.dialects import DialectRequest
 from essessey.hub import TurnProducer
 from essessey.protocol import StopReason
-from tests.servers import serve
+from tests.servers import serve_dialects
 
 pytestmark = pytest.mark.anyio
 
@@ -47,9 +46,7 @@ EXPECTED = [("call_now", {}), ("call_today", {}), ("call_city", {"city": "Oslo"}
 
 @pytest.fixture
 def sdk() -> Iterator[openai.AsyncOpenAI]:
-    hub = StreamHub()
-    app = Starlette(routes=list(dialect_routes(hub, turn)), lifespan=hub.lifespan)
-    with serve(app, lifespan="on") as url:
+    with serve_dialects(turn) as url:
         yield openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
 
 

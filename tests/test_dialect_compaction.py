@@ -11,14 +11,13 @@ from typing import Any
 import openai
 import pytest
 from openai.types.responses import ResponseCompactionItem
-from starlette.applications import Starlette
 
-from essessey import InMemorySink, Publisher, StreamHub
+from essessey import InMemorySink, Publisher
 from essessey.adapters.anthropic import publish
-from essessey.dialects import DialectRequest, dialect_routes
+from essessey.dialects import DialectRequest
 from essessey.dialects.responses import ResponsesEncoder
 from essessey.hub import TurnProducer
-from tests.servers import serve
+from tests.servers import serve_dialects
 
 pytestmark = pytest.mark.anyio
 
@@ -66,9 +65,7 @@ def turn(request: DialectRequest) -> TurnProducer:
 
 @pytest.fixture
 def sdk() -> Iterator[openai.AsyncOpenAI]:
-    hub = StreamHub()
-    app = Starlette(routes=list(dialect_routes(hub, turn)), lifespan=hub.lifespan)
-    with serve(app, lifespan="on") as url:
+    with serve_dialects(turn) as url:
         yield openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
 
 

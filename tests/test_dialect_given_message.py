@@ -12,19 +12,18 @@ from typing import Any
 
 import openai
 import pytest
-from starlette.applications import Starlette
 
 from essessey import Event, InMemorySink, Publisher, StreamHub
 from essessey.adapters.anthropic import publish
 from essessey.bindings.sse import FrameEncoder
-from essessey.dialects import DialectRequest, dialect_routes
+from essessey.dialects import DialectRequest
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
 from essessey.dialects.ui import UIMessageEncoder
 from essessey.hub import TurnProducer
 from essessey.protocol import Dialect
-from tests.servers import serve
+from tests.servers import serve_dialects
 
 pytestmark = pytest.mark.anyio
 
@@ -105,9 +104,7 @@ def turn(request: DialectRequest) -> TurnProducer:
 
 @pytest.fixture
 def sdk() -> Iterator[openai.AsyncOpenAI]:
-    hub = StreamHub(dialect="anthropic")
-    app = Starlette(routes=list(dialect_routes(hub, turn)), lifespan=hub.lifespan)
-    with serve(app, lifespan="on") as url:
+    with serve_dialects(turn, StreamHub(dialect="anthropic")) as url:
         yield openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
 
 
