@@ -21,6 +21,13 @@ def payloads(events: list[Event]) -> list[dict[str, Any]]:
     return [orjson.loads(event.data) for event in events]
 
 
+def block_starts(events: list[Event]) -> list[dict[str, Any]]:
+    """Each block's start object (its ``content_block``), in order."""
+    return [
+        orjson.loads(e.data)["content_block"] for e in events if e.event == "content_block_start"
+    ]
+
+
 def blocks(events: list[Event]) -> list[tuple[str, int, str]]:
     """(event, index, block type) of every content block event, to read the layout."""
     types: dict[int, str] = {}

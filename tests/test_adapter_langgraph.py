@@ -67,6 +67,7 @@ from essessey.dialects.ui import ChatRequest
 from tests.adapter_views import (
     Interleaving,
     answer_approvals,
+    block_starts,
     gated_interleavings,
     interleavings,
     split_text,
@@ -465,10 +466,6 @@ async def test_interleaved_calls_without_an_end_chunk_are_all_published() -> Non
 # -- what the integrations stream -----------------------------------------------------------------
 # Chunks as langchain-anthropic's ChatAnthropic and langchain-openai's ChatOpenAI give them
 # (tests/langgraph_graphs.py), streamed by a scripted model in a graph.
-
-
-def block_starts(events: list[Event]) -> list[dict[str, Any]]:
-    return [e.json()["content_block"] for e in events if e.event == "content_block_start"]
 
 
 async def test_a_server_tool_chatanthropic_streams_is_its_call_then_its_result() -> None:

@@ -50,6 +50,7 @@ from essessey.protocol import Dialect
 from tests.adapter_views import (
     Interleaving,
     assert_each_call_whole,
+    block_starts,
     interleavings,
     responses_events,
 )
@@ -1728,9 +1729,7 @@ async def test_hosted_tools_are_server_tool_blocks_with_their_results(
     with caplog.at_level(logging.INFO, logger=LOGGER):
         message, published = await _publish(events, dialect)
     assert check(published) == []
-    starts = [
-        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
-    ]
+    starts = block_starts(published)
     assert [(b["type"], b.get("name")) for b in starts] == [
         ("server_tool_use", "web_search"),
         ("web_search_tool_result", None),
@@ -1804,9 +1803,7 @@ async def test_a_compaction_item_is_a_compaction_block_once_whole(
     with caplog.at_level(logging.INFO, logger=LOGGER):
         message, published = await _publish(_compacted_turn(_compaction("enc-whole")), dialect)
     assert check(published) == []
-    starts = [
-        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
-    ]
+    starts = block_starts(published)
     assert starts[0] == {"type": "compaction", "content": None, "encrypted_content": "enc-whole"}
     assert [b["type"] for b in starts] == ["compaction", "text"]
     assert message.text == "Hi."
@@ -1917,9 +1914,7 @@ async def test_a_program_and_its_calls_are_published_with_what_made_them(
     assert check(published) == []
     assert check(answered) == []
     assert caplog.text == ""  # nothing skipped
-    starts = [
-        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
-    ]
+    starts = block_starts(published)
     assert starts[0] == {
         "type": "server_tool_use",
         "id": "cm_1",
@@ -1936,9 +1931,7 @@ async def test_a_program_and_its_calls_are_published_with_what_made_them(
         {"type": "program", "caller_id": "call_prog"},
     )
     assert message.stop_reason == "tool_use"  # the client runs the program's call
-    later = [
-        orjson.loads(e.data)["content_block"] for e in answered if e.event == "content_block_start"
-    ]
+    later = block_starts(answered)
     assert [b["type"] for b in later] == [
         "server_tool_use",
         "programmatic_tool_calling_tool_result",
@@ -2114,9 +2107,7 @@ async def test_calls_the_provider_runs_are_server_tools_not_the_client_s(
     assert message.tool_calls == []
     assert parsed.stop_reason == message.stop_reason == "end_turn"
     assert parsed.text == "Done."
-    starts = [
-        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
-    ]
+    starts = block_starts(published)
     assert [(b["type"], b.get("name"), b.get("input")) for b in starts[0:4:2]] == [
         ("server_tool_use", name, given) for name, given in uses
     ]

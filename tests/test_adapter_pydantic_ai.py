@@ -73,6 +73,7 @@ from tests.adapter_views import (
     Interleaving,
     Step,
     answer_approvals,
+    block_starts,
     gated_interleavings,
     interleavings,
     split_text,
@@ -280,10 +281,6 @@ async def test_a_provider_s_native_tool_is_a_server_tool_block() -> None:
         {"type": "text"},
     ]
     assert published.output == "Two hits."
-
-
-def block_starts(events: list[Event]) -> list[dict[str, Any]]:
-    return [json.loads(e.data)["content_block"] for e in events if e.event == "content_block_start"]
 
 
 def thinking_of(events: list[Event]) -> list[tuple[str, str | None]]:

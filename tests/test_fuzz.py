@@ -81,6 +81,7 @@ from essessey.protocol.asking import (
 )
 from essessey.reassemble import ParsedStream, Reassembler
 from essessey.snapshot import compact
+from tests.adapter_views import block_starts
 from tests.fuzz_settings import fuzz
 from tests.servers import serve
 from tests.test_sse_decoder import BOM, SOUP, limit_hit, reference_decode
@@ -2075,9 +2076,7 @@ def test_responses_adapter_skips_a_citation_or_hosted_item_orjson_cannot_write(
     assert parsed.text == "cited"
     [citation_out] = parsed.messages[0].citations
     assert citation_out["end_index"] == 5
-    starts = [
-        orjson.loads(e.data)["content_block"] for e in published if e.event == "content_block_start"
-    ]
+    starts = block_starts(published)
     assert [b["id"] for b in starts if b["type"] == "server_tool_use"] == ["ws_2"]
     skipped = [r.getMessage() for r in warnings_of(records)]
     assert len(skipped) == 5
