@@ -1,5 +1,5 @@
 """One scripted agent turn, the one every dialect's tests serve: two model rounds,
-reasoning, two parallel tool calls with their results, the answer."""
+signed reasoning, two parallel tool calls with their results, the answer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from essessey.hub import TurnProducer
 ANSWER = "Let me check both.Paris is 18 degrees."
 """The turn's text, both rounds'."""
 THINKING = "Two cities, two calls."
+SIGNATURE = "sig-two-cities"
+"""The reasoning's signature, which a client sends back with it."""
 
 
 def scripted_turn(stream_id: str, *, delay: float = 0.0, fail: bool = False) -> TurnProducer:
@@ -22,6 +24,7 @@ def scripted_turn(stream_id: str, *, delay: float = 0.0, fail: bool = False) -> 
         await p.send_stream_preamble("msg_round1", stream_id, "scripted")
         await p.send_content_block_start_thinking(0)
         await p.send_content_block_delta_thinking(0, "Two cities, two calls.")
+        await p.send_signature_delta(0, SIGNATURE)
         await p.send_content_block_stop(0)
         await p.send_content_block_start_text(1)
         for word in ("Let ", "me ", "check ", "both."):

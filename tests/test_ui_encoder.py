@@ -60,7 +60,11 @@ async def test_a_two_round_turn_is_one_message_of_two_steps(dialect: str) -> Non
         {"type": "start-step"},
         {"type": "reasoning-start", "id": "1-0"},
         {"type": "reasoning-delta", "id": "1-0", "delta": "Two cities."},
-        {"type": "reasoning-end", "id": "1-0"},
+        {
+            "type": "reasoning-end",
+            "id": "1-0",
+            "providerMetadata": {"essessey": {"signature": "sig"}},
+        },
         {"type": "text-start", "id": "1-1"},
         {"type": "text-delta", "id": "1-1", "delta": "Let me "},
         {"type": "text-delta", "id": "1-1", "delta": "check."},

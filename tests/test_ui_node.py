@@ -16,6 +16,7 @@ import pytest
 from essessey import Event, StreamHub
 from essessey.dialects.ui import DONE, UIMessageEncoder
 from tests.processes import WAIT, node_json
+from tests.scripted_turn import SIGNATURE, THINKING
 from tests.servers import serve
 from tests.ui_app import create_app
 
@@ -73,6 +74,11 @@ def test_use_chat_receives_the_whole_turn(node_client: Path, base_url: str) -> N
     assert answer["role"] == "assistant"
     assert answer["id"].startswith("chat-1~")
     assert parts_of(answer) == WHOLE_TURN
+    # The reasoning's signature stays on its part, and goes back to a model with it.
+    signed = {"essessey": {"signature": SIGNATURE}}
+    assert answer["parts"][1]["providerMetadata"] == signed
+    reasoning = result["modelMessages"][1]["content"][0]
+    assert reasoning == {"type": "reasoning", "text": THINKING, "providerOptions": signed}
     # The finish's token counts reach the app as the message's metadata.
     usage = answer["metadata"]["usage"]
     # The shape of ai's own LanguageModelUsage.

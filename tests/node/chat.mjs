@@ -1,9 +1,10 @@
 // Drives the AI SDK's own Chat state machine (what useChat runs, without React) against a
-// server, and prints what the app would see as JSON on stdout.
+// server, and prints what the app would see as JSON on stdout (and the messages as
+// convertToModelMessages gives them to a model on the next request).
 //
 //   node chat.mjs BASE send CHAT_ID BODY_JSON      POST {BASE}/api/chat, one user message
 //   node chat.mjs BASE resume CHAT_ID MESSAGES_JSON GET {BASE}/api/chat/{CHAT_ID}/stream
-import { AbstractChat, DefaultChatTransport } from 'ai';
+import { AbstractChat, DefaultChatTransport, convertToModelMessages } from 'ai';
 
 class State {
   constructor(messages) { this.messages = messages; this.status = 'ready'; this.error = undefined; }
@@ -42,4 +43,6 @@ console.log(JSON.stringify({
   errors,
   finishes,
   messages: chat.messages,
+  // What the app's next request hands its model: the parts as model messages.
+  modelMessages: await convertToModelMessages(chat.messages),
 }));

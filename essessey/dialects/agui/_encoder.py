@@ -386,7 +386,9 @@ class AGUIEncoder(DialectEncoder):
             event = {"type": "REASONING_MESSAGE_CONTENT", "messageId": block.id, "delta": text}
             return [_frame(event)]
         if block.kind == BlockType.THINKING and kind == DeltaType.SIGNATURE:
-            block.signature = (block.signature or "") + str(delta["signature"])
+            # A signature is sent whole: each signature_delta replaces the one before
+            # (docs/protocol.md), as the reassembler and Anthropic's SDK read it.
+            block.signature = str(delta["signature"])
             return []
         if block.kind == BlockType.TOOL_USE and kind == DeltaType.INPUT_JSON:
             fragment = str(delta["partial_json"])

@@ -677,7 +677,8 @@ class ResponsesEncoder(DialectEncoder):
                 return self._emit("response.reasoning_summary_text.delta", body)
             return self._emit("response.reasoning_text.delta", self._at(item, delta=text))
         if item.kind == BlockType.THINKING and kind == DeltaType.SIGNATURE:
-            item.signature = (item.signature or "") + str(delta["signature"])
+            # Sent whole: each signature_delta replaces the one before (docs/protocol.md).
+            item.signature = str(delta["signature"])
             return []
         if item.kind == BlockType.TOOL_USE and kind == DeltaType.INPUT_JSON:
             fragment = str(delta["partial_json"])

@@ -9,8 +9,9 @@ comes up to its tool results: a block after a round's results opens the next ste
 Inside a step:
 
 - a text block is ``text-start`` / ``text-delta`` / ``text-end``, a thinking block
-  ``reasoning-start`` / ``reasoning-delta`` / ``reasoning-end`` (a signature has no UI
-  part and is left out);
+  ``reasoning-start`` / ``reasoning-delta`` / ``reasoning-end``, its signature in the
+  ``reasoning-end``'s ``providerMetadata.essessey.signature`` (the part keeps it, and the
+  client sends it back with the message);
 - a tool use is ``tool-input-start``, a ``tool-input-delta`` per fragment, and at its stop
   ``tool-input-available`` with the parsed input (``tool-input-error`` when the fragments
   are not JSON);
@@ -104,7 +105,7 @@ def frame(chunk: dict[str, Any]) -> bytes:
 
 
 class _Block:
-    __slots__ = ("content", "held", "id", "id_json", "kind", "size", "skipped")
+    __slots__ = ("content", "held", "id", "id_json", "kind", "signature", "size", "skipped")
 
     def __init__(self, kind: str, block_id: str, content: dict[str, Any]) -> None:
         self.kind = kind
@@ -114,6 +115,7 @@ class _Block:
         self.held: list[Any] = []  # fragments (tool input, result) or deltas (unknown)
         self.size = 0
         self.skipped = False
+        self.signature: str | None = None  # a thinking block's, sent whole
 
 
 class UIMessageEncoder(DialectEncoder):
@@ -425,7 +427,9 @@ class UIMessageEncoder(DialectEncoder):
             return []
         if block.kind == BlockType.THINKING:
             if kind == DeltaType.SIGNATURE:
-                return []  # no UI part carries it
+                # Whole, the last one kept (docs/protocol.md): on the part at its end.
+                block.signature = str(delta["signature"])
+                return []
             text = delta.get("thinking", delta.get("text"))  # the two dialects
             return [frame({"type": "reasoning-delta", "id": block.id, "delta": str(text)})]
         if block.kind == BlockType.TOOL_USE and kind == DeltaType.INPUT_JSON:
@@ -450,7 +454,12 @@ class UIMessageEncoder(DialectEncoder):
         if block.kind == BlockType.TEXT:
             return [frame({"type": "text-end", "id": block.id})]
         if block.kind == BlockType.THINKING:
-            return [frame({"type": "reasoning-end", "id": block.id})]
+            end: dict[str, Any] = {"type": "reasoning-end", "id": block.id}
+            if block.signature is not None:
+                # The reasoning part's providerMetadata, which the client sends back with
+                # the message (convertToModelMessages: the part's providerOptions).
+                end["providerMetadata"] = {"essessey": {"signature": block.signature}}
+            return [frame(end)]
         if block.skipped:
             return []
         if block.kind == BlockType.TOOL_USE:
