@@ -28,12 +28,20 @@ WAIT_MS: Final = int(WAIT * 1000)
 STARTUP_TIMEOUT = 15.0
 
 
-def node_json(script: Any, *args: str) -> Any:
-    """What the Node client ``script`` (tests/node) printed as JSON, run with ``args``;
-    raises if it fails or takes longer than WAIT."""
+def node_json(script: Any, *args: str, stdin: str | None = None) -> Any:
+    """What the Node client ``script`` (tests/node) printed as JSON, run with ``args``
+    (and ``stdin`` on its standard input); raises with what it wrote to stderr if it
+    fails, or if it takes longer than WAIT."""
     done = subprocess.run(
-        ["node", str(script), *args], capture_output=True, text=True, timeout=WAIT, check=True
+        ["node", str(script), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
     )
+    if done.returncode != 0:
+        raise AssertionError(f"{script} exited with {done.returncode}: {done.stderr}")
     return json.loads(done.stdout)
 
 

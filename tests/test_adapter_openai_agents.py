@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,7 @@ from tests.adapter_views import (
 )
 from tests.clients import read_sse
 from tests.openai_agents_models import MODEL_NAME, Pause, Response, ScriptedResponses, call
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -851,14 +850,7 @@ def test_the_ag_ui_client_reads_a_turn(
 ) -> None:
     url, models = served
     models[:] = [ScriptedResponses(weather_script())]
-    done = subprocess.run(
-        ["node", str(node_client.parent / "agui.mjs"), f"{url}/agui", "thread-1", "run-1"],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    seen = json.loads(done.stdout)
+    seen = node_json(node_client.parent / "agui.mjs", f"{url}/agui", "thread-1", "run-1")
     assert seen["events"][0] == "RUN_STARTED"
     assert seen["events"][-1] == "RUN_FINISHED"
     assert seen["events"].count("TOOL_CALL_RESULT") == 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +79,7 @@ from tests.adapter_views import (
     text_among,
     tool_use_blocks,
 )
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -876,14 +875,7 @@ def test_an_approval_answered_on_the_protocol_s_route(mail_app: str) -> None:
 
 
 def run_node(script: str, *args: str) -> Any:
-    done = subprocess.run(
-        ["node", str(NODE / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    return json.loads(done.stdout)
+    return node_json(NODE / script, *args)
 
 
 @pytest.mark.slow

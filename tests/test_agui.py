@@ -5,7 +5,6 @@ exactly once, and ``@ag-ui/client``'s ``HttpAgent`` (Node, tests/node) reads a w
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from essessey.dialects.agui import (
     run_stream_id,
 )
 from essessey.hub import TurnProducer
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.scripted_turn import ANSWER, THINKING, scripted_turn
 from tests.servers import serve
 
@@ -274,15 +273,7 @@ async def test_an_unknown_last_id_is_a_410(base_url: str) -> None:
 
 
 def test_http_agent_reads_a_whole_run(node_client: Path, base_url: str) -> None:
-    done = subprocess.run(
-        ["node", str(NODE / "agui.mjs"), f"{base_url}/agui", "thread-node", "run-node"],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = node_json(NODE / "agui.mjs", f"{base_url}/agui", "thread-node", "run-node")
     assert result["events"][0] == "RUN_STARTED"
     assert result["events"][-1] == "RUN_FINISHED"
     assistant = [m for m in result["messages"] if m["role"] == "assistant"]
@@ -304,15 +295,7 @@ def test_http_agent_keeps_the_reasoning_a_client_must_send_back(
 ) -> None:
     # A redacted block's data and a thinking block's signature are each their reasoning
     # message's encryptedValue: what a client sends back for the model to go on.
-    done = subprocess.run(
-        ["node", str(NODE / "agui.mjs"), f"{base_url}/agui", "thread-r", "run-reasoning"],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = node_json(NODE / "agui.mjs", f"{base_url}/agui", "thread-r", "run-reasoning")
     reasoning = [m for m in result["messages"] if m["role"] == "reasoning"]
     assert [(m.get("content"), m.get("encryptedValue")) for m in reasoning] == [
         ("", "opaque-1"),

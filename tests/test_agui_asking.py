@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from essessey.dialects.agui import (
 )
 from essessey.event import Event
 from essessey.hub import TurnProducer
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
@@ -495,15 +494,7 @@ def test_the_encoder_skips_up_to_after_and_the_records_of_answers() -> None:
 
 
 def http_agent(url: str, *args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        ["node", str(NODE / "agui_asking.mjs"), f"{url}/agui", *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout)
+    result: dict[str, Any] = node_json(NODE / "agui_asking.mjs", f"{url}/agui", *args)
     return result
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from essessey import check, reassemble_events
 from essessey.bindings.sse import SSEDecoder
-from tests.processes import WAIT, free_port, stop_process, wait_for_port
+from tests.processes import WAIT, free_port, node_json, stop_process, wait_for_port
 from tests.servers import serve
 from tests.test_examples import EXAMPLES, load_example
 
@@ -172,22 +172,8 @@ def test_the_ai_sdk_s_own_chat_approves_and_denies(
     approval with ``addToolApprovalResponse`` and reads the same message go on."""
     example, url = app
     example.OUTBOX.clear()
-    done = subprocess.run(
-        [
-            "node",
-            str(NODE / "ui_asking.mjs"),
-            url,
-            f"{example.__name__}-{action}",
-            "send",
-            "mail ada@x.io",
-            action,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    chat_id = f"{example.__name__}-{action}"
+    result = node_json(NODE / "ui_asking.mjs", url, chat_id, "send", "mail ada@x.io", action)
     assert (result["status"], result["error"], result["errors"]) == ("ready", None, [])
     _, answer = result["messages"]  # one assistant message, continued
     [call] = [p for p in answer["parts"] if p["type"] == "tool-send_email"]

@@ -4,8 +4,6 @@ and httpx-sse reads exactly the turn's events, keep-alives and the retry hint in
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from httpx_sse import connect_sse
 
 from essessey.demo import create_app
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, MISSING
-from tests.processes import WAIT
+from tests.processes import WAIT, node_json
 from tests.servers import serve
 
 DELTAS = 12
@@ -42,14 +40,7 @@ def finished_turn(base: str, delay_ms: int = 0) -> tuple[str, list[tuple[str, st
 
 def test_node_eventsource_stops_after_a_finished_turn(node_client: Path, demo: str) -> None:
     stream_id, events = finished_turn(demo)
-    done = subprocess.run(
-        ["node", str(node_client.parent / "eventsource.mjs"), f"{demo}/streams/{stream_id}"],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = node_json(node_client.parent / "eventsource.mjs", f"{demo}/streams/{stream_id}")
     # Read once, then its reconnect (with the last id) got 204 and it closed for good.
     assert (result["opens"], result["readyState"]) == (1, 2)
     assert [(e["event"], e["id"]) for e in result["events"]] == events

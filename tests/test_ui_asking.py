@@ -174,15 +174,7 @@ def approved(chunks: list[dict[str, Any]], yes: bool, reason: str | None = None)
 
 def validate(chunks: list[dict[str, Any]]) -> None:
     """Every chunk passes the AI SDK's own chunk schema."""
-    checked = subprocess.run(
-        ["node", str(NODE / "validate.mjs")],
-        input=json.dumps(chunks),
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    assert json.loads(checked.stdout) == [None] * len(chunks)
+    assert node_json(NODE / "validate.mjs", stdin=json.dumps(chunks)) == [None] * len(chunks)
 
 
 def test_an_approval_is_asked_and_the_approved_call_continues_the_message(

@@ -306,15 +306,9 @@ def test_the_ai_sdks_schema_accepts_every_chunk_the_encoder_writes(node_client: 
     assert {"tool-input-error", "custom", "tool-output-available", "abort"} <= kinds
     assert {"error", "finish"} <= kinds
     controls = [{"type": "bogus"}, {"type": "finish", "finishReason": "unknown"}]
-    checked = subprocess.run(
-        ["node", str(node_client.parent / "validate.mjs")],
-        input=json.dumps([*chunks, *controls]),
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
+    verdicts = node_json(
+        node_client.parent / "validate.mjs", stdin=json.dumps([*chunks, *controls])
     )
-    verdicts = json.loads(checked.stdout)
     assert verdicts[: len(chunks)] == [None] * len(chunks)
     assert all(verdict is not None for verdict in verdicts[len(chunks) :])  # it can refuse
 
