@@ -9,6 +9,7 @@ puts the checkout on their path).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -28,12 +29,22 @@ WAIT_MS: Final = int(WAIT * 1000)
 STARTUP_TIMEOUT = 15.0
 
 
-def node_json(script: Any, *args: str, stdin: str | None = None) -> Any:
+@functools.cache
+def _node_websocket_flags() -> tuple[str, ...]:
+    """What makes Node's built-in WebSocket global: nothing from Node 22, a flag before."""
+    probe = "process.exit(typeof WebSocket === 'function' ? 0 : 1)"
+    has_it = subprocess.run(["node", "-e", probe], timeout=WAIT, check=False).returncode == 0
+    return () if has_it else ("--experimental-websocket",)
+
+
+def node_json(script: Any, *args: str, stdin: str | None = None, websocket: bool = False) -> Any:
     """What the Node client ``script`` (tests/node) printed as JSON, run with ``args``
-    (and ``stdin`` on its standard input); raises with what it wrote to stderr if it
-    fails, or if it takes longer than WAIT."""
+    (and ``stdin`` on its standard input; ``websocket`` for a script that needs the
+    browser's WebSocket); raises with what it wrote to stderr if it fails, or if it takes
+    longer than WAIT."""
+    flags = _node_websocket_flags() if websocket else ()
     done = subprocess.run(
-        ["node", str(script), *args],
+        ["node", *flags, str(script), *args],
         input=stdin,
         capture_output=True,
         text=True,

@@ -488,9 +488,20 @@ def test_the_encoder_writes_a_continuation_alone_with_the_calls_it_is_given() ->
 # -- the AI SDK's own Chat ----------------------------------------------------------------------
 
 
-def run_chat(base: str, chat_id: str, mode: str, arg: Any, action: str) -> dict[str, Any]:
+TRANSPORTS = ["http", "ws"]
+"""useChat's two chat transports: DefaultChatTransport (HTTP and SSE) and
+WebSocketChatTransport (one WebSocket)."""
+
+
+def run_chat(
+    base: str, chat_id: str, mode: str, arg: Any, action: str, transport: str = "http"
+) -> dict[str, Any]:
     given = arg if isinstance(arg, str) else json.dumps(arg)
-    result: dict[str, Any] = node_json(NODE / "ui_asking.mjs", base, chat_id, mode, given, action)
+    script = NODE / "ui_asking.mjs"
+    ws = transport == "ws"
+    result: dict[str, Any] = node_json(
+        script, base, chat_id, mode, given, action, transport, websocket=ws
+    )
     return result
 
 
@@ -500,8 +511,13 @@ def parts_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: part[k] for k in keep if part.get(k) is not None} for part in message["parts"]]
 
 
-def test_use_chat_approves_and_the_message_goes_on(node_client: Path, app: App) -> None:
-    result = run_chat(app.url, "node-a", "send", "approval please", "approve")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_use_chat_approves_and_the_message_goes_on(
+    node_client: Path, app: App, transport: str
+) -> None:
+    result = run_chat(
+        app.url, "node-a-" + transport, "send", "approval please", "approve", transport
+    )
     assert (result["status"], result["error"], result["errors"]) == ("ready", None, [])
     assert [f["finishReason"] for f in result["finishes"]] == ["tool-calls", "stop"]
     user_message, answer = result["messages"]  # one assistant message, continued
@@ -540,8 +556,11 @@ def test_use_chat_approves_and_the_message_goes_on(node_client: Path, app: App) 
     assert second["last"]["tools"][-1]["state"] == "approval-responded"
 
 
-def test_use_chat_denies_and_the_call_ends_denied(node_client: Path, app: App) -> None:
-    result = run_chat(app.url, "node-d", "send", "approval please", "deny")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_use_chat_denies_and_the_call_ends_denied(
+    node_client: Path, app: App, transport: str
+) -> None:
+    result = run_chat(app.url, "node-d-" + transport, "send", "approval please", "deny", transport)
     assert (result["status"], result["errors"]) == ("ready", [])
     assert [f["finishReason"] for f in result["finishes"]] == ["tool-calls", "stop"]
     _, answer = result["messages"]
@@ -557,6 +576,7 @@ def test_use_chat_denies_and_the_call_ends_denied(node_client: Path, app: App) -
     assert len(result["requests"]) == 2  # nothing sent again
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
     ("text", "tool", "output", "said"),
     [
@@ -565,9 +585,9 @@ def test_use_chat_denies_and_the_call_ends_denied(node_client: Path, app: App) -
     ],
 )
 def test_use_chat_runs_a_client_tool_and_the_message_goes_on(
-    node_client: Path, app: App, text: str, tool: str, output: Any, said: str
+    node_client: Path, app: App, text: str, tool: str, output: Any, said: str, transport: str
 ) -> None:
-    result = run_chat(app.url, "node-" + text, "send", text, "answer")
+    result = run_chat(app.url, f"node-{text}-{transport}", "send", text, "answer", transport)
     assert (result["status"], result["errors"]) == ("ready", [])
     assert [f["finishReason"] for f in result["finishes"]] == ["tool-calls", "stop"]
     _, answer = result["messages"]
@@ -585,11 +605,15 @@ def test_use_chat_runs_a_client_tool_and_the_message_goes_on(
     assert [r["status"] for r in result["requests"]] == [200, 200]
 
 
-def test_use_chat_reloads_a_waiting_turn_and_answers_it(node_client: Path, app: App) -> None:
-    first = run_chat(app.url, "node-w", "send", "approval please", "none")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_use_chat_reloads_a_waiting_turn_and_answers_it(
+    node_client: Path, app: App, transport: str
+) -> None:
+    chat_id = "node-w-" + transport
+    first = run_chat(app.url, chat_id, "send", "approval please", "none", transport)
     assert [f["finishReason"] for f in first["finishes"]] == ["tool-calls"]
     saved = first["messages"][:1]  # the app saved the user's message only
-    result = run_chat(app.url, "node-w", "resume", saved, "approve")
+    result = run_chat(app.url, chat_id, "resume", saved, "approve", transport)
     assert (result["status"], result["errors"]) == ("ready", [])
     # The reconnect showed the request again, in the same message, which the answer
     # continued.

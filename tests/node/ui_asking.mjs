@@ -4,8 +4,13 @@
 // sends the answer, whose stream continues the same assistant message. Prints what the app
 // would see, and the requests the transport made, as JSON on stdout.
 //
-//   node ui_asking.mjs BASE CHAT_ID send TEXT ACTION
-//   node ui_asking.mjs BASE CHAT_ID resume MESSAGES_JSON ACTION
+//   node ui_asking.mjs BASE CHAT_ID send TEXT ACTION [TRANSPORT]
+//   node ui_asking.mjs BASE CHAT_ID resume MESSAGES_JSON ACTION [TRANSPORT]
+//
+// TRANSPORT is http (DefaultChatTransport, the default) or ws (WebSocketChatTransport at
+// {BASE}/api/chat/ws; its request frames are recorded as the HTTP requests they stand for:
+// a send as a POST, a resume as a GET, the status from the first answer to it: start or a
+// chunk 200, no-active 204, error 400).
 //
 // TEXT is the user's message (it names what the test app's turn asks); ACTION is
 // approve, deny (the approval requests), answer (the client tools and questions: onToolCall
@@ -13,6 +18,7 @@
 import {
   AbstractChat,
   DefaultChatTransport,
+  WebSocketChatTransport,
   lastAssistantMessageIsCompleteWithApprovalResponses,
   lastAssistantMessageIsCompleteWithToolCalls,
 } from 'ai';
@@ -31,7 +37,7 @@ class NodeChat extends AbstractChat {
   constructor({ messages, ...init }) { super({ ...init, state: new State(messages) }); }
 }
 
-const [base, chatId, mode, arg, action] = process.argv.slice(2);
+const [base, chatId, mode, arg, action, transportName = 'http'] = process.argv.slice(2);
 const OUTPUTS = { get_location: { lat: 59.9 }, ask_user: 'C' };
 const finishes = [];
 const errors = [];
@@ -40,10 +46,11 @@ let finished;
 const expected = action === 'none' ? 1 : 2;
 const allDone = new Promise(resolve => { finished = resolve; });
 
-async function recordingFetch(url, init) {
-  const request = { method: init?.method ?? 'GET', url: String(url).slice(base.length) };
-  if (init?.body) {
-    const body = JSON.parse(init.body);
+// A request as the test reads it: its method and, for a chat request, what its last
+// message says of the tool calls.
+function described(method, url, body) {
+  const request = { method, url };
+  if (body?.messages) {
     const last = body.messages.at(-1);
     request.trigger = body.trigger;
     request.messageId = body.messageId ?? null;
@@ -54,16 +61,49 @@ async function recordingFetch(url, init) {
         .map(p => ({ toolCallId: p.toolCallId, state: p.state, approval: p.approval ?? null })),
     };
   }
+  return request;
+}
+
+async function recordingFetch(url, init) {
+  const body = init?.body ? JSON.parse(init.body) : null;
+  const request = described(init?.method ?? 'GET', String(url).slice(base.length), body);
   const response = await fetch(url, init);
   request.status = response.status;
   requests.push(request);
   return response;
 }
 
+const STATUS = { start: 200, chunk: 200, 'no-active': 204, error: 400 };
+
+// The browser's WebSocket, recording the request frames and the first answer to each
+// (made only for the ws transport: Node before 22 has no WebSocket without a flag).
+const recording = () => class RecordingWebSocket extends WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener('message', event => {
+      const frame = JSON.parse(event.data);
+      const request = requests.find(r => r.requestId === frame.requestId);
+      if (request && request.status === null) request.status = STATUS[frame.type] ?? null;
+    });
+  }
+  send(data) {
+    const frame = JSON.parse(data);
+    if (frame.type === 'send' || frame.type === 'resume') {
+      const request = described(frame.type === 'send' ? 'POST' : 'GET', null, frame);
+      requests.push({ ...request, requestId: frame.requestId, status: null });
+    }
+    super.send(data);
+  }
+};
+
+const transport = transportName === 'ws'
+  ? new WebSocketChatTransport({ url: `${base}/api/chat/ws`, webSocket: recording() })
+  : new DefaultChatTransport({ api: `${base}/api/chat`, fetch: recordingFetch });
+
 const chat = new NodeChat({
   id: chatId,
   messages: mode === 'resume' ? JSON.parse(arg) : [],
-  transport: new DefaultChatTransport({ api: `${base}/api/chat`, fetch: recordingFetch }),
+  transport,
   sendAutomaticallyWhen: action === 'answer'
     ? lastAssistantMessageIsCompleteWithToolCalls
     : lastAssistantMessageIsCompleteWithApprovalResponses,
@@ -115,3 +155,4 @@ console.log(JSON.stringify({
   asked,
   messages: chat.messages,
 }));
+transport.close?.();

@@ -2,15 +2,9 @@
 (see docs/ui.md)."""
 
 from essessey._public import set_public_module
+from essessey.dialects.ui._chats import ChatRequest, TurnFactory, parse_chat_request, ui_answers
 from essessey.dialects.ui._encoder import DONE, FINISH_REASONS, UIMessageEncoder, frame
-from essessey.dialects.ui._routes import (
-    UI_MESSAGE_STREAM_HEADERS,
-    ChatRequest,
-    TurnFactory,
-    parse_chat_request,
-    ui_answers,
-    ui_chat_routes,
-)
+from essessey.dialects.ui._routes import UI_MESSAGE_STREAM_HEADERS, ui_chat_routes
 
 __all__ = [
     "DONE",

@@ -1,0 +1,343 @@
+"""``useChat`` over one WebSocket: the AI SDK's ``WebSocketChatTransport`` served from a
+:class:`~essessey.StreamHub` (docs/ui.md, "Over a WebSocket").
+
+The transport keeps one connection and carries a chat's requests over it, each named by
+the ``requestId`` the client gives it. The client's frames:
+
+- ``send`` (``id``, ``trigger``, ``messageId``, ``messages``, ``headers``, ``body``): the
+  chat request that ``POST {path}`` takes over HTTP, answered the same way: a new turn,
+  or the continuation of the turn that asked when its last message carries the answers.
+  The app's ``turn(chat)`` sees the frame's ``body`` merged with the chat's fields, as
+  over HTTP, and its ``headers``.
+- ``resume`` (``id``, ``lastSequence``?): the reconnect of ``GET {path}/{chat_id}/stream``:
+  the chat's turn replayed from its start and followed live (the client replaces the
+  message it has), or ``no-active`` when there is none to resume. With ``lastSequence``
+  the chunks up to it are left out (the replay numbers them the same way).
+- ``abort``: that request's chunks stop. The turn goes on, as it does when an HTTP
+  stream is dropped; ``POST {path}/{chat_id}/stop`` stops it.
+
+The server's frames, each naming its request: ``start`` (the stream begins), ``chunk``
+(``sequence`` from 0, and the UI message chunk: what the SSE route writes as one
+``data:`` line), ``end``, ``no-active``, and ``error`` (``errorText``: a refusal, a
+bad request, or a stream that ended before its turn did: the client may resume it).
+
+Why it is shaped this way:
+- A request is refused in its own ``error`` frame, and the connection stays: it carries
+  the chat's other requests. A frame that names no request, or is not JSON, closes the
+  connection (4400): the client is not this transport's. A frame over ``max_body``
+  bytes closes it with 1009.
+- The ``authorize`` hook is asked with the WebSocket, whose handshake carries what a
+  browser can set (cookies, the URL's query, the subprotocols): a browser's WebSocket
+  sends no headers of the app's own, and the frames' ``headers`` come after the
+  connection was allowed. They reach the app's ``turn`` in ``ChatRequest.headers``.
+- At most ``max_requests`` requests stream at once on a connection; more are refused.
+  Frames go out one at a time; a send that stalls past ``send_timeout`` closes the
+  connection (1013), and a reader that falls behind the hub's ``max_lag`` gets an
+  ``error`` for its request and resumes.
+- When the server shuts down, the connection closes with 1012, "service restart": the
+  client's requests fail and ``resumeStream`` reads the turns again, on any replica.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import orjson
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from essessey.dialects.ui._chats import Chats, Failure, Plan, chat_request
+from essessey.errors import (
+    MessagesNotRetained,
+    StoreUnavailable,
+    StreamNotFound,
+    StreamReset,
+    SubscriberLagged,
+    TooManySubscribers,
+    UnknownEventId,
+)
+from essessey.shutdown import on_shutdown
+
+__all__ = ["ui_chat_websocket_route"]
+
+logger = logging.getLogger("essessey.dialects.ui")
+
+DEFAULT_MAX_REQUESTS: Final = 16
+"""Requests one connection may have streaming at once."""
+DEFAULT_SEND_TIMEOUT: Final = 30.0
+"""Seconds one frame may take to go out before the connection is closed."""
+
+_BAD_FRAME: Final = 4400
+_TOO_BIG: Final = 1009
+_TRY_AGAIN_LATER: Final = 1013
+_SERVICE_RESTART: Final = 1012
+_CLOSE_TIMEOUT: Final = 5.0
+
+# What a stream's end tells the client, for the hub's documented ends.
+_ENDS: Final[dict[type[Exception], str]] = {
+    StreamNotFound: "the chat's turn is no longer kept",
+    MessagesNotRetained: "the chat's turn is no longer kept",
+    UnknownEventId: "the stream was reset; resume from the start",
+    StreamReset: "the stream was reset; resume from the start",
+    TooManySubscribers: "too many readers of this turn; resume later",
+    SubscriberLagged: "the stream fell behind; resume",
+    StoreUnavailable: "the event store is unavailable; resume later",
+}
+_DOCUMENTED_ENDS: Final = tuple(_ENDS)
+
+
+def _frame(kind: bytes, request_id: bytes, rest: bytes = b"") -> str:
+    """A server frame: its ``type``, ``requestId`` (JSON, escaped) and other fields."""
+    return (b'{"type":"' + kind + b'","requestId":' + request_id + rest + b"}").decode()
+
+
+def _chunks(frames: bytes) -> list[bytes]:
+    """The UI message chunks of an encoder's SSE frames: each frame's last line, ``data:
+    <json>``, after its ``id:`` (``[DONE]`` is the SSE stream's end, which a WebSocket
+    request's ``end`` frame says instead)."""
+    chunks = []
+    for frame in frames.split(b"\n\n"):
+        line = frame.rpartition(b"\n")[2]
+        if line.startswith(b"data: {"):  # a chunk is a JSON object; orjson writes no newline
+            chunks.append(line[6:])
+    return chunks
+
+
+def _sequence(value: object) -> int:
+    """A resume's ``lastSequence``: -1 when absent (everything is sent)."""
+    if value is None:
+        return -1
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError("lastSequence must be a non-negative integer")
+
+
+def _headers(value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError("headers must be an object of strings")
+    return {k.lower(): v for k, v in value.items()}
+
+
+class _Connection:
+    """One WebSocket's requests: read its frames, stream each request in a task of its
+    own, write their frames one at a time."""
+
+    def __init__(
+        self,
+        chats: Chats,
+        websocket: WebSocket,
+        *,
+        max_body: int,
+        max_requests: int,
+        send_timeout: float,
+    ) -> None:
+        self.chats = chats
+        self.websocket = websocket
+        self.max_body = max_body
+        self.max_requests = max_requests
+        self.send_timeout = send_timeout
+        self.running: dict[str, anyio.CancelScope] = {}
+        self.sending = anyio.Lock()
+        self.close_code: int | None = None
+        self.close_reason = ""
+
+    def end(self, code: int, reason: str, tasks: anyio.abc.TaskGroup) -> None:
+        """Close the connection with ``code`` once its tasks have stopped."""
+        if self.close_code is None:
+            self.close_code = code
+            self.close_reason = reason
+        tasks.cancel_scope.cancel()
+
+    async def send(self, text: str, tasks: anyio.abc.TaskGroup) -> None:
+        async with self.sending:
+            with anyio.move_on_after(self.send_timeout) as waited:
+                await self.websocket.send_text(text)
+        if waited.cancelled_caught:
+            logger.warning("a WebSocket chat frame stalled past %.0f s", self.send_timeout)
+            self.end(_TRY_AGAIN_LATER, "a send stalled", tasks)
+            await anyio.lowlevel.checkpoint()  # the task group's cancel stops the caller
+
+    async def serve(self) -> None:
+        async with anyio.create_task_group() as tasks:
+            forget = on_shutdown(
+                lambda: self.end(_SERVICE_RESTART, "the server is shutting down", tasks)
+            )
+            try:
+                await self._read(tasks)
+            finally:
+                forget()
+            tasks.cancel_scope.cancel()  # the client left: its requests' streams stop
+        if self.close_code is not None:
+            # Suppressed: the client may have closed it first.
+            with (
+                anyio.move_on_after(_CLOSE_TIMEOUT),
+                anyio.CancelScope(shield=True),
+                contextlib.suppress(RuntimeError, OSError),
+            ):
+                await self.websocket.close(self.close_code, self.close_reason)
+
+    async def _read(self, tasks: anyio.abc.TaskGroup) -> None:
+        websocket = self.websocket
+        while True:
+            try:
+                message = await websocket.receive()
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            data = raw.encode() if raw is not None else message.get("bytes") or b""
+            if len(data) > self.max_body:
+                logger.info("a WebSocket chat frame of %d bytes was refused", len(data))
+                self.end(_TOO_BIG, "frame too large", tasks)
+                return
+            try:
+                frame = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                frame = None
+            request_id = frame.get("requestId") if isinstance(frame, dict) else None
+            kind = frame.get("type") if isinstance(frame, dict) else None
+            if not isinstance(request_id, str) or kind not in ("send", "resume", "abort"):
+                logger.info("a WebSocket chat frame that is no request (%d bytes)", len(data))
+                self.end(_BAD_FRAME, "not a chat request frame", tasks)
+                return
+            assert isinstance(frame, dict)
+            self._take(kind, request_id, frame, tasks)
+
+    def _take(
+        self, kind: str, request_id: str, frame: dict[str, Any], tasks: anyio.abc.TaskGroup
+    ) -> None:
+        rid = orjson.dumps(request_id)
+        if kind == "abort":
+            scope = self.running.pop(request_id, None)
+            if scope is not None:
+                scope.cancel()
+            return
+        if request_id in self.running:
+            tasks.start_soon(self._refuse, rid, "a request with this requestId is streaming", tasks)
+            return
+        if len(self.running) >= self.max_requests:
+            message = f"more than {self.max_requests} requests at once on this connection"
+            tasks.start_soon(self._refuse, rid, message, tasks)
+            return
+        scope = anyio.CancelScope()
+        self.running[request_id] = scope
+        tasks.start_soon(self._request, scope, request_id, rid, kind, frame, tasks)
+
+    async def _refuse(self, rid: bytes, message: str, tasks: anyio.abc.TaskGroup) -> None:
+        await self.send(_frame(b"error", rid, b',"errorText":' + orjson.dumps(message)), tasks)
+
+    async def _request(
+        self,
+        scope: anyio.CancelScope,
+        request_id: str,
+        rid: bytes,
+        kind: str,
+        frame: dict[str, Any],
+        tasks: anyio.abc.TaskGroup,
+    ) -> None:
+        try:
+            with scope:
+                await self._answer(rid, kind, frame, tasks)
+        finally:
+            if self.running.get(request_id) is scope:
+                del self.running[request_id]
+
+    async def _answer(
+        self, rid: bytes, kind: str, frame: dict[str, Any], tasks: anyio.abc.TaskGroup
+    ) -> None:
+        chats = self.chats
+        after = -1
+        outcome: Plan | Failure | None
+        try:
+            if kind == "send":
+                body = frame.get("body", {})
+                if not isinstance(body, dict):
+                    raise ValueError("body must be an object")
+                merged = {**body}
+                for name in ("id", "messages", "trigger", "messageId"):
+                    if name in frame:
+                        merged[name] = frame[name]
+                sent = chat_request(merged, _headers(frame.get("headers", {})))
+                outcome = await chats.send(self.websocket, sent)
+            else:
+                after = _sequence(frame.get("lastSequence"))
+                chat_id = frame.get("id")
+                if not isinstance(chat_id, str):
+                    raise ValueError("id must be a string")
+                outcome = await chats.reconnect(self.websocket, chat_id, None)
+        except ValueError as exc:
+            await self._refuse(rid, str(exc), tasks)
+            return
+        if outcome is None:
+            await self.send(_frame(b"no-active", rid), tasks)
+        elif isinstance(outcome, Failure):
+            await self._refuse(rid, outcome.message, tasks)
+        else:
+            await self._stream(rid, outcome, after, tasks)
+
+    async def _stream(self, rid: bytes, plan: Plan, after: int, tasks: anyio.abc.TaskGroup) -> None:
+        """The plan's turn as ``chunk`` frames numbered from 0 (those up to ``after`` left
+        out), then ``end``; an ``error`` when the stream ends before its turn does."""
+        encoder = plan.encoder()
+        resume = plan.resume_point
+        prime = encoder.encode if resume is not None else None
+        sequence = 0
+        head = b',"sequence":'
+        try:
+            subscription = await self.chats.hub.open(
+                plan.turn_id, resume, snapshot=False, prime=prime
+            )
+            await self.send(_frame(b"start", rid), tasks)
+            async for event in subscription:
+                for chunk in _chunks(encoder.encode(event)):
+                    if sequence > after:
+                        rest = head + str(sequence).encode() + b',"chunk":' + chunk
+                        await self.send(_frame(b"chunk", rid, rest), tasks)
+                    sequence += 1
+        except _DOCUMENTED_ENDS as exc:
+            logger.info("a WebSocket chat stream of %s ended: %s", plan.turn_id, type(exc).__name__)
+            await self._refuse(rid, _ENDS[type(exc)], tasks)
+            return
+        for chunk in _chunks(encoder.finish()):
+            if sequence > after:
+                rest = head + str(sequence).encode() + b',"chunk":' + chunk
+                await self.send(_frame(b"chunk", rid, rest), tasks)
+            sequence += 1
+        await self.send(_frame(b"end", rid), tasks)
+
+
+def ui_chat_websocket_route(
+    chats: Chats,
+    *,
+    path: str,
+    max_body: int,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    send_timeout: float = DEFAULT_SEND_TIMEOUT,
+) -> WebSocketRoute:
+    """The WebSocket endpoint of ``WebSocketChatTransport`` at ``path``, for the chats
+    of ``chats`` (see the module docstring)."""
+    if max_requests < 1:
+        raise ValueError("max_requests must be >= 1")
+    if send_timeout <= 0:
+        raise ValueError("send_timeout must be > 0")
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        connection = _Connection(
+            chats,
+            websocket,
+            max_body=max_body,
+            max_requests=max_requests,
+            send_timeout=send_timeout,
+        )
+        await connection.serve()
+
+    return WebSocketRoute(path, endpoint)
