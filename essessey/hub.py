@@ -40,6 +40,7 @@ Policies, and why:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import logging
 import multiprocessing
@@ -113,6 +114,18 @@ continuation writes the rest of it from ``answered.next_index`` and ends it (wit
 
 _ASKED: Final = "~asked"
 _ASKED_EVENT: Final = "asked"
+
+
+def _asked_key(request_id: str) -> str:
+    """The stream that indexes the turns that asked ``request_id``: ``<id>~asked``, or
+    for an id a stream id cannot hold (a ``.``, whitespace, too long) ``~asked~`` and a
+    digest of it, so that every request a turn asks can be answered by its id."""
+    key = request_id + _ASKED
+    if is_stream_id(key):
+        return key
+    digest = hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{_ASKED}~{digest}"
+
 
 ANSWER_WAIT: Final = 10.0
 """Seconds an answer that finds a turn running on the stream keeps trying: until that
@@ -678,28 +691,33 @@ class StreamHub:
             raise StreamNotFound(f"no stream {stream_id!r} is retained")
         return waiting(events)
 
+    async def asking_streams(self, request_id: str) -> list[str]:
+        """The streams whose turns asked request ``request_id`` (an approval, a
+        question, a client call), the latest first, on any replica with the same store;
+        empty when none did (or none is kept). For a dialect whose answers name only the
+        requests (Chat Completions' ``tool`` messages, AG-UI's interrupts): a model's
+        call ids need not be unique across turns (``functions.get_weather:0``), so more
+        than one may have asked, and the caller tells them apart (what each still waits
+        for, who may answer it)."""
+        events, known = await self.store.since(_asked_key(request_id), None)
+        if not known:
+            return []
+        return list(dict.fromkeys(event.data.decode() for event in reversed(events)))
+
     async def asking_stream(self, request_id: str) -> str | None:
-        """The stream whose turn asked request ``request_id`` (an approval, a question, a
-        client call), on any replica with the same store; None when none did (or it is
-        no longer kept). For a dialect whose answers name only the request (Chat
-        Completions' ``tool`` messages)."""
-        if not is_stream_id(request_id + _ASKED):
-            return None
-        events, known = await self.store.since(request_id + _ASKED, None)
-        if not known or not events:
-            return None
-        return events[-1].data.decode()
+        """The stream whose turn asked request ``request_id`` last
+        (:meth:`asking_streams`' first); None when none did."""
+        streams = await self.asking_streams(request_id)
+        return streams[0] if streams else None
 
     async def _note_requests(self, stream_id: str) -> None:
         """Index the requests of a turn that ended asking, by request id
-        (:meth:`asking_stream`)."""
+        (:meth:`asking_streams`)."""
         asked = await self.waiting(stream_id)
         if asked is None or asked.continued:
             return
         for request in asked.requests:
-            key = request.id + _ASKED
-            if is_stream_id(key):
-                await self.store.append(key, Event(_ASKED_EVENT, stream_id.encode()))
+            await self.store.append(_asked_key(request.id), Event(_ASKED_EVENT, stream_id.encode()))
 
     async def answer(
         self,

@@ -5,8 +5,10 @@ answer, one bounded request body reader. Needs the ``server`` extra (Starlette).
   protocol's Anthropic shape by default, :func:`~essessey.bindings.sse.error_body`), with
   the app's headers that may go on an answer without a stream (a CORS header lets a
   cross-origin client read why it was refused).
-- :func:`read_body` reads at most ``limit`` bytes: a larger body is refused without being
-  read whole, so a client cannot make the server buffer more than the route allows.
+- :func:`read_body` reads at most ``limit`` bytes, within ``BODY_TIMEOUT`` seconds: a
+  larger body is refused without being read whole, so a client cannot make the server
+  buffer more than the route allows, and one that trickles in (a byte now and then) is
+  refused when its time is up, so it cannot hold a connection and its buffer for ever.
 - :func:`read_json` parses it, refusing JSON nested deeper than it could be written back.
 
 A refusal is a :class:`BadRequest`, whose text is written for the client and never holds
@@ -16,8 +18,9 @@ the request's content.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+import anyio
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -27,7 +30,10 @@ from essessey.bindings.sse._encoder import ErrorShape
 from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import refusal_headers
 
-__all__ = ["BadRequest", "ErrorShape", "json_error", "read_body", "read_json"]
+__all__ = ["BODY_TIMEOUT", "BadRequest", "ErrorShape", "json_error", "read_body", "read_json"]
+
+BODY_TIMEOUT: Final = 30.0
+"""Seconds a request's body may take to arrive whole: 4 MiB at about 140 KB/s."""
 
 
 class BadRequest(Exception):
@@ -69,20 +75,25 @@ def json_error(
 async def read_body(request: Request, limit: int, *, too_large: BadRequest | None = None) -> bytes:
     """The request's body, at most ``limit`` bytes: ``too_large`` (a 400 by default) for
     a larger one (refused from its ``content-length`` before reading, or once the bytes
-    pass ``limit``), and :class:`BadRequest` for a client that left before its body
-    ended (nobody reads that answer, but it is not a server error to log)."""
+    pass ``limit``), a 408 for one still arriving after ``BODY_TIMEOUT`` seconds, and
+    :class:`BadRequest` for a client that left before its body ended (nobody reads that
+    answer, but it is not a server error to log)."""
     refusal = too_large or BadRequest(f"the request body is larger than {limit} bytes")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise refusal
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise refusal
+        with anyio.fail_after(BODY_TIMEOUT):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise refusal
     except ClientDisconnect:
         raise BadRequest("the client left before the request body ended") from None
+    except TimeoutError:
+        late = f"the request body did not arrive within {BODY_TIMEOUT:.0f} s"
+        raise BadRequest(late, status=408) from None
     return bytes(body)
 
 

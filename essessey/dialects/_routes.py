@@ -1,12 +1,13 @@
 """What the dialects' routes share: reading a request into the dialect's own request
 object, and starting the turn that answers it, each refusal in the dialect's own error
-shape (a bad body, a refusal of ``authorize``, options the app refuses: 400, 403, 503)."""
+shape (a bad body, a refusal of ``authorize``, options the app refuses: 400, 403, 503; a
+store that cannot take another turn, 503)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -14,10 +15,33 @@ from starlette.responses import Response
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse import ErrorShape
+from essessey.errors import StoreFull, StoreUnavailable, StreamNotFound
 from essessey.hub import StreamHub
 from essessey.publisher import TurnProducer
 
-__all__ = ["make_producer", "read_request", "start_turn"]
+__all__ = [
+    "STORE_REFUSED",
+    "answered_stream",
+    "make_producer",
+    "read_request",
+    "start_turn",
+    "store_refusal",
+]
+
+logger = logging.getLogger("essessey.dialects")
+
+STORE_REFUSED: Final = (StoreFull, StoreUnavailable)
+"""What a store raises when it cannot take a new turn now: the client's 503."""
+
+
+def store_refusal(exc: Exception) -> tuple[int, str, str]:
+    """The status, error type and message a client gets for a turn the store refused
+    (one of ``STORE_REFUSED``): the server is busy or its store is out, never a 500."""
+    logger.warning("a turn was refused by the store: %s", type(exc).__name__)
+    if isinstance(exc, StoreFull):
+        return 503, "overloaded_error", "as many turns run as the server keeps; try again later"
+    return 503, "api_error", "the event store is unavailable; try again"
+
 
 _Request = TypeVar("_Request")
 
@@ -62,7 +86,8 @@ async def start_turn(
     log: logging.Logger,
 ) -> Response | None:
     """Start the turn answering ``parsed`` on ``stream_id``, once ``authorize`` allows
-    it (asked for ``read`` access): None when it started, else the refusal's answer."""
+    it (asked for ``read`` access): None when it started, else the refusal's answer (a
+    store that cannot take it: 503)."""
     verdict = await admit(hub, request, stream_id, None, log)
     if isinstance(verdict, Refusal):
         return json_error(verdict.status, verdict.error_type, verdict.message, headers, shape=shape)
@@ -70,5 +95,61 @@ async def start_turn(
         producer = await make_producer(turn, parsed)
     except ValueError as exc:  # the app's own options, refused
         return json_error(400, "invalid_request_error", str(exc), headers, shape=shape)
-    await hub.start(stream_id, producer)
+    try:
+        await hub.start(stream_id, producer)
+    except STORE_REFUSED as exc:
+        return json_error(*store_refusal(exc), headers, shape=shape)
     return None
+
+
+async def answered_stream(
+    hub: StreamHub, connection: Any, request_ids: Sequence[str], log: logging.Logger
+) -> str | Refusal | None:
+    """The stream whose turn the answers to ``request_ids`` are for, when a dialect's
+    answers name only the requests (Chat Completions' ``tool`` messages, AG-UI's
+    interrupts): of the streams that asked any of them (:meth:`StreamHub.asking_streams`),
+    those ``connection`` may answer (``authorize``, ``answer`` access), then the one whose
+    turn still waits, the one that asked every request answered when several do; else
+    the latest that was answered already (the same answers again get its continuation
+    again). None when no kept stream asked any of them; the refusal of ``authorize``
+    when it refused them all, or a 409 when several turns wait for the same answers.
+
+    A model's call ids are not unique across turns (``functions.get_weather:0``), so
+    the answers of one turn never go to another that asked the same ids."""
+    candidates: dict[str, None] = {}
+    for request_id in request_ids:
+        candidates.update(dict.fromkeys(await hub.asking_streams(request_id)))
+    given = set(request_ids)
+    waiting: list[tuple[str, bool]] = []  # (stream, whether it asked every id given)
+    answered: list[str] = []
+    refused: Refusal | None = None
+    for stream_id in candidates:
+        try:
+            asked = await hub.waiting(stream_id)
+        except StreamNotFound:
+            continue
+        if asked is None:
+            continue
+        ids = {request.id for request in asked.requests}
+        if not ids & given:
+            continue
+        verdict = await admit(hub, connection, stream_id, None, log, access="answer")
+        if isinstance(verdict, Refusal):
+            refused = refused or verdict
+            continue
+        if asked.continued:
+            answered.append(stream_id)
+        else:
+            waiting.append((stream_id, ids <= given))
+    if len(waiting) > 1:
+        waiting = [entry for entry in waiting if entry[1]]
+    if len(waiting) > 1:
+        message = (
+            "several turns wait for requests of these ids; answer through the stream's own route"
+        )
+        return Refusal(409, "invalid_request_error", message, 4409)
+    if waiting:
+        return waiting[0][0]
+    if answered:
+        return answered[0]
+    return refused

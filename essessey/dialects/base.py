@@ -77,6 +77,10 @@ class DialectEncoder:
     """The exceptions of a hook that skip its event (``()``: none, they propagate)."""
 
     ended: bool = False
+    # How many events came outside a message: logged at the 1st, 2nd, 4th, 8th, ...,
+    # so a stream read from the middle of a long message (a resume point a client made
+    # up) writes a few lines, not one per event.
+    _outside: int = 0
     # The end a message's start gave (see _given), written at its stop unless a
     # message_delta comes first.
     _given_end: dict[str, Any] | None = None
@@ -143,7 +147,9 @@ class DialectEncoder:
         if hook is None:
             return self.on_other(name, payload)
         if name != EventType.MESSAGE_START and name != EventType.ERROR and not self.in_message():
-            self.log.warning(self.outside_message, name)
+            count = self._outside = self._outside + 1
+            if count & (count - 1) == 0:
+                self.log.warning(self.outside_message + " (%d so far)", name, count)
             return []
         return hook(self, payload)
 

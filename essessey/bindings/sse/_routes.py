@@ -396,7 +396,9 @@ async def _take_small_body(request: Request) -> None:
     (hypercorn does). A body announced larger, or that grows past the limit, is left
     unread: the answer never waits for a client's upload."""
     declared = request.headers.get("content-length")
-    if declared is not None and not (declared.isdigit() and int(declared) <= _CANCEL_BODY_LIMIT):
+    if declared is not None and not (
+        declared.isascii() and declared.isdigit() and int(declared) <= _CANCEL_BODY_LIMIT
+    ):
         return
     taken = 0
     with contextlib.suppress(ClientDisconnect):

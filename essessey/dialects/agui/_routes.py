@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,13 @@ from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects._payload import answer_value, content_text
-from essessey.dialects._routes import make_producer, read_request
+from essessey.dialects._routes import (
+    STORE_REFUSED,
+    answered_stream,
+    make_producer,
+    read_request,
+    store_refusal,
+)
 from essessey.dialects.agui._encoder import (
     AGUIEncoder,
     error_object,
@@ -278,8 +283,12 @@ def agui_routes(
             except ValueError as exc:  # the app's own options, refused
                 return refuse(400, "invalid_request_error", str(exc))
             # Posted twice at once: the second reads the first's run.
-            with contextlib.suppress(StreamBusy):
+            try:
                 await hub.start(parsed.id, producer)
+            except StreamBusy:
+                pass
+            except STORE_REFUSED as exc:
+                return refuse(*store_refusal(exc))
         return stream_response(
             hub,
             parsed.id,
@@ -299,15 +308,14 @@ def agui_routes(
         tool_messages = answering_tool_messages(parsed.messages)
         keys = [entry.interrupt_id for entry in entries]
         keys += [m["toolCallId"] for m in tool_messages if isinstance(m.get("toolCallId"), str)]
-        stream_id = None
-        for key in keys:
-            if stream_id := await hub.asking_stream(key):
-                break
+        stream_id = await answered_stream(hub, request, keys, logger)
         if stream_id is None:
             if not entries:
                 return None  # tool messages of the thread's history: a run as any other
             unknown = "no stream kept waits for these interrupts"
             return refuse(400, "invalid_answer", unknown)
+        if isinstance(stream_id, Refusal):
+            return refuse(stream_id.status, stream_id.error_type, stream_id.message)
         given = requested_resume_point(request)
         verdict = await admit(hub, request, stream_id, given, logger, access="answer")
         if isinstance(verdict, Refusal):

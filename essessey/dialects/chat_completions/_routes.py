@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Unpack
 
@@ -22,7 +22,7 @@ from essessey.bindings.sse import (
     subscription_response,
 )
 from essessey.dialects._payload import answer_value, content_text
-from essessey.dialects._routes import read_request, start_turn
+from essessey.dialects._routes import answered_stream, read_request, start_turn
 from essessey.dialects.chat_completions._encoder import (
     APPROVAL_TOOL,
     ChatCompletionsEncoder,
@@ -128,14 +128,29 @@ def answering_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages[-count:]
 
 
+def listed_calls(messages: list[dict[str, Any]], answering: int) -> set[str]:
+    """The ids of the tool calls of the assistant message before the last ``answering``
+    messages (the ``tool`` messages :func:`answering_messages` found)."""
+    calls = messages[-answering - 1].get("tool_calls") if answering < len(messages) else None
+    if not isinstance(calls, list):
+        return set()
+    return {c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
+
+
 def tool_message_answers(
-    tool_messages: list[dict[str, Any]], asked: Waiting | None
+    tool_messages: list[dict[str, Any]],
+    asked: Waiting | None,
+    *,
+    listed: Collection[str] = (),
 ) -> list[Answer]:
     """The answers ``tool`` messages give to what ``asked`` asks: for a question
     (``ask_user``) its content, JSON-decoded when it is JSON; for an approval request
     (``approve_tool_call``) ``{"approved": bool, "reason"?: str}``; for a client call its
-    content, as text. :class:`~essessey.InvalidAnswer` for a message without what it
-    needs."""
+    content, as text. A message for a call of ``listed`` (the calls the completion named,
+    :func:`listed_calls`) that ``asked`` does not ask is left out: the completion lists
+    every call of its rounds, those the turn ran itself too, and an OpenAI client sends a
+    ``tool`` message for each. :class:`~essessey.InvalidAnswer` for a message without
+    what it needs."""
     found: list[Answer] = []
     for n, message in enumerate(tool_messages):
         key = message.get("tool_call_id")
@@ -143,6 +158,8 @@ def tool_message_answers(
         if not isinstance(key, str) or text is None:
             raise InvalidAnswer(f"tool message {n}: tool_call_id and a text content are required")
         request = asked.request(key) if asked is not None else None
+        if request is None and key in listed:
+            continue  # a call the turn ran itself (its result is in the stream)
         if isinstance(request, Question):
             found.append(QuestionAnswer(key, answer_value(text)))
         elif isinstance(request, ApprovalRequest):
@@ -285,20 +302,18 @@ def chat_completions_routes(
         tool_messages = answering_messages(parsed.messages) if hub.on_answer else []
         if not tool_messages:
             return None
-        stream_id = None
-        for tool_message in tool_messages:
-            key = tool_message.get("tool_call_id")
-            if isinstance(key, str) and (stream_id := await hub.asking_stream(key)):
-                break
+        keys = [m["tool_call_id"] for m in tool_messages if isinstance(m.get("tool_call_id"), str)]
+        stream_id = await answered_stream(hub, request, keys, logger)
         if stream_id is None:
             unknown = "no stream kept waits for these tool calls"
             return json_error(400, "invalid_request_error", unknown, headers, shape=error_object)
-        verdict = await admit(hub, request, stream_id, None, logger, access="answer")
-        if isinstance(verdict, Refusal):
-            return _refused(verdict, headers)
+        if isinstance(stream_id, Refusal):
+            return _refused(stream_id, headers)
         try:
             asked = await hub.waiting(stream_id)
-            continued = await hub.answer(stream_id, tool_message_answers(tool_messages, asked))
+            listed = listed_calls(parsed.messages, len(tool_messages))
+            answers = tool_message_answers(tool_messages, asked, listed=listed)
+            continued = await hub.answer(stream_id, answers)
         except StreamNotFound:
             gone = "the stream that asked is no longer kept"
             return json_error(404, "not_found_error", gone, headers, shape=error_object)
@@ -330,7 +345,11 @@ def chat_completions_routes(
             if isinstance(verdict, Refusal):
                 return _refused(verdict, headers)
             await hub.wait(stream_id)
-            events, _ = await hub.store.since(stream_id, after)
+            events, known = await hub.store.since(stream_id, after)
+            if not known:
+                # No such completion (or continuation) is kept: the stream's answers.
+                missing = "no such completion is kept"
+                return json_error(404, "not_found_error", missing, headers, shape=error_object)
             return _whole(events, completion_id, "essessey", headers)
         encoder = ChatCompletionsEncoder(
             completion_id,

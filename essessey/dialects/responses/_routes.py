@@ -176,7 +176,8 @@ def _refusal(error_type: str, message: str, code: str) -> bytes:
 def _sequence_number(value: str | None) -> int | None:
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 18:
+    # ASCII digits only: str.isdigit takes '²' (which int() refuses) and other scripts'.
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise ValueError("starting_after: must be a sequence number (a whole number >= 0)")
     return int(value)
 

@@ -23,8 +23,9 @@ import orjson
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings.admission import Refusal, admit
+from essessey.dialects._routes import STORE_REFUSED, store_refusal
 from essessey.dialects.ui._encoder import UIMessageEncoder
-from essessey.errors import AnswerRefused, InvalidAnswer, StreamBusy, StreamNotFound
+from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
 from essessey.event import Event
 from essessey.hub import Access, Continuation, StreamHub, TurnProducer
 from essessey.protocol.asking import (
@@ -270,6 +271,9 @@ class Chats:
         self.hub = hub
         self.turn = turn
         self.replay_finished = replay_finished
+        # The chats whose new turn is being started here: a second request for one of
+        # them meanwhile is refused, as it is once the turn runs.
+        self._starting: set[str] = set()
 
     async def _admitted(
         self, connection: Any, chat_id: str, access: Access, last_event_id: str | None = None
@@ -334,13 +338,28 @@ class Chats:
 
     async def send(self, connection: Any, request: ChatRequest) -> Plan | Failure:
         """A chat request: the continuation it answers, or a new turn on the hub (under
-        a stream id of its own, ``<chat id>~<random>``)."""
+        a stream id of its own, ``<chat id>~<random>``); refused (409) while the chat's
+        turn runs on this replica (another replica's is not known here)."""
         refused = await self._admitted(connection, request.id, "read")
         if isinstance(refused, Failure):
             return refused
         answered = await self._answer(connection, request)
         if answered is not None:
             return answered
+        busy = Failure(409, "invalid_request_error", "a turn is running on this chat")
+        if request.id in self._starting:
+            return busy  # the same chat's request a moment earlier (a double click)
+        self._starting.add(request.id)
+        try:
+            last = await self._last_turn(request.id)
+            if last is not None and not last[1] and self.hub.running(last[0]):
+                return busy
+            return await self._start(request)
+        finally:
+            self._starting.discard(request.id)
+
+    async def _start(self, request: ChatRequest) -> Plan | Failure:
+        """A new turn answering ``request``, under a stream id of its own."""
         try:
             made = self.turn(request)
             producer = made if callable(made) else await made
@@ -349,10 +368,12 @@ class Chats:
         hub = self.hub
         turn_id = f"{request.id}~{secrets.token_hex(8)}"
         try:
+            # The chat's mark first: a turn the store then refuses is one the reconnect
+            # does not find (its stream does not exist).
+            await hub.store.append(request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
             await hub.start(turn_id, _announced(hub, request.id, turn_id, producer))
-        except StreamBusy:
-            return Failure(409, "invalid_request_error", "a turn is running on this chat")
-        await hub.store.append(request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
+        except STORE_REFUSED as exc:
+            return Failure(*store_refusal(exc))
         return Plan(turn_id)
 
     async def reconnect(

@@ -52,7 +52,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings.http import BadRequest, json_error, read_body
+from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects.ui._chats import (
     Chats,
@@ -122,11 +122,9 @@ def ui_chat_routes(
 
     async def chat(request: Request) -> Response:
         try:
-            body = orjson.loads(await read_body(request, max_body))
+            body = await read_json(request, limit=max_body)
         except BadRequest as exc:
             return exc.answer(headers)
-        except orjson.JSONDecodeError:
-            return json_error(400, "invalid_request_error", "the body is not JSON", headers)
         try:
             sent = chat_request(body, dict(request.headers))
         except ValueError as exc:

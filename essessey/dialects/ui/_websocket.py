@@ -200,7 +200,9 @@ class _Connection:
                 return
             try:
                 frame = orjson.loads(data)
-            except orjson.JSONDecodeError:
+                # Refused as a body nested past what orjson writes back is over HTTP.
+                orjson.dumps(frame)
+            except (orjson.JSONDecodeError, orjson.JSONEncodeError):
                 frame = None
             request_id = frame.get("requestId") if isinstance(frame, dict) else None
             kind = frame.get("type") if isinstance(frame, dict) else None

@@ -1,0 +1,252 @@
+"""Requests a careless or hostile client makes, against real servers: a store with no
+room for another turn (503, never a 500), answers that name only request ids (which a
+model need not make unique across turns: they go to the turn that waits for them, and
+one user's never continues another's), a body that trickles in (408), a resume point in
+the middle of a message (a few log lines, not one per event), and the small refusals
+(a chat already running, a completion that does not exist, a body nested too deeply)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from starlette.applications import Starlette
+
+from essessey import Answered, InMemoryEventStore, Publisher, StreamHub, continue_turn, stream_turn
+from essessey.bindings import http as http_binding
+from essessey.dialects import DialectRequest, dialect_routes
+from essessey.dialects.chat_completions import ChatCompletionRequest, chat_completions_routes
+from essessey.dialects.responses import ResponsesEncoder
+from essessey.dialects.ui import ChatRequest
+from essessey.event import Event
+from essessey.hub import TurnProducer
+from essessey.protocol import EventType
+from tests.processes import WAIT
+from tests.scripted_turn import scripted_turn
+from tests.servers import serve, serve_dialects
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def held_or_scripted(request: DialectRequest) -> TurnProducer:
+    """A turn that runs until the server stops, for a Chat Completions request of the
+    model ``hold``; the scripted turn for any other."""
+    if isinstance(request, ChatRequest):
+        return scripted_turn(request.id, delay=float(request.body.get("delay_ms", 0)) / 1000)
+    if isinstance(request, ChatCompletionRequest) and request.model == "hold":
+
+        async def hold(publisher: Publisher) -> None:
+            await publisher.send_stream_preamble("msg_h", request.id, "hold")
+            await anyio.sleep(WAIT)
+
+        return hold
+    return scripted_turn("s")
+
+
+def test_a_full_store_is_a_503_on_every_dialect_never_a_500() -> None:
+    hub = StreamHub(InMemoryEventStore(max_streams=2))
+    app = Starlette(routes=list(dialect_routes(hub, held_or_scripted)), lifespan=hub.lifespan)
+    hold = {"model": "hold", "messages": USER, "stream": True}
+    ui = {"id": "full-chat", "messages": [{"id": "u", "role": "user", "parts": []}]}
+    with serve(app, lifespan="on") as url, contextlib.ExitStack() as held:
+        for _ in range(2):  # two running turns fill the store
+            opened = httpx.stream("POST", f"{url}/v1/chat/completions", json=hold, timeout=WAIT)
+            assert held.enter_context(opened).status_code == 200
+        answers = {
+            "chat": httpx.post(
+                f"{url}/v1/chat/completions", json={"model": "m", "messages": USER}, timeout=WAIT
+            ),
+            "responses": httpx.post(
+                f"{url}/v1/responses", json={"model": "m", "input": "hi"}, timeout=WAIT
+            ),
+            "ui": httpx.post(f"{url}/api/chat", json=ui, timeout=WAIT),
+            "agui": httpx.post(
+                f"{url}/agui", json={"threadId": "t", "runId": "r", "messages": []}, timeout=WAIT
+            ),
+        }
+    for dialect, answer in answers.items():
+        assert answer.status_code == 503, (dialect, answer.text)
+        assert "overloaded_error" in answer.text, (dialect, answer.text)
+
+
+# -- answers that name only request ids ----------------------------------------------------
+
+
+def asking_turn(call_id: str) -> Any:
+    """A turn that runs ``lookup`` itself, then asks the client to run ``get_location``
+    under ``call_id``: ids a model numbers per turn (Kimi's ``functions.name:0``)."""
+
+    def turn(request: ChatCompletionRequest) -> TurnProducer:
+        async def produce(publisher: Publisher) -> None:
+            async with stream_turn(
+                publisher, message_id="msg_" + request.id[-8:], stream_id=request.id, model="m"
+            ) as asking:
+                tools = await asking.tools()
+                await tools.start_call("functions.lookup:0", "lookup", "{}")
+                await tools.write_result("functions.lookup:0", "found")
+                await asking.call_client_tool("get_location", {}, tool_use_id=call_id)
+
+        return produce
+
+    return turn
+
+
+@pytest.fixture
+def asking_app(request: pytest.FixtureRequest) -> Iterator[str]:
+    authorize = getattr(request, "param", None)
+
+    async def go_on(publisher: Publisher, answered: Answered) -> None:
+        async with continue_turn(publisher, answered) as turn:
+            outputs = [output.text for _, output in answered.tool_outputs()]
+            await (await turn.text()).write(f"{answered.stream_id} got {outputs}")
+
+    hub = StreamHub(on_answer=go_on, authorize=authorize)
+    routes = list(chat_completions_routes(hub, asking_turn("functions.get_location:1")))
+    with serve(Starlette(routes=routes, lifespan=hub.lifespan), lifespan="on") as url:
+        yield url
+
+
+def answer_all(first: Any, content: str) -> list[dict[str, Any]]:
+    """What an OpenAI client sends back: the assistant message, a tool message for every
+    call it names (the one the turn ran itself too)."""
+    message = first.choices[0].message
+    calls = [c.model_dump() for c in message.tool_calls]
+    tools = [{"role": "tool", "tool_call_id": c["id"], "content": content} for c in calls]
+    return [*USER, {"role": "assistant", "content": None, "tool_calls": calls}, *tools]
+
+
+def sdk(url: str, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=WAIT)
+
+
+def test_a_call_id_no_stream_id_could_hold_is_answered(asking_app: str) -> None:
+    client = sdk(asking_app)
+    first = client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    ids = [c.id for c in first.choices[0].message.tool_calls or []]
+    assert ids == ["functions.lookup:0", "functions.get_location:1"]
+    # Every call answered, as OpenAI requires: the one the turn ran itself is left out.
+    done = client.chat.completions.create(model="m", messages=answer_all(first, "59.9"))  # type: ignore[arg-type]
+    assert done.choices[0].message.content == f"{first.id} got ['59.9']"
+
+
+def test_two_turns_asking_the_same_ids_are_not_mixed_up(asking_app: str) -> None:
+    client = sdk(asking_app)
+    first = client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    # The same ids wait in two turns, which nothing tells apart: refused, not guessed.
+    with pytest.raises(openai.ConflictError) as refused:
+        client.chat.completions.create(model="m", messages=answer_all(first, "A"))  # type: ignore[arg-type]
+    assert "several turns wait" in str(refused.value)
+
+
+def owner_only(connection: Any, stream_id: str, access: str) -> bool:
+    """Each user reads and answers only the turns it started (its key names them)."""
+    key = connection.headers.get("authorization", "")
+    owners = OWNERS.setdefault(stream_id, key) if access == "read" else OWNERS.get(stream_id)
+    return owners == key
+
+
+OWNERS: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("asking_app", [owner_only], indirect=True)
+def test_one_users_answer_never_continues_another_users_turn(asking_app: str) -> None:
+    alice, bob = sdk(asking_app, "alice"), sdk(asking_app, "bob")
+    first = alice.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    other = bob.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    mine = alice.chat.completions.create(model="m", messages=answer_all(first, "A"))  # type: ignore[arg-type]
+    assert mine.choices[0].message.content == f"{first.id} got ['A']"
+    theirs = bob.chat.completions.create(model="m", messages=answer_all(other, "B"))  # type: ignore[arg-type]
+    assert theirs.choices[0].message.content == f"{other.id} got ['B']"
+
+
+# -- the small refusals ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def dialects() -> Iterator[str]:
+    with serve_dialects(held_or_scripted) as url:
+        yield url
+
+
+def test_a_completion_that_is_not_kept_is_a_404_read_whole(dialects: str) -> None:
+    for name in ("nope", "nope.1-2", "%ff.%fe"):
+        got = httpx.get(
+            f"{dialects}/v1/chat/completions/{name}",
+            headers={"accept": "application/json"},
+            timeout=WAIT,
+        )
+        assert got.status_code == 404, (name, got.text)
+        assert got.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_second_message_while_the_chats_turn_runs_is_a_409(dialects: str) -> None:
+    body = {"id": "busy", "messages": [{"id": "u", "role": "user", "parts": []}]}
+    body["delay_ms"] = 200
+    with httpx.stream("POST", f"{dialects}/api/chat", json=body, timeout=WAIT) as first:
+        assert first.status_code == 200
+        second = httpx.post(f"{dialects}/api/chat", json=body, timeout=WAIT)
+    assert second.status_code == 409, second.text
+    assert "a turn is running on this chat" in second.text
+
+
+def test_a_chat_body_nested_too_deeply_is_a_400(dialects: str) -> None:
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    message = {"id": "u", "role": "user", "parts": [], "content": deep}
+    got = httpx.post(
+        f"{dialects}/api/chat", json={"id": "deep", "messages": [message]}, timeout=WAIT
+    )
+    assert got.status_code == 400
+    assert "nested too deeply" in got.text
+
+
+def test_a_starting_after_of_other_digits_is_refused_in_our_words(dialects: str) -> None:
+    for value in ("\u00b2", "\u0661"):  # superscript two, Arabic-Indic one
+        got = httpx.get(
+            f"{dialects}/v1/responses/resp_x",
+            params={"stream": "true", "starting_after": value},
+            timeout=WAIT,
+        )
+        assert got.status_code == 400, (value, got.text)
+        assert "sequence number" in got.text
+
+
+def test_a_body_that_trickles_in_is_a_408(dialects: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_binding, "BODY_TIMEOUT", 0.5)
+    host, port = dialects.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT) as raw:
+        raw.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: 100\r\n\r\n{"
+        )
+        started = time.monotonic()
+        raw.settimeout(WAIT)
+        answer = raw.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+    assert time.monotonic() - started < WAIT
+    assert b"did not arrive within" in answer
+
+
+def test_a_resume_in_the_middle_of_a_message_logs_a_few_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A client may name any event as the point a continuation follows: read from the
+    # middle of a message, every event before the next message is skipped, and said so
+    # a few times (1st, 2nd, 4th, ...), not once per event.
+    events = [Event(EventType.CONTENT_BLOCK_DELTA, b"{}", f"1-{n}") for n in range(1, 2001)]
+    encoder = ResponsesEncoder("resp_1")
+    with caplog.at_level(logging.DEBUG, logger="essessey.dialects"):
+        assert b"".join(encoder.encode(event) for event in events) == b""
+    lines = [r for r in caplog.records if "skipped a content_block_delta" in r.getMessage()]
+    assert 5 <= len(lines) <= 12
+    assert lines[-1].getMessage().endswith("(1024 so far)")
