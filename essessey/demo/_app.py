@@ -9,8 +9,9 @@ Routes (see docs/demo.md for examples):
 - ``GET /streams/{stream_id}/ws``: the same over a WebSocket (``ws_route``);
 - ``POST /streams/{stream_id}/cancel``: stop the turn (it ends with ``cancelled``);
 - ``POST /v1/messages``: an Anthropic Messages API stand-in with a scripted reply;
-- ``POST /api/chat``, ``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``: the
-  same scripted turn for the AI SDK's ``useChat`` (``essessey.dialects.ui``).
+- ``POST /api/chat``, ``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``, and the
+  WebSocket ``/api/chat/ws``: the same scripted turn for the AI SDK's ``useChat``
+  (``essessey.dialects.ui``).
 
 There is no ``authorize`` hook: the demo's stream ids are random, but whoever has one may
 read or cancel its turn. Serve it on loopback, or behind something that authenticates.
