@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import traceback
 from typing import Any, Final
 
 import anyio
@@ -88,7 +89,20 @@ _ENDS: Final[dict[type[Exception], str]] = {
     SubscriberLagged: "the stream fell behind; resume",
     StoreUnavailable: "the event store is unavailable; resume later",
 }
-_DOCUMENTED_ENDS: Final = tuple(_ENDS)
+
+
+def _ended(exc: Exception, turn_id: str) -> str:
+    """What the client is told of a stream that ended with ``exc`` (logged here): the
+    hub's documented ends in words, anything else as the server's failure."""
+    for kind, told in _ENDS.items():
+        if isinstance(exc, kind):
+            logger.info("a WebSocket chat stream of %s ended: %s", turn_id, type(exc).__name__)
+            return told
+    # The class and where it was raised, not its text (which may hold the turn's content).
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    logger.error("a WebSocket chat stream of %s failed: %s%s", turn_id, type(exc).__name__, where)
+    return "the server failed; resume later"
 
 
 def _frame(kind: bytes, request_id: bytes, rest: bytes = b"") -> str:
@@ -147,33 +161,39 @@ class _Connection:
         self.sending = anyio.Lock()
         self.close_code: int | None = None
         self.close_reason = ""
+        self.tasks: anyio.abc.TaskGroup | None = None  # the requests' tasks, while served
 
-    def end(self, code: int, reason: str, tasks: anyio.abc.TaskGroup) -> None:
+    def end(self, code: int, reason: str) -> None:
         """Close the connection with ``code`` once its tasks have stopped."""
         if self.close_code is None:
             self.close_code = code
             self.close_reason = reason
-        tasks.cancel_scope.cancel()
+        if self.tasks is not None:
+            self.tasks.cancel_scope.cancel()
 
-    async def send(self, text: str, tasks: anyio.abc.TaskGroup) -> None:
+    def _start(self, *task: Any) -> None:
+        assert self.tasks is not None  # only frames read while served start tasks
+        self.tasks.start_soon(*task)
+
+    async def send(self, text: str) -> None:
         async with self.sending:
             with anyio.move_on_after(self.send_timeout) as waited:
                 await self.websocket.send_text(text)
         if waited.cancelled_caught:
             logger.warning("a WebSocket chat frame stalled past %.0f s", self.send_timeout)
-            self.end(_TRY_AGAIN_LATER, "a send stalled", tasks)
+            self.end(_TRY_AGAIN_LATER, "a send stalled")
             await anyio.lowlevel.checkpoint()  # the task group's cancel stops the caller
 
     async def serve(self) -> None:
         async with anyio.create_task_group() as tasks:
-            forget = on_shutdown(
-                lambda: self.end(_SERVICE_RESTART, "the server is shutting down", tasks)
-            )
+            self.tasks = tasks
+            forget = on_shutdown(lambda: self.end(_SERVICE_RESTART, "the server is shutting down"))
             try:
-                await self._read(tasks)
+                await self._read()
             finally:
                 forget()
             tasks.cancel_scope.cancel()  # the client left: its requests' streams stop
+        self.tasks = None
         if self.close_code is not None:
             # Suppressed: the client may have closed it first.
             with (
@@ -183,7 +203,7 @@ class _Connection:
             ):
                 await self.websocket.close(self.close_code, self.close_reason)
 
-    async def _read(self, tasks: anyio.abc.TaskGroup) -> None:
+    async def _read(self) -> None:
         websocket = self.websocket
         while True:
             try:
@@ -196,7 +216,7 @@ class _Connection:
             data = raw.encode() if raw is not None else message.get("bytes") or b""
             if len(data) > self.max_body:
                 logger.info("a WebSocket chat frame of %d bytes was refused", len(data))
-                self.end(_TOO_BIG, "frame too large", tasks)
+                self.end(_TOO_BIG, "frame too large")
                 return
             try:
                 frame = orjson.loads(data)
@@ -208,14 +228,12 @@ class _Connection:
             kind = frame.get("type") if isinstance(frame, dict) else None
             if not isinstance(request_id, str) or kind not in ("send", "resume", "abort"):
                 logger.info("a WebSocket chat frame that is no request (%d bytes)", len(data))
-                self.end(_BAD_FRAME, "not a chat request frame", tasks)
+                self.end(_BAD_FRAME, "not a chat request frame")
                 return
             assert isinstance(frame, dict)
-            self._take(kind, request_id, frame, tasks)
+            self._take(kind, request_id, frame)
 
-    def _take(
-        self, kind: str, request_id: str, frame: dict[str, Any], tasks: anyio.abc.TaskGroup
-    ) -> None:
+    def _take(self, kind: str, request_id: str, frame: dict[str, Any]) -> None:
         rid = orjson.dumps(request_id)
         if kind == "abort":
             scope = self.running.pop(request_id, None)
@@ -223,18 +241,18 @@ class _Connection:
                 scope.cancel()
             return
         if request_id in self.running:
-            tasks.start_soon(self._refuse, rid, "a request with this requestId is streaming", tasks)
+            self._start(self._refuse, rid, "a request with this requestId is streaming")
             return
         if len(self.running) >= self.max_requests:
             message = f"more than {self.max_requests} requests at once on this connection"
-            tasks.start_soon(self._refuse, rid, message, tasks)
+            self._start(self._refuse, rid, message)
             return
         scope = anyio.CancelScope()
         self.running[request_id] = scope
-        tasks.start_soon(self._request, scope, request_id, rid, kind, frame, tasks)
+        self._start(self._request, scope, request_id, rid, kind, frame)
 
-    async def _refuse(self, rid: bytes, message: str, tasks: anyio.abc.TaskGroup) -> None:
-        await self.send(_frame(b"error", rid, b',"errorText":' + orjson.dumps(message)), tasks)
+    async def _refuse(self, rid: bytes, message: str) -> None:
+        await self.send(_frame(b"error", rid, b',"errorText":' + orjson.dumps(message)))
 
     async def _request(
         self,
@@ -243,18 +261,15 @@ class _Connection:
         rid: bytes,
         kind: str,
         frame: dict[str, Any],
-        tasks: anyio.abc.TaskGroup,
     ) -> None:
         try:
             with scope:
-                await self._answer(rid, kind, frame, tasks)
+                await self._answer(rid, kind, frame)
         finally:
             if self.running.get(request_id) is scope:
                 del self.running[request_id]
 
-    async def _answer(
-        self, rid: bytes, kind: str, frame: dict[str, Any], tasks: anyio.abc.TaskGroup
-    ) -> None:
+    async def _answer(self, rid: bytes, kind: str, frame: dict[str, Any]) -> None:
         chats = self.chats
         after = -1
         outcome: Plan | Failure | None
@@ -276,44 +291,45 @@ class _Connection:
                     raise ValueError("id must be a string")
                 outcome = await chats.reconnect(self.websocket, chat_id, None)
         except ValueError as exc:
-            await self._refuse(rid, str(exc), tasks)
+            await self._refuse(rid, str(exc))
             return
         if outcome is None:
-            await self.send(_frame(b"no-active", rid), tasks)
+            await self.send(_frame(b"no-active", rid))
         elif isinstance(outcome, Failure):
-            await self._refuse(rid, outcome.message, tasks)
+            await self._refuse(rid, outcome.message)
         else:
-            await self._stream(rid, outcome, after, tasks)
+            await self._stream(rid, outcome, after)
 
-    async def _stream(self, rid: bytes, plan: Plan, after: int, tasks: anyio.abc.TaskGroup) -> None:
+    async def _stream(self, rid: bytes, plan: Plan, after: int) -> None:
         """The plan's turn as ``chunk`` frames numbered from 0 (those up to ``after`` left
         out), then ``end``; an ``error`` when the stream ends before its turn does."""
         encoder = plan.encoder()
         resume = plan.resume_point
-        prime = encoder.encode if resume is not None else None
         sequence = 0
-        head = b',"sequence":'
+
+        async def send_chunks(frames: bytes) -> None:
+            nonlocal sequence
+            for chunk in _chunks(frames):
+                if sequence > after:
+                    rest = b',"sequence":' + str(sequence).encode() + b',"chunk":' + chunk
+                    await self.send(_frame(b"chunk", rid, rest))
+                sequence += 1
+
         try:
             subscription = await self.chats.hub.open(
-                plan.turn_id, resume, snapshot=False, prime=prime
+                plan.turn_id,
+                resume,
+                snapshot=False,
+                prime=encoder.encode if resume is not None else None,
             )
-            await self.send(_frame(b"start", rid), tasks)
+            await self.send(_frame(b"start", rid))
             async for event in subscription:
-                for chunk in _chunks(encoder.encode(event)):
-                    if sequence > after:
-                        rest = head + str(sequence).encode() + b',"chunk":' + chunk
-                        await self.send(_frame(b"chunk", rid, rest), tasks)
-                    sequence += 1
-        except _DOCUMENTED_ENDS as exc:
-            logger.info("a WebSocket chat stream of %s ended: %s", plan.turn_id, type(exc).__name__)
-            await self._refuse(rid, _ENDS[type(exc)], tasks)
+                await send_chunks(encoder.encode(event))
+        except Exception as exc:
+            await self._refuse(rid, _ended(exc, plan.turn_id))
             return
-        for chunk in _chunks(encoder.finish()):
-            if sequence > after:
-                rest = head + str(sequence).encode() + b',"chunk":' + chunk
-                await self.send(_frame(b"chunk", rid, rest), tasks)
-            sequence += 1
-        await self.send(_frame(b"end", rid), tasks)
+        await send_chunks(encoder.finish())
+        await self.send(_frame(b"end", rid))
 
 
 def ui_chat_websocket_route(
