@@ -20,6 +20,7 @@ from essessey.hub import StreamHub
 from essessey.publisher import TurnProducer
 
 __all__ = [
+    "MAX_ASKING_LOOKED_AT",
     "STORE_REFUSED",
     "answered_stream",
     "make_producer",
@@ -29,6 +30,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("essessey.dialects")
+
+MAX_ASKING_LOOKED_AT: Final = 256
+"""The turns that asked an answer's ids that :func:`answered_stream` looks at, the latest
+first."""
 
 STORE_REFUSED: Final = (StoreFull, StoreUnavailable)
 """What a store raises when it cannot take a new turn now: the client's 503."""
@@ -120,6 +125,9 @@ async def answered_stream(
     for request_id in request_ids:
         candidates.update(dict.fromkeys(await hub.asking_streams(request_id)))
     given = set(request_ids)
+    # The latest turns that asked: an id every turn reuses has asked in many, and each
+    # looked at is read from the store.
+    candidates = dict.fromkeys(list(candidates)[:MAX_ASKING_LOOKED_AT])
     waiting: list[tuple[str, bool]] = []  # (stream, whether it asked every id given)
     answered: list[str] = []
     refused: Refusal | None = None
