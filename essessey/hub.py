@@ -477,17 +477,28 @@ class StreamHub:
         # (a double click) gets StreamBusy instead of running a second producer.
         turn = _Turn(anyio.CancelScope())
         self._turns[stream_id] = turn
+        opening = False
         try:
             shared = self._shared
             if shared is not None:
                 # StreamBusy while another replica runs it
                 await shared.claim_turn(stream_id, turn.holder)
             else:
+                # Marked first: cancelled while the store answers, the stream may be
+                # open already.
+                opening = True
                 await self.store.open_stream(stream_id)
+            opening = True
             await tasks.start(self._run, stream_id, producer, turn)
         except BaseException:
             if not turn.started:
                 self._forget(stream_id, turn)
+                if opening:
+                    # Cancelled between opening the stream and running its turn (the
+                    # caller's client left): a stream left open would keep its readers
+                    # waiting for a turn that never comes.
+                    with anyio.CancelScope(shield=True):
+                        await self._close(stream_id, turn)
             raise
 
     def _forget(self, stream_id: str, turn: _Turn) -> None:
@@ -607,6 +618,12 @@ class StreamHub:
                     await self._note_requests(stream_id)
                 except Exception:
                     logger.exception("could not index the requests of stream %s", stream_id)
+        await self._close(stream_id, turn)
+
+    async def _close(self, stream_id: str, turn: _Turn) -> None:
+        """Let go of the turn's stream (its lease, on a shared store): its readers end
+        once they have read it. Bounded; a failure is logged, never raised."""
+        shared = self._shared
         with anyio.move_on_after(_END_TIMEOUT):
             try:
                 if shared is not None:

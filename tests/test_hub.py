@@ -813,3 +813,33 @@ async def test_a_turn_cancelled_while_its_first_write_is_in_flight_still_ends_it
     assert stored[-1].event == EventType.MESSAGE_STOP
     assert reassemble_events(stored).stop_reason == StopReason.CANCELLED
     assert check(stored) == []
+
+
+class _SlowOpen(InMemoryEventStore):
+    """A store whose ``open_stream`` answers late, as a networked store's reply may."""
+
+    async def open_stream(self, stream_id: str) -> None:
+        await super().open_stream(stream_id)
+        await anyio.sleep(0.2)
+
+
+async def test_a_start_cancelled_before_its_turn_runs_leaves_no_stream_open() -> None:
+    # The caller of start (a request whose client left) cancelled after the stream was
+    # opened and before the turn ran: the stream is closed again, so a reader of it ends
+    # instead of waiting for a turn that never comes, and the id may run a turn later.
+    async def turn(publisher: Publisher) -> None:
+        await publisher.send_stream_preamble("msg_1", "s", "m")
+        await publisher.send_stream_epilogue(StopReason.END_TURN, 0)
+
+    hub = StreamHub(_SlowOpen())
+    async with hub:
+        with anyio.move_on_after(0.1) as cut:
+            await hub.start("s", turn)
+        assert cut.cancelled_caught
+        assert not hub.running("s")
+        with anyio.fail_after(WAIT):
+            assert [event async for event in hub.subscribe("s")] == []
+            await hub.start("s", turn)
+            await hub.wait("s")
+        events, _ = await hub.store.since("s", None)
+        assert [event.event for event in events][-1] == "message_stop"

@@ -6,10 +6,13 @@ tests/test_ui_asking.py, run over both transports."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import httpx
 import orjson
 import pytest
@@ -320,3 +323,111 @@ def test_the_endpoint_can_be_left_out() -> None:
         "/api/chat/{chat_id}/stream",
         "/api/chat/{chat_id}/stop",
     ]
+
+
+# -- what a careless or hostile client does ----------------------------------------------------
+
+
+def burst_or_scripted(chat: Any) -> Any:
+    """The scripted turn; with ``burst`` in the body, ``burst`` text deltas published a
+    few at a time between turns of the event loop; with ``boom``, a factory that fails."""
+    if chat.body.get("boom"):
+        raise TypeError("the app's own bug")
+    count = chat.body.get("burst")
+    if not count:
+        return agent_turn(chat)
+
+    async def produce(publisher: Any) -> None:
+        await publisher.send_stream_preamble("msg_burst", chat.id, "m")
+        await publisher.send_content_block_start_text(0)
+        for n in range(count):
+            await publisher.send_content_block_delta_text(0, f"{n} ")
+            if n % 10 == 9:
+                await anyio.lowlevel.checkpoint()
+        await publisher.send_content_block_stop(0)
+        await publisher.send_stream_epilogue("end_turn", count)
+
+    return produce
+
+
+@pytest.fixture
+def hostile_url() -> Iterator[str]:
+    hub = StreamHub()
+    routes = list(ui_chat_routes(hub, burst_or_scripted))
+    with serve(Starlette(routes=routes, lifespan=hub.lifespan), lifespan="on") as url:
+        yield url
+
+
+@pytestmark_anyio
+async def test_a_turn_published_in_bursts_reaches_the_socket_whole(hostile_url: str) -> None:
+    async with ws_connect(ws_url(hostile_url), open_timeout=WAIT) as connection:
+        await connection.send(send_frame("r", "burst-1", burst=3000))
+        frames = (await frames_until_done(connection, {"r"}))["r"]
+    assert frames[-1]["type"] == "end"
+    deltas = [c["delta"] for c in chunks(frames) if c["type"] == "text-delta"]
+    assert deltas == [f"{n} " for n in range(3000)]
+    numbered = [f["sequence"] for f in frames if f["type"] == "chunk"]
+    assert numbered == list(range(len(numbered)))
+
+
+@pytestmark_anyio
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [
+        ('"cut \\ud83d"', "JSON this server does not read"),  # a lone surrogate's escape
+        ("1e400", "JSON this server does not read"),  # past a double
+        ("[" * 300 + "1" + "]" * 300, "nested too deeply"),
+    ],
+)
+async def test_json_the_server_cannot_serve_is_its_requests_error(
+    socket: ClientConnection, text: str, told: str
+) -> None:
+    frame = send_frame("odd", "odd-1")
+    odd = frame[:-1] + ', "metadata": ' + text + "}"
+    await socket.send(odd)
+    (error,) = (await frames_until_done(socket, {"odd"}))["odd"]
+    assert error["type"] == "error"
+    assert told in error["errorText"]
+    await socket.send(send_frame("next", "odd-2"))
+    assert (await frames_until_done(socket, {"next"}))["next"][-1]["type"] == "end"
+
+
+@pytestmark_anyio
+async def test_a_failing_turn_factory_is_its_requests_error(hostile_url: str) -> None:
+    async with ws_connect(ws_url(hostile_url), open_timeout=WAIT) as connection:
+        await connection.send(send_frame("bad", "boom-1", boom=True))
+        (error,) = (await frames_until_done(connection, {"bad"}))["bad"]
+        assert error == {
+            "type": "error",
+            "requestId": "bad",
+            "errorText": "the server failed; resume later",
+        }
+        await connection.send(send_frame("good", "boom-2"))
+        assert (await frames_until_done(connection, {"good"}))["good"][-1]["type"] == "end"
+
+
+@pytestmark_anyio
+async def test_a_client_leaving_mid_stream_is_no_server_error(hostile_url: str) -> None:
+    errors: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                errors.append(record)
+
+    keep = Keep()
+    for name in ("uvicorn.error", "essessey"):
+        logging.getLogger(name).addHandler(keep)
+    try:
+        for n in range(40):
+            async with ws_connect(ws_url(hostile_url), open_timeout=WAIT) as connection:
+                await connection.send(send_frame("r", f"leave-{n}", delay_ms=2))
+                for _ in range(3):
+                    await connection.recv()
+                if n % 2:
+                    connection.transport.abort()  # gone without a close frame
+        await anyio.sleep(0.3)
+    finally:
+        for name in ("uvicorn.error", "essessey"):
+            logging.getLogger(name).removeHandler(keep)
+    assert [r.getMessage() for r in errors] == []

@@ -41,6 +41,7 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import traceback
 from typing import Any, Final
@@ -73,6 +74,13 @@ DEFAULT_MAX_REQUESTS: Final = 16
 DEFAULT_SEND_TIMEOUT: Final = 30.0
 """Seconds one frame may take to go out before the connection is closed."""
 
+MAX_REQUEST_ID: Final = 256
+"""The longest ``requestId`` taken (the AI SDK's are 16 characters): it is written back
+in every frame of its request."""
+
+_TURN_EVERY: Final = 64
+"""Chunks a stream sends before it lets the event loop's other tasks run."""
+_GONE: Final = 1006  # the client left: no close frame goes out
 _BAD_FRAME: Final = 4400
 _TOO_BIG: Final = 1009
 _TRY_AGAIN_LATER: Final = 1013
@@ -103,6 +111,26 @@ def _ended(exc: Exception, turn_id: str) -> str:
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     logger.error("a WebSocket chat stream of %s failed: %s%s", turn_id, type(exc).__name__, where)
     return "the server failed; resume later"
+
+
+def _parse(data: bytes) -> tuple[object, str | None]:
+    """A client frame, and why its request is refused when it cannot be served as it is:
+    JSON that orjson refuses though the JSON grammar allows it (a lone surrogate's
+    escape, a number past a double) or nests deeper than it writes back. The frame is
+    then read by the standard library, only for its ``requestId``. (None, None) for bytes
+    that are no JSON at all."""
+    try:
+        frame = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(data), "the request is JSON this server does not read"
+        except (ValueError, RecursionError):
+            return None, None
+    try:
+        orjson.dumps(frame)
+    except orjson.JSONEncodeError:
+        return frame, "the request is nested too deeply"
+    return frame, None
 
 
 def _frame(kind: bytes, request_id: bytes, rest: bytes = b"") -> str:
@@ -158,7 +186,10 @@ class _Connection:
         self.max_requests = max_requests
         self.send_timeout = send_timeout
         self.running: dict[str, anyio.CancelScope] = {}
-        self.sending = anyio.Lock()
+        # Not a checkpoint when free: a frame costs no turn of the event loop of its own,
+        # so a reader keeps up with a turn published in bursts.
+        self.sending = anyio.Lock(fast_acquire=True)
+        self.gone = False  # the client left: nothing more is sent, no close frame either
         self.close_code: int | None = None
         self.close_reason = ""
         self.tasks: anyio.abc.TaskGroup | None = None  # the requests' tasks, while served
@@ -176,9 +207,19 @@ class _Connection:
         self.tasks.start_soon(*task)
 
     async def send(self, text: str) -> None:
+        """Write one frame; a client that left (whatever the server says of it) or a
+        send stalled past ``send_timeout`` ends the connection, and the caller with it."""
         async with self.sending:
-            with anyio.move_on_after(self.send_timeout) as waited:
-                await self.websocket.send_text(text)
+            try:
+                with anyio.move_on_after(self.send_timeout) as waited:
+                    await self.websocket.send_text(text)
+            except Exception as exc:
+                # Each server says it its own way (a disconnect, a closed connection, a
+                # send after the close): the client is gone, and the requests end.
+                logger.debug("a WebSocket chat client left: %s", type(exc).__name__)
+                self.gone = True
+                self.end(_GONE, "")
+                raise anyio.get_cancelled_exc_class() from None
         if waited.cancelled_caught:
             logger.warning("a WebSocket chat frame stalled past %.0f s", self.send_timeout)
             self.end(_TRY_AGAIN_LATER, "a send stalled")
@@ -194,7 +235,7 @@ class _Connection:
                 forget()
             tasks.cancel_scope.cancel()  # the client left: its requests' streams stop
         self.tasks = None
-        if self.close_code is not None:
+        if self.close_code is not None and not self.gone:
             # Suppressed: the client may have closed it first.
             with (
                 anyio.move_on_after(_CLOSE_TIMEOUT),
@@ -218,22 +259,28 @@ class _Connection:
                 logger.info("a WebSocket chat frame of %d bytes was refused", len(data))
                 self.end(_TOO_BIG, "frame too large")
                 return
-            try:
-                frame = orjson.loads(data)
-                # Refused as a body nested past what orjson writes back is over HTTP.
-                orjson.dumps(frame)
-            except (orjson.JSONDecodeError, orjson.JSONEncodeError):
-                frame = None
+            frame, refused = _parse(data)
             request_id = frame.get("requestId") if isinstance(frame, dict) else None
             kind = frame.get("type") if isinstance(frame, dict) else None
-            if not isinstance(request_id, str) or kind not in ("send", "resume", "abort"):
+            if (
+                not isinstance(request_id, str)
+                or len(request_id) > MAX_REQUEST_ID
+                or kind not in ("send", "resume", "abort")
+            ):
                 logger.info("a WebSocket chat frame that is no request (%d bytes)", len(data))
                 self.end(_BAD_FRAME, "not a chat request frame")
                 return
             assert isinstance(frame, dict)
-            self._take(kind, request_id, frame)
+            if refused is not None:
+                # Over HTTP the request's own 400: here its own error, the rest go on.
+                await self._refuse(orjson.dumps(request_id), refused)
+                continue
+            await self._take(kind, request_id, frame)
 
-    def _take(self, kind: str, request_id: str, frame: dict[str, Any]) -> None:
+    async def _take(self, kind: str, request_id: str, frame: dict[str, Any]) -> None:
+        """Start the request's stream, or refuse it: in the reader's own send, so a
+        client that sends refused frames faster than it reads is slowed by its reads
+        (and ended by ``send_timeout``), never answered by a task each."""
         rid = orjson.dumps(request_id)
         if kind == "abort":
             scope = self.running.pop(request_id, None)
@@ -241,11 +288,11 @@ class _Connection:
                 scope.cancel()
             return
         if request_id in self.running:
-            self._start(self._refuse, rid, "a request with this requestId is streaming")
+            await self._refuse(rid, "a request with this requestId is streaming")
             return
         if len(self.running) >= self.max_requests:
             message = f"more than {self.max_requests} requests at once on this connection"
-            self._start(self._refuse, rid, message)
+            await self._refuse(rid, message)
             return
         scope = anyio.CancelScope()
         self.running[request_id] = scope
@@ -274,24 +321,32 @@ class _Connection:
         after = -1
         outcome: Plan | Failure | None
         try:
-            if kind == "send":
-                body = frame.get("body", {})
-                if not isinstance(body, dict):
-                    raise ValueError("body must be an object")
-                merged = {**body}
-                for name in ("id", "messages", "trigger", "messageId"):
-                    if name in frame:
-                        merged[name] = frame[name]
-                sent = chat_request(merged, _headers(frame.get("headers", {})))
-                outcome = await chats.send(self.websocket, sent)
-            else:
-                after = _sequence(frame.get("lastSequence"))
-                chat_id = frame.get("id")
-                if not isinstance(chat_id, str):
-                    raise ValueError("id must be a string")
-                outcome = await chats.reconnect(self.websocket, chat_id, None)
+            # Shielded: an abort (or the client leaving) while a turn is being started
+            # must not leave it started by half; what it started the reconnect finds.
+            with anyio.CancelScope(shield=True):
+                if kind == "send":
+                    body = frame.get("body", {})
+                    if not isinstance(body, dict):
+                        raise ValueError("body must be an object")
+                    merged = {**body}
+                    for name in ("id", "messages", "trigger", "messageId"):
+                        if name in frame:
+                            merged[name] = frame[name]
+                    sent = chat_request(merged, _headers(frame.get("headers", {})))
+                    outcome = await chats.send(self.websocket, sent)
+                else:
+                    after = _sequence(frame.get("lastSequence"))
+                    chat_id = frame.get("id")
+                    if not isinstance(chat_id, str):
+                        raise ValueError("id must be a string")
+                    outcome = await chats.reconnect(self.websocket, chat_id, None)
         except ValueError as exc:
             await self._refuse(rid, str(exc))
+            return
+        except Exception as exc:
+            # The app's turn factory (or its store) failed: over HTTP one request's 500,
+            # here one request's error; the connection's other requests go on.
+            await self._refuse(rid, _ended(exc, "a new turn"))
             return
         if outcome is None:
             await self.send(_frame(b"no-active", rid))
@@ -313,21 +368,32 @@ class _Connection:
                 if sequence > after:
                     rest = b',"sequence":' + str(sequence).encode() + b',"chunk":' + chunk
                     await self.send(_frame(b"chunk", rid, rest))
+                    if not sequence % _TURN_EVERY:
+                        await anyio.lowlevel.checkpoint()  # a long replay lets others run
                 sequence += 1
 
-        try:
-            subscription = await self.chats.hub.open(
-                plan.turn_id,
-                resume,
-                snapshot=False,
-                prime=encoder.encode if resume is not None else None,
-            )
-            await self.send(_frame(b"start", rid))
-            async for event in subscription:
-                await send_chunks(encoder.encode(event))
-        except Exception as exc:
-            await self._refuse(rid, _ended(exc, plan.turn_id))
-            return
+        hub = self.chats.hub
+        prime = encoder.encode if resume is not None else None
+        started = False
+        while True:
+            try:
+                subscription = await hub.open(plan.turn_id, resume, snapshot=False, prime=prime)
+                if not started:
+                    started = True
+                    await self.send(_frame(b"start", rid))
+                async for event in subscription:
+                    await send_chunks(encoder.encode(event))
+                    if event.id:
+                        resume = event.id
+            except SubscriberLagged:
+                # Fallen behind a turn published in a burst: read on after the last
+                # event sent, from the store, as a client resuming by id would.
+                prime = None
+                continue
+            except Exception as exc:
+                await self._refuse(rid, _ended(exc, plan.turn_id))
+                return
+            break
         await send_chunks(encoder.finish())
         await self.send(_frame(b"end", rid))
 
