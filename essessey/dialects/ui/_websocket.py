@@ -236,11 +236,12 @@ class _Connection:
             tasks.cancel_scope.cancel()  # the client left: its requests' streams stop
         self.tasks = None
         if self.close_code is not None and not self.gone:
-            # Suppressed: the client may have closed it first.
+            # Suppressed: the client may have closed it first (each server says so its
+            # own way, as for a send).
             with (
                 anyio.move_on_after(_CLOSE_TIMEOUT),
                 anyio.CancelScope(shield=True),
-                contextlib.suppress(RuntimeError, OSError),
+                contextlib.suppress(Exception),
             ):
                 await self.websocket.close(self.close_code, self.close_reason)
 
