@@ -708,6 +708,15 @@ class StreamHub:
             raise StreamNotFound(f"no stream {stream_id!r} is retained")
         return waiting(events)
 
+    async def record(self, stream_id: str, event: Event) -> None:
+        """Append ``event`` to ``stream_id``, a stream of records that is no turn (an
+        index: the turns that asked a request, which turn a chat is on), and close it
+        again: a reader of it by id reads what it holds and ends, instead of waiting
+        for a turn that never comes."""
+        store = self.store
+        await store.append(stream_id, event)
+        await store.close_stream(stream_id)
+
     async def asking_streams(self, request_id: str) -> list[str]:
         """The streams whose turns asked request ``request_id`` (an approval, a
         question, a client call), the latest first, on any replica with the same store;
@@ -734,7 +743,7 @@ class StreamHub:
         if asked is None or asked.continued:
             return
         for request in asked.requests:
-            await self.store.append(_asked_key(request.id), Event(_ASKED_EVENT, stream_id.encode()))
+            await self.record(_asked_key(request.id), Event(_ASKED_EVENT, stream_id.encode()))
 
     async def answer(
         self,

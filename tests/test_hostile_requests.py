@@ -250,3 +250,16 @@ def test_a_resume_in_the_middle_of_a_message_logs_a_few_lines(
     lines = [r for r in caplog.records if "skipped a content_block_delta" in r.getMessage()]
     assert 5 <= len(lines) <= 12
     assert lines[-1].getMessage().endswith("(1024 so far)")
+
+
+def test_an_index_stream_read_by_id_ends_instead_of_waiting(dialects: str) -> None:
+    # Which turn a chat is on is a stream of records, not a turn: read by id like any
+    # stream, it gives what it holds and ends (it waited until the stream expired).
+    body = {"id": "indexed", "messages": [{"id": "u", "role": "user", "parts": []}]}
+    assert httpx.post(f"{dialects}/api/chat", json=body, timeout=WAIT).status_code == 200
+    started = time.monotonic()
+    read = httpx.get(f"{dialects}/streams/indexed~turns", timeout=WAIT)
+    assert time.monotonic() - started < WAIT / 2
+    assert read.status_code == 200
+    assert read.text.count("event: turn\n") == 1
+    assert read.text.count("event: finished\n") == 1

@@ -239,7 +239,7 @@ def _announced(hub: StreamHub, chat_id: str, turn_id: str, producer: TurnProduce
             # Shielded: a cancelled turn is finished too, and its mark must be written.
             with anyio.CancelScope(shield=True):
                 finished = Event(_FINISHED_EVENT, turn_id.encode())
-                await hub.store.append(chat_id + _TURNS, finished)
+                await hub.record(chat_id + _TURNS, finished)
 
     return run
 
@@ -251,13 +251,13 @@ def _announced_continuation(
     (a reconnect on any replica finds the continuation running)."""
 
     async def run(publisher: Publisher, answered: Answered) -> None:
-        await hub.store.append(chat_id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
+        await hub.record(chat_id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
         try:
             await go_on(publisher, answered)
         finally:
             with anyio.CancelScope(shield=True):
                 finished = Event(_FINISHED_EVENT, turn_id.encode())
-                await hub.store.append(chat_id + _TURNS, finished)
+                await hub.record(chat_id + _TURNS, finished)
 
     return run
 
@@ -370,7 +370,7 @@ class Chats:
         try:
             # The chat's mark first: a turn the store then refuses is one the reconnect
             # does not find (its stream does not exist).
-            await hub.store.append(request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
+            await hub.record(request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
             await hub.start(turn_id, _announced(hub, request.id, turn_id, producer))
         except STORE_REFUSED as exc:
             return Failure(*store_refusal(exc))
