@@ -9,9 +9,10 @@ looks like a protocol identifier, and by its length otherwise.
 from __future__ import annotations
 
 import re
+import traceback
 from typing import Final
 
-__all__ = ["dotted_label", "log_label"]
+__all__ = ["dotted_label", "log_label", "raised_at"]
 
 _IDENTIFIER: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -35,3 +36,10 @@ def dotted_label(value: object) -> str:
         if all(log_label(part) == part for part in parts):
             return value
     return log_label(value)
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised (`` at file:line``, or ``""``), for a log line that names
+    an exception by its class: its text may hold what it failed on (a token, content)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

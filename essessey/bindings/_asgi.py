@@ -17,7 +17,6 @@ import collections
 import contextlib
 import logging
 import time
-import traceback
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from typing import Any, Final, Protocol, TypeVar
 import anyio
 
 from essessey._ids import is_event_id
+from essessey._logsafe import raised_at
 from essessey.errors import (
     MessagesNotRetained,
     StoreUnavailable,
@@ -79,12 +79,10 @@ async def check_access(
     try:
         return await hub.authorized(request, stream_id, access)
     except Exception as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         log.error(
             "the authorize hook raised %s%s (%s access to stream %s); answered try again later",
             type(exc).__name__,
-            where,
+            raised_at(exc),
             access,
             stream_id,
         )

@@ -26,10 +26,18 @@ from typing import Any
 
 from essessey._ids import is_stream_id
 from essessey._public import set_public_module
-from essessey.bindings._asgi import CHECK_FAILED, check_access, resume_point
+from essessey.bindings._asgi import (
+    CHECK_FAILED,
+    SubscriptionEnd,
+    check_access,
+    resume_point,
+    subscription_end,
+)
 from essessey.hub import Access, StreamHub
 
-__all__ = ["Admission", "Refusal", "admit"]
+# What a subscription that ended (after it was admitted) tells its client, in any
+# transport: one table, here beside the refusals, for the bindings and the dialects.
+__all__ = ["Admission", "Refusal", "SubscriptionEnd", "admit", "subscription_end"]
 
 
 @dataclass(frozen=True, slots=True)

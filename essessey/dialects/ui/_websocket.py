@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import traceback
 from typing import Any, Final
 
 import anyio
@@ -53,16 +52,10 @@ import orjson
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from essessey._logsafe import raised_at
+from essessey.bindings.admission import subscription_end
 from essessey.dialects.ui._chats import Chats, Failure, Plan, chat_request
-from essessey.errors import (
-    MessagesNotRetained,
-    StoreUnavailable,
-    StreamNotFound,
-    StreamReset,
-    SubscriberLagged,
-    TooManySubscribers,
-    UnknownEventId,
-)
+from essessey.errors import SubscriberLagged
 from essessey.shutdown import on_shutdown
 
 __all__ = ["ui_chat_websocket_route"]
@@ -87,29 +80,19 @@ _TRY_AGAIN_LATER: Final = 1013
 _SERVICE_RESTART: Final = 1012
 _CLOSE_TIMEOUT: Final = 5.0
 
-# What a stream's end tells the client, for the hub's documented ends.
-_ENDS: Final[dict[type[Exception], str]] = {
-    StreamNotFound: "the chat's turn is no longer kept",
-    MessagesNotRetained: "the chat's turn is no longer kept",
-    UnknownEventId: "the stream was reset; resume from the start",
-    StreamReset: "the stream was reset; resume from the start",
-    TooManySubscribers: "too many readers of this turn; resume later",
-    SubscriberLagged: "the stream fell behind; resume",
-    StoreUnavailable: "the event store is unavailable; resume later",
-}
-
 
 def _ended(exc: Exception, turn_id: str) -> str:
-    """What the client is told of a stream that ended with ``exc`` (logged here): the
-    hub's documented ends in words, anything else as the server's failure."""
-    for kind, told in _ENDS.items():
-        if isinstance(exc, kind):
-            logger.info("a WebSocket chat stream of %s ended: %s", turn_id, type(exc).__name__)
-            return told
+    """What the client is told of a stream that ended with ``exc`` (logged here): one
+    of the hub's documented ends as a WebSocket client is told it, anything else as the
+    server's failure."""
+    end = subscription_end(exc)
+    if end is not None:
+        logger.info("a WebSocket chat stream of %s ended: %s", turn_id, type(exc).__name__)
+        return end.reason
     # The class and where it was raised, not its text (which may hold the turn's content).
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    logger.error("a WebSocket chat stream of %s failed: %s%s", turn_id, type(exc).__name__, where)
+    logger.error(
+        "a WebSocket chat stream of %s failed: %s%s", turn_id, type(exc).__name__, raised_at(exc)
+    )
     return "the server failed; resume later"
 
 
