@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from essessey.bindings.admission import Refusal, admit
+from essessey.bindings.admission import Admission, Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse import ErrorShape
 from essessey.errors import StoreFull, StoreUnavailable, StreamNotFound
 from essessey.hub import StreamHub
+from essessey.protocol.asking import Waiting
 from essessey.publisher import TurnProducer
 
 __all__ = [
     "MAX_ASKING_LOOKED_AT",
     "STORE_REFUSED",
+    "Asking",
     "answered_stream",
     "make_producer",
     "read_request",
@@ -107,17 +110,32 @@ async def start_turn(
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """The stream an answer is for: the client admitted to it (``answer`` access, its
+    resume point checked) and what its turn asked, read once."""
+
+    admission: Admission
+    asked: Waiting
+
+
 async def answered_stream(
-    hub: StreamHub, connection: Any, request_ids: Sequence[str], log: logging.Logger
-) -> str | Refusal | None:
+    hub: StreamHub,
+    connection: Any,
+    request_ids: Sequence[str],
+    log: logging.Logger,
+    *,
+    last_event_id: str | None = None,
+) -> Asking | Refusal | None:
     """The stream whose turn the answers to ``request_ids`` are for, when a dialect's
     answers name only the requests (Chat Completions' ``tool`` messages, AG-UI's
     interrupts): of the streams that asked any of them (:meth:`StreamHub.asking_streams`),
-    those ``connection`` may answer (``authorize``, ``answer`` access), then the one whose
-    turn still waits, the one that asked every request answered when several do; else
-    the latest that was answered already (the same answers again get its continuation
-    again). None when no kept stream asked any of them; the refusal of ``authorize``
-    when it refused them all, or a 409 when several turns wait for the same answers.
+    those ``connection`` may answer (``authorize``, ``answer`` access, resuming after
+    ``last_event_id``), then the one whose turn still waits, the one that asked every
+    request answered when several do; else the latest that was answered already (the
+    same answers again get its continuation again). None when no kept stream asked any
+    of them; the refusal of :func:`admit` when it refused them all, or a 409 when
+    several turns wait for the same answers.
 
     A model's call ids are not unique across turns (``functions.get_weather:0``), so
     the answers of one turn never go to another that asked the same ids."""
@@ -128,8 +146,8 @@ async def answered_stream(
     # The latest turns that asked: an id every turn reuses has asked in many, and each
     # looked at is read from the store.
     candidates = dict.fromkeys(list(candidates)[:MAX_ASKING_LOOKED_AT])
-    waiting: list[tuple[str, bool]] = []  # (stream, whether it asked every id given)
-    answered: list[str] = []
+    waiting: list[tuple[Asking, bool]] = []  # and whether it asked every id given
+    answered: list[Asking] = []
     refused: Refusal | None = None
     for stream_id in candidates:
         try:
@@ -141,14 +159,14 @@ async def answered_stream(
         ids = {request.id for request in asked.requests}
         if not ids & given:
             continue
-        verdict = await admit(hub, connection, stream_id, None, log, access="answer")
+        verdict = await admit(hub, connection, stream_id, last_event_id, log, access="answer")
         if isinstance(verdict, Refusal):
             refused = refused or verdict
             continue
         if asked.continued:
-            answered.append(stream_id)
+            answered.append(Asking(verdict, asked))
         else:
-            waiting.append((stream_id, ids <= given))
+            waiting.append((Asking(verdict, asked), ids <= given))
     if len(waiting) > 1:
         waiting = [entry for entry in waiting if entry[1]]
     if len(waiting) > 1:

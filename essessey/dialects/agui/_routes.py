@@ -308,21 +308,18 @@ def agui_routes(
         tool_messages = answering_tool_messages(parsed.messages)
         keys = [entry.interrupt_id for entry in entries]
         keys += [m["toolCallId"] for m in tool_messages if isinstance(m.get("toolCallId"), str)]
-        stream_id = await answered_stream(hub, request, keys, logger)
-        if stream_id is None:
+        given = requested_resume_point(request)
+        found = await answered_stream(hub, request, keys, logger, last_event_id=given)
+        if found is None:
             if not entries:
                 return None  # tool messages of the thread's history: a run as any other
             unknown = "no stream kept waits for these interrupts"
             return refuse(400, "invalid_answer", unknown)
-        if isinstance(stream_id, Refusal):
-            return refuse(stream_id.status, stream_id.error_type, stream_id.message)
-        given = requested_resume_point(request)
-        verdict = await admit(hub, request, stream_id, given, logger, access="answer")
-        if isinstance(verdict, Refusal):
-            return refuse(verdict.status, verdict.error_type, verdict.message)
+        if isinstance(found, Refusal):
+            return refuse(found.status, found.error_type, found.message)
+        stream_id, asked = found.admission.stream_id, found.asked
         answers: list[Answer] = []
         try:
-            asked = await hub.waiting(stream_id)
             answers = resume_answers(entries, tool_messages, asked)
             if not entries and not answers:
                 return None  # the tool messages answer nothing it waits for
@@ -334,13 +331,13 @@ def agui_routes(
                 return None  # abandoned: the thread goes on with a run as any other
             logger.info("an answer to %s was refused: %s", stream_id, exc.code)
             return refuse(exc.status, exc.code, str(exc))
-        calls = [r.id for r in asked.requests if isinstance(r, ClientToolCall)] if asked else []
+        calls = [r.id for r in asked.requests if isinstance(r, ClientToolCall)]
         after = continued.after
         encoder = AGUIEncoder(parsed.thread_id, parsed.run_id, after=after, answered_calls=calls)
         return stream_response(
             hub,
             stream_id,
-            verdict.last_event_id or after,
+            found.admission.last_event_id or after,
             encoder=encoder,
             error_shape=error_object,
             **options,

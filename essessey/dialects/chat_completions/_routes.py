@@ -303,16 +303,16 @@ def chat_completions_routes(
         if not tool_messages:
             return None
         keys = [m["tool_call_id"] for m in tool_messages if isinstance(m.get("tool_call_id"), str)]
-        stream_id = await answered_stream(hub, request, keys, logger)
-        if stream_id is None:
+        found = await answered_stream(hub, request, keys, logger)
+        if found is None:
             unknown = "no stream kept waits for these tool calls"
             return json_error(400, "invalid_request_error", unknown, headers, shape=error_object)
-        if isinstance(stream_id, Refusal):
-            return _refused(stream_id, headers)
+        if isinstance(found, Refusal):
+            return _refused(found, headers)
+        stream_id = found.admission.stream_id
         try:
-            asked = await hub.waiting(stream_id)
             listed = listed_calls(parsed.messages, len(tool_messages))
-            answers = tool_message_answers(tool_messages, asked, listed=listed)
+            answers = tool_message_answers(tool_messages, found.asked, listed=listed)
             continued = await hub.answer(stream_id, answers)
         except StreamNotFound:
             gone = "the stream that asked is no longer kept"
