@@ -73,7 +73,6 @@ in every frame of its request."""
 
 _TURN_EVERY: Final = 64
 """Chunks a stream sends before it lets the event loop's other tasks run."""
-_GONE: Final = 1006  # the client left: no close frame goes out
 _BAD_FRAME: Final = 4400
 _TOO_BIG: Final = 1009
 _TRY_AGAIN_LATER: Final = 1013
@@ -172,7 +171,6 @@ class _Connection:
         # Not a checkpoint when free: a frame costs no turn of the event loop of its own,
         # so a reader keeps up with a turn published in bursts.
         self.sending = anyio.Lock(fast_acquire=True)
-        self.gone = False  # the client left: nothing more is sent, no close frame either
         self.close_code: int | None = None
         self.close_reason = ""
         self.tasks: anyio.abc.TaskGroup | None = None  # the requests' tasks, while served
@@ -182,12 +180,12 @@ class _Connection:
         if self.close_code is None:
             self.close_code = code
             self.close_reason = reason
+        self._stop()
+
+    def _stop(self) -> None:
+        """Stop the connection's tasks (its reader and its requests' streams)."""
         if self.tasks is not None:
             self.tasks.cancel_scope.cancel()
-
-    def _start(self, *task: Any) -> None:
-        assert self.tasks is not None  # only frames read while served start tasks
-        self.tasks.start_soon(*task)
 
     async def send(self, text: str) -> None:
         """Write one frame; a client that left (whatever the server says of it) or a
@@ -200,8 +198,7 @@ class _Connection:
                 # Each server says it its own way (a disconnect, a closed connection, a
                 # send after the close): the client is gone, and the requests end.
                 logger.debug("a WebSocket chat client left: %s", type(exc).__name__)
-                self.gone = True
-                self.end(_GONE, "")
+                self._stop()  # no close frame: there is nobody to send it to
                 raise anyio.get_cancelled_exc_class() from None
         if waited.cancelled_caught:
             logger.warning("a WebSocket chat frame stalled past %.0f s", self.send_timeout)
@@ -218,7 +215,7 @@ class _Connection:
                 forget()
             tasks.cancel_scope.cancel()  # the client left: its requests' streams stop
         self.tasks = None
-        if self.close_code is not None and not self.gone:
+        if self.close_code is not None:
             # Suppressed: the client may have closed it first (each server says so its
             # own way, as for a send).
             with (
@@ -280,7 +277,8 @@ class _Connection:
             return
         scope = anyio.CancelScope()
         self.running[request_id] = scope
-        self._start(self._request, scope, request_id, rid, kind, frame)
+        assert self.tasks is not None  # frames are read only while the connection is served
+        self.tasks.start_soon(self._request, scope, request_id, rid, kind, frame)
 
     async def _refuse(self, rid: bytes, message: str) -> None:
         await self.send(_frame(b"error", rid, b',"errorText":' + orjson.dumps(message)))
