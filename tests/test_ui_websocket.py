@@ -420,11 +420,19 @@ async def test_a_client_leaving_mid_stream_is_no_server_error(hostile_url: str) 
         logging.getLogger(name).addHandler(keep)
     try:
         for n in range(40):
-            async with ws_connect(ws_url(hostile_url), open_timeout=WAIT) as connection:
+            # Closed without waiting long for the server's answer to the close.
+            async with ws_connect(
+                ws_url(hostile_url), open_timeout=WAIT, close_timeout=0.2
+            ) as connection:
                 await connection.send(send_frame("r", f"leave-{n}", delay_ms=2))
                 for _ in range(3):
                     await connection.recv()
                 if n % 2:
+                    # Closed while the reader itself still writes: many requests refused
+                    # (this one streams already), then the close, before their answers.
+                    for _ in range(2000):
+                        await connection.send(send_frame("r", f"leave-{n}"))
+                elif n % 4 == 2:
                     connection.transport.abort()  # gone without a close frame
         await anyio.sleep(0.3)
     finally:

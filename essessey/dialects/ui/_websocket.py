@@ -194,16 +194,21 @@ class _Connection:
             try:
                 with anyio.move_on_after(self.send_timeout) as waited:
                     await self.websocket.send_text(text)
+                left = False
             except Exception as exc:
                 # Each server says it its own way (a disconnect, a closed connection, a
                 # send after the close): the client is gone, and the requests end.
                 logger.debug("a WebSocket chat client left: %s", type(exc).__name__)
                 self._stop()  # no close frame: there is nobody to send it to
-                raise anyio.get_cancelled_exc_class() from None
-        if waited.cancelled_caught:
+                left = True
+        if not left:
+            if not waited.cancelled_caught:
+                return
             logger.warning("a WebSocket chat frame stalled past %.0f s", self.send_timeout)
             self.end(_TRY_AGAIN_LATER, "a send stalled")
-            await anyio.lowlevel.checkpoint()  # the task group's cancel stops the caller
+        # Stopped: the task group's own cancellation stops the caller here (one raised by
+        # hand would not be the group's, and would escape it).
+        await anyio.lowlevel.checkpoint()
 
     async def serve(self) -> None:
         async with anyio.create_task_group() as tasks:
