@@ -448,6 +448,14 @@ class StreamHub:
         """Whether a turn is running on ``stream_id`` in this hub."""
         return stream_id in self._turns
 
+    async def running_anywhere(self, stream_id: str) -> bool:
+        """Whether a turn is running on ``stream_id`` in this hub or, with a
+        :class:`~essessey.SharedEventStore`, on another replica (its lease is alive)."""
+        if stream_id in self._turns:
+            return True
+        shared = self._shared
+        return shared is not None and await shared.turn_running(stream_id)
+
     def subscriber_count(self, stream_id: str) -> int:
         """How many subscribers follow ``stream_id`` right now."""
         return self._subscribers.get(stream_id, 0)

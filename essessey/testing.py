@@ -540,6 +540,29 @@ class EventStoreConformance:
             await b.claim_turn("s", "two")  # released: free
 
     @_needs(LEASES)
+    async def test_a_turn_runs_while_a_live_lease_holds_it(self) -> None:
+        async with (
+            self.open_store(name="lease8", running_ttl=1.0) as a,
+            self.open_store(name="lease8", running_ttl=1.0) as b,
+        ):
+            assert not await b.turn_running("s")  # never claimed
+            await a.open_stream("t")
+            assert not await b.turn_running("t")  # open, but no turn holds it
+            await a.claim_turn("s", "one")
+            assert await b.turn_running("s")  # seen through another replica's store
+            assert await a.release_turn("s", "one")
+            assert not await b.turn_running("s")
+            await a.claim_turn("s", "two")
+            for _ in range(int(WAIT * 10)):  # not renewed: it lapses
+                if not await b.turn_running("s"):
+                    break
+                await anyio.sleep(0.1)
+            else:
+                pytest.fail("a lease nobody renewed still counts as running")
+            assert await a.keep_running("s", "two")  # nobody took it: taken back
+            assert await b.turn_running("s")
+
+    @_needs(LEASES)
     async def test_a_stale_holder_writes_nothing_into_the_turn_that_replaced_it(
         self,
     ) -> None:

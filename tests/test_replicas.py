@@ -607,6 +607,30 @@ def test_use_chat_reconnects_to_a_turn_on_the_other_replica(
     assert parts_of(result["messages"][1]) == WHOLE_TURN
 
 
+def test_a_chat_whose_turn_runs_on_a_refuses_a_new_turn_on_b(
+    broker: NatsServer | RedisServer,
+) -> None:
+    # The chat's turn runs on A; a new message for the same chat sent to B is refused
+    # while it runs (two turns of one chat would answer at once), taken once it is over.
+    with replicas(broker) as (a, b):
+        body = {"id": "busy-chat", "messages": [], "trigger": "submit-message"}
+        with httpx.stream(
+            "POST", a.url + "/api/chat", json={**body, "delay_ms": 150}, timeout=WAIT
+        ) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: {") and '"text-delta"' in line:
+                    break
+            busy = httpx.post(b.url + "/api/chat", json=body, timeout=WAIT)
+            assert busy.status_code == 409, busy.text
+            assert busy.json()["error"]["message"] == "a turn is running on this chat"
+            assert sum(1 for line in lines if '"finish"' in line) == 1  # A's turn ends
+        again = httpx.post(b.url + "/api/chat", json=body, timeout=WAIT)
+        assert again.status_code == 200, again.text
+        assert '"finish"' in again.text
+
+
 # -- 8. a turn that asks: asked on A, answered on B ----------------------------------------
 
 

@@ -113,6 +113,11 @@ class SharedEventStore(EventStore, Protocol):
         held it (the stream is then left to whoever does)."""
         ...
 
+    async def turn_running(self, stream_id: str) -> bool:
+        """Whether a turn holds a live lease on ``stream_id``, on any replica. Only
+        reads: a lease whose replica died stops counting once it lapses."""
+        ...
+
     async def request_cancel(self, stream_id: str, wait: float = 15.0) -> bool:
         """Ask whichever replica runs the turn on ``stream_id`` to cancel it, and wait up
         to ``wait`` seconds for the turn to end; False when no turn was running there."""

@@ -339,7 +339,7 @@ class Chats:
     async def send(self, connection: Any, request: ChatRequest) -> Plan | Failure:
         """A chat request: the continuation it answers, or a new turn on the hub (under
         a stream id of its own, ``<chat id>~<random>``); refused (409) while the chat's
-        turn runs on this replica (another replica's is not known here)."""
+        turn runs, on this replica or, with a shared store, another."""
         refused = await self._admitted(connection, request.id, "read")
         if isinstance(refused, Failure):
             return refused
@@ -352,7 +352,7 @@ class Chats:
         self._starting.add(request.id)
         try:
             last = await self._last_turn(request.id)
-            if last is not None and not last[1] and self.hub.running(last[0]):
+            if last is not None and not last[1] and await self.hub.running_anywhere(last[0]):
                 return busy
             return await self._start(request)
         finally:

@@ -210,6 +210,17 @@ class Leases:
         await _let_go(await self._bucket(), stream_id, held.revision)
         return True
 
+    async def held(self, stream_id: str) -> bool:
+        """Whether any holder's lease of ``stream_id`` is alive (the bucket's entries
+        lapse ``running_ttl`` after their last renewal)."""
+        kv = await self._bucket()
+        key = stream_key(stream_id)
+        try:
+            await self._ctx.retrying(lambda _: kv.get(key))
+        except nats.js.errors.KeyNotFoundError:  # never held, let go, deleted or lapsed
+            return False
+        return True
+
     async def watch_cancel(
         self, stream_id: str, on_cancel: Callable[[], None]
     ) -> Callable[[], None]:

@@ -449,6 +449,12 @@ class JetStreamEventStore:
         go; False (nothing done) when it no longer holds it."""
         return await self._leases.release(stream_id, holder)
 
+    async def turn_running(self, stream_id: str) -> bool:
+        """Whether a turn holds a live lease on ``stream_id`` (claimed with
+        :meth:`claim_turn` on any replica, not released, renewed in time)."""
+        check_token(stream_id, "stream id")
+        return await self._leases.held(stream_id)
+
     async def request_cancel(self, stream_id: str, wait: float = 15.0) -> bool:
         """Ask the replica whose turn holds ``stream_id`` to cancel it; True once the
         stream closed (within ``wait`` seconds), False when no turn holds it."""

@@ -283,6 +283,19 @@ return 0
 """
 )
 
+TURN_RUNNING: Final = (
+    _COMMON
+    + """
+-- KEYS: meta
+-- 1 while a turn holds a live lease on the stream, else 0; writes nothing.
+local state = redis.call('HMGET', KEYS[1], 'run', 'holder', 'closed')
+if not state[1] or state[3] == '1' or state[2] == '' or tonumber(state[1]) < now_ms() then
+  return 0
+end
+return 1
+"""
+)
+
 CANCEL: Final = (
     _COMMON
     + """

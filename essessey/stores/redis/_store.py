@@ -413,6 +413,7 @@ class RedisEventStore:
         self._clear = redis.register_script(_scripts.CLEAR)
         self._keep = redis.register_script(_scripts.KEEP_RUNNING)
         self._cancel = redis.register_script(_scripts.CANCEL)
+        self._running = redis.register_script(_scripts.TURN_RUNNING)
         self._abandon_script = redis.register_script(_scripts.ABANDON)
         self._listener = _Listener(self)
         self._retry = RetryPolicy(
@@ -584,6 +585,13 @@ class RedisEventStore:
         keys = self._keys(stream_id)[:3]
         args: list[_Arg] = [stream_id, self._ttl_ms, self._run_ms, holder]
         return bool(await self._retry.run(lambda _: self._keep(keys=keys, args=args)))
+
+    async def turn_running(self, stream_id: str) -> bool:
+        """Whether a turn holds a live lease on ``stream_id`` (claimed with
+        :meth:`claim_turn` on any replica, not released, renewed in time)."""
+        self._check(stream_id)
+        key = self._key(stream_id, "m")
+        return bool(await self._retry.run(lambda _: self._running(keys=[key], args=[])))
 
     async def request_cancel(self, stream_id: str, wait: float = 15.0) -> bool:
         """Ask the replica whose turn holds ``stream_id`` to cancel it, and wait (up to
