@@ -3,7 +3,8 @@ room for another turn (503, never a 500), answers that name only request ids (wh
 model need not make unique across turns: they go to the turn that waits for them, and
 one user's never continues another's), a body that trickles in (408), a resume point in
 the middle of a message (a few log lines, not one per event), and the small refusals
-(a chat already running, a completion that does not exist, a body nested too deeply)."""
+(a chat already running, a completion that does not exist, a body nested too deeply); a
+store out of reach (503)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import anyio
 import httpx
 import openai
 import pytest
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from starlette.applications import Starlette
 
 from essessey import Answered, InMemoryEventStore, Publisher, StreamHub, continue_turn, stream_turn
@@ -29,7 +33,8 @@ from essessey.dialects.ui import ChatRequest
 from essessey.event import Event
 from essessey.hub import TurnProducer
 from essessey.protocol import EventType
-from tests.processes import WAIT
+from essessey.stores.redis import RedisEventStore
+from tests.processes import WAIT, free_port
 from tests.scripted_turn import scripted_turn
 from tests.servers import serve, serve_dialects
 
@@ -75,6 +80,47 @@ def test_a_full_store_is_a_503_on_every_dialect_never_a_500() -> None:
     for dialect, answer in answers.items():
         assert answer.status_code == 503, (dialect, answer.text)
         assert "overloaded_error" in answer.text, (dialect, answer.text)
+
+
+def test_a_store_out_of_reach_is_a_503_on_every_route_never_a_500() -> None:
+    # A Redis store with no Redis behind it (nothing listens on its port): every route
+    # that reads or writes the store before it answers says so with a 503 in its
+    # dialect's shape; a subscription has begun already, and ends for its reader to
+    # come back.
+    # No retries of the client's own: the store's budget (retry_timeout) is the wait.
+    client = redis.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
+    hub = StreamHub(RedisEventStore(client, retry_timeout=0.3), on_answer=answer_nothing)
+    app = Starlette(routes=list(dialect_routes(hub, held_or_scripted)), lifespan=hub.lifespan)
+    ui = {"id": "c1", "messages": [{"id": "u", "role": "user", "parts": []}]}
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    answering = [*USER, {"role": "assistant", "tool_calls": calls}]
+    answering.append({"role": "tool", "tool_call_id": "call_1", "content": "ok"})
+    agui = {"threadId": "t", "runId": "r", "messages": [{"id": "m", "role": "user"}]}
+    requests: list[tuple[str, str, Any, str]] = [
+        ("POST", "/api/chat", ui, '"type":"error"'),
+        ("GET", "/api/chat/c1/stream", None, '"type":"error"'),
+        ("POST", "/api/chat/c1/stop", None, '"type":"error"'),
+        ("POST", "/agui", agui, '"type":"RUN_ERROR"'),
+        ("POST", "/v1/chat/completions", {"model": "m", "messages": USER}, '"error":{'),
+        ("POST", "/v1/chat/completions", {"model": "m", "messages": answering}, '"error":{'),
+        ("POST", "/v1/responses", {"model": "m", "input": "hi"}, '"error":{'),
+        ("GET", "/v1/responses/resp_x", None, '"error":{'),
+        ("POST", "/streams/s1/cancel", None, '"type":"error"'),
+        ("POST", "/streams/s1/answer", {"answers": [{"id": "a", "approved": True}]}, '"type":'),
+    ]
+    with serve(app, lifespan="on") as url:
+        for method, path, body, shape in requests:
+            answer = httpx.request(method, url + path, json=body, timeout=WAIT)
+            assert answer.status_code == 503, (path, answer.status_code, answer.text)
+            assert "the event store is unavailable" in answer.text, (path, answer.text)
+            assert shape in answer.text.replace(" ", ""), (path, answer.text)
+        followed = httpx.get(f"{url}/streams/s1", timeout=WAIT)
+        assert followed.status_code == 200
+        assert followed.text == ""  # ended: an EventSource comes back after its retry
+
+
+def answer_nothing(publisher: Publisher, answered: Answered) -> Any:
+    raise AssertionError("no answer reaches a turn while the store is out of reach")
 
 
 # -- answers that name only request ids ----------------------------------------------------

@@ -10,6 +10,9 @@ answer, one bounded request body reader. Needs the ``server`` extra (Starlette).
   buffer more than the route allows, and one that trickles in (a byte now and then) is
   refused when its time is up, so it cannot hold a connection and its buffer for ever.
 - :func:`read_json` parses it, refusing JSON nested deeper than it could be written back.
+- :func:`store_guarded` answers a route whose store is full or out of reach with a 503 in
+  the route's error shape, not a 500: the client may try again, and no traceback is
+  logged for an outage the store's own warnings already report.
 
 A refusal is a :class:`BadRequest`, whose text is written for the client and never holds
 the request's content.
@@ -17,7 +20,8 @@ the request's content.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -29,8 +33,22 @@ from essessey._public import set_public_module
 from essessey.bindings.sse._encoder import ErrorShape
 from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import refusal_headers
+from essessey.errors import StoreFull, StoreUnavailable
 
-__all__ = ["BODY_TIMEOUT", "BadRequest", "ErrorShape", "json_error", "read_body", "read_json"]
+__all__ = [
+    "BODY_TIMEOUT",
+    "STORE_REFUSED",
+    "BadRequest",
+    "Endpoint",
+    "ErrorShape",
+    "json_error",
+    "read_body",
+    "read_json",
+    "store_guarded",
+    "store_refusal",
+]
+
+logger = logging.getLogger("essessey.http")
 
 BODY_TIMEOUT: Final = 30.0
 """Seconds a request's body may take to arrive whole: 4 MiB at about 140 KB/s."""
@@ -118,6 +136,44 @@ async def read_json(
     except orjson.JSONEncodeError:
         raise BadRequest("the request body is nested too deeply") from None
     return value
+
+
+STORE_REFUSED: Final = (StoreFull, StoreUnavailable)
+"""What a store raises when it cannot take a new turn now, or cannot be reached: the
+client's 503."""
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+"""A Starlette request endpoint."""
+
+
+def store_refusal(exc: Exception) -> tuple[int, str, str]:
+    """The status, error type and message a client gets when the store refused a turn or
+    could not be reached (one of ``STORE_REFUSED``): the server is busy or its store is
+    out, never a 500."""
+    logger.warning("a request was refused by the store: %s", type(exc).__name__)
+    if isinstance(exc, StoreFull):
+        return 503, "overloaded_error", "as many turns run as the server keeps; try again later"
+    return 503, "api_error", "the event store is unavailable; try again"
+
+
+def store_guarded(
+    endpoint: Endpoint,
+    headers: Mapping[str, str] | None = None,
+    *,
+    shape: ErrorShape = error_body,
+) -> Endpoint:
+    """``endpoint``, answering a store that refuses or cannot be reached while it prepares
+    its answer (``STORE_REFUSED``) as :func:`store_refusal` says, in ``shape`` with the
+    app's ``headers``. What goes wrong once a stream has begun ends that stream instead
+    (its reader resumes)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except STORE_REFUSED as exc:
+            return json_error(*store_refusal(exc), headers, shape=shape)
+
+    return guarded
 
 
 set_public_module(__name__, globals(), __all__)

@@ -1,7 +1,8 @@
 """What the dialects' routes share: reading a request into the dialect's own request
 object, and starting the turn that answers it, each refusal in the dialect's own error
-shape (a bad body, a refusal of ``authorize``, options the app refuses: 400, 403, 503; a
-store that cannot take another turn, 503)."""
+shape (a bad body, a refusal of ``authorize``, options the app refuses: 400, 403, 503). A
+store that cannot take another turn, or cannot be reached, is each route's
+``store_guarded`` (essessey.bindings.http): 503."""
 
 from __future__ import annotations
 
@@ -16,20 +17,18 @@ from starlette.responses import Response
 from essessey.bindings.admission import Admission, Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.bindings.sse import ErrorShape
-from essessey.errors import StoreFull, StoreUnavailable, StreamNotFound
+from essessey.errors import StreamNotFound
 from essessey.hub import StreamHub
 from essessey.protocol.asking import Waiting
 from essessey.publisher import TurnProducer
 
 __all__ = [
     "MAX_ASKING_LOOKED_AT",
-    "STORE_REFUSED",
     "Asking",
     "answered_stream",
     "make_producer",
     "read_request",
     "start_turn",
-    "store_refusal",
 ]
 
 logger = logging.getLogger("essessey.dialects")
@@ -37,19 +36,6 @@ logger = logging.getLogger("essessey.dialects")
 MAX_ASKING_LOOKED_AT: Final = 256
 """The turns that asked an answer's ids that :func:`answered_stream` looks at, the latest
 first."""
-
-STORE_REFUSED: Final = (StoreFull, StoreUnavailable)
-"""What a store raises when it cannot take a new turn now: the client's 503."""
-
-
-def store_refusal(exc: Exception) -> tuple[int, str, str]:
-    """The status, error type and message a client gets for a turn the store refused
-    (one of ``STORE_REFUSED``): the server is busy or its store is out, never a 500."""
-    logger.warning("a turn was refused by the store: %s", type(exc).__name__)
-    if isinstance(exc, StoreFull):
-        return 503, "overloaded_error", "as many turns run as the server keeps; try again later"
-    return 503, "api_error", "the event store is unavailable; try again"
-
 
 _Request = TypeVar("_Request")
 
@@ -94,8 +80,7 @@ async def start_turn(
     log: logging.Logger,
 ) -> Response | None:
     """Start the turn answering ``parsed`` on ``stream_id``, once ``authorize`` allows
-    it (asked for ``read`` access): None when it started, else the refusal's answer (a
-    store that cannot take it: 503)."""
+    it (asked for ``read`` access): None when it started, else the refusal's answer."""
     verdict = await admit(hub, request, stream_id, None, log)
     if isinstance(verdict, Refusal):
         return json_error(verdict.status, verdict.error_type, verdict.message, headers, shape=shape)
@@ -103,10 +88,7 @@ async def start_turn(
         producer = await make_producer(turn, parsed)
     except ValueError as exc:  # the app's own options, refused
         return json_error(400, "invalid_request_error", str(exc), headers, shape=shape)
-    try:
-        await hub.start(stream_id, producer)
-    except STORE_REFUSED as exc:
-        return json_error(*store_refusal(exc), headers, shape=shape)
+    await hub.start(stream_id, producer)  # a refusing store: the route's store_guarded
     return None
 
 

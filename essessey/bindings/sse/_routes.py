@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 from essessey.bindings._asgi import SubscriptionCount, subscription_end
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.answering import answer_response
-from essessey.bindings.http import json_error
+from essessey.bindings.http import json_error, store_guarded
 from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,
@@ -414,7 +414,9 @@ def hub_routes(
     """Starlette routes: ``GET {prefix}/{stream_id}`` (subscribe or resume, as SSE),
     ``POST {prefix}/{stream_id}/cancel`` and ``POST {prefix}/{stream_id}/answer``
     (answer what the stream asks: ``essessey.bindings.answering``). ``options`` go to the
-    SSE response, as :func:`subscription_response` takes them."""
+    SSE response, as :func:`subscription_response` takes them. A store that cannot be
+    reached while a route prepares its answer is a 503 (``store_guarded``)."""
+    headers = options.get("headers")
 
     async def subscribe(request: Request) -> Response:
         return await subscription_response(
@@ -428,7 +430,7 @@ def hub_routes(
         return await answer_response(hub, request, request.path_params["stream_id"])
 
     return [
-        Route(prefix + "/{stream_id}", subscribe, methods=["GET"]),
-        Route(prefix + "/{stream_id}/cancel", cancel, methods=["POST"]),
-        Route(prefix + "/{stream_id}/answer", answer, methods=["POST"]),
+        Route(prefix + "/{stream_id}", store_guarded(subscribe, headers), methods=["GET"]),
+        Route(prefix + "/{stream_id}/cancel", store_guarded(cancel, headers), methods=["POST"]),
+        Route(prefix + "/{stream_id}/answer", store_guarded(answer, headers), methods=["POST"]),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,16 +13,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.admission import Refusal, admit
-from essessey.bindings.http import json_error
+from essessey.bindings.http import json_error, store_guarded
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects._payload import answer_value, content_text
-from essessey.dialects._routes import (
-    STORE_REFUSED,
-    answered_stream,
-    make_producer,
-    read_request,
-    store_refusal,
-)
+from essessey.dialects._routes import answered_stream, make_producer, read_request
 from essessey.dialects.agui._encoder import (
     AGUIEncoder,
     error_object,
@@ -283,12 +278,8 @@ def agui_routes(
             except ValueError as exc:  # the app's own options, refused
                 return refuse(400, "invalid_request_error", str(exc))
             # Posted twice at once: the second reads the first's run.
-            try:
+            with contextlib.suppress(StreamBusy):
                 await hub.start(parsed.id, producer)
-            except StreamBusy:
-                pass
-            except STORE_REFUSED as exc:
-                return refuse(*store_refusal(exc))
         return stream_response(
             hub,
             parsed.id,
@@ -343,4 +334,4 @@ def agui_routes(
             **options,
         )
 
-    return [Route(path, run, methods=["POST"])]
+    return [Route(path, store_guarded(run, headers, shape=error_object), methods=["POST"])]

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.admission import Refusal, admit
-from essessey.bindings.http import json_error
+from essessey.bindings.http import json_error, store_guarded
 from essessey.bindings.sse import (
     SSEOptions,
     requested_resume_point,
@@ -331,6 +331,10 @@ def responses_routes(
         )
 
     return [
-        Route(path, create, methods=["POST"]),
-        Route(path + "/{response_id}", retrieve, methods=["GET"]),
+        Route(path, store_guarded(create, headers, shape=error_object), methods=["POST"]),
+        Route(
+            path + "/{response_id}",
+            store_guarded(retrieve, headers, shape=error_object),
+            methods=["GET"],
+        ),
     ]

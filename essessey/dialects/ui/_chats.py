@@ -23,7 +23,7 @@ import orjson
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings.admission import Refusal, admit
-from essessey.dialects._routes import STORE_REFUSED, store_refusal
+from essessey.bindings.http import STORE_REFUSED, store_refusal
 from essessey.dialects.ui._encoder import UIMessageEncoder
 from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
 from essessey.event import Event

@@ -52,7 +52,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey.bindings.http import BadRequest, json_error, read_json
+from essessey.bindings.http import BadRequest, json_error, read_json, store_guarded
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects.ui._chats import (
     Chats,
@@ -145,9 +145,9 @@ def ui_chat_routes(
         return Response(status_code=204, headers=headers)
 
     routes: list[BaseRoute] = [
-        Route(path, chat, methods=["POST"]),
-        Route(path + "/{chat_id}/stream", reconnect, methods=["GET"]),
-        Route(path + "/{chat_id}/stop", stop, methods=["POST"]),
+        Route(path, store_guarded(chat, headers), methods=["POST"]),
+        Route(path + "/{chat_id}/stream", store_guarded(reconnect, headers), methods=["GET"]),
+        Route(path + "/{chat_id}/stop", store_guarded(stop, headers), methods=["POST"]),
     ]
     if websocket:
         # A frame's send is bounded as an SSE response's is (None: the endpoint's own).
