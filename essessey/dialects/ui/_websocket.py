@@ -54,6 +54,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from essessey._logsafe import raised_at
 from essessey.bindings.admission import subscription_end
+from essessey.bindings.http import STORE_REFUSED, store_refusal
 from essessey.dialects.ui._chats import Chats, Failure, Plan, chat_request
 from essessey.errors import SubscriberLagged
 from essessey.shutdown import on_shutdown
@@ -330,8 +331,11 @@ class _Connection:
         except ValueError as exc:
             await self._refuse(rid, str(exc))
             return
+        except STORE_REFUSED as exc:  # what the HTTP routes answer with a 503
+            await self._refuse(rid, store_refusal(exc)[2])
+            return
         except Exception as exc:
-            # The app's turn factory (or its store) failed: over HTTP one request's 500,
+            # The app's turn factory failed: over HTTP one request's 500,
             # here one request's error; the connection's other requests go on.
             await self._refuse(rid, _ended(exc, "a new turn"))
             return
