@@ -44,7 +44,7 @@ def no_burst(monkeypatch: pytest.MonkeyPatch) -> None:
 def _line_on(wire: _Wire, *, started: bool = True, max_queue: int = 4) -> Line:
     return Line(
         wire,
-        anyio.CancelScope(),
+        anyio.CancelScope().cancel,
         kind="sse",
         log=logging.getLogger("test"),
         ping=b": ping\n",

@@ -552,6 +552,39 @@ async def test_the_client_leaving_cancels_the_producer() -> None:
             await outcome.wait_cancelled()
 
 
+async def test_a_producer_s_shielded_cleanup_finishes_when_the_client_leaves() -> None:
+    # The producer runs in a task of its own; the client leaving cancels it through
+    # its own scope, so a shielded cleanup (a framework's run closed, say) still runs to
+    # its end, and the response waits for it before it ends.
+    finished = threading.Event()
+    cancelled = threading.Event()
+
+    async def produce(publisher: Publisher) -> None:
+        try:
+            await endless_deltas(publisher, size=10, pause=0.02)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.2)  # not cut short by the cancellation
+                finished.set()
+            raise
+
+    async def endpoint(request: Request) -> EventStreamResponse:
+        return EventStreamResponse(produce)
+
+    with serve(route_app(endpoint)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=CLIENT_TIMEOUT) as client:
+            decoder = SSEDecoder()
+            deltas = 0
+            async with client.stream("GET", "/stream") as response:
+                async for chunk in response.aiter_raw():
+                    deltas += sum(m.event == "content_block_delta" for m in decoder.feed(chunk))
+                    if deltas >= 3:
+                        break
+        assert await anyio.to_thread.run_sync(finished.wait, 5.0)
+    assert cancelled.is_set()
+
+
 async def test_the_client_leaving_closes_a_source_waiting_on_a_full_queue() -> None:
     # The source is parked at a ``yield`` (the queue is full, the client does not read):
     # the response must close it when the client leaves, not leave it to the GC.

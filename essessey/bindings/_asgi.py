@@ -4,7 +4,8 @@ One definition each of what both need: the ``authorize`` check (:func:`check_acc
 the resume point a client asks for (:func:`resume_point`), what a subscription's end
 means to a client (:func:`subscription_end`: an HTTP status for SSE, a close code for
 WebSocket), a connection's helper tasks whose failure reaches the caller as the exception
-itself (:func:`connection_tasks`), and one timer task per event loop for every
+itself (:func:`connection_tasks`, whose body may run in a task of its own as though it
+ran in the request's), and one timer task per event loop for every
 connection's keep-alive and stalled-send deadlines (:func:`watch_line`). All of it runs
 on asyncio (or uvloop), as essessey does. What reaches into the server itself (an
 abort, a write straight to the transport) is in ``essessey.bindings._uvicorn``.
@@ -18,7 +19,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
@@ -214,8 +215,25 @@ class ConnectionTasks(Protocol):
         """The scope of the body and its helpers: cancel it to end them all."""
         ...
 
+    def cancel(self) -> None:
+        """End the body (wherever it runs, see :meth:`run_apart`) and its helpers."""
+        ...
+
     def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Start a helper task."""
+        ...
+
+    async def run_apart(self, body: Awaitable[None]) -> None:
+        """Await ``body`` run in a task of its own, as though it ran in this one: what it
+        raises is raised here, and :meth:`cancel` (or a cancellation of this task)
+        cancels it through a scope of its own, so its shielded parts still finish, and
+        waits for it.
+
+        A producer at a model's pace is resumed at every await (each delta's timer), and
+        a task's resume passes through every coroutine of its chain: in the request's
+        task that is the server's, the app's and the response's frames above the
+        producer, each one more object to touch per event, which hundreds of connections
+        do not keep in the CPU's caches. In a task of its own the chain is the producer."""
         ...
 
 
@@ -226,7 +244,7 @@ class _LoopTasks:
     :func:`connection_tasks` raises its exception as itself (a task group would wrap it
     in an ExceptionGroup)."""
 
-    __slots__ = ("_loop", "_tasks", "cancel_scope", "closed", "failure")
+    __slots__ = ("_apart", "_loop", "_tasks", "cancel_scope", "closed", "failure")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -234,6 +252,35 @@ class _LoopTasks:
         self.cancel_scope = anyio.CancelScope()
         self.failure: BaseException | None = None
         self.closed = False  # the body has ended: a failure now has nobody to reach
+        self._apart: anyio.CancelScope | None = None  # the scope of a body run apart
+
+    def cancel(self) -> None:
+        # Both at once: a body run apart sees the cancellation at the very await it
+        # would have seen it at in the request's task.
+        self.cancel_scope.cancel()
+        apart = self._apart
+        if apart is not None:
+            apart.cancel()
+
+    async def run_apart(self, body: Awaitable[None]) -> None:
+        scope = self._apart = anyio.CancelScope()
+        if self.cancel_scope.cancel_called:
+            scope.cancel()
+        task = self._loop.create_task(_within(scope, body))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise  # the body's own task was cancelled from outside: nothing to wait for
+            scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait((task,))
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error from None  # what the body raised on its way out, as inline
+            raise
+        finally:
+            self._apart = None
 
     def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         task = self._loop.create_task(_run(func, args))
@@ -251,7 +298,7 @@ class _LoopTasks:
             logger.error("a connection's helper task failed after it ended", exc_info=error)
         elif self.failure is None:
             self.failure = error
-            self.cancel_scope.cancel()
+            self.cancel()
 
     def stop(self) -> None:
         self.closed = True
@@ -276,6 +323,11 @@ async def connection_tasks() -> AsyncIterator[ConnectionTasks]:
         tasks.stop()
     if tasks.failure is not None:
         raise tasks.failure
+
+
+async def _within(scope: anyio.CancelScope, body: Awaitable[None]) -> None:
+    with scope:
+        await body
 
 
 class _BacklogGate:

@@ -121,7 +121,7 @@ class Line:
     def __init__(
         self,
         wire: Wire,
-        cancel: anyio.CancelScope,
+        cancel: Callable[[], object],
         *,
         kind: str,
         log: logging.Logger,
@@ -410,7 +410,7 @@ class Line:
     def _end(self) -> None:
         self._ended = True
         self._pace()
-        self._cancel.cancel()
+        self._cancel()  # the connection's body and helpers end
         room = self._room
         if room is not None:
             self._room = None

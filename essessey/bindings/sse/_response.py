@@ -61,6 +61,7 @@ from starlette.types import Receive, Scope, Send
 
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
+    ConnectionTasks,
     backlog_turn,
     connection_tasks,
     watch_line,
@@ -451,7 +452,7 @@ class EventStreamResponse(Response):
         async with connection_tasks() as tasks:
             line = Line(
                 _SSEWire(self, send, scope.get("method", "GET")),
-                tasks.cancel_scope,
+                tasks.cancel,
                 kind="sse",
                 log=logger,
                 ping=_PING,
@@ -464,17 +465,18 @@ class EventStreamResponse(Response):
             )
             encoder = self.encoder
             sink = _LineSink(line) if encoder is None else _DialectLineSink(line, encoder)
-            tasks.start_soon(self._watch_disconnect, receive, tasks.cancel_scope)
+            tasks.start_soon(self._watch_disconnect, receive, tasks.cancel)
             unwatch = watch_line(line)
             tasks.start_soon(line.run)
             # A callback, not a task per response waiting for the shutdown.
             forget = on_shutdown(line.stop) if self.shutdown_retry is not None else None
             try:
-                # The producer runs in the request's own task: an event it publishes
-                # goes to the socket without a task switch.
+                # A producer runs in a task of its own (run_apart), a source in the
+                # request's: either way an event goes to the socket from the task that
+                # published it, without a task switch.
                 failure: Exception | None = None
                 try:
-                    await self._produce(sink)
+                    await self._produce(sink, tasks)
                 except LineEnded:
                     pass
                 except Exception as exc:
@@ -486,20 +488,22 @@ class EventStreamResponse(Response):
                 if forget is not None:
                     forget()
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+    async def _watch_disconnect(self, receive: Receive, cancel: Callable[[], None]) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 logger.debug("client disconnected; cancelling the stream")
-                scope.cancel()
+                cancel()
                 return
 
-    async def _produce(self, sink: _LineSink) -> None:
+    async def _produce(self, sink: _LineSink, tasks: ConnectionTasks) -> None:
         content = self.content
         if isinstance(content, AsyncIterable):
             await self._drain(content, sink)
         else:
-            await content(Publisher(sink, dialect=self.dialect, strict=self.strict))
+            await tasks.run_apart(
+                content(Publisher(sink, dialect=self.dialect, strict=self.strict))
+            )
 
     @staticmethod
     async def _drain(source: Source, sink: _LineSink) -> None:

@@ -188,7 +188,7 @@ async def websocket_subscription(
         wire = _WSWire(websocket, ending, send_timeout)
         line = Line(
             wire,
-            tasks.cancel_scope,
+            tasks.cancel,
             kind="websocket",
             log=logger,
             ping=_PING_BYTES,
@@ -198,7 +198,7 @@ async def websocket_subscription(
             max_batch_bytes=_MAX_BATCH_BYTES,
             started=True,
         )
-        tasks.start_soon(_watch_disconnect, websocket, tasks.cancel_scope, ending)
+        tasks.start_soon(_watch_disconnect, websocket, tasks.cancel, ending)
         unwatch = watch_line(line)
         tasks.start_soon(line.run)
 
@@ -251,7 +251,7 @@ async def _first_message(websocket: WebSocket, window: float) -> str | None:
 
 
 async def _watch_disconnect(
-    websocket: WebSocket, scope: anyio.CancelScope, ending: _Ending
+    websocket: WebSocket, cancel: Callable[[], None], ending: _Ending
 ) -> None:
     # The client's messages are read (and dropped) so its close is seen at once.
     while True:
@@ -259,7 +259,7 @@ async def _watch_disconnect(
         if message["type"] == "websocket.disconnect":
             logger.debug("WebSocket client left; ending its subscription")
             ending.disconnected = True
-            scope.cancel()
+            cancel()
             return
 
 
