@@ -212,7 +212,8 @@ class ConnectionTasks(Protocol):
 
     @property
     def cancel_scope(self) -> anyio.CancelScope:
-        """The scope of the body and its helpers: cancel it to end them all."""
+        """The scope of the body in the request's task; :meth:`cancel` ends it, a body
+        run apart and the helpers."""
         ...
 
     def cancel(self) -> None:
@@ -271,7 +272,7 @@ class _LoopTasks:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             if task.done():
-                raise  # the body's own task was cancelled from outside: nothing to wait for
+                raise  # the body has ended already: only the cancellation goes on
             scope.cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((task,))
