@@ -83,6 +83,17 @@ async def frames_until_done(
     return seen
 
 
+async def refused_then_served(socket: ClientConnection, raw: str, rid: str, told: str) -> None:
+    """``raw`` (a frame of request ``rid``) gets one error saying ``told``, and the
+    connection then serves a request as any other."""
+    await socket.send(raw)
+    (error,) = (await frames_until_done(socket, {rid}))[rid]
+    assert error["type"] == "error"
+    assert told in error["errorText"]
+    await socket.send(send_frame("next", rid + "-next"))
+    assert (await frames_until_done(socket, {"next"}))["next"][-1]["type"] == "end"
+
+
 def chunks(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f["chunk"] for f in frames if f["type"] == "chunk"]
 
@@ -227,12 +238,7 @@ async def test_a_bad_request_is_its_own_error_and_the_connection_stays(
 ) -> None:
     bad = json.loads(send_frame("bad", "bad-1"))
     bad.update(frame)
-    await socket.send(json.dumps(bad))
-    (error,) = (await frames_until_done(socket, {"bad"}))["bad"]
-    assert error["type"] == "error"
-    assert message in error["errorText"]
-    await socket.send(send_frame("good", "bad-2"))
-    assert (await frames_until_done(socket, {"good"}))["good"][-1]["type"] == "end"
+    await refused_then_served(socket, json.dumps(bad), "bad", message)
 
 
 @pytestmark_anyio
@@ -409,13 +415,7 @@ async def test_json_the_server_cannot_serve_is_its_requests_error(
     socket: ClientConnection, text: str, told: str
 ) -> None:
     frame = send_frame("odd", "odd-1")
-    odd = frame[:-1] + ', "metadata": ' + text + "}"
-    await socket.send(odd)
-    (error,) = (await frames_until_done(socket, {"odd"}))["odd"]
-    assert error["type"] == "error"
-    assert told in error["errorText"]
-    await socket.send(send_frame("next", "odd-2"))
-    assert (await frames_until_done(socket, {"next"}))["next"][-1]["type"] == "end"
+    await refused_then_served(socket, frame[:-1] + ', "metadata": ' + text + "}", "odd", told)
 
 
 @pytestmark_anyio

@@ -208,13 +208,8 @@ class SubscriptionCount:
 
 class ConnectionTasks(Protocol):
     """The helper tasks of one connection (its flusher, its watch for the client
-    leaving, a ping) beside its body, which runs in the request's own task."""
-
-    @property
-    def cancel_scope(self) -> anyio.CancelScope:
-        """The scope of the body in the request's task; :meth:`cancel` ends it, a body
-        run apart and the helpers."""
-        ...
+    leaving, a ping) beside its body, which runs in the request's own task or, through
+    :meth:`run_apart`, in one of its own."""
 
     def cancel(self) -> None:
         """End the body (wherever it runs, see :meth:`run_apart`) and its helpers."""
@@ -245,12 +240,12 @@ class _LoopTasks:
     :func:`connection_tasks` raises its exception as itself (a task group would wrap it
     in an ExceptionGroup)."""
 
-    __slots__ = ("_apart", "_loop", "_tasks", "cancel_scope", "closed", "failure")
+    __slots__ = ("_apart", "_loop", "_scope", "_tasks", "closed", "failure")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.cancel_scope = anyio.CancelScope()
+        self._scope = anyio.CancelScope()  # the body's, in the request's task
         self.failure: BaseException | None = None
         self.closed = False  # the body has ended: a failure now has nobody to reach
         self._apart: anyio.CancelScope | None = None  # the scope of a body run apart
@@ -258,14 +253,14 @@ class _LoopTasks:
     def cancel(self) -> None:
         # Both at once: a body run apart sees the cancellation at the very await it
         # would have seen it at in the request's task.
-        self.cancel_scope.cancel()
+        self._scope.cancel()
         apart = self._apart
         if apart is not None:
             apart.cancel()
 
     async def run_apart(self, body: Awaitable[None]) -> None:
         scope = self._apart = anyio.CancelScope()
-        if self.cancel_scope.cancel_called:
+        if self._scope.cancel_called:
             scope.cancel()
         task = self._loop.create_task(_within(scope, body))
         try:
@@ -313,12 +308,12 @@ async def _run(func: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, .
 
 @asynccontextmanager
 async def connection_tasks() -> AsyncIterator[ConnectionTasks]:
-    """A connection's helper tasks and the cancel scope of its body: on leaving, the
-    helpers still running are cancelled (the body's own end is not waited on by them);
+    """A connection's helper tasks, the body's cancel scope entered around the block: on
+    leaving, the helpers still running are cancelled (the body's own end is not waited on by them);
     a helper's failure cancels the body and is raised here as the exception itself."""
     tasks = _LoopTasks(asyncio.get_running_loop())
     try:
-        with tasks.cancel_scope:
+        with tasks._scope:
             yield tasks
     finally:
         tasks.stop()
