@@ -41,6 +41,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Whether a turn holds a live lease on a stream, from its meta's fields: a holder
+-- named, the stream open, its running-until not passed.
+local function leased(run, holder, closed)
+  return run and closed ~= '1' and holder ~= '' and tonumber(run) >= now_ms()
+end
+
 -- The index orders stream ids by a counter, not the time: two updates in one
 -- millisecond keep their order.
 local function keep(meta, events, index, sid, ttl)
@@ -289,10 +295,8 @@ TURN_RUNNING: Final = (
 -- KEYS: meta
 -- 1 while a turn holds a live lease on the stream, else 0; writes nothing.
 local state = redis.call('HMGET', KEYS[1], 'run', 'holder', 'closed')
-if not state[1] or state[3] == '1' or state[2] == '' or tonumber(state[1]) < now_ms() then
-  return 0
-end
-return 1
+if leased(state[1], state[2], state[3]) then return 1 end
+return 0
 """
 )
 
@@ -303,9 +307,7 @@ CANCEL: Final = (
 -- ARGV: sid, key_prefix
 -- Ask the holder of a running turn to cancel it: 1 when one holds it, else 0.
 local state = redis.call('HMGET', KEYS[1], 'epoch', 'run', 'holder', 'seq', 'closed')
-if not state[1] or state[5] == '1' or state[3] == '' or tonumber(state[2]) < now_ms() then
-  return 0
-end
+if not state[1] or not leased(state[2], state[3], state[5]) then return 0 end
 redis.call('PUBLISH', ARGV[2] .. ARGV[1] .. ':k', state[1] .. ' ' .. state[4] .. ' k')
 return 1
 """
