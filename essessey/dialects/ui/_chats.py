@@ -23,7 +23,6 @@ import orjson
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings.admission import Refusal, admit
-from essessey.bindings.http import STORE_REFUSED, store_refusal
 from essessey.dialects.ui._encoder import UIMessageEncoder
 from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
 from essessey.event import Event
@@ -367,13 +366,11 @@ class Chats:
             return Failure(400, "invalid_request_error", str(exc))
         hub = self.hub
         turn_id = f"{request.id}~{secrets.token_hex(8)}"
-        try:
-            # The chat's mark first: a turn the store then refuses is one the reconnect
-            # does not find (its stream does not exist).
-            await hub.record(request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
-            await hub.start(turn_id, _announced(hub, request.id, turn_id, producer))
-        except STORE_REFUSED as exc:
-            return Failure(*store_refusal(exc))
+        # The chat's mark first: a turn the store then refuses is one the reconnect does
+        # not find (its stream does not exist). A refusing store is each transport's
+        # 503 (store_guarded, and the WebSocket endpoint's own catch).
+        await hub.record(request.id + _TURNS, Event(_TURN_EVENT, turn_id.encode()))
+        await hub.start(turn_id, _announced(hub, request.id, turn_id, producer))
         return Plan(turn_id)
 
     async def reconnect(
