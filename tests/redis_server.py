@@ -14,6 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from essessey.stores.redis import RedisEventStore
 from tests.processes import free_port, spawn, stop_process, wait_for_port
 
 
@@ -81,3 +86,11 @@ def redis_server(*, appendonly: bool = False) -> Iterator[RedisServer]:
             yield server
         finally:
             server.stop()
+
+
+def store_out_of_reach() -> RedisEventStore:
+    """A Redis store with no Redis behind it (nothing listens on its port), which gives
+    up after 0.3 s: the client makes no retries of its own, so the store's budget is the
+    whole wait."""
+    client = redis.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
+    return RedisEventStore(client, retry_timeout=0.3)

@@ -19,9 +19,6 @@ import anyio
 import httpx
 import openai
 import pytest
-import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from starlette.applications import Starlette
 
 from essessey import Answered, InMemoryEventStore, Publisher, StreamHub, continue_turn, stream_turn
@@ -33,8 +30,8 @@ from essessey.dialects.ui import ChatRequest
 from essessey.event import Event
 from essessey.hub import TurnProducer
 from essessey.protocol import EventType
-from essessey.stores.redis import RedisEventStore
-from tests.processes import WAIT, free_port
+from tests.processes import WAIT
+from tests.redis_server import store_out_of_reach
 from tests.scripted_turn import scripted_turn
 from tests.servers import serve, serve_dialects
 
@@ -87,9 +84,7 @@ def test_a_store_out_of_reach_is_a_503_on_every_route_never_a_500() -> None:
     # that reads or writes the store before it answers says so with a 503 in its
     # dialect's shape; a subscription has begun already, and ends for its reader to
     # come back.
-    # No retries of the client's own: the store's budget (retry_timeout) is the wait.
-    client = redis.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
-    hub = StreamHub(RedisEventStore(client, retry_timeout=0.3), on_answer=answer_nothing)
+    hub = StreamHub(store_out_of_reach(), on_answer=answer_nothing)
     app = Starlette(routes=list(dialect_routes(hub, held_or_scripted)), lifespan=hub.lifespan)
     ui = {"id": "c1", "messages": [{"id": "u", "role": "user", "parts": []}]}
     calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]

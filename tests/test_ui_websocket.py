@@ -16,9 +16,6 @@ import anyio.lowlevel
 import httpx
 import orjson
 import pytest
-import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -26,8 +23,8 @@ from websockets.exceptions import ConnectionClosed
 
 from essessey import StreamHub
 from essessey.dialects.ui import ui_chat_routes
-from essessey.stores.redis import RedisEventStore
-from tests.processes import WAIT, free_port, node_json
+from tests.processes import WAIT, node_json
+from tests.redis_server import store_out_of_reach
 from tests.servers import serve
 from tests.test_ui_node import WHOLE_TURN, parts_of
 from tests.ui_app import agent_turn, create_app
@@ -282,8 +279,7 @@ async def test_a_frame_of_no_request_closes_the_connection(raw: str, code: int) 
 async def test_a_store_out_of_reach_is_each_requests_error() -> None:
     # Redis with nothing behind it: each request is told what the HTTP route's 503 says,
     # and the connection stays for the next.
-    client = redis.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
-    hub = StreamHub(RedisEventStore(client, retry_timeout=0.3))
+    hub = StreamHub(store_out_of_reach())
     app = Starlette(routes=list(ui_chat_routes(hub, agent_turn)), lifespan=hub.lifespan)
     with serve(app, lifespan="on") as url:
         async with ws_connect(ws_url(url), open_timeout=WAIT) as connection:
