@@ -112,7 +112,7 @@ class Sink(Protocol):
 
 @runtime_checkable
 class TextDeltaSink(Sink, Protocol):
-    """A sink that takes a text delta as its block index, its text and its payload.
+    """A sink that takes a text delta as its block index, its text and its text's JSON.
 
     A Publisher whose sink's class has ``emit_text`` calls it, instead of ``emit``, for
     each text delta it sends one by one: a sink that writes the turn in another form (an
@@ -122,10 +122,13 @@ class TextDeltaSink(Sink, Protocol):
     not each instance).
     """
 
-    def emit_text(self, index: int, text: str, data: bytes) -> Awaitable[None] | None:
-        """Deliver the ``content_block_delta`` event whose payload is ``data``, a text
-        delta of ``text`` for the block at ``index``: None when it was delivered in the
-        call, else an awaitable that delivers it (or raises, as ``emit`` would)."""
+    def emit_text(self, index: int, text: str, text_json: bytes) -> Awaitable[None] | None:
+        """Deliver the ``content_block_delta`` event of a text delta of ``text`` for the
+        block at ``index``; ``text_json`` is ``text`` as JSON (orjson's), and the event's
+        payload ``protocol.TEXT_DELTA_PAYLOAD % (index, text_json)``, made only by a sink
+        that needs it (one that writes the turn in another form need not). None when it
+        was delivered in the call, else an awaitable that delivers it (or raises, as
+        ``emit`` would)."""
         ...
 
 

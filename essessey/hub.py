@@ -67,7 +67,14 @@ from essessey.errors import (
 )
 from essessey.event import Event, new_event
 from essessey.metrics import totals
-from essessey.protocol import Dialect, EventType, MessageDelta, StopReason, read
+from essessey.protocol import (
+    TEXT_DELTA_PAYLOAD,
+    Dialect,
+    EventType,
+    MessageDelta,
+    StopReason,
+    read,
+)
 from essessey.protocol.asking import (
     Answer,
     Answered,
@@ -212,7 +219,8 @@ class _HubSink:
         else:
             self._note(event)
 
-    def emit_text(self, index: int, text: str, data: bytes) -> Awaitable[None] | None:
+    def emit_text(self, index: int, text: str, text_json: bytes) -> Awaitable[None] | None:
+        data = TEXT_DELTA_PAYLOAD % (index, text_json)
         event = new_event(Event, (_DELTA, data, None))
         append = self._append_nowait
         if append is None:

@@ -19,7 +19,14 @@ from essessey._logsafe import log_label
 from essessey.check import ProtocolChecker
 from essessey.errors import ProtocolError, SerializationError
 from essessey.event import BatchSink, Event, EventBatch, Sink, TextDeltaSink, new_event
-from essessey.protocol import DIALECTS, DeltaType, Dialect, EventType
+from essessey.protocol import (
+    DIALECTS,
+    TEXT_DELTA_PAYLOAD,
+    DeltaType,
+    Dialect,
+    EventType,
+    delta_template,
+)
 
 __all__ = ["Publisher", "TurnProducer"]
 
@@ -29,19 +36,9 @@ _PING: Final = Event(EventType.PING, b'{"type":"ping"}')
 _MESSAGE_STOP: Final = Event(EventType.MESSAGE_STOP, b'{"type":"message_stop"}')
 
 
-def _delta_template(delta_type: str, field: str) -> bytes:
-    # The exact bytes orjson writes for the delta's dict, key order included, with the
-    # index and the JSON-encoded text left as %d and %b.
-    return b'{"type":"content_block_delta","index":%%d,"delta":{"type":"%s","%s":%%b}}' % (
-        delta_type.encode(),
-        field.encode(),
-    )
-
-
-_TEXT_DELTA: Final = _delta_template(DeltaType.TEXT, "text")
-_SIGNATURE_DELTA: Final = _delta_template(DeltaType.SIGNATURE, "signature")
-_INPUT_JSON_DELTA: Final = _delta_template(DeltaType.INPUT_JSON, "partial_json")
-_TOOL_RESULT_DELTA: Final = _delta_template(DeltaType.TOOL_RESULT, "text")
+_SIGNATURE_DELTA: Final = delta_template(DeltaType.SIGNATURE, "signature")
+_INPUT_JSON_DELTA: Final = delta_template(DeltaType.INPUT_JSON, "partial_json")
+_TOOL_RESULT_DELTA: Final = delta_template(DeltaType.TOOL_RESULT, "text")
 _USAGE_ORDER: Final = (
     "input_tokens",
     "cache_creation_input_tokens",
@@ -103,7 +100,7 @@ class Publisher:
         self._emit_text: Callable[[int, str, bytes], Awaitable[None] | None] | None = (
             cast(TextDeltaSink, sink).emit_text if issubclass(kind, TextDeltaSink) else None
         )
-        self._thinking_template = _delta_template(DeltaType.THINKING, self._thinking_field)
+        self._thinking_template = delta_template(DeltaType.THINKING, self._thinking_field)
 
     @property
     def sink(self) -> Sink:
@@ -271,7 +268,7 @@ class Publisher:
         # checker's text path. A sink that takes text deltas (emit_text) takes one
         # without a coroutine of its own when it can write it at once.
         try:
-            data = _TEXT_DELTA % (index, orjson.dumps(text))
+            text_json = orjson.dumps(text)
         except TypeError as exc:
             raise SerializationError(f"delta is not JSON-serialisable: {exc}") from exc
         checker = self._checker
@@ -281,9 +278,10 @@ class Publisher:
             self._log_delta(index, text)
         emit_text = self._emit_text
         if emit_text is None:
+            data = TEXT_DELTA_PAYLOAD % (index, text_json)
             await self._sink.emit(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
             return
-        pending = emit_text(index, text, data)
+        pending = emit_text(index, text, text_json)
         if pending is not None:
             await pending
 
@@ -302,7 +300,7 @@ class Publisher:
         dumps = orjson.dumps
         # The template's two halves around the text, for this index: a concatenation per
         # chunk instead of a %-format.
-        head, tail = (_TEXT_DELTA % (index, b"\0")).split(b"\0")
+        head, tail = (TEXT_DELTA_PAYLOAD % (index, b"\0")).split(b"\0")
         try:
             datas = [head + dumps(text) + tail for text in chunks]
         except TypeError as exc:

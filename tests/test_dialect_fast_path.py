@@ -112,8 +112,8 @@ def test_a_batch_of_text_deltas_is_written_as_one_by_one(dialect: str, texts: li
         single.encode(event)
     assert isinstance(batched, TextDeltaEncoder)
     one_by_one = b"".join(single.encode(Event("content_block_delta", canonical(t))) for t in texts)
-    assert b"".join(batched.encode_text(0, t) or b"" for t in texts) == one_by_one
-    assert batched.encode_text(7, "x") is None  # no such block: each event on its own
+    assert b"".join(batched.encode_text(0, t, orjson.dumps(t)) or b"" for t in texts) == one_by_one
+    assert batched.encode_text(7, "x", b'"x"') is None  # no such block: each event on its own
     # Both carry on alike afterwards (a Responses batch counted its sequence numbers).
     after = Event("content_block_delta", canonical("next"))
     assert batched.encode(after) == single.encode(after)
@@ -130,8 +130,8 @@ def test_a_text_given_as_text_is_written_as_its_event(dialect: str, texts: list[
     assert isinstance(given_text, TextDeltaEncoder)
     for text in texts:
         event = Event("content_block_delta", canonical(text))
-        assert given_text.encode_text(0, text) == read.encode(event)
-    assert given_text.encode_text(3, "x") is None
+        assert given_text.encode_text(0, text, orjson.dumps(text)) == read.encode(event)
+    assert given_text.encode_text(3, "x", b'"x"') is None
 
 
 @pytest.mark.anyio

@@ -17,6 +17,7 @@ from essessey import (
     check,
 )
 from essessey.check import Rule
+from essessey.protocol import TEXT_DELTA_PAYLOAD
 from tests.anthropic_sdk import read_message
 
 MARKER = "SECRET-PAYLOAD-7f3a"
@@ -897,8 +898,9 @@ async def test_anthropic_sdk_reads_several_messages() -> None:
 
 
 class _TextSink:
-    """A sink that takes text deltas as index, text and payload: every other one at once
-    (None), the rest through the awaitable it returns, which runs only when awaited."""
+    """A sink that takes text deltas as index, text and the text's JSON: every other one
+    at once (None), the rest through the awaitable it returns, which runs only when
+    awaited."""
 
     def __init__(self) -> None:
         self.via_text: list[tuple[int, str, bytes]] = []
@@ -908,8 +910,10 @@ class _TextSink:
     async def emit(self, event: Event) -> None:
         self.via_emit.append(event.event)
 
-    def emit_text(self, index: int, text: str, data: bytes) -> Awaitable[None] | None:
+    def emit_text(self, index: int, text: str, text_json: bytes) -> Awaitable[None] | None:
         self.calls += 1
+        # The payload as the sink makes it: the very bytes a plain sink's event carries.
+        data = TEXT_DELTA_PAYLOAD % (index, text_json)
         if self.calls % 2:
             self.via_text.append((index, text, data))
             return None

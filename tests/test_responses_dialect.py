@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
@@ -134,7 +135,7 @@ def test_text_past_max_buffer_still_streams_and_its_done_events_hold_what_fit(
     )
     for text in ("abcdef", "ghijkl", "mnopqr"):
         if quick:
-            frame = encoder.encode_text(0, text)
+            frame = encoder.encode_text(0, text, orjson.dumps(text))
             assert frame is not None
         else:
             delta = {"type": "text_delta", "text": text}

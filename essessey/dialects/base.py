@@ -41,6 +41,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
+import orjson
+
 from essessey._public import set_public_module
 from essessey.bindings.sse import id_line, with_id
 from essessey.dialects._payload import read_payload
@@ -128,7 +130,7 @@ class DialectEncoder:
             delta: Delta = record
             text = delta.text
             if delta.delta_type == _TEXT and text is not None:
-                frame = self.encode_text(delta.index, text)
+                frame = self.encode_text(delta.index, text, orjson.dumps(text))
                 if frame is not None:
                     return id_line(event.id) + frame if event.id and frame else frame
         payload = read_payload(event, self.log)  # the record's, logged when unreadable
@@ -160,10 +162,11 @@ class DialectEncoder:
         are skipped). True by default."""
         return True
 
-    def encode_text(self, index: int, text: str) -> bytes | None:
+    def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
         """The frames of one text delta of ``text`` for block ``index`` (no ``id:``);
-        None when that is not an open text block (the event then goes to
-        :meth:`on_delta`). The hot path: most events of a turn are text deltas."""
+        ``text_json`` is ``text`` as JSON (orjson's), ready to splice into a frame. None
+        when that is not an open text block (the event then goes to :meth:`on_delta`).
+        The hot path: most events of a turn are text deltas."""
         return None
 
     def on_message_start(self, message: dict[str, Any], payload: dict[str, Any]) -> list[bytes]:
@@ -239,7 +242,9 @@ def _given(encoder: DialectEncoder, message: dict[str, Any], content: list[Any])
             block = encoder.on_block_start(index, start)
             for delta in deltas:
                 text = delta.get("text") if delta["type"] == _TEXT else None
-                frame = None if text is None else encoder.encode_text(index, text)
+                frame = (
+                    None if text is None else encoder.encode_text(index, text, orjson.dumps(text))
+                )
                 block += [frame] if frame is not None else encoder.on_delta(index, delta)
             block += encoder.on_block_stop(index)
         except encoder.unreadable as exc:

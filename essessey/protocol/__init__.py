@@ -36,6 +36,7 @@ __all__ = [
     "DELTA_FOR_BLOCK",
     "DIALECTS",
     "ESSESSEY",
+    "TEXT_DELTA_PAYLOAD",
     "BlockStart",
     "BlockStop",
     "BlockType",
@@ -56,6 +57,7 @@ __all__ = [
     "answer_block_start",
     "approval_request_block_start",
     "approval_response_block_start",
+    "delta_template",
     "given_blocks",
     "question_block_start",
     "read",
@@ -134,6 +136,21 @@ class DeltaType:
 
     KNOWN: Final[frozenset[str]] = frozenset({TEXT, THINKING, SIGNATURE, INPUT_JSON, TOOL_RESULT})
     """Every delta type above: the ones whose block and field the protocol fixes."""
+
+
+def delta_template(delta_type: str, field: str) -> bytes:
+    """A ``content_block_delta`` payload as orjson writes it (key order included), with
+    the block's index left as ``%d`` and the delta's JSON value as ``%b``:
+    ``delta_template(DeltaType.TEXT, "text") % (index, orjson.dumps(text))``."""
+    return b'{"type":"content_block_delta","index":%%d,"delta":{"type":"%s","%s":%%b}}' % (
+        delta_type.encode(),
+        field.encode(),
+    )
+
+
+TEXT_DELTA_PAYLOAD: Final = delta_template(DeltaType.TEXT, "text")
+"""A text delta's payload, to fill with its index and its text's JSON (orjson's): the
+bytes every maker of a text delta writes, so that equal deltas are equal bytes."""
 
 
 class StopReason:

@@ -103,8 +103,9 @@ class TextDeltaEncoder(FrameEncoder, Protocol):
     :class:`~essessey.event.EventBatch` with ``texts``), then skip decoding the event
     each would be read from. Detected once per response, on the encoder's class."""
 
-    def encode_text(self, index: int, text: str) -> bytes | None:
-        """The frames of one text delta of ``text`` for block ``index`` (no id), as
+    def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
+        """The frames of one text delta of ``text`` (``text_json``: as JSON, orjson's)
+        for block ``index`` (no id), as
         :meth:`encode` would write its event; None, having done nothing, when that is not
         an open text block (the event then goes through :meth:`encode`)."""
         ...

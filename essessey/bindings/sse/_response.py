@@ -55,6 +55,7 @@ from typing import Any, Final, Protocol, TypedDict, cast, runtime_checkable
 
 import anyio
 import anyio.lowlevel
+import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -83,7 +84,7 @@ from essessey.bindings.sse._format import encode, error_body, format_message
 from essessey.errors import StreamInterrupted, StreamRejected
 from essessey.event import Event, EventBatch, Source, new_event
 from essessey.metrics import totals
-from essessey.protocol import Dialect, EventType
+from essessey.protocol import TEXT_DELTA_PAYLOAD, Dialect, EventType
 from essessey.publisher import Publisher, TurnProducer
 from essessey.shutdown import on_shutdown, shutting_down
 
@@ -108,6 +109,8 @@ _SSE_HEADERS: Final = (
 # line break in it, so one data line).
 _TEXT_DELTA_HEAD: Final = b"event: content_block_delta\ndata: "
 _BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: _TEXT_DELTA_HEAD}
+# A text delta's whole frame, to fill as its payload is.
+_TEXT_DELTA_FRAME: Final = _TEXT_DELTA_HEAD + TEXT_DELTA_PAYLOAD + b"\n\n"
 _PROTOCOL_FRAMES: Final = ProtocolFrames()
 RESUME_HEADERS_WITHIN: Final = 0.25
 """Seconds a resume's response waits for its first event before it sends its headers
@@ -189,11 +192,12 @@ class _LineSink:
         self.last_was_error = event.event == EventType.ERROR
         return self._hand(frame) or _nothing()
 
-    def emit_text(self, index: int, text: str, data: bytes) -> Coroutine[Any, Any, None] | None:
-        # Nearly every event of a turn: _hand written out, one call fewer per delta. The
-        # frame of a text delta is its payload between the same two constants.
+    def emit_text(
+        self, index: int, text: str, text_json: bytes
+    ) -> Coroutine[Any, Any, None] | None:
+        # Nearly every event of a turn: _hand written out, one call fewer per delta.
         self.last_was_error = False
-        frame = _TEXT_DELTA_HEAD + data + b"\n\n"
+        frame = _TEXT_DELTA_FRAME % (index, text_json)
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
         line = self._line
@@ -260,20 +264,31 @@ class _DialectLineSink(_LineSink):
 
     def __init__(self, line: Line, encoder: FrameEncoder) -> None:
         super().__init__(line, encoder.encode)
-        self._encode_text: Callable[[int, str], bytes | None] | None = (
+        self._encode_text: Callable[[int, str, bytes], bytes | None] | None = (
             cast(TextDeltaEncoder, encoder).encode_text
             if issubclass(type(encoder), TextDeltaEncoder)
             else None
         )
 
-    def emit_text(self, index: int, text: str, data: bytes) -> Coroutine[Any, Any, None] | None:
+    def emit_text(
+        self, index: int, text: str, text_json: bytes
+    ) -> Coroutine[Any, Any, None] | None:
         encode_text = self._encode_text
-        frame = None if encode_text is None else encode_text(index, text)
+        frame = None if encode_text is None else encode_text(index, text, text_json)
         if frame is None:
             # Not an open text block, or an encoder without encode_text: the general path.
+            data = TEXT_DELTA_PAYLOAD % (index, text_json)
             frame = self._encode(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, None)))
         self.last_was_error = False
-        return self._hand(frame)
+        if not frame:
+            return None
+        # Nearly every event of a turn: _hand written out, one call fewer per delta.
+        totals.sse_events += 1
+        totals.sse_bytes += len(frame)
+        line = self._line
+        if line.offer(frame):
+            return None
+        return line.write(frame)
 
     def _frames(self, events: Sequence[Event]) -> bytes:
         frames: list[bytes] = []
@@ -287,8 +302,9 @@ class _DialectLineSink(_LineSink):
             # A batch's text deltas from their texts; any the encoder cannot write (not
             # an open text block) go through encode, as the rest would.
             index = events.block_index
+            dumps = orjson.dumps
             for text in events.texts:
-                frame = encode_text(index, text)
+                frame = encode_text(index, text, dumps(text))
                 if frame is None:
                     break
                 frames.append(frame)

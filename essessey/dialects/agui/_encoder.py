@@ -61,7 +61,6 @@ _TEXT_CONTENT: Final = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":%b,"de
 """A text delta's frame, as :func:`_frame` writes it, with its id and text filled in."""
 # The quick path's names, module globals rather than class attributes looked up per call.
 _TEXT: Final = BlockType.TEXT
-_dumps: Final = orjson.dumps
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -188,13 +187,13 @@ class AGUIEncoder(DialectEncoder):
 
     # -- FrameEncoder --------------------------------------------------------------------
 
-    def encode_text(self, index: int, text: str) -> bytes | None:
+    def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
         """One ``TEXT_MESSAGE_CONTENT`` of ``text`` (nothing for an empty one) for block
         ``index``; None when that is not an open text block."""
         block = self._blocks.get(index) if self._step and not self.ended else None
         if block is None or block.kind != _TEXT:
             return None
-        return _TEXT_CONTENT % (block.id_json, _dumps(text)) if text else b""
+        return _TEXT_CONTENT % (block.id_json, text_json) if text else b""
 
     def finish(self) -> bytes:
         """``RUN_FINISHED`` if no message ended the run yet."""

@@ -64,7 +64,6 @@ _GATED: Final = "gated"  # a call an approval request holds back
 _NO_BLOCK: Final = ("", -1)
 # The quick path's names, module globals rather than class attributes looked up per call.
 _TEXT: Final = BlockType.TEXT
-_dumps: Final = orjson.dumps
 
 
 def error_object(error_type: str, message: str) -> bytes:
@@ -150,12 +149,12 @@ class ChatCompletionsEncoder(DialectEncoder):
 
     # -- FrameEncoder --------------------------------------------------------------------
 
-    def encode_text(self, index: int, text: str) -> bytes | None:
+    def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
         """One content chunk of ``text`` for block ``index``; None when that is not an
         open text block."""
         if self.ended or self._blocks.get(index, _NO_BLOCK)[0] != _TEXT:
             return None
-        return self._content_frame(_dumps(text))
+        return self._content_frame(text_json)
 
     def finish(self) -> bytes:
         """The finish reason (if no message gave it yet), the usage chunk when asked

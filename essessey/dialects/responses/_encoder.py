@@ -39,9 +39,6 @@ APPROVAL_SERVER_LABEL: Final = "essessey"
 """The ``server_label`` of an ``mcp_approval_request`` item written for an approval
 request whose call names no ``server_label`` of its own."""
 
-# The quick path's names, module globals rather than class attributes looked up per call.
-_dumps: Final = orjson.dumps
-
 
 def client_calls(asked: Waiting | None) -> frozenset[str]:
     """The client calls of what ``asked`` asks: the ``tool_result`` blocks of these that
@@ -271,7 +268,7 @@ class ResponsesEncoder(DialectEncoder):
         """The answers' records name the client calls the turn asked: not written."""
         self._records = client_calls(self._asked.waiting())
 
-    def encode_text(self, index: int, text: str) -> bytes | None:
+    def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
         """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up
         to ``starting_after``); None when that is not an open text block."""
         item = None if self.ended else self._items.get(index)
@@ -288,7 +285,7 @@ class ResponsesEncoder(DialectEncoder):
         self.sequence_number = number + 1
         if number <= self.starting_after:
             return b""
-        return frame % (number, _dumps(text))
+        return frame % (number, text_json)
 
     def finish(self) -> bytes:
         """The response's end if no message ended it yet."""

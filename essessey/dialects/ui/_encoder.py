@@ -92,7 +92,6 @@ _TEXT_DELTA: Final = b'data: {"type":"text-delta","id":%b,"delta":%b}\n\n'
 """A text delta's chunk, as :func:`frame` writes it, with its id and text filled in."""
 # The quick path's names, module globals rather than class attributes looked up per call.
 _TEXT: Final = BlockType.TEXT
-_dumps: Final = orjson.dumps
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 _RECORDS: Final = frozenset({BlockType.TOOL_RESULT, BlockType.APPROVAL_RESPONSE, BlockType.ANSWER})
 """Blocks that may open a continuation before its step: the answers' records, results."""
@@ -210,13 +209,13 @@ class UIMessageEncoder(DialectEncoder):
             logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
             return []
 
-    def encode_text(self, index: int, text: str) -> bytes | None:
+    def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
         """One ``text-delta`` chunk of ``text`` for block ``index``; None when that is
         not an open text block."""
         block = self._blocks.get(index) if self._in_step and not self.ended else None
         if block is None or block.kind != _TEXT:
             return None
-        return _TEXT_DELTA % (block.id_json, _dumps(text))
+        return _TEXT_DELTA % (block.id_json, text_json)
 
     def finish(self) -> bytes:
         """:meth:`close`."""
