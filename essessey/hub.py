@@ -46,7 +46,14 @@ import logging
 import multiprocessing
 import os
 import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
@@ -391,6 +398,7 @@ class StreamHub:
         self.on_answer = on_answer
         """What runs when a client answers what a stream asks (:meth:`answer`)."""
         self._turns: dict[str, _Turn] = {}
+        self._exclusive: set[str] = set()  # the keys held here (see exclusive)
         self._subscribers: dict[str, int] = {}
         self._tasks: TaskGroup | None = None
 
@@ -463,6 +471,41 @@ class StreamHub:
             return True
         shared = self._shared
         return shared is not None and await shared.turn_running(stream_id)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key`` for the body against every other holder: in this hub and, with a
+        :class:`~essessey.SharedEventStore`, on every replica sharing the store. Raises
+        :class:`~essessey.StreamBusy` at once while another holds it (it never waits).
+
+        For a decision that must be made once however many replicas are asked at the
+        same moment, such as whether a chat may start a turn: check, then act (start
+        the turn, whose own lease then answers for it), all inside. On a shared store
+        the key is a stream id (the same rules), held as a turn's lease is: a replica
+        that dies holding it holds it no longer after the store's ``running_ttl``.
+        """
+        if not is_stream_id(key):
+            raise ValueError(f"a key of {len(key)} characters is not a valid stream id")
+        if key in self._exclusive:
+            raise StreamBusy(f"{key!r} is held on this replica")
+        self._exclusive.add(key)
+        try:
+            shared = self._shared
+            if shared is None:
+                yield
+                return
+            holder = secrets.token_hex(8)
+            await shared.claim_turn(key, holder)  # StreamBusy while another replica holds it
+            try:
+                yield
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+                    try:
+                        await shared.release_turn(key, holder)
+                    except Exception as exc:  # its lease lapses instead
+                        logger.warning("could not let go of %s (%s)", key, type(exc).__name__)
+        finally:
+            self._exclusive.discard(key)
 
     def subscriber_count(self, stream_id: str) -> int:
         """How many subscribers follow ``stream_id`` right now."""

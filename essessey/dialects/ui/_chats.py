@@ -24,7 +24,7 @@ import orjson
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
 from essessey.bindings.admission import Refusal, admit
 from essessey.dialects.ui._encoder import UIMessageEncoder
-from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
+from essessey.errors import AnswerRefused, InvalidAnswer, StreamBusy, StreamNotFound
 from essessey.event import Event
 from essessey.hub import Access, Continuation, StreamHub, TurnProducer
 from essessey.protocol.asking import (
@@ -58,7 +58,10 @@ TRIGGERS: Final = frozenset({"submit-message", "regenerate-message"})
 _TURNS: Final = "~turns"
 _TURN_EVENT: Final = "turn"
 _FINISHED_EVENT: Final = "finished"
-_MAX_CHAT_ID: Final = MAX_ID_LENGTH - len(_TURNS)
+# The key a chat's new turn starts under (StreamHub.exclusive); as long as _TURNS, so
+# every chat id has room for both.
+_STARTING: Final = "~start"
+_MAX_CHAT_ID: Final = MAX_ID_LENGTH - max(len(_TURNS), len(_STARTING))
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,9 +273,6 @@ class Chats:
         self.hub = hub
         self.turn = turn
         self.replay_finished = replay_finished
-        # The chats whose new turn is being started here: a second request for one of
-        # them meanwhile is refused, as it is once the turn runs.
-        self._starting: set[str] = set()
 
     async def _admitted(
         self, connection: Any, chat_id: str, access: Access, last_event_id: str | None = None
@@ -346,16 +346,18 @@ class Chats:
         if answered is not None:
             return answered
         busy = Failure(409, "invalid_request_error", "a turn is running on this chat")
-        if request.id in self._starting:
-            return busy  # the same chat's request a moment earlier (a double click)
-        self._starting.add(request.id)
         try:
-            last = await self._last_turn(request.id)
-            if last is not None and not last[1] and await self.hub.running_anywhere(last[0]):
-                return busy
-            return await self._start(request)
-        finally:
-            self._starting.discard(request.id)
+            # Checked and started under the chat's hold, so that of two requests reaching
+            # two replicas at once (a double click, a retry through the balancer) one
+            # starts a turn; once started, the turn's own lease answers for it.
+            async with self.hub.exclusive(request.id + _STARTING):
+                last = await self._last_turn(request.id)
+                # A finished turn may run again: an answer continues it.
+                if last is not None and await self.hub.running_anywhere(last[0]):
+                    return busy
+                return await self._start(request)
+        except StreamBusy:
+            return busy  # another request for the chat is starting its turn
 
     async def _start(self, request: ChatRequest) -> Plan | Failure:
         """A new turn answering ``request``, under a stream id of its own."""

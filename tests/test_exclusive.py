@@ -1,0 +1,127 @@
+"""``StreamHub.exclusive``: a key held against every other holder, in one hub and across
+replicas sharing a store (two hubs on one redis-server, on one nats-server), and what a
+chat's new turn gains from it: two messages for one chat sent to two replicas at the same
+moment start one turn."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx
+import nats as nats_py
+import pytest
+
+from essessey import InMemoryEventStore, StreamBusy, StreamHub
+from essessey.stores import SharedEventStore
+from essessey.stores.jetstream import JetStreamEventStore
+from essessey.stores.redis import RedisEventStore
+from tests.nats_server import NatsServer
+from tests.processes import WAIT
+from tests.redis_server import RedisServer
+from tests.test_replicas import replicas
+
+pytestmark = pytest.mark.anyio
+
+_names = itertools.count(1)
+
+
+async def test_a_held_key_is_refused_until_its_holder_lets_go() -> None:
+    async with StreamHub(InMemoryEventStore()) as hub:
+        async with hub.exclusive("chat-1~start"):
+            with pytest.raises(StreamBusy):
+                async with hub.exclusive("chat-1~start"):
+                    pytest.fail("held twice")
+            async with hub.exclusive("chat-2~start"):  # another key: its own hold
+                pass
+        with pytest.raises(RuntimeError):  # a body that raises lets go too
+            async with hub.exclusive("chat-1~start"):
+                raise RuntimeError
+        async with hub.exclusive("chat-1~start"):
+            pass
+
+
+async def test_a_key_no_stream_id_could_be_is_refused() -> None:
+    async with StreamHub(InMemoryEventStore()) as hub:
+        for bad in ("", "a b", "a.b", "x" * 300):
+            with pytest.raises(ValueError, match="not a valid stream id"):
+                async with hub.exclusive(bad):
+                    pytest.fail("held")
+
+
+@asynccontextmanager
+async def two_stores(
+    broker: NatsServer | RedisServer,
+) -> AsyncIterator[tuple[SharedEventStore, SharedEventStore]]:
+    """Two stores on ``broker``, as two replicas would have (each its own connection)."""
+    n = next(_names)
+    if isinstance(broker, RedisServer):
+        async with (
+            RedisEventStore.from_url(broker.url, prefix=f"ex{n}") as a,
+            RedisEventStore.from_url(broker.url, prefix=f"ex{n}") as b,
+        ):
+            yield a, b
+        return
+    nc_a = await nats_py.connect(broker.url, allow_reconnect=False)
+    nc_b = await nats_py.connect(broker.url, allow_reconnect=False)
+    try:
+        options = {"stream": f"EX{n}", "prefix": f"ex{n}"}
+        yield (
+            await JetStreamEventStore.connect(nc_a, **options),
+            await JetStreamEventStore.connect(nc_b, **options),
+        )
+    finally:
+        await nc_a.close()
+        await nc_b.close()
+
+
+async def test_a_key_held_on_one_replica_is_refused_on_the_other(
+    broker: NatsServer | RedisServer,
+) -> None:
+    async with two_stores(broker) as (store_a, store_b):
+        with anyio.fail_after(WAIT):
+            async with StreamHub(store_a) as hub_a, StreamHub(store_b) as hub_b:
+                async with hub_a.exclusive("chat-9~start"):
+                    with pytest.raises(StreamBusy):
+                        async with hub_b.exclusive("chat-9~start"):
+                            pytest.fail("held on both replicas")
+                    async with hub_b.exclusive("chat-10~start"):
+                        pass
+                async with hub_b.exclusive("chat-9~start"):  # A let go
+                    with pytest.raises(StreamBusy):
+                        async with hub_a.exclusive("chat-9~start"):
+                            pytest.fail("held on both replicas")
+
+
+CHATS = 12
+
+
+async def test_two_messages_for_one_chat_on_two_replicas_at_once_start_one_turn(
+    broker: NatsServer | RedisServer,
+) -> None:
+    # The same new message for a chat reaches A and B at the same moment (a retry through
+    # a round-robin balancer): one replica starts the chat's turn, the other answers 409,
+    # for every chat; without a hold both could read "no turn running" and both start.
+    with replicas(broker) as (a, b):
+        async with httpx.AsyncClient(timeout=WAIT) as http:
+
+            async def send(base: str, chat_id: str, into: dict[str, list[int]]) -> None:
+                # Paced, so that a turn outlasts the other replica's request: a turn
+                # that ended already would rightly let the next one start.
+                body = {"id": chat_id, "messages": [], "trigger": "submit-message"}
+                body["delay_ms"] = 30
+                async with http.stream("POST", base + "/api/chat", json=body) as response:
+                    await response.aread()  # a turn's whole stream, or the refusal
+                    into.setdefault(chat_id, []).append(response.status_code)
+
+            statuses: dict[str, list[int]] = {}
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tasks:
+                    for n in range(CHATS):
+                        tasks.start_soon(send, a.url, f"race-{n}", statuses)
+                        tasks.start_soon(send, b.url, f"race-{n}", statuses)
+    assert {chat: sorted(codes) for chat, codes in statuses.items()} == {
+        f"race-{n}": [200, 409] for n in range(CHATS)
+    }
