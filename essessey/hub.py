@@ -250,6 +250,16 @@ class _Turn:
     holder: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
+async def _let_go(store: SharedEventStore, key: str, holder: str) -> None:
+    """Release ``holder``'s hold of ``key`` (:meth:`StreamHub.exclusive`), shielded and
+    bounded; when the store is out of reach the hold lapses instead."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+        try:
+            await store.release_turn(key, holder)
+        except Exception as exc:
+            logger.warning("could not let go of %s (%s)", key, type(exc).__name__)
+
+
 async def _leave(tasks: TaskGroup, exc: BaseException) -> None:
     """Leave the hub's task group as ``exc`` (raised in the ``async with`` body, or a
     cancellation while draining) leaves it.
@@ -495,15 +505,19 @@ class StreamHub:
                 yield
                 return
             holder = secrets.token_hex(8)
-            await shared.claim_turn(key, holder)  # StreamBusy while another replica holds it
+            try:
+                await shared.claim_turn(key, holder)  # StreamBusy while another holds it
+            except Exception:
+                raise  # refused, or the store out of reach: nothing to let go of
+            except BaseException:
+                # Cancelled while the store answered: the claim may have been made, and a
+                # release by a holder that holds nothing does nothing.
+                await _let_go(shared, key, holder)
+                raise
             try:
                 yield
             finally:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
-                    try:
-                        await shared.release_turn(key, holder)
-                    except Exception as exc:  # its lease lapses instead
-                        logger.warning("could not let go of %s (%s)", key, type(exc).__name__)
+                await _let_go(shared, key, holder)
         finally:
             self._exclusive.discard(key)
 
