@@ -7,12 +7,14 @@ manager.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
@@ -94,3 +96,58 @@ def store_out_of_reach() -> RedisEventStore:
     whole wait."""
     client = redis.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
     return RedisEventStore(client, retry_timeout=0.3)
+
+
+Verdict = Literal["pass", "drop", "cut"]
+"""What :class:`ReplyProxy` does with a chunk of the server's replies: let it through,
+keep it from the client, or close both ends of the connection."""
+
+
+class ReplyProxy:
+    """A TCP proxy to redis-server on loopback that passes every request on and asks
+    ``verdict(reply)`` what to do with each chunk of the server's replies: a request the
+    server carried out whose reply was lost (``"cut"``), or one whose client still waits
+    (``"drop"``)."""
+
+    def __init__(self, target_port: int, verdict: Callable[[bytes], Verdict]) -> None:
+        self.target_port = target_port
+        self.verdict = verdict
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        """The proxy's client URL."""
+        assert self.server is not None
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def __aenter__(self) -> ReplyProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    verdict = "pass" if up else self.verdict(data)
+                    if verdict == "cut":
+                        writer.close()
+                        up_writer.close()
+                        return
+                    if verdict == "pass":
+                        dst.write(data)
+                        await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(
+            pump(reader, up_writer, True), pump(up_reader, writer, False), return_exceptions=True
+        )

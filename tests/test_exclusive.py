@@ -5,7 +5,6 @@ moment start one turn."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +20,7 @@ from essessey.stores.jetstream import JetStreamEventStore
 from essessey.stores.redis import RedisEventStore
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisServer, ReplyProxy, Verdict, redis_server
 from tests.test_replicas import replicas
 
 pytestmark = pytest.mark.anyio
@@ -96,63 +95,25 @@ async def test_a_key_held_on_one_replica_is_refused_on_the_other(
                             pytest.fail("held on both replicas")
 
 
-class HeldReplies:
-    """A TCP proxy to redis-server that, while ``hold`` is set, keeps the server's replies
-    from its client (and drops them): a request the server carried out, whose client is
-    still waiting when it is cancelled."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.hold = False
-        self.server: asyncio.Server | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
-
-    async def __aenter__(self) -> HeldReplies:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
-            try:
-                while data := await src.read(65536):
-                    if up or not self.hold:
-                        dst.write(data)
-                        await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(
-            pump(reader, up_writer, True), pump(up_reader, writer, False), return_exceptions=True
-        )
-
-
 async def test_a_hold_whose_claim_was_cancelled_is_let_go() -> None:
     # The claim reached Redis and was made, but its reply had not come back when the
     # request was cancelled (its client left): the hold is let go of at once, not left
     # to lapse after running_ttl, in which time every new message of the chat got a 409.
+    held = False  # while set, the server's replies are kept from store A
+
+    def hold(reply: bytes) -> Verdict:
+        return "drop" if held else "pass"
+
     with redis_server() as server:
         async with (
-            HeldReplies(server.port) as proxy,
+            ReplyProxy(server.port, hold) as proxy,
             RedisEventStore.from_url(proxy.url, prefix="held", retry_timeout=5) as store_a,
             RedisEventStore.from_url(server.url, prefix="held") as store_b,
         ):
             with anyio.fail_after(WAIT):
                 async with StreamHub(store_a) as hub_a, StreamHub(store_b) as hub_b:
 
-                    async def hold() -> None:
+                    async def claim() -> None:
                         async with hub_a.exclusive("chat-3~start"):
                             pytest.fail("the claim's reply was held back")
 
@@ -160,15 +121,15 @@ async def test_a_hold_whose_claim_was_cancelled_is_let_go() -> None:
                     async with hub_a.exclusive("warm~start"):
                         pass
                     async with anyio.create_task_group() as tasks:
-                        proxy.hold = True
-                        tasks.start_soon(hold)
+                        held = True
+                        tasks.start_soon(claim)
                         for _ in range(1000):  # a state in Redis to poll; bounded
                             if await store_b.turn_running("chat-3~start"):
                                 break
                             await anyio.sleep(0.01)
                         else:
                             pytest.fail("the claim never reached Redis")
-                        proxy.hold = False
+                        held = False
                         tasks.cancel_scope.cancel()
                     assert not await store_b.turn_running("chat-3~start")
                     async with hub_b.exclusive("chat-3~start"):

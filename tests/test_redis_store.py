@@ -5,7 +5,6 @@ in the conformance suite, on Redis and JetStream alike."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -22,7 +21,7 @@ from essessey import (
 from essessey.stores.redis import RedisEventStore
 from essessey.testing import delta
 from tests.processes import WAIT
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisServer, ReplyProxy, Verdict, redis_server
 
 pytestmark = pytest.mark.anyio
 
@@ -104,67 +103,34 @@ async def test_a_stream_past_max_age_is_gone_and_its_ids_unknown(server: RedisSe
         assert await store.since("s", None) == ([new], True)
 
 
-class CutReplies:
-    """A TCP proxy to redis-server that, while armed, drops the connection once a
-    request has reached the server and before its reply reaches the client: a stored
-    append whose reply was lost."""
+class CutAppendReplies:
+    """While ``armed``, cut the connection once an append's reply ({epoch, seq}) comes
+    back: a stored append whose reply was lost."""
 
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
+    def __init__(self) -> None:
         self.armed = 0  # replies to cut
         self.cut = 0
-        self.server: asyncio.Server | None = None
 
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        port = self.server.sockets[0].getsockname()[1]
-        return f"redis://127.0.0.1:{port}/0"
-
-    async def __aenter__(self) -> CutReplies:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
-            try:
-                while data := await src.read(65536):
-                    if not up and self.armed and b"ESS" not in data and data.startswith(b"*2"):
-                        # The reply of an append ({epoch, seq}): the server stored it.
-                        self.armed -= 1
-                        self.cut += 1
-                        writer.close()
-                        up_writer.close()
-                        return
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(
-            pump(reader, up_writer, True),
-            pump(up_reader, writer, False),
-            return_exceptions=True,
-        )
+    def __call__(self, reply: bytes) -> Verdict:
+        if self.armed and b"ESS" not in reply and reply.startswith(b"*2"):
+            self.armed -= 1
+            self.cut += 1
+            return "cut"
+        return "pass"
 
 
 async def test_an_append_whose_reply_was_lost_is_stored_once(server: RedisServer) -> None:
-    async with CutReplies(server.port) as proxy, store_on(proxy.url, retry_timeout=5) as store:
+    cutter = CutAppendReplies()
+    async with (
+        ReplyProxy(server.port, cutter) as proxy,
+        store_on(proxy.url, retry_timeout=5) as store,
+    ):
         first = await store.append("s", delta(0))
-        proxy.armed = 1
+        cutter.armed = 1
         second = await store.append("s", delta(1))  # stored, reply cut, sent again
         third = await store.append("s", delta(2))
         events, known = await store.since("s", None)
-    assert proxy.cut == 1
+    assert cutter.cut == 1
     assert known
     assert events == [first, second, third]  # the retried append once, its first id
 
