@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 
 from essessey import Answered, InMemoryEventStore, Publisher, StreamHub, continue_turn, stream_turn
 from essessey.bindings import http as http_binding
+from essessey.bindings.sse import MAX_ID_LENGTH
 from essessey.dialects import DialectRequest, dialect_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest, chat_completions_routes
 from essessey.dialects.responses import ResponsesEncoder
@@ -239,6 +240,22 @@ def test_a_second_message_while_the_chats_turn_runs_is_a_409(dialects: str) -> N
     assert "a turn is running on this chat" in second.text
 
 
+def test_the_longest_chat_id_starts_a_turn_and_a_longer_one_is_a_400(dialects: str) -> None:
+    # A turn's stream id is the chat id and 17 characters more: a chat id with no room
+    # for them was taken, and its turn's id refused by the hub (a 500).
+    longest = MAX_ID_LENGTH - 17
+    body = {"messages": [{"id": "u", "role": "user", "parts": []}]}
+    taken = httpx.post(f"{dialects}/api/chat", json={**body, "id": "c" * longest}, timeout=WAIT)
+    assert taken.status_code == 200, taken.text
+    assert '"finish"' in taken.text
+    for length in (longest + 1, MAX_ID_LENGTH - 6):
+        refused = httpx.post(
+            f"{dialects}/api/chat", json={**body, "id": "c" * length}, timeout=WAIT
+        )
+        assert refused.status_code == 400, (length, refused.text)
+        assert f"1 to {longest} printable characters" in refused.text
+
+
 def test_a_chat_body_nested_too_deeply_is_a_400(dialects: str) -> None:
     deep: Any = "x"
     for _ in range(300):
@@ -304,3 +321,41 @@ def test_an_index_stream_read_by_id_ends_instead_of_waiting(dialects: str) -> No
     assert read.status_code == 200
     assert read.text.count("event: turn\n") == 1
     assert read.text.count("event: finished\n") == 1
+
+
+async def _send_and_reset(port: int, body: bytes) -> None:
+    """A chat request sent whole, then the connection reset at once, nothing read."""
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    head = (
+        f"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    await stream.send(head + body)
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    await stream.aclose()  # a linger of 0: the close is a reset
+
+
+def test_clients_gone_before_the_answer_starts_log_no_error_under_uvloop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Under uvloop a connection reset before the answer's first bytes leaves the transport
+    # a socket whose descriptor is -1: setting its send timeout raised ValueError, which
+    # uvicorn logged as an exception of the app, once per such client.
+    from tests.ui_app import create_app
+
+    body = b'{"id": "gone", "messages": [], "trigger": "submit-message"}'
+    caplog.set_level(logging.ERROR)
+    with serve(
+        create_app(), http="httptools", loop="uvloop", lifespan="on", log_config=None
+    ) as url:
+        port = int(url.rsplit(":", 1)[1])
+
+        async def resets() -> None:
+            for n in range(30):
+                await _send_and_reset(port, body.replace(b"gone", b"gone-%d" % n))
+            await anyio.sleep(0.5)  # the server reads the resets
+
+        anyio.run(resets)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == []

@@ -144,7 +144,9 @@ def limit_unacknowledged(send_timeout: float | None) -> int | None:
     try:
         sock.setsockopt(socket.IPPROTO_TCP, option, milliseconds)
         set_to: int = sock.getsockopt(socket.IPPROTO_TCP, option)
-    except OSError:  # not a TCP socket (a Unix one), or the option refused
+    except (OSError, ValueError):
+        # Not a TCP socket (a Unix one), the option refused, or (uvloop's socket, its
+        # descriptor -1) the client gone already: its disconnect ends the response.
         return None
     return set_to
 

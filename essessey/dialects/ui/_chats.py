@@ -61,7 +61,8 @@ _FINISHED_EVENT: Final = "finished"
 # The key a chat's new turn starts under (StreamHub.exclusive); as long as _TURNS, so
 # every chat id has room for both.
 _STARTING: Final = "~start"
-_MAX_CHAT_ID: Final = MAX_ID_LENGTH - max(len(_TURNS), len(_STARTING))
+_TURN_BYTES: Final = 8  # of randomness in a turn's stream id, "<chat id>~<hex>"
+_MAX_CHAT_ID: Final = MAX_ID_LENGTH - max(len(_TURNS), len(_STARTING), 1 + 2 * _TURN_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,8 @@ TurnFactory = Callable[[ChatRequest], "TurnProducer | Awaitable[TurnProducer]"]
 
 
 def is_chat_id(value: object) -> bool:
-    """A chat id leaves room for the suffixes of its streams (``~turns``, ``~<random>``)."""
+    """A chat id leaves room for the suffixes of its streams (``~turns``, ``~start``, a
+    turn's ``~<16 hex digits>``)."""
     return isinstance(value, str) and len(value) <= _MAX_CHAT_ID and is_stream_id(value)
 
 
@@ -367,7 +369,7 @@ class Chats:
         except ValueError as exc:  # the app's own options, refused
             return Failure(400, "invalid_request_error", str(exc))
         hub = self.hub
-        turn_id = f"{request.id}~{secrets.token_hex(8)}"
+        turn_id = f"{request.id}~{secrets.token_hex(_TURN_BYTES)}"
         # The chat's mark first: a turn the store then refuses is one the reconnect does
         # not find (its stream does not exist). A refusing store is each transport's
         # 503 (store_guarded, and the WebSocket endpoint's own catch).
