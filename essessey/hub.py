@@ -507,11 +507,19 @@ class StreamHub:
             holder = secrets.token_hex(8)
             try:
                 await shared.claim_turn(key, holder)  # StreamBusy while another holds it
+            except StreamBusy:
+                raise  # held by another: nothing of this holder's to let go of
             except Exception:
-                raise  # refused, or the store out of reach: nothing to let go of
+                # Out of reach while it answered: the claim may have been made (its reply
+                # lost), and a release by a holder that holds nothing does nothing. Let go
+                # of apart, so the caller's error is not held up by the store's retries.
+                tasks = self._tasks
+                if tasks is not None:
+                    tasks.start_soon(_let_go, shared, key, holder)
+                raise
             except BaseException:
-                # Cancelled while the store answered: the claim may have been made, and a
-                # release by a holder that holds nothing does nothing.
+                # Cancelled while the store answered: the same, before the cancellation
+                # goes on.
                 await _let_go(shared, key, holder)
                 raise
             try:

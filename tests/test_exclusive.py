@@ -5,6 +5,7 @@ moment start one turn."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ import httpx
 import nats as nats_py
 import pytest
 
-from essessey import InMemoryEventStore, StreamBusy, StreamHub
+from essessey import InMemoryEventStore, RedisUnavailable, StreamBusy, StreamHub
 from essessey.stores import SharedEventStore
 from essessey.stores.jetstream import JetStreamEventStore
 from essessey.stores.redis import RedisEventStore
@@ -95,10 +96,12 @@ async def test_a_key_held_on_one_replica_is_refused_on_the_other(
                             pytest.fail("held on both replicas")
 
 
-async def test_a_hold_whose_claim_was_cancelled_is_let_go() -> None:
+@pytest.mark.parametrize("ending", ["cancelled", "out of reach"])
+async def test_a_hold_whose_claim_was_cut_short_is_let_go(ending: str) -> None:
     # The claim reached Redis and was made, but its reply had not come back when the
-    # request was cancelled (its client left): the hold is let go of at once, not left
-    # to lapse after running_ttl, in which time every new message of the chat got a 409.
+    # request was cancelled (its client left), or when the store gave up waiting for it
+    # (RedisUnavailable, a 503): the hold is let go of at once, not left to lapse after
+    # running_ttl, in which time every new message of the chat got a 409.
     held = False  # while set, the server's replies are kept from store A
 
     def hold(reply: bytes) -> Verdict:
@@ -107,15 +110,22 @@ async def test_a_hold_whose_claim_was_cancelled_is_let_go() -> None:
     with redis_server() as server:
         async with (
             ReplyProxy(server.port, hold) as proxy,
-            RedisEventStore.from_url(proxy.url, prefix="held", retry_timeout=5) as store_a,
+            RedisEventStore.from_url(proxy.url, prefix="held", retry_timeout=1) as store_a,
             RedisEventStore.from_url(server.url, prefix="held") as store_b,
         ):
             with anyio.fail_after(WAIT):
                 async with StreamHub(store_a) as hub_a, StreamHub(store_b) as hub_b:
 
                     async def claim() -> None:
-                        async with hub_a.exclusive("chat-3~start"):
-                            pytest.fail("the claim's reply was held back")
+                        nonlocal held
+                        with (
+                            pytest.raises(RedisUnavailable)
+                            if ending != "cancelled"
+                            else (contextlib.nullcontext())
+                        ):
+                            async with hub_a.exclusive("chat-3~start"):
+                                pytest.fail("the claim's reply was held back")
+                        held = False  # the store gave up: its release goes through
 
                     # A connection made and the scripts loaded, their replies let through.
                     async with hub_a.exclusive("warm~start"):
@@ -129,8 +139,13 @@ async def test_a_hold_whose_claim_was_cancelled_is_let_go() -> None:
                             await anyio.sleep(0.01)
                         else:
                             pytest.fail("the claim never reached Redis")
-                        held = False
-                        tasks.cancel_scope.cancel()
+                        if ending == "cancelled":
+                            held = False
+                            tasks.cancel_scope.cancel()
+                    for _ in range(100):  # let go of apart, after a store error; bounded
+                        if not await store_b.turn_running("chat-3~start"):
+                            break
+                        await anyio.sleep(0.01)
                     assert not await store_b.turn_running("chat-3~start")
                     async with hub_b.exclusive("chat-3~start"):
                         pass
