@@ -1130,3 +1130,23 @@ async def test_a_waiting_follower_ends_with_an_error_when_its_connection_closes_
                 await wait_until(lambda: len(got) == 3, "the replay")
                 await store.nc.close()
         assert got == events
+
+
+@pytest.mark.parametrize(
+    ("err_code", "retried"),
+    [(10026, True), (10059, False), (None, False)],
+    ids=["consumer limit", "stream not found", "no code"],
+)
+def test_a_request_past_the_consumer_limit_is_made_again(
+    err_code: int | None, retried: bool
+) -> None:
+    # After a stall the server holds the consumers of readers that have gone until they
+    # lapse, and refuses new ones with 10026 (a 400): made again it succeeds, and when it
+    # does not within the retry budget the caller gets JetStreamUnavailable (a 503), never
+    # nats-py's own error (a 500). The error as nats-py builds it from the server's reply.
+    from essessey.stores.jetstream._context import is_retryable
+
+    reply = {"code": 400, "description": "refused", "err_code": err_code}
+    with pytest.raises(nats_py.js.errors.APIError) as refused:
+        nats_py.js.errors.APIError.from_error(reply)
+    assert is_retryable(refused.value) is retried

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from essessey import (
     Event,
+    RedisUnavailable,
     SubscriberLagged,
 )
 from essessey.stores.redis import RedisEventStore
@@ -133,6 +134,29 @@ async def test_an_append_whose_reply_was_lost_is_stored_once(server: RedisServer
     assert cutter.cut == 1
     assert known
     assert events == [first, second, third]  # the retried append once, its first id
+
+
+async def test_a_subscription_redis_never_confirms_is_redis_out_of_reach(
+    server: RedisServer,
+) -> None:
+    # A turn's start watches its cancel channel: Redis took the SUBSCRIBE and its
+    # confirmation never came. That is Redis out of reach (a 503 for a request that
+    # starts a turn), not a bare TimeoutError (a 500); once it answers, the watch is made.
+    dropping = True
+
+    def verdict(reply: bytes) -> Verdict:
+        return "drop" if dropping and b"subscribe" in reply else "pass"
+
+    async with (
+        ReplyProxy(server.port, verdict) as proxy,
+        store_on(proxy.url, retry_timeout=0.5) as store,
+    ):
+        with anyio.fail_after(WAIT):
+            with pytest.raises(RedisUnavailable, match="did not confirm a subscription"):
+                await store.watch_cancel("s", lambda: None)
+            dropping = False
+            stop = await store.watch_cancel("s", lambda: None)
+            stop()
 
 
 async def test_a_lost_pubsub_connection_loses_no_event(server: RedisServer) -> None:

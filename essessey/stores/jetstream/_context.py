@@ -83,12 +83,20 @@ caller logs it and tries later."""
 _T = TypeVar("_T")
 
 
+_CONSUMER_LIMIT: Final = 10026
+"""JetStream's error code for a request that would pass its limit of consumers: after a
+stall the server holds the ephemeral consumers of readers that have gone until they lapse,
+so the request may succeed when made again."""
+
+
 def is_retryable(exc: Exception) -> bool:
     """Whether a request that failed with ``exc`` may succeed when made again."""
     if isinstance(exc, _RETRYABLE):
         return True
+    if not isinstance(exc, nats.js.errors.APIError):
+        return False
     # Some APIError subclasses (the KV ones) are made without a code.
-    return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
+    return getattr(exc, "code", None) == 503 or getattr(exc, "err_code", None) == _CONSUMER_LIMIT
 
 
 def closed_error() -> JetStreamUnavailable:

@@ -232,8 +232,15 @@ class _Listener:
         confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
         try:
             await self._store._retry.run(lambda _: self._pubsub.subscribe(channel))
-            with anyio.fail_after(self._store.retry_timeout):
-                await asyncio.shield(confirmed)
+            try:
+                with anyio.fail_after(self._store.retry_timeout):
+                    await asyncio.shield(confirmed)
+            except TimeoutError as exc:
+                # Redis took the subscription and never confirmed it: out of reach, as a
+                # request that goes unanswered is.
+                raise RedisUnavailable(
+                    f"Redis did not confirm a subscription within {self._store.retry_timeout} s"
+                ) from exc
         except BaseException:
             self.leave(stream_id, inbox, channel_kind)
             raise
