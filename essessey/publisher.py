@@ -46,6 +46,12 @@ _USAGE_ORDER: Final = (
 )
 
 
+def _not_text(value: object) -> SerializationError:
+    """The error for a delta whose text is not a string: written as it is, a number or a
+    list would reach readers as a JSON value where every reader expects text."""
+    return SerializationError(f"a delta's text is a str, not a {type(value).__name__}")
+
+
 def _dumps(payload: Any) -> bytes:
     try:
         # orjson's bytes keep its whole working buffer (4 KiB at least) however short the
@@ -160,6 +166,8 @@ class Publisher:
         template (the same bytes orjson gives for the dict, key order included) and the
         strict check takes the checker's one-comparison fast path; the dict is built only
         to explain a refusal."""
+        if text.__class__ is not str and not isinstance(text, str):
+            raise _not_text(text)
         try:
             data = template % (index, orjson.dumps(text))
         except TypeError as exc:
@@ -267,13 +275,19 @@ class Publisher:
         # Nearly every event of a turn: _send_delta's steps written out, with the
         # checker's text path. A sink that takes text deltas (emit_text) takes one
         # without a coroutine of its own when it can write it at once.
+        if text.__class__ is not str and not isinstance(text, str):
+            raise _not_text(text)
         try:
             text_json = orjson.dumps(text)
         except TypeError as exc:
             raise SerializationError(f"delta is not JSON-serialisable: {exc}") from exc
         checker = self._checker
-        if checker is not None and not checker.accept_text_delta(index, bool(text)):
-            self._check_delta(checker, index, DeltaType.TEXT, "text", text)
+        if checker is not None:
+            if not checker.accept_text_delta(index, bool(text)):
+                self._check_delta(checker, index, DeltaType.TEXT, "text", text)
+        elif index.__class__ is not int and not isinstance(index, int):
+            # Unchecked, the index still goes into the payload as a number.
+            raise SerializationError(f"a block index is an int, not a {type(index).__name__}")
         if self._debug:
             self._log_delta(index, text)
         emit_text = self._emit_text
@@ -297,6 +311,9 @@ class Publisher:
         chunks = texts if isinstance(texts, list) else list(texts)
         if not chunks:
             return
+        for text in chunks:
+            if text.__class__ is not str and not isinstance(text, str):
+                raise _not_text(text)
         dumps = orjson.dumps
         # The template's two halves around the text, for this index: a concatenation per
         # chunk instead of a %-format.

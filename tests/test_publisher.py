@@ -446,6 +446,51 @@ async def test_unserialisable_event_leaves_the_strict_checker_untouched() -> Non
     assert check(sink.events) == []
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "unchecked"])
+@pytest.mark.parametrize("value", [5, 1.5, None, ["a"], {"t": "a"}, b"a"], ids=repr)
+async def test_a_delta_whose_text_is_no_str_is_refused_before_any_sink(
+    strict: bool, value: object
+) -> None:
+    # Serialised as it is, a number or a list reached readers as a JSON value where each
+    # expects text: the dialects wrote it one way live and another replayed, and the
+    # Responses encoder failed the stream.
+    for sink in (_TextSink(), InMemorySink()):
+        publisher = Publisher(sink, strict=strict)
+        await publisher.send_stream_preamble("msg_1", "conv_1", "m")
+        await publisher.send_content_block_start_text(0)
+        sent = len(sink.via_emit if isinstance(sink, _TextSink) else sink.events)
+        sends: list[tuple[str, object]] = [
+            ("send_content_block_delta_text", value),
+            ("send_content_block_deltas_text", ["ok", value]),
+            ("send_content_block_delta_thinking", value),
+            ("send_signature_delta", value),
+            ("send_tool_input_delta", value),
+            ("send_tool_result_delta", value),
+        ]
+        for method, given in sends:
+            with pytest.raises(SerializationError, match="text is a str, not a"):
+                await getattr(publisher, method)(0, given)
+        if isinstance(sink, _TextSink):
+            assert (sink.calls, len(sink.via_emit)) == (0, sent)
+        else:
+            assert len(sink.events) == sent
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("index", ["0", None, [0], 0.5], ids=repr)
+async def test_an_unchecked_publisher_refuses_a_text_delta_index_that_is_no_int(
+    index: object,
+) -> None:
+    # Unchecked, nothing else looks at the index before it is written into the payload.
+    text_sink, plain = _TextSink(), InMemorySink()
+    for sink in (text_sink, plain):
+        publisher = Publisher(sink, strict=False)
+        with pytest.raises(SerializationError, match="block index is an int"):
+            await publisher.send_content_block_delta_text(index, "hi")  # type: ignore[arg-type]
+    assert (text_sink.calls, text_sink.via_emit, plain.events) == (0, [], [])
+
+
 # -- strict mode --------------------------------------------------------------------------
 
 
