@@ -52,6 +52,11 @@ def _not_text(value: object) -> SerializationError:
     return SerializationError(f"a delta's text is a str, not a {type(value).__name__}")
 
 
+def _not_index(value: object) -> SerializationError:
+    """The error for a block index that is not an int, where nothing else checks it."""
+    return SerializationError(f"a block index is an int, not a {type(value).__name__}")
+
+
 def _dumps(payload: Any) -> bytes:
     try:
         # orjson's bytes keep its whole working buffer (4 KiB at least) however short the
@@ -287,7 +292,7 @@ class Publisher:
                 self._check_delta(checker, index, DeltaType.TEXT, "text", text)
         elif index.__class__ is not int and not isinstance(index, int):
             # Unchecked, the index still goes into the payload as a number.
-            raise SerializationError(f"a block index is an int, not a {type(index).__name__}")
+            raise _not_index(index)
         if self._debug:
             self._log_delta(index, text)
         emit_text = self._emit_text
@@ -314,6 +319,8 @@ class Publisher:
         for text in chunks:
             if text.__class__ is not str and not isinstance(text, str):
                 raise _not_text(text)
+        if index.__class__ is not int and not isinstance(index, int):
+            raise _not_index(index)  # before the template is filled with it
         dumps = orjson.dumps
         # The template's two halves around the text, for this index: a concatenation per
         # chunk instead of a %-format.

@@ -488,6 +488,10 @@ async def test_an_unchecked_publisher_refuses_a_text_delta_index_that_is_no_int(
         publisher = Publisher(sink, strict=False)
         with pytest.raises(SerializationError, match="block index is an int"):
             await publisher.send_content_block_delta_text(index, "hi")  # type: ignore[arg-type]
+        for strict in (False, True):  # batched, the template was filled before any check
+            batched = Publisher(sink, strict=strict)
+            with pytest.raises(SerializationError, match="block index is an int"):
+                await batched.send_content_block_deltas_text(index, ["a", "b"])  # type: ignore[arg-type]
     assert (text_sink.calls, text_sink.via_emit, plain.events) == (0, [], [])
 
 

@@ -58,8 +58,7 @@ TRIGGERS: Final = frozenset({"submit-message", "regenerate-message"})
 _TURNS: Final = "~turns"
 _TURN_EVENT: Final = "turn"
 _FINISHED_EVENT: Final = "finished"
-# The key a chat's new turn starts under (StreamHub.exclusive); as long as _TURNS, so
-# every chat id has room for both.
+# The key a chat's new turn starts under (StreamHub.exclusive).
 _STARTING: Final = "~start"
 _TURN_BYTES: Final = 8  # of randomness in a turn's stream id, "<chat id>~<hex>"
 _MAX_CHAT_ID: Final = MAX_ID_LENGTH - max(len(_TURNS), len(_STARTING), 1 + 2 * _TURN_BYTES)
