@@ -183,6 +183,25 @@ async def test_a_tool_output_orjson_cannot_write_is_its_result(output: object, t
     assert published.results == {"c1": text}
 
 
+async def test_streamed_text_and_thinking_with_a_lone_surrogate_go_out_cleaned() -> None:
+    # A provider's "\\ud800" escape parses to a lone surrogate, which Pydantic AI's run
+    # carries as it is: the turn ended with a SerializationError error event.
+    from pydantic_ai.models.function import DeltaThinkingPart, FunctionModel
+
+    async def script(messages: object, info: object) -> AsyncIterator[Any]:
+        yield {0: DeltaThinkingPart(content="hmm \udfff")}
+        yield "caf\ud800 ok"
+
+    agent = Agent(FunctionModel(stream_function=script, model_name="m"))
+    events, published = await publish_one(agent, "go")
+    assert check(events) == []
+    assert [e.event for e in events if e.event == "error"] == []
+    parsed = reassemble_events(events)
+    assert parsed.thinking == "hmm \ufffd"
+    assert parsed.text == "caf\ufffd ok"
+    assert parsed.stop_reason == "end_turn"
+
+
 async def test_thinking_parallel_calls_a_retry_and_text_are_one_message() -> None:
     events, published = await publish_one(agents.weather_agent(), "Weather in Oslo and Rome?")
     assert check(events) == []

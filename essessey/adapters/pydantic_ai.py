@@ -367,7 +367,8 @@ class _RunReader:
 
     async def _content(self, index: int, kind: str, text: str) -> None:
         if text:
-            await self.held.put((kind, index, text))
+            # A lone surrogate (a provider's "\ud800" escape) has no UTF-8: U+FFFD instead.
+            await self.held.put((kind, index, clean(text)))
 
     async def _part_delta(self, event: PartDeltaEvent) -> None:
         delta = event.delta
