@@ -63,6 +63,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from essessey._ids import MAX_ID_LENGTH, is_stream_id, new_message_id
+from essessey._logsafe import log_failure
 from essessey.errors import (
     EssesseyError,
     NotWaiting,
@@ -613,10 +614,10 @@ class StreamHub:
             with turn.scope:
                 try:
                     await producer(publisher)
-                except Exception:
+                except Exception as exc:
                     failed = True
-                    # The traceback is the app's own code; the turn's content is not logged.
-                    logger.exception("the turn on stream %s failed", stream_id)
+                    # Its frames, not its message: that may quote the turn's content.
+                    log_failure(logger, exc, "the turn on stream %s failed", stream_id)
         except anyio.get_cancelled_exc_class():
             cut = True
             raise
@@ -681,8 +682,8 @@ class StreamHub:
             try:
                 await self._end(publisher, sink, cancelled=cancelled, failed=failed)
                 ended = True
-            except Exception:
-                logger.exception("could not end the turn on stream %s", stream_id)
+            except Exception as exc:
+                log_failure(logger, exc, "could not end the turn on stream %s", stream_id)
         if ending.cancelled_caught:
             logger.warning("ending the turn on stream %s timed out", stream_id)
         shared = self._shared
@@ -697,8 +698,8 @@ class StreamHub:
             with anyio.move_on_after(_END_TIMEOUT):
                 try:
                     await self._note_requests(stream_id)
-                except Exception:
-                    logger.exception("could not index the requests of stream %s", stream_id)
+                except Exception as exc:
+                    log_failure(logger, exc, "could not index the requests of stream %s", stream_id)
         await self._close(stream_id, turn)
 
     async def _close(self, stream_id: str, turn: _Turn) -> None:
@@ -711,8 +712,8 @@ class StreamHub:
                     await shared.release_turn(stream_id, turn.holder)
                 else:
                     await self.store.close_stream(stream_id)
-            except Exception:
-                logger.exception("could not close stream %s", stream_id)
+            except Exception as exc:
+                log_failure(logger, exc, "could not close stream %s", stream_id)
 
     async def _end(
         self, publisher: Publisher, sink: _HubSink, *, cancelled: bool, failed: bool

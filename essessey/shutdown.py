@@ -62,6 +62,8 @@ from typing import Any, Final
 
 import anyio
 
+from essessey._logsafe import log_failure
+
 __all__ = [
     "begin_shutdown",
     "detect_uvicorn_shutdown",
@@ -116,8 +118,8 @@ def _fire(state: _LoopState) -> None:
     for waiter in list(state.waiters):
         try:
             waiter()
-        except Exception:
-            logger.exception("a shutdown callback failed")
+        except Exception as exc:
+            log_failure(logger, exc, "a shutdown callback failed")
 
 
 def _server_is_exiting() -> bool:

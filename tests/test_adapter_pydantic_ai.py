@@ -193,7 +193,7 @@ async def test_streamed_text_and_thinking_with_a_lone_surrogate_go_out_cleaned()
         yield "caf\ud800 ok"
 
     agent = Agent(FunctionModel(stream_function=script, model_name="m"))
-    events, published = await publish_one(agent, "go")
+    events, _ = await publish_one(agent, "go")
     assert check(events) == []
     assert [e.event for e in events if e.event == "error"] == []
     parsed = reassemble_events(events)

@@ -69,6 +69,13 @@ def assert_itself(exc: BaseException | None) -> None:
     assert type(exc) is Boom, repr(exc)
 
 
+def assert_logged_as_itself(logged: str | None) -> None:
+    """The failure ``logged`` is the app's ``Boom``, not a group holding it."""
+    assert logged is not None
+    assert "ExceptionGroup" not in logged, logged
+    assert logged.splitlines()[-1].startswith(f"{Boom.__module__}.Boom ("), logged
+
+
 class Outermost:
     """The ASGI callable the server runs, around the app under test: each exception that
     came out of the app, as the server (or the app's outermost middleware) got it."""
@@ -176,11 +183,11 @@ class ReadingFails(InMemoryEventStore):
         return _boom_events()
 
 
-def logged_exception(caplog: pytest.LogCaptureFixture, logger: str) -> BaseException | None:
-    """The exception of the first record ``logger`` logged with one."""
+def logged_failure(caplog: pytest.LogCaptureFixture, logger: str) -> str | None:
+    """What the first failure ``logger`` logged says: its line and its traceback."""
     for record in caplog.records:
-        if record.name == logger and record.exc_info is not None:
-            return record.exc_info[1]
+        if record.name == logger and "Traceback (most recent call last):" in record.getMessage():
+            return record.getMessage()
     return None
 
 
@@ -233,7 +240,7 @@ async def test_an_sse_response_logs_its_content_s_exception_as_itself(
     assert response.status_code == status
     if last is not None:
         assert b"event: " + last.encode() in response.content.rsplit(b"\n\n", 2)[-2]
-    assert_itself(logged_exception(errors_logged, "essessey.sse"))
+    assert_logged_as_itself(logged_failure(errors_logged, "essessey.sse"))
     assert outer.raised == []  # answered (an error status or event), not raised
 
 
@@ -290,7 +297,7 @@ async def test_a_hub_route_logs_its_store_s_failure_as_itself(
         async with httpx.AsyncClient() as client:
             response = await client.get(f"{url}/streams/s1")
     assert response.status_code == 500
-    assert_itself(logged_exception(errors_logged, "essessey.sse"))
+    assert_logged_as_itself(logged_failure(errors_logged, "essessey.sse"))
 
 
 async def test_a_hub_route_names_its_authorize_hook_s_exception_itself(
@@ -401,7 +408,7 @@ async def test_a_ws_subscription_logs_its_store_s_failure_as_itself(
     with serve(Outermost(app), lifespan="on") as url:
         code = await _read_until_closed(_ws_url(url, "/streams/s1/ws"))
     assert code == 1011
-    assert_itself(logged_exception(errors_logged, "essessey.ws"))
+    assert_logged_as_itself(logged_failure(errors_logged, "essessey.ws"))
 
 
 async def test_a_ws_producer_raises_its_middleware_s_send_failure_as_itself() -> None:
@@ -453,7 +460,7 @@ async def test_a_ui_chat_stream_logs_its_store_s_failure_as_itself(
         async with httpx.AsyncClient(timeout=WAIT) as client:
             response = await client.post(f"{url}/api/chat", json=_chat("c1"))
     assert response.status_code == 500
-    assert_itself(logged_exception(errors_logged, "essessey.sse"))
+    assert_logged_as_itself(logged_failure(errors_logged, "essessey.sse"))
 
 
 # -- publishing: the turn and round helpers, the Publisher's sinks -------------------------
@@ -553,4 +560,4 @@ def test_a_shutdown_callback_s_exception_is_logged_as_itself_and_the_others_run(
 
     asyncio.run(main())
     assert called == ["after"]
-    assert_itself(logged_exception(errors_logged, "essessey.shutdown"))
+    assert_logged_as_itself(logged_failure(errors_logged, "essessey.shutdown"))

@@ -99,16 +99,6 @@ class AppError(Exception):
     """What the app's own code raises, with a message of its choosing."""
 
 
-def _app_owned(exc: BaseException | None) -> bool:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, AppError):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 CLIENT_LOGGERS = ("websockets.client", "httpcore", "httpx")
 """The test's own HTTP and WebSocket clients, which log what they send at DEBUG."""
 
@@ -125,15 +115,14 @@ def _wire_trace(record: logging.LogRecord) -> bool:
 
 def leaks(records: list[logging.LogRecord], secret: str) -> list[str]:
     """The records that carry ``secret``: in the formatted message, in an argument, or in
-    a traceback (except that of an exception the app itself raised with that text: the
-    library logs the app's failures with their traceback, and their words are the
-    app's). Records of :data:`CLIENT_LOGGERS` are not the server's and are left out."""
+    a traceback. Records of :data:`CLIENT_LOGGERS` are not the server's and are left
+    out."""
     found = []
     for record in records:
         if record.name.startswith(CLIENT_LOGGERS) or _wire_trace(record):
             continue
         texts = [record.getMessage(), repr(record.args), str(record.msg)]
-        if record.exc_info and not _app_owned(record.exc_info[1]):
+        if record.exc_info:
             texts.append("".join(traceback.format_exception(*record.exc_info)))
         if record.stack_info:
             texts.append(record.stack_info)
@@ -532,10 +521,13 @@ async def _content_turn(publisher: Publisher) -> None:
     await anthropic_adapter.publish(publisher, _anthropic_events(), stream_id="s")
 
 
+_APP_MESSAGE = f"the app failed on {MARKER}"
+
+
 async def _failing_turn(publisher: Publisher) -> None:
     async with stream_turn(publisher, message_id="msg_f", stream_id="f", model="m") as turn:
         await (await turn.text()).write(f"partial {MARKER}")
-        raise AppError(f"the app failed on {MARKER}")
+        raise AppError(_APP_MESSAGE)
 
 
 async def _malformed_ws(websocket: WebSocket) -> None:
@@ -642,10 +634,14 @@ async def test_no_log_record_at_any_level_carries_payload_content(
     capsys.readouterr()
 
     assert leaks(all_logs, MARKER) == []
-    # The app's own failure is logged, with its traceback: its words are the app's.
-    failed = [r for r in all_logs if r.exc_info and _app_owned(r.exc_info[1])]
-    assert failed
-    assert all(MARKER not in r.getMessage() for r in failed)
+    # The app's own failure is logged with its traceback, its message withheld: a
+    # failure's words may quote the turn (a framework's validation error does).
+    [failed] = [r for r in all_logs if "the turn on stream f failed" in r.getMessage()]
+    logged = failed.getMessage()
+    assert "_failing_turn" in logged
+    assert f"{AppError.__module__}.AppError (message withheld, {len(_APP_MESSAGE)} chars)" in (
+        logged
+    )
     # And the warnings that were due were logged (so the paths above were taken).
     messages = [r.getMessage() for r in all_logs if r.name.startswith("essessey")]
     for expected in ("skipping chat completion chunk", "got no result", "skipping", "frame"):
@@ -884,3 +880,57 @@ async def test_an_app_turns_cors_on_with_starlettes_middleware_as_documented() -
     assert read.headers["access-control-allow-origin"] == ORIGIN
     assert refused.status_code == 403
     assert refused.headers["access-control-allow-origin"] == ORIGIN
+
+
+async def test_a_framework_error_quoting_tool_arguments_is_logged_without_them(
+    all_logs: list[logging.LogRecord],
+) -> None:
+    # Pydantic's ValidationError quotes the value it refused: here the model's arguments
+    # of the output tool. The hub logged the failed turn with the whole exception.
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.models.function import DeltaToolCall, FunctionModel
+
+    from essessey.adapters.pydantic_ai import AgentTurns
+    from essessey.dialects.chat_completions import ChatCompletionRequest
+
+    class Invoice(BaseModel):
+        amount: int
+
+    async def script(messages: object, info: object) -> AsyncIterator[Any]:
+        arguments = orjson.dumps({"amount": MARKER}).decode()
+        yield {0: DeltaToolCall(name="final_result", json_args=arguments, tool_call_id="c1")}
+
+    agent = Agent(FunctionModel(stream_function=script), output_type=Invoice, retries=0)
+    turns = AgentTurns(agent)
+    request = ChatCompletionRequest(id="s", model="m", messages=[{"role": "user", "content": "go"}])
+    async with StreamHub() as hub:
+        await hub.start("s", turns(request))
+        with anyio.fail_after(WAIT):
+            await hub.wait("s")
+        events, _ = await hub.store.since("s", None)
+    assert [e.event for e in events][-1] == "error"
+    assert leaks(all_logs, MARKER) == []
+    [failed] = [r for r in all_logs if "the turn on stream s failed" in r.getMessage()]
+    assert "(message withheld, " in failed.getMessage()
+
+
+def test_a_withheld_traceback_keeps_the_chain_frames_and_groups_but_no_message() -> None:
+    from essessey._logsafe import withheld_traceback
+
+    def inner() -> None:
+        raise KeyError(MARKER)
+
+    try:
+        try:
+            inner()
+        except KeyError as exc:
+            raise ExceptionGroup(MARKER, [ValueError(MARKER), exc]) from exc
+    except ExceptionGroup as exc:
+        text = withheld_traceback(exc)
+    assert MARKER not in text
+    assert "in inner" in text  # the frame where the cause was raised
+    assert "direct cause" in text
+    assert f"KeyError (message withheld, {len(repr(MARKER))} chars)" in text
+    assert "ValueError (message withheld" in text
+    assert "ExceptionGroup (message withheld" in text

@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol, TypeVar
 import anyio
 
 from essessey._ids import is_event_id
-from essessey._logsafe import raised_at
+from essessey._logsafe import log_failure, raised_at
 from essessey.errors import (
     MessagesNotRetained,
     StoreUnavailable,
@@ -291,7 +291,7 @@ class _LoopTasks:
         if error is None:
             return
         if self.closed:
-            logger.error("a connection's helper task failed after it ended", exc_info=error)
+            log_failure(logger, error, "a connection's helper task failed after it ended")
         elif self.failure is None:
             self.failure = error
             self.cancel()
@@ -418,8 +418,8 @@ class _LineWatch:
                 for line in list(self.lines):
                     try:
                         at = line.check(now)
-                    except Exception:  # a bug in one line must not stop the others
-                        logger.exception("a connection's timer check failed")
+                    except Exception as exc:  # a bug in one line must not stop the others
+                        log_failure(logger, exc, "a connection's timer check failed")
                         self.lines.discard(line)
                         continue
                     if at is not None and at < due:

@@ -20,6 +20,7 @@ from typing import Final
 
 from essessey import metrics
 from essessey._ids import parse_event_id
+from essessey._logsafe import log_failure
 from essessey.errors import (
     MessagesNotRetained,
     StoreFull,
@@ -131,8 +132,8 @@ class _Stream:
             if deliver is not None and follower.cursor == seq:
                 try:
                     taken = deliver(appended)
-                except Exception:  # a reader's bug must not fail the writer's append
-                    logger.exception("a follower's delivery failed; waking it instead")
+                except Exception as exc:  # a reader's bug must not fail the writer's append
+                    log_failure(logger, exc, "a follower's delivery failed; waking it instead")
                     follower.deliver = None
                     taken = False
                 if taken:

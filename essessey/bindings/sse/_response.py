@@ -60,6 +60,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from essessey._logsafe import log_failure
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     ConnectionTasks,
@@ -561,7 +562,7 @@ class EventStreamResponse(Response):
             if isinstance(failure, StreamRejected):
                 await self._send_error(send, failure.status, failure.error_type, failure.message)
             else:
-                logger.error("the stream failed before its first event", exc_info=failure)
+                log_failure(logger, failure, "the stream failed before its first event")
                 await self._send_error(send, 500, "api_error", "Internal server error")
             return
         if failure is None and self.empty_status is not None and not line.busy:
@@ -584,7 +585,7 @@ class EventStreamResponse(Response):
         if failure is not None and not isinstance(failure, StreamRejected):
             # Logged even when the producer sent its own error event (stream_turn does):
             # the client was told, but the exception would otherwise be seen nowhere.
-            logger.error("the stream failed after it started", exc_info=failure)
+            log_failure(logger, failure, "the stream failed after it started")
         frames = self.encoder if self.encoder is not None else _PROTOCOL_FRAMES
         if failure is not None and not sink.last_was_error:
             if isinstance(failure, StreamRejected):

@@ -73,6 +73,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from essessey import metrics
 from essessey._ids import MAX_ID_LENGTH, is_stream_id
+from essessey._logsafe import log_failure
 from essessey.bindings._asgi import (
     EVENTS_PER_TURN,
     SubscriptionCount,
@@ -288,8 +289,8 @@ async def _follow(
                 await backlog_turn()  # a replay must not hold up live turns
             try:
                 frame = frame_bytes(event)
-            except ValueError:
-                logger.exception("an event of a WebSocket subscription cannot be framed")
+            except ValueError as exc:
+                log_failure(logger, exc, "an event of a WebSocket subscription cannot be framed")
                 ending.set(CloseCode.INTERNAL_ERROR, "internal error")
                 return
             if opened:
@@ -306,7 +307,7 @@ async def _follow(
         error = exc
         end = subscription_end(exc)
         if end is None:
-            logger.exception("a WebSocket subscription of %s failed", stream_id)
+            log_failure(logger, exc, "a WebSocket subscription of %s failed", stream_id)
             ending.set(CloseCode.INTERNAL_ERROR, "internal error")
             return
         if end.status is None:
