@@ -2361,6 +2361,83 @@ async def test_annotations_are_the_text_block_s_citations_once(
 
 
 @pytest.mark.anyio
+async def test_a_citation_of_a_part_whose_block_closed_is_left_out_not_put_on_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The first item's citation comes only in the terminal output, after the second
+    # item's text began: it went out as a citation of the second item's block.
+    first = _message_item("Alpha", "msg_a")
+    first["content"][0]["annotations"] = [{**_URL_CITATION, "end_index": 5}]
+    second = _message_item("Beta", "msg_b")
+    events = [
+        _created(),
+        _added({**first, "content": [], "status": "in_progress"}, 0),
+        _text("Alpha", item="msg_a", out=0),
+        _added({**second, "content": [], "status": "in_progress"}, 1),
+        _text("Beta", item="msg_b", out=1),
+        _completed(output=[first, second]),
+    ]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _, published = await _publish(events, "essessey")
+    assert check(published) == []
+    assert not reassemble_events(published).citations
+    assert "citation came after its text block closed" in caplog.text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_citation_before_its_part_s_text_goes_out_after_that_text(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    # annotation.added before the part's first delta was dropped (no block open), and the
+    # whole copies of it that came later were taken as already published.
+    events = [
+        _created(),
+        _event(
+            "response.output_text.annotation.added",
+            item_id="msg_c",
+            output_index=0,
+            content_index=0,
+            annotation_index=0,
+            annotation=_URL_CITATION,
+        ),
+        *[_text(p, item="msg_c") for p in _pieces(_CITED)],
+        _text_done(_CITED, item="msg_c"),
+        _completed(output=[_cited_message_item()]),
+    ]
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        _, published = await _publish(events, dialect)
+    assert check(published) == []
+    parsed = reassemble_events(published)
+    assert parsed.text == _CITED
+    assert [c["type"] for c in parsed.citations] == ["web_search_result_location", "file_citation"]
+    assert "citation" not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_a_citation_of_a_part_that_never_gets_text_is_counted_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events = [
+        _created(),
+        _event(
+            "response.output_text.annotation.added",
+            item_id="msg_c",
+            output_index=0,
+            content_index=0,
+            annotation_index=0,
+            annotation=_URL_CITATION,
+        ),
+        _completed(output=[]),
+    ]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _, published = await _publish(events, "essessey")
+    assert check(published) == []
+    assert not reassemble_events(published).citations
+    assert "1 citation(s) came before their text part's text" in caplog.text
+
+
+@pytest.mark.anyio
 async def test_an_anthropic_web_search_citation_reassembles_to_the_same_kind_of_record() -> None:
     from essessey.adapters import anthropic as anthropic_adapter
 

@@ -1058,7 +1058,7 @@ class _Piece:
     text: str
     hosted: _HostedItem | None = None
     block: dict[str, Any] | None = None  # a block carried whole (a _BlockItem's)
-    citation: dict[str, Any] | None = None
+    citation: dict[str, Any] | None = None  # an annotation as the provider gave it
     signature: str | None = None  # a reasoning item's encrypted_content
 
 
@@ -1085,6 +1085,7 @@ class _Reader:
         "_cited",
         "_declared",
         "_differs",
+        "_early_citations",
         "_held",
         "_hosted",
         "_hosted_calls",
@@ -1145,6 +1146,9 @@ class _Reader:
         self._hosted: set[_PartKey] = set()
         self._signed: set[_PartKey] = set()  # the reasoning items whose signature went
         self._cited: dict[_PartKey, int] = {}  # each text part's citations taken
+        # Citations of a text part that has no text yet, given as the provider sent them:
+        # they go out after its first text (a citations_delta needs its block open).
+        self._early_citations: dict[_PartKey, list[dict[str, Any]]] = {}
         # The text or reasoning part whose block is the last one published (None when
         # something else went out since): each part is a block of its own, a citation
         # goes to an open text part's block, a signature to an open reasoning part's.
@@ -1268,13 +1272,10 @@ class _Reader:
         if not text:
             return
         if held.open is None and not held.pending and self._opener is None:
-            if kind == "message":  # _publish_text's text case, one call fewer per delta
-                open_part = self._open_part
-                if key != open_part and open_part is not None:
-                    await self.rounds.close_block()
+            if kind == "message" and key == self._open_part:
+                # _publish_text's case of nearly every delta, one call fewer per delta
                 await self.rounds.delta(text=text)
                 self._text.append(text)
-                self._open_part = key
             else:
                 await self._publish_text(key, text)
         else:
@@ -1284,6 +1285,13 @@ class _Reader:
         """End of the events: publish what waits, then declare the round's calls."""
         await self._held.advance(final=True)
         self._held.log_late()
+        if self._early_citations:
+            logger.warning(
+                "%d citation(s) came before their text part's text, which never came; "
+                "not published",
+                sum(len(cited) for cited in self._early_citations.values()),
+            )
+            self._early_citations.clear()
         await self._ready()
         result = self.summary()
         await self.rounds.assistant_message(
@@ -1507,16 +1515,25 @@ class _Reader:
             await self._whole_block(piece.block)
             return
         if piece.citation is not None:
-            open_part = self._open_part
-            if open_part is None or open_part[0] != "message":
-                logger.warning(
-                    "a %s citation came with no text block open; not published",
-                    dotted_label(piece.citation.get("type")),
-                )
-                return
-            await self.rounds.raw_delta({"type": "citations_delta", "citation": piece.citation})
+            await self._publish_citation(piece.key, piece.citation)
             return
         await self._publish_text(piece.key, piece.text)
+
+    async def _publish_citation(self, key: _PartKey, given: dict[str, Any]) -> None:
+        """A citation of the text part ``key``, on that part's block: now when it is the
+        open block, after its first text when it has none yet; a part whose block closed
+        cannot take it (logged, left out)."""
+        text = "".join(self._received.get(key, ()))
+        if key == self._open_part:
+            cited = citation(given, text)
+            await self.rounds.raw_delta({"type": "citations_delta", "citation": cited})
+        elif not text:
+            self._early_citations.setdefault(key, []).append(given)
+        else:
+            logger.warning(
+                "a %s citation came after its text block closed; not published",
+                dotted_label(given.get("type")),
+            )
 
     async def _whole_block(self, block: dict[str, Any]) -> None:
         """A block carried whole in its start (redacted reasoning, a hosted tool's call
@@ -1542,6 +1559,8 @@ class _Reader:
         if key[0] == "message":
             await self.rounds.delta(text=text)
             self._text.append(text)
+            for given in self._early_citations.pop(key, ()):
+                await self._publish_citation(key, given)
         else:
             await self.rounds.delta(reasoning=text)
             self._thinking.append(text)
@@ -1578,8 +1597,7 @@ class _Reader:
             if n < taken:
                 continue  # its event came before the part's whole list
             self._cited[key] = n + 1
-            cited = citation(given, "".join(self._received.get(key, ())))
-            await self._held.put(_Piece(key, "", citation=cited), output_index)
+            await self._held.put(_Piece(key, "", citation=given), output_index)
 
     async def _settle_part(self, part: _Part) -> None:
         await self._settle_text(part)
