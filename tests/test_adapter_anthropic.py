@@ -592,6 +592,82 @@ async def test_input_given_in_a_tool_use_start_is_kept() -> None:
     assert read_message(sink.events).content[2].input == {"city": "Lyon"}
 
 
+def _message(*blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A provider message around ``blocks`` (each a block's start, deltas and stop)."""
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x"}
+    message |= {"content": [], "stop_reason": None, "stop_sequence": None}
+    message["usage"] = {"input_tokens": 5, "output_tokens": 1}
+    end = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}}
+    end["usage"] = {"output_tokens": 3}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
+    for block in blocks:
+        events += block
+    return [*events, end, {"type": "message_stop"}]
+
+
+def _block(index: int, start: dict[str, Any], *deltas: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_content_a_block_s_start_carries_is_its_first_content(dialect: Dialect) -> None:
+    # An Anthropic-compatible server may send a block's content in its start, as the
+    # SDK's accumulator keeps it: the text's start went missing, and a thinking block
+    # that came whole in its start (no deltas) was not published at all.
+    citation = {"type": "web_search_result_location", "url": "https://a.example/"}
+    citation |= {"title": "A", "cited_text": "Hello", "encrypted_index": "x"}
+    events = _message(
+        _block(0, {"type": "thinking", "thinking": "Hmm.", "signature": "c2ln"}),
+        _block(
+            1,
+            {"type": "text", "text": "Hello", "citations": [citation]},
+            {"type": "text_delta", "text": " world"},
+        ),
+    )
+    publisher, sink = _make(dialect)
+    result = await publish(publisher, events, stream_id="conv_1")
+    assert check(sink.events) == []
+    parsed = reassemble_events(sink.events)
+    assert (parsed.thinking, parsed.signature, parsed.text) == ("Hmm.", "c2ln", "Hello world")
+    assert list(parsed.citations) == [citation]
+    assert (result.thinking, result.text) == ("Hmm.", "Hello world")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_tool_use_start_s_input_gives_way_to_its_deltas(dialect: Dialect) -> None:
+    # The start's input was kept as a first fragment and the deltas appended to it:
+    # '{"a":1}{"b": 2}', arguments no client could parse. The SDK takes the deltas.
+    start = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
+    events = _message(_block(0, start, {"type": "input_json_delta", "partial_json": '{"b": 2}'}))
+    publisher, sink = _make(dialect)
+    result = await publish(publisher, events, stream_id="conv_1")
+    assert check(sink.events) == []
+    [call] = reassemble_events(sink.events).tool_calls
+    assert call.arguments == '{"b": 2}'
+    assert result.tool_calls[0].input == {"b": 2}
+
+
+@pytest.mark.anyio
+async def test_a_text_block_with_citations_and_no_text_is_dropped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    citation = {"type": "web_search_result_location", "url": "https://a.example/"}
+    events = _message(
+        _block(0, {"type": "text", "text": ""}, {"type": "citations_delta", "citation": citation})
+    )
+    publisher, sink = _make("essessey")
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.anthropic"):
+        await publish(publisher, events, stream_id="conv_1")
+    assert check(sink.events) == []
+    assert "the 1 delta(s) it held are not published" in caplog.text
+
+
 # -- property: any content, cut into any deltas, comes out whole --------------------------------
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)

@@ -126,7 +126,17 @@ def _int_counts(usage: object) -> dict[str, int]:
 class _Block:
     """The provider block that is open, and what became of it."""
 
-    __slots__ = ("call", "content", "held", "index", "json_parts", "kind", "opened", "start")
+    __slots__ = (
+        "call",
+        "content",
+        "given_input",
+        "held",
+        "index",
+        "json_parts",
+        "kind",
+        "opened",
+        "start",
+    )
 
     def __init__(self, index: int, kind: str, start: Mapping[str, Any]) -> None:
         self.index = index
@@ -141,6 +151,9 @@ class _Block:
         self.held: list[dict[str, Any] | None] = []
         self.json_parts: list[str] = []
         self.call = -1
+        # A tool_use start's input, as JSON: the call's arguments unless deltas come,
+        # which replace it (as the provider's own SDK reads them).
+        self.given_input = ""
 
 
 class _Stage(enum.Enum):
@@ -557,8 +570,13 @@ class _Reader:
         self.used.add(index)
         if block_type in (BlockType.TEXT, BlockType.THINKING):
             # Opened at its first content (protocol rule 2), wherever it comes: after
-            # the round's tool calls too, since the provider's order is the truth.
-            self.block = _Block(index, block_type, content_block)
+            # the round's tool calls too, since the provider's order is the truth. What
+            # its start carries (its text, thinking and signature, citations) is that
+            # content: it goes on as the deltas that would have carried it.
+            carried = _start_content(content_block, block_type)
+            self.block = _Block(index, block_type, _emptied(content_block, block_type))
+            for delta in carried:
+                await self._delta(position, {"index": index, "delta": delta})
             return
         # Marked skipped until the round takes it: a refusal leaves it that way.
         self.block = _Block(index, "skip", content_block)
@@ -568,8 +586,8 @@ class _Reader:
             if not (isinstance(call_id, str) and call_id and isinstance(tool, str) and tool):
                 _skip(position, name, f"tool_use block {index} has no id or name")
                 return
-            # A streamed tool_use starts with input {} and gets it in deltas; any input
-            # the start carries is kept as the call's first fragment.
+            # A streamed tool_use starts with input {} and gets it in deltas; an input the
+            # start carries is the arguments of a call that gets no deltas.
             try:
                 arguments = (
                     orjson.dumps(given).decode() if isinstance(given, Mapping) and given else ""
@@ -580,13 +598,13 @@ class _Reader:
                 _skip(position, name, f"tool_use block {index} has an input not writable as JSON")
                 return
             request = ToolCallRequest(
-                call_id, tool, arguments, caller=_caller(start.get("caller"), position, index)
+                call_id, tool, "", caller=_caller(start.get("caller"), position, index)
             )
             await self.rounds.tool_call_start(len(self.calls), request)
             self.block.kind = "tool"
             self.block.opened = True
             self.block.call = len(self.calls)
-            self.block.json_parts.append(arguments)
+            self.block.given_input = arguments
             self.calls.append(request)
         else:
             await self.rounds.block_start(start)
@@ -657,6 +675,9 @@ class _Reader:
                 await self._raw(block, delta)
             return
         if block.kind == "tool":
+            if block.given_input:
+                logger.info("provider block %d: its deltas replace its start's input", index)
+                block.given_input = ""
             await self.rounds.tool_call_delta(block.call, chunk)
             block.json_parts.append(chunk)
             return
@@ -719,7 +740,17 @@ class _Reader:
     async def _close(self, block: _Block) -> None:
         self.block = None
         if not block.opened:
-            if block.kind != "skip":
+            cited = sum(held is not None for held in block.held)
+            if cited:
+                # What it held for its text (citations) is lost with it: worth a warning.
+                logger.warning(
+                    "provider block %d (%s) had no content; it and the %d delta(s) it held "
+                    "are not published",
+                    block.index,
+                    block.kind,
+                    cited,
+                )
+            elif block.kind != "skip":
                 # Never got content: not published (protocol rule 2).
                 logger.info(
                     "provider block %d (%s) had no content; not published",
@@ -734,6 +765,9 @@ class _Reader:
         if block.kind == "other":
             await self.rounds.block_stop()
         else:
+            if block.given_input:
+                await self.rounds.tool_call_delta(block.call, block.given_input)
+                block.json_parts.append(block.given_input)
             await self.rounds.close_block()
         if block.kind in ("tool", "other") and block.json_parts:
             block.content["input"] = parse_arguments("".join(block.json_parts))
@@ -755,6 +789,35 @@ class _Reader:
         result.text = "".join(self.text_parts)
         result.thinking = "".join(self.thinking_parts)
         return result
+
+
+def _emptied(start: Mapping[str, Any], block_type: str) -> dict[str, Any]:
+    """A text or thinking block's start with its content taken out (see _start_content)."""
+    if block_type == BlockType.TEXT:
+        emptied = {**start, "text": ""}
+        if "citations" in start:
+            emptied["citations"] = []
+        return emptied
+    return {**start, "thinking": "", "signature": ""}
+
+
+def _start_content(start: Mapping[str, Any], block_type: str) -> list[dict[str, Any]]:
+    """The deltas that carry the content a text or thinking block's start holds (the
+    API's starts hold none; an Anthropic-compatible server's may): a text block's
+    citations, then its text; a thinking block's thinking, then its signature."""
+    deltas: list[dict[str, Any]] = []
+    if block_type == BlockType.TEXT:
+        citations = start.get("citations")
+        for given in citations if isinstance(citations, list) else ():
+            deltas.append({"type": "citations_delta", "citation": given})
+        if start.get("text"):
+            deltas.append({"type": DeltaType.TEXT, "text": start["text"]})
+    else:
+        if start.get("thinking"):
+            deltas.append({"type": DeltaType.THINKING, "thinking": start["thinking"]})
+        if start.get("signature"):
+            deltas.append({"type": DeltaType.SIGNATURE, "signature": start["signature"]})
+    return deltas
 
 
 def _caller(given: object, position: int, index: int) -> dict[str, Any] | None:
