@@ -33,7 +33,7 @@ from essessey import (
     reassemble_events,
 )
 from essessey.adapters import RoundStream, ToolCallRequest, stream_rounds
-from essessey.adapters.openai import map_stop_reason, publish, stream_round
+from essessey.adapters.openai import CUT_STREAM, map_stop_reason, publish, stream_round
 from essessey.bindings.sse import EventStreamResponse
 from essessey.protocol import Dialect
 from tests.adapter_views import Interleaving, assert_each_call_whole, chat_chunks, interleavings
@@ -589,13 +589,45 @@ async def test_other_choices_are_skipped_with_one_log_line(
     chunk = _chunk(content="a")
     chunk["choices"].append({"index": 1, "delta": {"content": MARKER}, "finish_reason": None})
     with caplog.at_level(logging.DEBUG, logger="essessey.adapters.openai"):
-        message, events = await _publish([chunk, chunk, chunk])
+        message, events = await _publish([chunk, chunk, chunk, _chunk(finish_reason="stop")])
     assert check(events) == []
     assert message.text == "aaa"
     records = [r for r in caplog.records if r.name == "essessey.adapters.openai"]
     assert len(records) == 1
     assert "only choice 0" in records[0].getMessage()
     assert MARKER not in _log_text(caplog)
+
+
+@pytest.mark.anyio
+async def test_a_stream_cut_inside_a_call_s_arguments_ends_with_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No finish_reason and a call's arguments not whole JSON: the connection dropped.
+    # It read as a whole tool_use message, with no log line.
+    call = {"index": 0, "id": "call_1", "type": "function"}
+    call["function"] = {"name": "delete_files", "arguments": '{"path": "/tmp/x'}
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.openai"):
+        _, events = await _publish([_chunk(content=""), _chunk(tool_calls=[call])])
+    assert check(events) == []
+    assert [e.event for e in events][-1] == "error"
+    parsed = reassemble_events(events)
+    assert not parsed.complete
+    assert parsed.error is not None
+    assert parsed.error.message == CUT_STREAM
+    assert "without a finish_reason" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_a_stream_without_a_finish_reason_but_whole_ends_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="essessey.adapters.openai"):
+        _, events = await _publish([_chunk(content="all "), _chunk(content="there")])
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.complete
+    assert parsed.text == "all there"
+    assert "ended without a finish_reason after 2 chunks" in caplog.text
 
 
 @pytest.mark.anyio

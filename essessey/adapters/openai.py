@@ -69,9 +69,13 @@ from essessey.errors import ProviderStreamError
 from essessey.protocol import StopReason
 from essessey.publisher import Publisher
 
-__all__ = ["StreamedRound", "map_stop_reason", "publish", "stream_round"]
+__all__ = ["CUT_STREAM", "StreamedRound", "map_stop_reason", "publish", "stream_round"]
 
 logger = logging.getLogger("essessey.adapters.openai")
+
+CUT_STREAM: Final = "the provider stream ended before its finish_reason, a call's arguments cut"
+"""The message of the ``api_error`` that ends a stream cut short: no chunk gave a
+``finish_reason`` and a tool call's arguments are not whole JSON."""
 
 _STOP_REASONS: Final[dict[str, str]] = {
     "length": StopReason.MAX_TOKENS,
@@ -594,6 +598,8 @@ class _RoundReader:
         """End of the chunks: publish what waits, then declare the round's calls."""
         await self._held.advance(final=True)
         self._held.log_late()
+        if self.finish_reason is None and self.error is None and self._position >= 0:
+            self._ended_unfinished()
         if self._citations:
             logger.warning(
                 "%d citations came with no text after them; not published", len(self._citations)
@@ -610,6 +616,25 @@ class _RoundReader:
             usage=dict(self.usage),
             model=self.model,
         )
+
+    def _ended_unfinished(self) -> None:
+        """No chunk gave a ``finish_reason``: the connection may have dropped. Taken as
+        the end, with a warning, unless a call's arguments are cut (not whole JSON):
+        then the stream was cut short, which is a failure, never a silent success."""
+        cut = [c for c in self._held.published() if c.arguments.strip() and c.input is None]
+        if cut:
+            logger.warning(
+                "the chat completion stream ended without a finish_reason after %d chunks, "
+                "%d call(s) with arguments that are not whole JSON; it ends with an error",
+                self._position + 1,
+                len(cut),
+            )
+            self.error = ProviderStreamError("api_error", CUT_STREAM)
+        else:
+            logger.warning(
+                "the chat completion stream ended without a finish_reason after %d chunks",
+                self._position + 1,
+            )
 
     async def _output(self, piece: _Piece) -> None:
         kind, value = piece
