@@ -189,6 +189,44 @@ def test_two_turns_asking_the_same_ids_are_not_mixed_up(asking_app: str) -> None
     assert "several turns wait" in str(refused.value)
 
 
+class CountingHub(StreamHub):
+    """A hub that counts the index reads of the answers it is given."""
+
+    looked_up = 0
+
+    async def asking_streams(self, request_id: str) -> list[str]:
+        self.looked_up += 1
+        return await super().asking_streams(request_id)
+
+
+def test_an_answer_naming_thousands_of_ids_reads_each_once_and_at_most_a_bound() -> None:
+    # Each tool message's id was looked up in the store, repeats too: 60,000 of them (a
+    # 3.4 MB body) held the event loop for seconds, every other request waiting.
+    from essessey.dialects._routes import MAX_ANSWER_IDS_LOOKED_UP
+
+    async def go_on(publisher: Publisher, answered: Answered) -> None:
+        async with continue_turn(publisher, answered) as turn:
+            await (await turn.text()).write("never")
+
+    hub = CountingHub(on_answer=go_on)
+    routes = list(chat_completions_routes(hub, asking_turn("functions.get_location:1")))
+    with serve(Starlette(routes=routes, lifespan=hub.lifespan), lifespan="on") as url:
+        client = sdk(url)
+        first = client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+        messages = answer_all(first, "59.9")
+        *head, lookup, location = messages
+        repeats = [location] * 5_000
+        others = [{**location, "tool_call_id": f"call_{n}"} for n in range(3_000)]
+        hub.looked_up = 0
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="m",
+                messages=[*head, *repeats, *others, lookup, location],  # type: ignore[list-item]
+            )
+    assert "answered twice" in str(refused.value)
+    assert hub.looked_up == MAX_ANSWER_IDS_LOOKED_UP
+
+
 def owner_only(connection: Any, stream_id: str, access: str) -> bool:
     """Each user reads and answers only the turns it started (its key names them)."""
     key = connection.headers.get("authorization", "")

@@ -23,6 +23,7 @@ from essessey.protocol.asking import Waiting
 from essessey.publisher import TurnProducer
 
 __all__ = [
+    "MAX_ANSWER_IDS_LOOKED_UP",
     "MAX_ASKING_LOOKED_AT",
     "Asking",
     "answered_stream",
@@ -36,6 +37,10 @@ logger = logging.getLogger("essessey.dialects")
 MAX_ASKING_LOOKED_AT: Final = 256
 """The turns that asked an answer's ids that :func:`answered_stream` looks at, the latest
 first."""
+
+MAX_ANSWER_IDS_LOOKED_UP: Final = 1024
+"""The distinct request ids of one answer that :func:`answered_stream` looks up, those
+given last: each is a read of the store, and a body may repeat one or name thousands."""
 
 _Request = TypeVar("_Request")
 
@@ -122,7 +127,9 @@ async def answered_stream(
     A model's call ids are not unique across turns (``functions.get_weather:0``), so
     the answers of one turn never go to another that asked the same ids."""
     candidates: dict[str, None] = {}
-    for request_id in request_ids:
+    # Each id once, by its last place in the answers: the latest are the turn's own.
+    distinct = list(dict.fromkeys(reversed(request_ids)))[:MAX_ANSWER_IDS_LOOKED_UP]
+    for request_id in reversed(distinct):
         candidates.update(dict.fromkeys(await hub.asking_streams(request_id)))
     given = set(request_ids)
     # The latest turns that asked: an id every turn reuses has asked in many, and each
