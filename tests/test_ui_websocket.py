@@ -259,6 +259,8 @@ async def test_a_request_id_streaming_already_is_refused(socket: ClientConnectio
         ("not json", 4400),
         (json.dumps({"type": "send"}), 4400),  # no requestId
         (json.dumps({"type": "other", "requestId": "r"}), 4400),
+        # A lone surrogate's escape: an error in the reader, the socket dropped (1006).
+        ('{"type": "send", "requestId": "\\ud800", "id": "c1", "messages": []}', 4400),
         (json.dumps({"type": "send", "requestId": "r", "pad": "x" * 5000}), 1009),
     ],
 )

@@ -96,6 +96,16 @@ def _ended(exc: Exception, turn_id: str) -> str:
     return "the server failed; resume later"
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be written back (it holds no lone surrogate, which the JSON
+    escape ``\\ud800`` gives and no UTF-8 carries)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse(data: bytes) -> tuple[object, str | None]:
     """A client frame, and why its request is refused when it cannot be served as it is:
     JSON that orjson refuses though the JSON grammar allows it (a lone surrogate's
@@ -252,6 +262,7 @@ class _Connection:
             if (
                 not isinstance(request_id, str)
                 or len(request_id) > MAX_REQUEST_ID
+                or not _utf8(request_id)
                 or kind not in ("send", "resume", "abort")
             ):
                 logger.info("a WebSocket chat frame that is no request (%d bytes)", len(data))
