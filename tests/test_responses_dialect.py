@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import orjson
@@ -17,7 +18,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
-from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events
+from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events, stream_turn
 from essessey.adapters import openai_responses
 from essessey.bindings.sse import SSEDecoder
 from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
@@ -111,14 +112,79 @@ async def test_every_event_validates_and_numbers_count_up_from_zero() -> None:
     )
 
 
-async def test_starting_after_writes_only_the_events_after_that_number() -> None:
-    events = await scripted_events()
-    whole = ResponsesEncoder("resp_2", created_at=5)
-    every = events_of(b"".join(whole.encode(e) for e in events) + whole.finish())
-    for n in (0, 5, len(every) - 2, len(every) - 1):
-        later = ResponsesEncoder("resp_2", created_at=5, starting_after=n)
-        rest = events_of(b"".join(later.encode(e) for e in events) + later.finish())
-        assert rest == every[n + 1 :]
+def frames_of(body: bytes) -> list[tuple[str, int]]:
+    """Each frame's ``id:`` and sequence number."""
+    decoder = SSEDecoder()
+    return [(m.id or "", json.loads(m.data)["sequence_number"]) for m in decoder.feed(body)]
+
+
+async def test_starting_after_gives_every_later_frame_once_under_the_same_id(
+    base_url: str,
+) -> None:
+    # Frames of one event carry <id>:1, <id>:2, ..., <id>; a resume by starting_after that
+    # left some of an event's frames out numbered the rest from 1, so a reconnect with
+    # the Last-Event-ID of one of them got a frame it had again.
+    async with httpx.AsyncClient(base_url=base_url, timeout=WAIT) as http:
+        created = await http.post(
+            "/v1/responses", json={"model": "scripted", "input": "Weather?", "background": True}
+        )
+        response_id = created.json()["id"]
+        params = {"stream": "true"}
+        every = frames_of((await http.get(f"/v1/responses/{response_id}", params=params)).content)
+        assert [number for _, number in every] == list(range(len(every)))
+        for n in range(len(every)):
+            params = {"stream": "true", "starting_after": str(n)}
+            got = await http.get(f"/v1/responses/{response_id}", params=params)
+            rest = frames_of(got.content)
+            assert rest == every[n + 1 :], n
+            if rest:
+                # Dropped after the first frame: the reconnect goes on after it.
+                headers = {"Last-Event-ID": rest[0][0]}
+                again = await http.get(
+                    f"/v1/responses/{response_id}", params=params, headers=headers
+                )
+                assert frames_of(again.content) == every[n + 2 :], n
+
+
+async def test_a_resume_by_starting_after_in_a_pause_gets_its_headers_at_once() -> None:
+    # The frames up to starting_after are left out, so the headers waited for a later
+    # event (or the keep-alive, 15 s by default): a client's or a proxy's read timeout
+    # answered for them.
+    release = anyio.Event()
+
+    def held(request: ResponsesRequest) -> TurnProducer:
+        async def produce(publisher: Publisher) -> None:
+            async with stream_turn(
+                publisher, message_id="msg_1", stream_id=request.id, model="m"
+            ) as turn:
+                text = await turn.text()
+                await text.write("before ")
+                await release.wait()
+                await text.write("after")
+
+        return produce
+
+    hub = StreamHub()
+    routes = responses_routes(hub, held, ping_interval=60.0)
+    with serve(Starlette(routes=list(routes), lifespan=hub.lifespan), lifespan="on") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=WAIT) as http:
+            created = await http.post(
+                "/v1/responses", json={"model": "m", "input": "go", "background": True}
+            )
+            response_id = created.json()["id"]
+            # created, in_progress, the item's and the part's added, "before ": 0-4.
+            params = {"stream": "true", "starting_after": "4"}
+            with anyio.fail_after(WAIT):
+                async with http.stream(
+                    "GET", f"/v1/responses/{response_id}", params=params
+                ) as response:
+                    # The turn is held after what starting_after covers: no event came.
+                    assert response.status_code == 200
+                    release.set()
+                    body = b"".join([chunk async for chunk in response.aiter_raw()])
+    numbers = [number for _, number in frames_of(body)]
+    assert numbers[0] == 5
+    assert numbers == list(range(5, 5 + len(numbers)))
 
 
 @pytest.mark.parametrize("quick", [True, False], ids=["encode_text", "encode"])

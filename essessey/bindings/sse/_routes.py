@@ -127,6 +127,36 @@ class _HubFrames:
         return b"".join(frames[skip:])
 
 
+class _SkippingHubFrames(_HubFrames):
+    """A dialect's encoder on a hub stream that resumes after a point of the dialect's
+    own count (Responses' ``starting_after``): the frames ``before`` says come before it
+    are left out, their ids numbered as ever (a later resume by a frame's id finds the
+    same frame); once one is kept, every later one is."""
+
+    __slots__ = ("_before",)
+
+    def __init__(self, encoder: FrameEncoder, before: Callable[[bytes], bool]) -> None:
+        super().__init__(encoder)
+        self._before: Callable[[bytes], bool] | None = before
+
+    def encode(self, event: Event) -> bytes:
+        return self._kept(super().encode(event))
+
+    def _end(self, tail: bytes) -> bytes:
+        return self._kept(super()._end(tail))
+
+    def _kept(self, out: bytes) -> bytes:
+        before = self._before
+        if before is None or not out:
+            return out
+        frames = _frames(out)
+        for place, frame in enumerate(frames):
+            if not before(frame):
+                self._before = None
+                return b"".join(frames[place:])
+        return b""
+
+
 def _frames(encoded: bytes) -> list[bytes]:
     """Whole SSE messages joined, apart again: each ends with a blank line, which no
     message holds inside (its data lines are JSON, without line breaks)."""
@@ -282,6 +312,7 @@ async def subscription_response(
     *,
     encoder: FrameEncoder | None = None,
     shape: ErrorShape = error_body,
+    frames_before: Callable[[bytes], bool] | None = None,
     **options: Unpack[SSEOptions],
 ) -> Response:
     """An SSE response following ``stream_id`` on ``hub`` for this request, resuming
@@ -292,6 +323,7 @@ async def subscription_response(
     ``options`` go to :class:`EventStreamResponse`: ``headers``, ``ping_interval``,
     ``retry``, ``send_timeout``, ``max_queue``, ``max_batch_bytes``, ``shutdown_retry``
     (:class:`SSEOptions`). A resume with nothing more to send, its turn over, is a 204.
+    ``frames_before`` as in :func:`stream_response`.
     """
     headers = options.get("headers")
     admitted = await admit(hub, request, stream_id, requested_resume_point(request), logger)
@@ -308,7 +340,13 @@ async def subscription_response(
         if refusal is not None:
             return refusal
     return stream_response(
-        hub, stream_id, last_event_id, encoder=encoder, error_shape=shape, **options
+        hub,
+        stream_id,
+        last_event_id,
+        encoder=encoder,
+        error_shape=shape,
+        frames_before=frames_before,
+        **options,
     )
 
 
@@ -319,17 +357,23 @@ def stream_response(
     *,
     encoder: FrameEncoder | None = None,
     error_shape: ErrorShape = error_body,
+    frames_before: Callable[[bytes], bool] | None = None,
     **options: Unpack[SSEOptions],
 ) -> EventStreamResponse:
     """The SSE response of a client already admitted (the checks of
     :func:`subscription_response` done): ``stream_id`` on ``hub`` after
     ``last_event_id``, in ``encoder``'s dialect, its errors before the first event in
-    ``error_shape``. For a dialect's route that starts the
-    turn it then streams."""
+    ``error_shape``. For a dialect's route that starts the turn it then streams.
+
+    ``frames_before`` makes it a resume by the dialect's own count (Responses'
+    ``starting_after``): the encoder's frames it says come before the resume point are
+    left out (their ids kept in place), up to the first it does not."""
+    if frames_before is not None and encoder is None:
+        raise ValueError("frames_before needs a dialect's encoder")
     # A resume with nothing more to send, its turn over: 204, so an EventSource that
     # reconnects after the end stops instead of looping.
     empty_status = 204 if last_event_id is not None else None
-    if last_event_id is not None:
+    if last_event_id is not None or frames_before is not None:
         # A resume may land in a pause of its turn: its headers must not wait for the
         # next event, or a proxy's idle timeout answers for it.
         options.setdefault("headers_within", RESUME_HEADERS_WITHIN)
@@ -338,7 +382,13 @@ def stream_response(
         # A dialect's frame in the middle of an event has an id of its own: the resume
         # goes on from there (``with_id``).
         last_event_id, skip = split_frame_id(last_event_id)
-    frames = None if encoder is None else _HubFrames(encoder)
+    frames: _HubFrames | None = None
+    if encoder is not None:
+        frames = (
+            _HubFrames(encoder)
+            if frames_before is None
+            else _SkippingHubFrames(encoder, frames_before)
+        )
     source = HubSubscription(hub, stream_id, last_event_id, encoder, skip=skip, frames=frames)
     return EventStreamResponse(
         source, empty_status=empty_status, encoder=frames, error_shape=error_shape, **options

@@ -198,9 +198,8 @@ class ResponsesEncoder(DialectEncoder):
     :class:`~essessey.bindings.sse.FrameEncoder`).
 
     ``response_id`` names the response (``resp_...``), ``model`` fills its ``model``
-    until the turn's first message names one. ``starting_after`` drops the events up to
-    that sequence number (they are counted, not written): a resume the way OpenAI serves
-    one. ``max_buffer`` bounds the bytes of one item held for its ``done`` events.
+    until the turn's first message names one. ``max_buffer`` bounds the bytes of one item
+    held for its ``done`` events.
 
     A turn that asks (docs/asking.md): an approval request is an ``mcp_approval_request``
     item, and the call it gates is not written (a client would run it); so a round's
@@ -221,7 +220,6 @@ class ResponsesEncoder(DialectEncoder):
         response_id: str,
         *,
         model: str = "essessey",
-        starting_after: int | None = None,
         created_at: int | None = None,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         after: str | None = None,
@@ -230,7 +228,6 @@ class ResponsesEncoder(DialectEncoder):
             raise ValueError("max_buffer must be > 0")
         self.response_id = response_id
         self.model = model
-        self.starting_after = -1 if starting_after is None else starting_after
         self.created_at = int(time.time()) if created_at is None else created_at
         self.max_buffer = max_buffer
         self.sequence_number = 0
@@ -269,8 +266,8 @@ class ResponsesEncoder(DialectEncoder):
         self._records = client_calls(self._asked.waiting())
 
     def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
-        """One ``response.output_text.delta`` of ``text`` for block ``index`` (nothing up
-        to ``starting_after``); None when that is not an open text block."""
+        """One ``response.output_text.delta`` of ``text`` for block ``index``; None when
+        that is not an open text block."""
         item = None if self.ended else self._items.get(index)
         if item is None or (frame := item.text_frame) is None:
             return None
@@ -283,8 +280,6 @@ class ResponsesEncoder(DialectEncoder):
             self._hold(item, text)
         number = self.sequence_number
         self.sequence_number = number + 1
-        if number <= self.starting_after:
-            return b""
         return frame % (number, text_json)
 
     def finish(self) -> bytes:
@@ -318,8 +313,6 @@ class ResponsesEncoder(DialectEncoder):
     def _emit(self, kind: str, body: dict[str, Any]) -> list[bytes]:
         number = self.sequence_number
         self.sequence_number += 1
-        if number <= self.starting_after:
-            return []
         data = orjson.dumps({"type": kind, "sequence_number": number, **body})
         return [b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"]
 

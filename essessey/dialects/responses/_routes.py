@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,6 +183,20 @@ def _sequence_number(value: str | None) -> int | None:
     return int(value)
 
 
+_SEQUENCE_NUMBER: Final = re.compile(rb'"sequence_number":(\d+)')
+
+
+def _sequenced_before(last: int) -> Callable[[bytes], bool]:
+    """Whether a frame is one of the events up to sequence number ``last``: a resume by
+    ``starting_after`` leaves them out (the frames keep their ids)."""
+
+    def before(frame: bytes) -> bool:
+        found = _SEQUENCE_NUMBER.search(frame)
+        return found is not None and int(found[1]) <= last
+
+    return before
+
+
 def responses_routes(
     hub: StreamHub,
     turn: ResponsesTurnFactory,
@@ -315,19 +330,31 @@ def responses_routes(
             if await hub.store.exists(stream_id):
                 served = await whole(response_id, "essessey")
             return served or refuse(404, "not_found_error", f"no response {response_id!r}")
+        before = None if starting_after is None else _sequenced_before(starting_after)
         if after is None:
-            encoder = ResponsesEncoder(response_id, starting_after=starting_after)
             return await subscription_response(
-                hub, request, response_id, encoder=encoder, shape=error_object, **options
+                hub,
+                request,
+                response_id,
+                encoder=ResponsesEncoder(response_id),
+                shape=error_object,
+                frames_before=before,
+                **options,
             )
         # A continuation: read from the event it follows, unless the client resumes.
         verdict = await admit(hub, request, stream_id, requested_resume_point(request), logger)
         if isinstance(verdict, Refusal):
             return refuse(verdict.status, verdict.error_type, verdict.message)
-        encoder = ResponsesEncoder(response_id, starting_after=starting_after, after=after)
+        encoder = ResponsesEncoder(response_id, after=after)
         resume = verdict.last_event_id or after
         return stream_response(
-            hub, stream_id, resume, encoder=encoder, error_shape=error_object, **options
+            hub,
+            stream_id,
+            resume,
+            encoder=encoder,
+            error_shape=error_object,
+            frames_before=before,
+            **options,
         )
 
     return [
