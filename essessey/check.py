@@ -41,7 +41,7 @@ from essessey.protocol import (
     Unreadable,
     read,
 )
-from essessey.protocol.asking import ApprovalRequest, ClientToolCall, PendingRequest
+from essessey.protocol.asking import PendingRequest
 
 __all__ = ["ProtocolChecker", "Rule", "Violation", "check"]
 
@@ -156,8 +156,10 @@ class ProtocolChecker:
         their answers (the hub calls this for an answer's continuation)."""
         for request in requests:
             self._requests.add(request.id)
-            if isinstance(request, ClientToolCall | ApprovalRequest):
-                self._tool_uses.add(request.tool_use_id)
+            # The call it is about (a call's question's too): its result may follow.
+            call = request.tool_use_id
+            if call is not None:
+                self._tool_uses.add(call)
 
     def validate(self, event: str, payload: Any) -> list[Violation]:
         """The violations ``event`` would cause now, without recording it."""
@@ -445,13 +447,14 @@ class ProtocolChecker:
             return None
         if request_id in self._requests or request_id in self._tool_uses:
             violate(Rule.DUPLICATE_REQUEST, f"request id {request_id!r} was used before")
+        call = block.get("tool_use_id")
         if block_type == BlockType.QUESTION:
             if not isinstance(block.get("question"), str):
                 violate(Rule.PAYLOAD, "question block needs a string question")
-            return request_id
-        call = block.get("tool_use_id")
+            if call is None:
+                return request_id  # the turn's own question, not a call's
         if not isinstance(call, str):
-            violate(Rule.PAYLOAD, "approval_request block needs a string tool_use_id")
+            violate(Rule.PAYLOAD, f"{block_type} block needs a string tool_use_id")
         elif call not in self._message_uses or call in self._answered:
             violate(
                 Rule.APPROVAL_UNKNOWN_CALL,

@@ -578,10 +578,12 @@ class Publisher:
         *,
         schema: Mapping[str, Any] | None = None,
         expires_at: int | None = None,
+        tool_use_id: str | None = None,
     ) -> None:
-        """A whole ``question`` block: the message asks its client ``question``."""
+        """A whole ``question`` block: the message asks its client ``question``
+        (``tool_use_id``: asked by that call's run, whose result waits for the answer)."""
         block = protocol.question_block_start(
-            request_id, question, schema=schema, expires_at=expires_at
+            request_id, question, schema=schema, expires_at=expires_at, tool_use_id=tool_use_id
         )
         await self._send_whole_block("send_question", index, block)
 

@@ -693,14 +693,21 @@ class Asker:
         schema: Mapping[str, Any] | None = None,
         expires_in: float | None = DEFAULT_EXPIRES_IN,
         request_id: str | None = None,
+        tool_use_id: str | None = None,
     ) -> str:
-        """Ask ``question`` (``schema``: a JSON schema for the answer); returns its id."""
+        """Ask ``question`` (``schema``: a JSON schema for the answer; ``tool_use_id``:
+        the call whose run asks it); returns its id."""
         key = request_id or "q_" + secrets.token_hex(12)
         expires_at = _expiry(expires_in)
         await self._cursor._whole(
             self,
             lambda publisher, index: publisher.send_question(
-                index, key, question, schema=schema, expires_at=expires_at
+                index,
+                key,
+                question,
+                schema=schema,
+                expires_at=expires_at,
+                tool_use_id=tool_use_id,
             ),
         )
         return key
@@ -835,12 +842,21 @@ class Turn:
         schema: Mapping[str, Any] | None = None,
         expires_in: float | None = DEFAULT_EXPIRES_IN,
         request_id: str | None = None,
+        tool_use_id: str | None = None,
     ) -> str:
         """Ask the client ``question`` (``schema``: a JSON schema for the answer);
-        returns its id. The message ends with stop reason ``tool_use``: the turn waits."""
+        returns its id. The message ends with stop reason ``tool_use``: the turn waits.
+        With ``tool_use_id``, the question is that call's (a call of the message without
+        a result, which the app runs and which asks before it can end): the call is not
+        the client's to run, and its result goes out after the answer
+        (:meth:`tool_result` in the message that continues the turn)."""
         return await self._asking(
             lambda asker: asker.question(
-                question, schema=schema, expires_in=expires_in, request_id=request_id
+                question,
+                schema=schema,
+                expires_in=expires_in,
+                request_id=request_id,
+                tool_use_id=tool_use_id,
             )
         )
 
@@ -855,8 +871,9 @@ class Turn:
         )
 
     async def tool_result(self, tool_use_id: str, output: Any, *, is_error: bool = False) -> None:
-        """The result of a call an earlier message made and left to an approval, now run
-        (in the message that continues the turn): ``output`` is text, or any JSON."""
+        """The result of a call an earlier message made and left to an approval or to the
+        question its run asked, now run (in the message that continues the turn):
+        ``output`` is text, or any JSON."""
         text = result_text(output)  # before anything goes out: a bad value emits nothing
         await self._release()
         await Asker(self.publisher, shared_index=self._cursor).result(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import httpx
@@ -32,9 +32,10 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.types import Interrupt
+from langgraph.types import Interrupt, interrupt
 from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
@@ -43,6 +44,7 @@ from essessey import (
     InMemoryEventStore,
     InMemorySink,
     Publisher,
+    Question,
     QuestionAnswer,
     StreamHub,
     ToolApproval,
@@ -79,6 +81,7 @@ from tests.langgraph_graphs import (
     MODEL,
     SENT,
     ScriptedChatModel,
+    add,
     after_tools,
     anthropic,
     anthropic_end,
@@ -1024,6 +1027,91 @@ def mail(messages: list[BaseMessage]) -> list[AIMessageChunk]:
         ),
         finish("tool_calls"),
     ]
+
+
+@tool
+def book(table: int) -> str:
+    """Book a table, on the day the user says."""
+    day = interrupt("Which day?")
+    return f"booked table {table} on {day}"
+
+
+@tool
+def book_named(table: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+    """Book a table, asking the day with the call's own id."""
+    day = interrupt({"question": f"Which day for table {table}?", "tool_call_id": tool_call_id})
+    return f"booked table {table} on {day}"
+
+
+def booking(name: str, *tables: int, adding: bool = True) -> Any:
+    """Books the tables (a call each), adding two numbers beside them unless not
+    ``adding``, then answers with the results."""
+
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if results := after_tools(messages):
+            return reply(" / ".join(str(r.content) for r in results))
+        specs = [(f"call_{t}", name, {"table": t}) for t in tables]
+        if adding:
+            specs.insert(0, ("call_add", "add", {"a": 1, "b": 2}))
+        return [*calls(*specs), finish("tool_calls")]
+
+    return respond
+
+
+async def asked(hub: StreamHub, turns: AgentTurns, stream_id: str, text: str) -> Any:
+    """What the turn of ``text`` on ``stream_id`` waits for, once it stopped to ask."""
+    await hub.start(stream_id, turns(chat(stream_id, text)))
+    await hub.wait(stream_id)
+    waiting = await hub.waiting(stream_id)
+    assert waiting is not None
+    return waiting
+
+
+@pytest.mark.parametrize(
+    ("send", "adding"),
+    [(True, True), (True, False), (False, False)],
+    ids=["a-task-per-call", "a-task-per-call-alone", "one-tools-task-alone"],
+)
+async def test_a_tool_that_asks_is_the_graph_s_call_and_its_result_follows_the_answer(
+    send: bool, adding: bool
+) -> None:
+    # interrupt() inside a tool: the message asked the question and, for the same call,
+    # an output from the client, which the answer then had to make up; the graph's own
+    # result for the call was never published.
+    graph = react_graph(booking("book", 8, adding=adding), tools=[add, book], send=send)
+    turns = AgentTurns(graph)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        [question] = (await asked(hub, turns, "b1", "Book table 8")).requests
+        assert isinstance(question, Question)
+        assert (question.question, question.tool_use_id) == ("Which day?", "call_8")
+        assert (await hub.answer("b1", [QuestionAnswer(question.id, "Friday")])).started
+        await hub.wait("b1")
+        events, _ = await hub.store.since("b1", None)
+    assert check(events) == []
+    state = await final_state(graph, "b1")
+    ran = {m.tool_call_id: m.content for m in state if isinstance(m, ToolMessage)}
+    assert ran["call_8"] == "booked table 8 on Friday"
+    published = {r.tool_use_id: r.text for r in reassemble_events(events).tool_results}
+    assert published == ran
+
+
+async def test_tools_that_name_their_call_when_they_ask_are_each_asked_for_it() -> None:
+    graph = react_graph(booking("book_named", 4, 9), tools=[add, book_named], send=True)
+    turns = AgentTurns(graph)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        waiting = await asked(hub, turns, "b2", "Book tables 4 and 9")
+        by_call = {q.tool_use_id: q for q in waiting.requests if isinstance(q, Question)}
+        assert set(by_call) == {"call_4", "call_9"}
+        assert by_call["call_9"].question == "Which day for table 9?"
+        answers = [QuestionAnswer(by_call["call_4"].id, "Monday")]
+        answers.append(QuestionAnswer(by_call["call_9"].id, "Tuesday"))
+        assert (await hub.answer("b2", answers)).started
+        await hub.wait("b2")
+        events, _ = await hub.store.since("b2", None)
+    assert check(events) == []
+    published = {r.tool_use_id: r.text for r in reassemble_events(events).tool_results}
+    assert published["call_4"] == "booked table 4 on Monday"
+    assert published["call_9"] == "booked table 9 on Tuesday"
 
 
 async def test_a_question_answered_on_another_replica_resumes_the_graph() -> None:

@@ -123,6 +123,47 @@ async def test_an_approval_needs_a_call_of_its_message() -> None:
             await turn.ask_approval("call_nope")
 
 
+async def ask_by_a_call_turn(publisher: Publisher) -> None:
+    async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+        tools = await turn.tools()
+        await tools.start_call("call_1", "book", '{"table":8}')
+        await turn.ask("Which day?", request_id="q_1", tool_use_id="call_1", expires_in=None)
+
+
+async def go_on_with_the_call(publisher: Publisher, answered: Answered) -> None:
+    async with continue_turn(publisher, answered) as turn:
+        for question, answer in answered.questions():
+            assert question.tool_use_id is not None
+            await turn.tool_result(question.tool_use_id, f"booked on {answer.value}")
+        await (await turn.text()).write("Booked.")
+
+
+async def test_a_call_s_question_gates_it_and_its_result_follows_the_answer() -> None:
+    # A call that asks before it can end (a tool asking its user): the question names it,
+    # so the call is not the client's to run; its result comes after the answer.
+    async with StreamHub(on_answer=go_on_with_the_call) as hub:
+        await _hub_waiting(hub, ask_by_a_call_turn)
+        asked = await hub.waiting("s")
+        assert asked is not None
+        assert asked.requests == (Question("q_1", "Which day?", tool_use_id="call_1"),)
+        done = await hub.answer("s", [QuestionAnswer("q_1", "Friday")])
+        assert done.started
+        await hub.wait("s")
+        events = await _events(hub)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    [execution] = parsed.executions
+    assert (execution.call.name, execution.result) == ("book", "booked on Friday")
+    assert parsed.messages[-1].text == "Booked."
+
+
+async def test_a_question_can_name_only_a_call_of_its_message_without_a_result() -> None:
+    publisher = Publisher(InMemorySink())
+    with pytest.raises(ProtocolError, match="approval-unknown-call"):
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await turn.ask("Which day?", tool_use_id="call_nope")
+
+
 async def test_rounds_ask_between_rounds() -> None:
     sink = InMemorySink()
     publisher = Publisher(sink)

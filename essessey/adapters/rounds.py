@@ -582,21 +582,29 @@ class RoundStream:
         schema: Mapping[str, Any] | None = None,
         expires_in: float | None = DEFAULT_EXPIRES_IN,
         request_id: str | None = None,
+        tool_use_id: str | None = None,
     ) -> str:
         """Ask the client ``question`` between rounds; returns its id. The message ends
-        with stop reason ``tool_use``: the turn waits."""
+        with stop reason ``tool_use``: the turn waits. ``tool_use_id``: the call (of the
+        round, without a result) whose run asks it; its result comes after the answer
+        (:meth:`earlier_result`), and the client does not run it."""
         return await self._asking(
             "ask",
             lambda asker: asker.question(
-                question, schema=schema, expires_in=expires_in, request_id=request_id
+                question,
+                schema=schema,
+                expires_in=expires_in,
+                request_id=request_id,
+                tool_use_id=tool_use_id,
             ),
         )
 
     async def earlier_result(
         self, tool_use_id: str, result: object, *, is_error: bool = False
     ) -> None:
-        """The result of a call an earlier message made and left to an approval (in the
-        message that continues the turn, between rounds): text as it is, else JSON."""
+        """The result of a call an earlier message made and left to an approval or to the
+        question its run asked (in the message that continues the turn, between rounds):
+        text as it is, else JSON."""
         async with self._lock:
             self._require_idle("earlier_result")
             text = result_text(result)

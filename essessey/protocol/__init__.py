@@ -312,10 +312,15 @@ def question_block_start(
     *,
     schema: Mapping[str, Any] | None = None,
     expires_at: int | None = None,
+    tool_use_id: str | None = None,
 ) -> dict[str, Any]:
     """The ``content_block`` of a question: ``schema`` (a JSON schema) says what an answer
-    looks like, ``expires_at`` (Unix seconds) when answers stop being taken."""
+    looks like, ``expires_at`` (Unix seconds) when answers stop being taken,
+    ``tool_use_id`` the call of the message whose run asks it (its result comes after
+    the answer, in the message that continues the turn)."""
     block: dict[str, Any] = {"type": BlockType.QUESTION, "id": request_id, "question": question}
+    if tool_use_id is not None:
+        block["tool_use_id"] = tool_use_id
     if schema is not None:
         block["schema"] = dict(schema)
     if expires_at is not None:

@@ -114,6 +114,9 @@ class Question:
     question: str
     schema: Mapping[str, Any] | None = None
     expires_at: int | None = None
+    tool_use_id: str | None = None
+    """The call of the message whose run asks it (not the client's to run; its result
+    comes after the answer), or None for a question of the turn's own."""
 
 
 PendingRequest: TypeAlias = ApprovalRequest | ClientToolCall | Question
@@ -288,7 +291,14 @@ class _Message:
         self.last_event_id: str | None = None
 
     def requests(self) -> tuple[PendingRequest, ...]:
+        # The calls an approval gates and those whose run asks a question: not the
+        # client's to run.
         approved_calls = {block["tool_use_id"] for block in self.approvals.values()}
+        approved_calls.update(
+            block["tool_use_id"]
+            for block in self.questions.values()
+            if isinstance(block.get("tool_use_id"), str)
+        )
         found: list[PendingRequest] = []
         for kind, key in self.order:
             if kind == BlockType.TOOL_USE:
@@ -317,12 +327,14 @@ class _Message:
             else:
                 block = self.questions[key]
                 schema = block.get("schema")
+                call = block.get("tool_use_id")
                 found.append(
                     Question(
                         key,
                         str(block.get("question", "")),
                         schema if isinstance(schema, dict) else None,
                         _int_or_none(block.get("expires_at")),
+                        call if isinstance(call, str) else None,
                     )
                 )
         return tuple(found)

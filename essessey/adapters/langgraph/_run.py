@@ -145,6 +145,9 @@ class _Run:
         if answered is not None:
             for request, _ in answered.approvals():
                 self._earlier[request.tool_use_id] = True
+            for question, _ in answered.questions():
+                if question.tool_use_id is not None:  # the call that asked: run now
+                    self._earlier[question.tool_use_id] = True
             for call, _ in answered.tool_outputs():
                 self._earlier[call.id] = False
 
@@ -356,7 +359,8 @@ class _Run:
             # stream has them, and the message does not wait for them.
             cut = _stop_reason(current.finish_reason) != StopReason.END_TURN
         out = self.out
-        asks: list[tuple[str, Interrupt, str | None]] = []  # (request id, interrupt, call)
+        # (request id, interrupt, the call it approves, the call whose run asks it)
+        asks: list[tuple[str, Interrupt, str | None, str | None]] = []
         gated: set[str] = set()
         used = {c.id for c in out.tool_calls}
         open_ids = {c.id for c in unanswered}
@@ -370,8 +374,10 @@ class _Run:
             if not _REQUEST_ID.fullmatch(request_id) or request_id in used:
                 request_id = ("apr_" if call else "q_") + secrets.token_hex(12)
             used.add(request_id)
-            asks.append((request_id, item, call))
+            asks.append((request_id, item, call, None))
         asks.sort(key=lambda ask: ask[2] is None)  # approvals before questions
+        if not cut:
+            asks = _askers(asks, [c.id for c in unanswered], gated)
         for_client = [] if cut else [c.id for c in unanswered if c.id not in gated]
         if for_client and asks:
             # Most often a tools node that runs the whole round in one task: the calls
@@ -384,7 +390,7 @@ class _Run:
                 len(for_client),
             )
         out.asked = for_client + [a[0] for a in asks]
-        out.resume_ids = {request_id: item.id for request_id, item, _ in asks}
+        out.resume_ids = {request_id: item.id for request_id, item, _, _ in asks}
         if current is not None:
             if cut and asks:
                 # The message asks, so a call without a result would read as the
@@ -399,14 +405,16 @@ class _Run:
             out.stop_reason = StopReason.TOOL_USE
             if states is not None:
                 await states.save(out.asked[0], _state(config, out.resume_ids))
-            for request_id, item, call in asks:
+            for request_id, item, call, asker in asks:
                 if call is not None:
                     await self.rounds.ask_approval(
                         call, reason=_reason(item.value), request_id=request_id
                     )
                 else:
                     question, schema = _question(item)
-                    await self.rounds.ask(question, schema=schema, request_id=request_id)
+                    await self.rounds.ask(
+                        question, schema=schema, request_id=request_id, tool_use_id=asker
+                    )
         self.rounds.stop_reason = out.stop_reason
         if not out.asked:
             details, sequence = self._stop
@@ -417,6 +425,54 @@ class _Run:
         self.rounds.output_tokens = usage.pop("output_tokens", 0)
         self.rounds.usage = usage
         return out
+
+
+def _askers(
+    asks: list[tuple[str, Interrupt, str | None, str | None]],
+    unanswered: list[str],
+    gated: set[str],
+) -> list[tuple[str, Interrupt, str | None, str | None]]:
+    """``asks`` with each question given the call whose run asks it, which gates that
+    call (``gated`` gains it): the graph runs the call on when the answer comes, its
+    result then in the next message, so it is not the client's.
+
+    A question names its call when its value is a mapping with ``tool_call_id`` (a tool
+    asks with ``interrupt({"question": ..., "tool_call_id": runtime.tool_call_id})``).
+    A plain ``interrupt(...)`` names none: the round's calls still without a result are
+    the interrupted ones (a graph paused at interrupts runs them when it resumes). When
+    there are no more of them than such questions (a call per task, as ``Send``
+    dispatches them), each is the next question's, in order; more calls than questions
+    (a tools node that runs the whole round in one task) cannot be told apart, and stay
+    the client's (see the warning in :meth:`_Run.end`)."""
+    open_calls = [c for c in unanswered if c not in gated]
+    out: list[tuple[str, Interrupt, str | None, str | None]] = []
+    for request_id, item, call, _ in asks:
+        asker = _named_call(item.value) if call is None else None
+        if asker is not None and asker in open_calls:
+            open_calls.remove(asker)
+            gated.add(asker)
+        else:
+            asker = None
+        out.append((request_id, item, call, asker))
+    plain = [
+        place
+        for place, (_, item, call, asker) in enumerate(out)
+        if call is None and asker is None and _named_call(item.value) is None
+    ]
+    if open_calls and len(open_calls) <= len(plain):
+        for place, asker in zip(plain, open_calls, strict=False):
+            request_id, item, call, _ = out[place]
+            gated.add(asker)
+            out[place] = (request_id, item, call, asker)
+    return out
+
+
+def _named_call(value: object) -> str | None:
+    """The call a question's interrupt value names (``tool_call_id``), if any."""
+    if isinstance(value, Mapping) and isinstance(value.get("tool_call_id"), str):
+        call: str = value["tool_call_id"]
+        return call or None
+    return None
 
 
 def _stop_reason(finish_reason: str | None) -> str:

@@ -103,6 +103,8 @@ def _interrupt(kind: str, block: dict[str, Any]) -> dict[str, Any]:
         interrupt["responseSchema"] = APPROVAL_SCHEMA
     else:
         interrupt["reason"] = QUESTION_REASON
+        if isinstance(block.get("tool_use_id"), str):
+            interrupt["toolCallId"] = block["tool_use_id"]
         interrupt["message"] = str(block.get("question", ""))
         schema = block.get("schema")
         if isinstance(schema, dict):
@@ -308,7 +310,7 @@ class AGUIEncoder(DialectEncoder):
         if kind == BlockType.APPROVAL_REQUEST or kind == BlockType.QUESTION:
             interrupt = _interrupt(kind, start)
             self._interrupts.append(interrupt)
-            if kind == BlockType.APPROVAL_REQUEST:
+            if "toolCallId" in interrupt:  # an approval's call, or a call's question
                 self._gated.add(interrupt["toolCallId"])
             return True
         if kind in _RECORDS:

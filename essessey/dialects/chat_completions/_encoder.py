@@ -284,6 +284,9 @@ class ChatCompletionsEncoder(DialectEncoder):
             self._blocks[index] = (kind, -1)  # not written; its calls stay held
             self._results.add(str(block.get("tool_use_id")))
             return []
+        if kind == BlockType.QUESTION and isinstance(block.get("tool_use_id"), str):
+            # A call's question: the app runs that call, not the client.
+            self._gated.add(block["tool_use_id"])
         calls = self._released()
         self._blocks[index] = (kind, -1)
         if kind == BlockType.QUESTION:

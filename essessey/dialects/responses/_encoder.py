@@ -444,6 +444,9 @@ class ResponsesEncoder(DialectEncoder):
             item.held = True
             self._queue.append(item)
             return []
+        if kind == BlockType.QUESTION and isinstance(block.get("tool_use_id"), str):
+            # A call's question: the app runs that call, not the client.
+            self._gated.add(block["tool_use_id"])
         frames = self._release()
         if kind == BlockType.QUESTION:
             self._items[index] = _Item(_QUIET, "", -1, block)

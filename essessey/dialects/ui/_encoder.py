@@ -174,6 +174,8 @@ class UIMessageEncoder(DialectEncoder):
         self._step_open = False
         self._message_asks = False  # the open message has a request block
         self._calls: set[str] = set()  # the open message's calls without a result
+        # The open message's calls whose input went out: name and input.
+        self._inputs: dict[str, tuple[str, Any]] = {}
         self._client_calls: set[str] = set()  # those of the last message that asked
         self._sent: set[str] = set()  # client calls whose output the client sent
         self._asked = False  # the last message that ended asked something
@@ -330,6 +332,7 @@ class UIMessageEncoder(DialectEncoder):
         self._blocks.clear()
         self._message_asks = False
         self._calls = set()
+        self._inputs = {}
         # The continuation of a turn that asked: its records update the parts they
         # answer, in the step that asked; its own step opens at its first other block.
         self._step_open = not self._asked
@@ -349,9 +352,10 @@ class UIMessageEncoder(DialectEncoder):
             self._step_open = True
             self._after_results = False
             out.append(frame({"type": "start-step"}))
-        elif self._after_results and kind != BlockType.APPROVAL_REQUEST:
+        elif self._after_results and not _of_a_call(kind, content):
             # The next model round of the same message: a step of its own (not an
-            # approval request, which is about a call of the step's).
+            # approval request or a call's question, which are about a call of the
+            # step's).
             self._after_results = False
             out += [frame({"type": "finish-step"}), frame({"type": "start-step"})]
         return out + self._open_block(index, kind, content)
@@ -503,7 +507,7 @@ class UIMessageEncoder(DialectEncoder):
                 tool_input["schema"] = schema
             chunk = {"type": "tool-input-available", "toolCallId": block.id}
             chunk.update(toolName=QUESTION_TOOL, input=tool_input)
-            return [frame(chunk)]
+            return [*self._run_here(content.get("tool_use_id")), frame(chunk)]
         if block.kind == BlockType.APPROVAL_RESPONSE:
             request_id = str(content["request_id"])
             approved = content.get("approved") is True
@@ -527,6 +531,19 @@ class UIMessageEncoder(DialectEncoder):
             return [frame(chunk)]
         return None
 
+    def _run_here(self, call_id: object) -> list[bytes]:
+        """The call a question is asked by: the server runs it, not the client. Its part
+        is written again as executed by the server (``providerExecuted``), so that a
+        client waiting for every call's output (``lastAssistantMessageIsCompleteWith
+        ToolCalls``) waits for the question's answer alone."""
+        call = self._inputs.get(call_id) if isinstance(call_id, str) else None
+        if call is None:
+            return []
+        self._calls.discard(str(call_id))
+        chunk: dict[str, Any] = {"type": "tool-input-available", "toolCallId": call_id}
+        chunk.update(toolName=call[0], input=call[1], providerExecuted=True)
+        return [frame(chunk)]
+
     def _tool_input(self, block: _Block) -> bytes:
         text = "".join(block.held)
         name = str(block.content["name"])
@@ -542,6 +559,7 @@ class UIMessageEncoder(DialectEncoder):
                     "errorText": "the tool input is not valid JSON",
                 }
             )
+        self._inputs[block.id] = (name, tool_input)
         return frame(
             {
                 "type": "tool-input-available",
@@ -561,3 +579,11 @@ class UIMessageEncoder(DialectEncoder):
         except orjson.JSONDecodeError:
             output = text
         return frame({"type": "tool-output-available", "toolCallId": call_id, "output": output})
+
+
+def _of_a_call(kind: object, content: dict[str, Any]) -> bool:
+    """Whether a block is about a call of its step: an approval request, or a question
+    that call's run asks."""
+    return kind == BlockType.APPROVAL_REQUEST or (
+        kind == BlockType.QUESTION and isinstance(content.get("tool_use_id"), str)
+    )
