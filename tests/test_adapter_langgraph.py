@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Annotated, Any
 
 import anyio
@@ -1468,6 +1469,46 @@ def test_an_interrupt_value_becomes_a_question() -> None:
         '{"action":"book","nights":2}',
         None,
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "question", "schema"),
+    [
+        (
+            {"question": "How much?", "schema": {"maximum": Decimal("9.5")}},
+            "How much?",
+            {"maximum": 9.5},
+        ),
+        (
+            {"question": "Pick", "schema": {"enum": [1, 2], "x-labels": {1: "one"}}},
+            "Pick",
+            {"enum": [1, 2], "x-labels": {"1": "one"}},
+        ),
+        ({"question": "Name?", "schema": {"title": "lone \ud800"}}, "Name?", None),
+        ({1: "one", 2: "two"}, '{"1":"one","2":"two"}', None),
+    ],
+    ids=["a-decimal-in-the-schema", "int-keys-in-the-schema", "a-lone-surrogate", "int-keys"],
+)
+async def test_an_interrupt_value_json_has_no_type_for_still_asks(
+    value: Any, question: str, schema: Any
+) -> None:
+    # What LangGraph checkpoints but orjson cannot write ended the turn with a
+    # SerializationError (the thread left stuck at its interrupt, nothing asked), or was
+    # asked as its type's name ("dict").
+    def ask(state: MessagesState) -> dict[str, Any]:
+        interrupt(value)
+        return {"messages": []}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    turns = AgentTurns(builder.compile(checkpointer=InMemorySaver()))
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        [asked_question] = (await asked(hub, turns, "i1", "go")).requests
+        events, _ = await hub.store.since("i1", None)
+    assert check(events) == []
+    assert isinstance(asked_question, Question)
+    assert (asked_question.question, asked_question.schema) == (question, schema)
 
 
 async def test_graph_stream_reads_what_stream_run_takes() -> None:

@@ -16,6 +16,7 @@ from collections.abc import (
     Mapping,
 )
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Final, TypeAlias
 
 import anyio
@@ -489,17 +490,43 @@ def _reason(value: object) -> str | None:
 def _question(item: Interrupt) -> tuple[str, Mapping[str, Any] | None]:
     """An interrupt's question and its answer's schema (see the module's docstring)."""
     value = item.value
-    schema = item.response_schema if isinstance(item.response_schema, Mapping) else None
+    schema: Mapping[str, Any] | None = (
+        item.response_schema if isinstance(item.response_schema, Mapping) else None
+    )
+    if isinstance(value, Mapping) and isinstance(value.get("question"), str):
+        given = value.get("schema")
+        schema = given if isinstance(given, Mapping) else schema
+    if schema is not None:
+        try:
+            schema = orjson.loads(_json_text(schema))
+        except TypeError:
+            logger.warning("an interrupt's answer schema is not JSON; asked without it")
+            schema = None
     if isinstance(value, str):
         return clean(value), schema
     if isinstance(value, Mapping) and isinstance(value.get("question"), str):
-        given = value.get("schema")
-        return clean(value["question"]), given if isinstance(given, Mapping) else schema
+        return clean(value["question"]), schema
     try:
-        return orjson.dumps(value, default=str).decode(), schema
+        return _json_text(value).decode(), schema
     except TypeError:
         logger.warning("an interrupt value of type %s is not JSON", type(value).__name__)
         return type(value).__name__, schema
+
+
+def _json_text(value: object) -> bytes:
+    """``value`` as JSON, what LangGraph checkpoints that JSON has no type for written
+    as near as it goes: keys as text, a ``Decimal`` as a number, a set or a tuple as a
+    list, anything else as its text. TypeError for what still cannot be written (a lone
+    surrogate, an integer past 64 bits)."""
+    return orjson.dumps(value, default=_plain, option=orjson.OPT_NON_STR_KEYS)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Decimal) and value.is_finite():
+        return float(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
 
 
 def _state(config: RunnableConfig | None, resume_ids: Mapping[str, str]) -> bytes:
