@@ -455,10 +455,12 @@ class ProtocolChecker:
                 return request_id  # the turn's own question, not a call's
         if not isinstance(call, str):
             violate(Rule.PAYLOAD, f"{block_type} block needs a string tool_use_id")
-        elif call not in self._message_uses or call in self._answered:
+        elif call in self._answered or not (call in self._message_uses or call in self._tool_uses):
+            # A call of this message, or an earlier one still without its result (one
+            # approved that asks again before it ends, in the message that continues).
             violate(
                 Rule.APPROVAL_UNKNOWN_CALL,
-                f"no tool_use {call!r} without a result in this message",
+                f"no tool_use {call!r} without a result in this stream",
             )
         return request_id
 

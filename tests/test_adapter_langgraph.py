@@ -41,6 +41,7 @@ from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
 from essessey import (
+    ApprovalRequest,
     Event,
     InMemoryEventStore,
     InMemorySink,
@@ -60,6 +61,7 @@ from essessey.adapters.langgraph import (
     graph_input,
     graph_stream,
     publish_run,
+    request_approval,
     stream_run,
 )
 from essessey.bindings.sse import SSEDecoder
@@ -1113,6 +1115,71 @@ async def test_tools_that_name_their_call_when_they_ask_are_each_asked_for_it() 
     published = {r.tool_use_id: r.text for r in reassemble_events(events).tool_results}
     assert published["call_4"] == "booked table 4 on Monday"
     assert published["call_9"] == "booked table 9 on Tuesday"
+
+
+def pay_tool(second: str) -> Any:
+    """A tool approved before it pays that asks again before it ends: a question
+    (``second="question"``) or a second approval (over a limit)."""
+
+    @tool
+    def pay(amount: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Pay an amount."""
+        if not request_approval(tool_call_id, reason="pays").approved:
+            return "not paid"
+        if second == "question":
+            account = interrupt("From which account?")
+        else:
+            over = request_approval(tool_call_id, reason="over the daily limit").approved
+            account = "checking" if over else "nowhere"
+        return f"paid {amount} from {account}"
+
+    return pay
+
+
+@pytest.mark.parametrize("second", ["question", "approval"])
+async def test_an_approved_call_that_asks_again_gets_its_result_after_the_answer(
+    second: str,
+) -> None:
+    # The continuation knew only the calls of its own rounds: the second request was
+    # asked as a question of the interrupt's JSON (an approval) or of no call, and the
+    # tool's result, once it returned, was dropped ("names no call of this run").
+    def respond(messages: list[BaseMessage]) -> list[AIMessageChunk]:
+        if results := after_tools(messages):
+            return reply(str(results[-1].content))
+        return [*calls(("call_pay", "pay", {"amount": 5})), finish("tool_calls")]
+
+    graph = react_graph(respond, tools=[pay_tool(second)])
+    turns = AgentTurns(graph)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        [first] = (await asked(hub, turns, "p1", "pay")).requests
+        assert isinstance(first, ApprovalRequest)
+        assert (await hub.answer("p1", [ToolApproval(first.id, True)])).started
+        await hub.wait("p1")
+        waiting = await hub.waiting("p1")
+        assert waiting is not None
+        [again] = waiting.requests
+        if second == "question":
+            assert isinstance(again, Question)
+            assert (again.question, again.tool_use_id) == ("From which account?", "call_pay")
+            answer: Any = QuestionAnswer(again.id, "savings")
+        else:
+            assert isinstance(again, ApprovalRequest)
+            assert (again.tool_use_id, again.name, again.input) == (
+                "call_pay",
+                "pay",
+                {"amount": 5},
+            )
+            answer = ToolApproval(again.id, True)
+        assert (await hub.answer("p1", [answer])).started
+        await hub.wait("p1")
+        events, _ = await hub.store.since("p1", None)
+    assert check(events) == []
+    state = await final_state(graph, "p1")
+    ran = [(m.tool_call_id, m.content) for m in state if isinstance(m, ToolMessage)]
+    expected = "paid 5 from " + ("savings" if second == "question" else "checking")
+    assert ran == [("call_pay", expected)]
+    published = [(r.tool_use_id, r.text) for r in reassemble_events(events).tool_results]
+    assert published == ran
 
 
 async def test_a_question_answered_on_another_replica_resumes_the_graph() -> None:

@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 from ag_ui.core import RunFinishedEvent
 
-from essessey import InMemorySink, Publisher, stream_turn
+from essessey import (
+    Answered,
+    InMemorySink,
+    Publisher,
+    StreamHub,
+    ToolApproval,
+    check,
+    continue_turn,
+    stream_turn,
+)
 from essessey.bindings.sse import SSEDecoder
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
@@ -103,3 +112,51 @@ async def test_the_ui_stream_marks_the_call_run_by_the_server(node_client: Path)
             ["tool-ask_user", "output-available", False],  # as addToolOutput left it
         ],
     }
+
+
+async def _asked_twice_events() -> list[Event]:
+    """A call approved, then asking to be approved again in the message that continues
+    (a tool over a limit), as a stream the hub keeps."""
+
+    async def produce(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            tools = await turn.tools()
+            await tools.start_call("call_pay", "pay", '{"amount":5}')
+            await turn.ask_approval("call_pay", request_id="apr_1")
+
+    async def go_on(publisher: Publisher, answered: Answered) -> None:
+        async with continue_turn(publisher, answered) as turn:
+            await turn.ask_approval("call_pay", reason="over the limit", request_id="apr_2")
+
+    async with StreamHub(on_answer=go_on) as hub:
+        await hub.start("s", produce)
+        await hub.wait("s")
+        await hub.answer("s", [ToolApproval("apr_1", True)])
+        await hub.wait("s")
+        waiting = await hub.waiting("s")
+        events, _ = await hub.store.since("s", None)
+    assert waiting is not None
+    assert [(r.id, r.tool_use_id, r.name) for r in waiting.requests] == [
+        ("apr_2", "call_pay", "pay")
+    ]
+    assert check(events) == []
+    return events
+
+
+async def test_a_second_approval_of_an_earlier_call_names_it_in_every_openai_dialect() -> None:
+    # The encoders knew only the message's own calls: the second approval went out
+    # with an empty name and arguments.
+    events = await _asked_twice_events()
+    chunks = _datas(ChatCompletionsEncoder("chatcmpl-x"), events)
+    approvals = [
+        json.loads(call["function"]["arguments"])
+        for chunk in chunks
+        for choice in chunk.get("choices", ())
+        for call in choice["delta"].get("tool_calls") or ()
+        if call.get("function", {}).get("name") == "approve_tool_call"
+    ]
+    assert [(a["name"], a["arguments"]) for a in approvals][-1] == ("pay", '{"amount":5}')
+    items = _datas(ResponsesEncoder("resp_x"), events)
+    requests = [e["item"] for e in items if e["type"] == "response.output_item.done"]
+    asked = [(i["name"], i["arguments"]) for i in requests if i["type"] == "mcp_approval_request"]
+    assert asked[-1] == ("pay", '{"amount":5}')

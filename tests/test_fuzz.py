@@ -1962,7 +1962,10 @@ def test_openai_adapter_skips_a_chunk_orjson_cannot_write(dialect: str) -> None:
         _openai_chunk({"content": "a"}),
         _openai_chunk({"content": MARKER + "\ud800"}),
         _openai_chunk({"reasoning": "\udc00"}),
-        _openai_chunk({"content": "b"}),
+        {
+            "model": "gpt-x",
+            "choices": [{"index": 0, "delta": {"content": "b"}, "finish_reason": "stop"}],
+        },
         {"choices": [], "usage": {"prompt_tokens": 2**64, "completion_tokens": 1}},
         {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2**63}},
     ]

@@ -290,7 +290,9 @@ class _Message:
         self.stop_reason: str | None = None
         self.last_event_id: str | None = None
 
-    def requests(self) -> tuple[PendingRequest, ...]:
+    def requests(self, earlier: Mapping[str, _Message] | None = None) -> tuple[PendingRequest, ...]:
+        """What the message asks; ``earlier``: the stream's calls by id, the message
+        each is in (an approval may name an earlier message's call still running)."""
         # The calls an approval gates and those whose run asks a question: not the
         # client's to run.
         approved_calls = {block["tool_use_id"] for block in self.approvals.values()}
@@ -310,8 +312,9 @@ class _Message:
             elif kind == BlockType.APPROVAL_REQUEST:
                 block = self.approvals[key]
                 call = block["tool_use_id"]
-                name, _ = self.calls.get(call, ("", None))
-                arguments = "".join(self.partial.get(call, ()))
+                owner = self if call in self.calls or earlier is None else earlier.get(call, self)
+                name, _ = owner.calls.get(call, ("", None))
+                arguments = "".join(owner.partial.get(call, ()))
                 reason = block.get("reason")
                 found.append(
                     ApprovalRequest(
@@ -347,13 +350,14 @@ class AskReader:
     every reader of the protocol skips them.
     """
 
-    __slots__ = ("_asking", "_blocks", "_continued", "_current", "_last_id")
+    __slots__ = ("_asking", "_blocks", "_calls_of", "_continued", "_current", "_last_id")
 
     def __init__(self) -> None:
         self._current: _Message | None = None
         self._asking: _Message | None = None  # the last message that ended asking
         self._continued: _Message | None = None  # the first message after it
         self._blocks: dict[int, tuple[str, str]] = {}  # open block index -> (type, key)
+        self._calls_of: dict[str, _Message] = {}  # each call of the stream: its message
         self._last_id: str | None = None
 
     def feed(self, event: Event) -> None:
@@ -386,7 +390,7 @@ class AskReader:
             self._current = None
             if message.stop_reason == StopReason.TOOL_USE and (message.order or message.calls):
                 message.last_event_id = event.id
-                if message.requests():
+                if message.requests(self._calls_of):
                     self._asking, self._continued = message, None
         self._last_id = event.id
 
@@ -401,6 +405,7 @@ class AskReader:
                 str(block.get("name", "")),
                 item_type if isinstance(item_type, str) else None,
             )
+            self._calls_of[key] = message
             message.order.append((kind, key))
         elif kind == BlockType.TOOL_RESULT:
             key = str(block.get("tool_use_id", ""))
@@ -432,7 +437,7 @@ class AskReader:
         asking = self._asking
         if asking is None:
             return None
-        requests = asking.requests()
+        requests = asking.requests(self._calls_of)
         answered: dict[str, Answer] | None = None
         continued = self._continued
         if continued is not None:

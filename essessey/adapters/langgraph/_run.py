@@ -364,7 +364,10 @@ class _Run:
         asks: list[tuple[str, Interrupt, str | None, str | None]] = []
         gated: set[str] = set()
         used = {c.id for c in out.tool_calls}
-        open_ids = {c.id for c in unanswered}
+        # An earlier message's call that was let run and asks again before it ends (a
+        # tool approved that asks a question, or another approval) is open too.
+        owed = [c for c, run in self._earlier.items() if run and c not in out.results]
+        open_ids = {c.id for c in unanswered} | set(owed)
         for item in out.interrupts:
             call = approval_call(item.value)
             if call is not None and (call not in open_ids or call in gated):
@@ -378,7 +381,7 @@ class _Run:
             asks.append((request_id, item, call, None))
         asks.sort(key=lambda ask: ask[2] is None)  # approvals before questions
         if not cut:
-            asks = _askers(asks, [c.id for c in unanswered], gated)
+            asks = _askers(asks, [c.id for c in unanswered] + owed, gated)
         for_client = [] if cut else [c.id for c in unanswered if c.id not in gated]
         if for_client and asks:
             # Most often a tools node that runs the whole round in one task: the calls

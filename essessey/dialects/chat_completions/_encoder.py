@@ -138,6 +138,9 @@ class ChatCompletionsEncoder(DialectEncoder):
         self._held: dict[int, _Held] = {}  # the open held calls, by block index
         self._gated: set[str] = set()
         self._calls: dict[str, _Held] = {}  # the message's calls, by id
+        # The last message's calls left without a result: a message that continues it
+        # may ask to approve one again (a call let run that asks before it ends).
+        self._earlier: dict[str, _Held] = {}
         self._results: set[str] = set()
         # The calls written while open with no arguments yet, by block index: at their
         # stop, if none came, their start's input.
@@ -249,6 +252,7 @@ class ChatCompletionsEncoder(DialectEncoder):
         self._blocks.clear()
         self._held.clear()
         self._argless.clear()
+        self._earlier = {k: v for k, v in self._calls.items() if k not in self._results}
         self._calls.clear()
         self._results.clear()
         self._gated.clear()
@@ -354,8 +358,9 @@ class ChatCompletionsEncoder(DialectEncoder):
         return calls
 
     def _approval(self, block: dict[str, Any]) -> dict[str, Any]:
-        call = self._calls.get(str(block["tool_use_id"]))
-        fields: dict[str, Any] = {"tool_use_id": str(block["tool_use_id"])}
+        call_id = str(block["tool_use_id"])
+        call = self._calls.get(call_id) or self._earlier.get(call_id)
+        fields: dict[str, Any] = {"tool_use_id": call_id}
         fields["name"] = str(call.block.get("name", "")) if call is not None else ""
         fields["arguments"] = call_arguments(call.parts, call.block) if call is not None else ""
         reason = block.get("reason")

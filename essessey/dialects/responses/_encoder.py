@@ -252,6 +252,9 @@ class ResponsesEncoder(DialectEncoder):
         self._queue: list[_Item | dict[str, Any]] = []
         self._gated: set[str] = set()
         self._calls: dict[str, _Item] = {}  # the message's calls, by id
+        # The last message's calls left without a result: a message that continues it
+        # may ask to approve one again (a call let run that asks before it ends).
+        self._earlier: dict[str, _Item] = {}
         self._results: set[str] = set()  # the calls the message gives results of
         self._asks = False  # the message asks for an approval or an answer
 
@@ -391,6 +394,7 @@ class ResponsesEncoder(DialectEncoder):
     def _start(self, message: dict[str, Any]) -> list[bytes]:
         frames = self._release()
         self._items.clear()
+        self._earlier = {k: v for k, v in self._calls.items() if k not in self._results}
         self._calls.clear()
         self._results.clear()
         self._gated.clear()
@@ -500,7 +504,8 @@ class ResponsesEncoder(DialectEncoder):
 
     def _approval(self, block: dict[str, Any]) -> list[bytes]:
         request_id = str(block["id"])
-        call = self._calls.get(str(block["tool_use_id"]))
+        call_id = str(block["tool_use_id"])
+        call = self._calls.get(call_id) or self._earlier.get(call_id)
         name = arguments = ""
         label: object = None
         if call is not None:
