@@ -257,6 +257,34 @@ def dialects() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("DELETE", "/v1/chat/completions/chatcmpl-x", "GET, HEAD"),
+        ("PUT", "/v1/responses", "POST"),
+        ("DELETE", "/v1/responses/resp_x", "GET, HEAD"),
+        ("GET", "/v1/responses/resp_x/cancel", "POST"),
+        ("GET", "/agui", "POST"),
+        ("GET", "/api/chat", "POST"),
+        ("POST", "/api/chat/c1/stream", "GET, HEAD"),
+        ("GET", "/api/chat/c1/stop", "POST"),
+    ],
+)
+def test_a_method_a_route_does_not_take_is_a_405_in_its_dialect_s_shape(
+    dialects: str, method: str, path: str, allow: str
+) -> None:
+    # Starlette's own 405 is text: an OpenAI client could not read it as its error.
+    answer = httpx.request(method, dialects + path, timeout=WAIT)
+    assert answer.status_code == 405
+    assert answer.headers["allow"] == allow
+    body = answer.json()
+    if path == "/agui":
+        assert body["type"] == "RUN_ERROR"
+    else:
+        assert body["error"]["type"] == "invalid_request_error"
+
+
 def test_a_completion_that_is_not_kept_is_a_404_read_whole(dialects: str) -> None:
     for name in ("nope", "nope.1-2", "%ff.%fe"):
         got = httpx.get(

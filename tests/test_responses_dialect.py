@@ -251,6 +251,21 @@ async def test_the_sdk_reads_the_stream_and_its_final_response(base_url: str) ->
     ]
 
 
+async def test_the_openai_sdk_cancels_a_background_response(base_url: str) -> None:
+    # POST /v1/responses/{id}/cancel, the SDK's responses.cancel, was a text 404.
+    async with client(base_url) as sdk:
+        started = await sdk.responses.create(
+            model="scripted", input="Weather?", background=True, extra_body={"delay_ms": 200}
+        )
+        assert started.status == "in_progress"
+        cancelled = await sdk.responses.cancel(started.id)
+        stored = await sdk.responses.retrieve(started.id)
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.cancel("resp_none")
+    assert cancelled.id == started.id
+    assert cancelled.status == stored.status == "cancelled"
+
+
 async def test_a_dropped_stream_resumes_with_starting_after_exactly_once(base_url: str) -> None:
     async with client(base_url) as sdk:
         stream = await sdk.responses.create(

@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from essessey.bindings.admission import Admission, Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_json
@@ -28,6 +29,7 @@ __all__ = [
     "Asking",
     "answered_stream",
     "make_producer",
+    "other_methods",
     "read_request",
     "start_turn",
 ]
@@ -42,7 +44,27 @@ MAX_ANSWER_IDS_LOOKED_UP: Final = 1024
 """The distinct request ids of one answer that :func:`answered_stream` looks up, those
 given last: each is a read of the store, and a body may repeat one or name thousands."""
 
+_METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
 _Request = TypeVar("_Request")
+
+
+def other_methods(
+    path: str, allowed: Sequence[str], headers: Mapping[str, str] | None, shape: ErrorShape
+) -> Route:
+    """The route of the methods ``path`` does not take: a 405 in the dialect's error
+    shape, with its ``Allow`` header (Starlette's own 405 is text, which a dialect's
+    client cannot read as its error)."""
+    taken = {*allowed, "HEAD"} if "GET" in allowed else set(allowed)
+    allow = ", ".join(sorted(taken))
+
+    async def refuse(request: Request) -> Response:
+        message = f"{request.method} is not allowed here; use {allow}"
+        refused = json_error(405, "invalid_request_error", message, headers, shape=shape)
+        refused.headers["Allow"] = allow
+        return refused
+
+    return Route(path, refuse, methods=[m for m in _METHODS if m not in taken])
 
 
 async def read_request(

@@ -16,7 +16,12 @@ from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error, store_guarded
 from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
 from essessey.dialects._payload import answer_value, content_text
-from essessey.dialects._routes import answered_stream, make_producer, read_request
+from essessey.dialects._routes import (
+    answered_stream,
+    make_producer,
+    other_methods,
+    read_request,
+)
 from essessey.dialects.agui._encoder import (
     AGUIEncoder,
     error_object,
@@ -334,4 +339,7 @@ def agui_routes(
             **options,
         )
 
-    return [Route(path, store_guarded(run, headers, shape=error_object), methods=["POST"])]
+    return [
+        Route(path, store_guarded(run, headers, shape=error_object), methods=["POST"]),
+        other_methods(path, ["POST"], headers, error_object),
+    ]

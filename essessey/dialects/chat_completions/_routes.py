@@ -22,7 +22,7 @@ from essessey.bindings.sse import (
     subscription_response,
 )
 from essessey.dialects._payload import answer_value, content_text
-from essessey.dialects._routes import answered_stream, read_request, start_turn
+from essessey.dialects._routes import answered_stream, other_methods, read_request, start_turn
 from essessey.dialects.chat_completions._encoder import (
     APPROVAL_TOOL,
     ChatCompletionsEncoder,
@@ -371,9 +371,11 @@ def chat_completions_routes(
 
     return [
         Route(path, store_guarded(create, headers, shape=error_object), methods=["POST"]),
+        other_methods(path, ["POST"], headers, error_object),
         Route(
             path + "/{completion_id}",
             store_guarded(resume, headers, shape=error_object),
             methods=["GET"],
         ),
+        other_methods(path + "/{completion_id}", ["GET"], headers, error_object),
     ]

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.admission import Refusal, admit
-from essessey.bindings.http import json_error, store_guarded
+from essessey.bindings.http import BadRequest, json_error, read_body, store_guarded
 from essessey.bindings.sse import (
     SSEOptions,
     requested_resume_point,
@@ -23,7 +23,7 @@ from essessey.bindings.sse import (
     subscription_response,
 )
 from essessey.dialects._payload import answer_value
-from essessey.dialects._routes import read_request, start_turn
+from essessey.dialects._routes import other_methods, read_request, start_turn
 from essessey.dialects.responses._encoder import (
     ResponsesEncoder,
     error_object,
@@ -183,6 +183,8 @@ def _sequence_number(value: str | None) -> int | None:
     return int(value)
 
 
+_CANCEL_BODY: Final = 1024  # a cancel's body means nothing: a small one is taken
+
 _SEQUENCE_NUMBER: Final = re.compile(rb'"sequence_number":(\d+)')
 
 
@@ -214,6 +216,11 @@ def responses_routes(
     - ``GET {path}/{response_id}``: the response as it stands; with ``?stream=true`` its
       events, after ``starting_after`` (a sequence number) or the ``Last-Event-ID``, on
       any replica, as OpenAI serves a background response.
+    - ``POST {path}/{response_id}/cancel``: its turn stopped (``authorize``'s ``cancel``
+      access), answered with the response as it then stands (``cancelled``), as the
+      openai SDK's ``responses.cancel`` reads it.
+
+    A method a path does not take is a 405 in OpenAI's error shape.
 
     A turn that asks (docs/asking.md) is answered, when the hub has an ``on_answer``
     continuation, by a ``POST`` with ``previous_response_id`` (the asking response's
@@ -357,11 +364,38 @@ def responses_routes(
             **options,
         )
 
+    async def cancel(request: Request) -> Response:
+        """OpenAI's cancel of a response: its turn stopped (the stream's message ends
+        ``cancelled``), answered with the response as it then stands."""
+        response_id = request.path_params["response_id"]
+        stream_id, _ = split_response_id(response_id)
+        verdict = await admit(hub, request, stream_id, None, logger, access="cancel")
+        if isinstance(verdict, Refusal):
+            return refuse(verdict.status, verdict.error_type, verdict.message)
+        try:
+            await read_body(request, _CANCEL_BODY)  # nothing in it is read
+        except BadRequest as exc:
+            return exc.answer(headers, shape=error_object)
+        if await hub.store.exists(stream_id):
+            await hub.cancel(stream_id)  # nothing to stop once its turn is over
+            served = await whole(response_id, "essessey")
+            if served is not None:
+                return served
+        return refuse(404, "not_found_error", f"no response {response_id!r}")
+
     return [
         Route(path, store_guarded(create, headers, shape=error_object), methods=["POST"]),
+        other_methods(path, ["POST"], headers, error_object),
         Route(
             path + "/{response_id}",
             store_guarded(retrieve, headers, shape=error_object),
             methods=["GET"],
         ),
+        other_methods(path + "/{response_id}", ["GET"], headers, error_object),
+        Route(
+            path + "/{response_id}/cancel",
+            store_guarded(cancel, headers, shape=error_object),
+            methods=["POST"],
+        ),
+        other_methods(path + "/{response_id}/cancel", ["POST"], headers, error_object),
     ]

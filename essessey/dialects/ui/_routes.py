@@ -53,7 +53,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from essessey.bindings.http import BadRequest, json_error, read_json, store_guarded
-from essessey.bindings.sse import SSEOptions, requested_resume_point, stream_response
+from essessey.bindings.sse import SSEOptions, error_body, requested_resume_point, stream_response
+from essessey.dialects._routes import other_methods
 from essessey.dialects.ui._chats import (
     Chats,
     Failure,
@@ -146,8 +147,11 @@ def ui_chat_routes(
 
     routes: list[BaseRoute] = [
         Route(path, store_guarded(chat, headers), methods=["POST"]),
+        other_methods(path, ["POST"], headers, error_body),
         Route(path + "/{chat_id}/stream", store_guarded(reconnect, headers), methods=["GET"]),
+        other_methods(path + "/{chat_id}/stream", ["GET"], headers, error_body),
         Route(path + "/{chat_id}/stop", store_guarded(stop, headers), methods=["POST"]),
+        other_methods(path + "/{chat_id}/stop", ["POST"], headers, error_body),
     ]
     if websocket:
         # A frame's send is bounded as an SSE response's is (None: the endpoint's own).
