@@ -36,8 +36,9 @@ other content blocks                          not published: a WARNING per type 
                                               message for a tool that raised)
 ``updates``: ``__interrupt__``                what the message asks once the run
                                               stopped: each ``Interrupt`` a question
-                                              (``rounds.ask``), or the approval of a
-                                              call (:func:`request_approval`)
+                                              (``rounds.ask``; a tool's, the question
+                                              of its call), or the approval of a call
+                                              (:func:`request_approval`)
 ``usage_metadata``, ``response_metadata``     the epilogue's usage (every call's summed),
                                               the model name (``model_name``), the stop
                                               reason (``finish_reason``/``stop_reason``,
