@@ -774,10 +774,22 @@ class StreamHub:
         return len(turns)
 
     async def wait(self, stream_id: str) -> None:
-        """Wait until the turn running on ``stream_id`` (if any) has finished."""
+        """Wait until the turn running on ``stream_id`` (if any) has finished: in this hub
+        or, with a :class:`~essessey.SharedEventStore`, on another replica (its stream
+        is followed to its end; a replica gone ends it once its lease lapses)."""
         turn = self._turns.get(stream_id)
         if turn is not None:
             await turn.done.wait()
+            return
+        shared = self._shared
+        if shared is None or not await shared.turn_running(stream_id):
+            return
+        events, known = await self.store.since(stream_id, None)
+        if not known:
+            return
+        # From its last event on: what follows is read only to learn where it ends.
+        async for _ in self.subscribe(stream_id, events[-1].id if events else None):
+            pass
 
     # -- turns that ask (docs/asking.md) ---------------------------------------------------
 

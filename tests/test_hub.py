@@ -31,7 +31,9 @@ from essessey import (
 from essessey.hub import Access
 from essessey.testing import wait_until
 from tests.conftest import Clock
+from tests.nats_server import NatsServer
 from tests.processes import WAIT
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -844,3 +846,40 @@ async def test_a_start_cancelled_before_its_turn_runs_leaves_no_stream_open() ->
             await hub.wait("s")
         events, _ = await hub.store.since("s", None)
         assert [event.event for event in events][-1] == "message_stop"
+
+
+async def test_wait_on_one_replica_waits_for_the_turn_running_on_another(
+    broker: NatsServer | RedisServer,
+) -> None:
+    # wait() knew only this hub's turns: a route reading a turn whole after waiting (a
+    # non-streamed answer retried on another replica) read it unfinished.
+    from tests.test_exclusive import two_stores
+
+    go_on = anyio.Event()
+
+    async def producer(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="w1", model="m") as turn:
+            text = await turn.text()
+            await text.write("half ")
+            await go_on.wait()
+            await text.write("and the rest")
+
+    async with two_stores(broker) as (store_a, store_b):
+        with anyio.fail_after(WAIT):
+            async with StreamHub(store_a) as hub_a, StreamHub(store_b) as hub_b:
+                await hub_a.start("w1", producer)
+                async with anyio.create_task_group() as tasks:
+                    waited = anyio.Event()
+
+                    async def wait_on_b() -> None:
+                        await hub_b.wait("w1")
+                        waited.set()
+
+                    tasks.start_soon(wait_on_b)
+                    await anyio.sleep(0.2)  # B has found the turn running and follows it
+                    assert not waited.is_set()
+                    go_on.set()
+                await hub_b.wait("w1")  # over: returns at once
+                events, _ = await store_b.since("w1", None)
+    assert reassemble_events(events).text == "half and the rest"
+    assert events[-1].event == EventType.MESSAGE_STOP

@@ -283,6 +283,33 @@ def test_a_question_is_a_call_of_ask_user_and_its_output_the_answer(
     validate(first + rest)
 
 
+def test_a_question_answered_with_an_error_output_is_answered_with_null(app: App) -> None:
+    # useChat's addToolOutput({state: 'output-error'}) for ask_user (the user dismissed
+    # it): a 400, and the turn waited on with the part stuck; AG-UI's cancelled is null.
+    message_id, first = ask(app.url, "chat-qe", "question")
+    (call,) = of_type(first, "tool-input-available")
+    dismissed = {call["toolCallId"]: {"state": "output-error", "errorText": "dismissed"}}
+    answer = asking_message(message_id, first, **dismissed)
+    rest = chunks_of(post(app.url, "chat-qe", [user("question"), answer]).content)
+    assert "".join(c["delta"] for c in of_type(rest, "text-delta")) == "Done: unit=null"
+
+
+def test_an_approval_that_is_no_boolean_is_refused_not_a_new_turn(app: App) -> None:
+    # It was read as answering nothing: the user's message ran again as a new turn, and
+    # the right answer after it started yet another.
+    message_id, first = ask(app.url, "chat-ab", "approval please")
+    [(call, part)] = approved(first, True).items()
+    part["approval"]["approved"] = "yes"
+    answer = asking_message(message_id, first, **{call: part})
+    refused = post(app.url, "chat-ab", [user("approval please"), answer])
+    assert refused.status_code == 400
+    assert "needs a boolean approved" in refused.json()["error"]["message"]
+    assert app.runs == []
+    right = asking_message(message_id, first, **approved(first, True))
+    assert post(app.url, "chat-ab", [user("approval please"), right]).status_code == 200
+    assert app.runs == [message_id]
+
+
 def test_a_client_call_answered_with_an_error(node_client: Path, app: App) -> None:
     message_id, first = ask(app.url, "chat-e", "client")
     (call,) = of_type(first, "tool-input-available")

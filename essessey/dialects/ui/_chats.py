@@ -153,11 +153,13 @@ def _approval(part: dict[str, Any], asked: Waiting) -> ToolApproval | None:
     if state not in _APPROVED_STATES:
         return None
     key = approval.get("id")
+    if not isinstance(key, str) or not isinstance(asked.request(key), ApprovalRequest):
+        return None
     approved = approval.get("approved")
-    if not isinstance(key, str) or not isinstance(approved, bool):
-        return None
-    if not isinstance(asked.request(key), ApprovalRequest):
-        return None
+    if not isinstance(approved, bool):
+        # It answers the request, wrongly: refused, never read as answering nothing
+        # (which would run the user's message again as a new turn).
+        raise InvalidAnswer(f"the approval {key!r} needs a boolean approved")
     reason = approval.get("reason")
     return ToolApproval(key, approved, reason if isinstance(reason, str) else None)
 
@@ -166,9 +168,10 @@ def ui_answers(message: dict[str, Any], asked: Waiting) -> list[Answer]:
     """The answers a UI message (the asking assistant message, as the client sends it
     back) gives to what ``asked`` asks: an approval's ``approval`` (``approved``,
     ``reason``) once responded; a client call's output (``output-error``: its
-    ``errorText``, an error); a question's (``ask_user``) output, as it is. Parts that
-    answer nothing asked are left out. :class:`~essessey.InvalidAnswer` for a question
-    answered with an error."""
+    ``errorText``, an error); a question's (``ask_user``) output, as it is (``null`` for
+    an ``output-error``). Parts that answer nothing asked are left out.
+    :class:`~essessey.InvalidAnswer` for an approval of a request asked whose
+    ``approved`` is not a boolean."""
     found: list[Answer] = []
     for part in _tool_parts(message):
         approval = _approval(part, asked)
@@ -188,9 +191,9 @@ def ui_answers(message: dict[str, Any], asked: Waiting) -> list[Answer]:
             else:
                 found.append(ToolOutput(key, part.get("output")))
         elif isinstance(request, Question):
-            if failed:
-                raise InvalidAnswer(f"question {key!r} is answered with an error, not a value")
-            found.append(QuestionAnswer(key, part.get("output")))
+            # An error output (the user dismissed the question, a client's generic tool
+            # handler failed) answers it with no value, as AG-UI's cancelled does.
+            found.append(QuestionAnswer(key, None if failed else part.get("output")))
     return found
 
 
