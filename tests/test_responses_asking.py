@@ -305,6 +305,24 @@ async def test_a_question_and_a_client_call_answered_by_function_call_outputs(
     assert app.runs == [first.id]
 
 
+async def test_an_answer_to_every_function_call_skips_those_the_turn_ran(app: App) -> None:
+    # A client that answers each function_call it was shown answers the one the turn
+    # ran itself too (its function_call_output is in the response): that was a 400.
+    async with client(app.url) as sdk:
+        first = await sdk.responses.create(model="m", input="approval question client")
+        answers: list[dict[str, Any]] = [
+            {"type": "function_call_output", "call_id": call.call_id, "output": '"C"'}
+            for call in items_of(first, "function_call")
+        ]
+        [approval] = items_of(first, "mcp_approval_request")
+        answers.append(
+            {"type": "mcp_approval_response", "approval_request_id": approval.id, "approve": True}
+        )
+        second = await sdk.responses.create(model="m", previous_response_id=first.id, input=answers)
+    assert second.status == "completed"
+    assert app.runs == [first.id]
+
+
 async def test_a_plain_text_answer_to_a_question_is_the_text(app: App) -> None:
     async with client(app.url) as sdk:
         first = await sdk.responses.create(model="m", input="question")

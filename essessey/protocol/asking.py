@@ -191,6 +191,9 @@ class Waiting:
     continued: bool = False
     """Whether a message came after the asking one (``answered`` is None while that
     message has recorded no answer yet: it is being written, or it went on without)."""
+    ran: frozenset[str] = frozenset()
+    """The calls of the asking message that have their result in it (the turn ran them):
+    a client that answers every call it was shown answers these too, which asks nothing."""
 
     @property
     def recorded(self) -> bool:
@@ -455,6 +458,7 @@ class AskReader:
             answered or None,
             asking.last_event_id,
             continued is not None,
+            frozenset(call for call in asking.calls if call in asking.results),
         )
 
 

@@ -158,6 +158,8 @@ def answers_of(items: Sequence[Any], asked: Waiting | None) -> list[Answer]:
         if not isinstance(key, str) or output is None:
             raise InvalidAnswer(f"input.{n}: call_id and output are required")
         request = asked.request(key) if asked is not None else None
+        if request is None and asked is not None and key in asked.ran:
+            continue  # a call the turn ran itself (its output is in the response)
         if isinstance(request, Question):
             found.append(QuestionAnswer(key, answer_value(output)))
         elif isinstance(request, ApprovalRequest):
