@@ -116,7 +116,8 @@ def direct_publish(nc: Client) -> DirectPublish | None:
         return None
 
     def publish(subject: str, payload: bytes, header_block: bytes | None, reply: str) -> bool:
-        if raw._status != _CONNECTED or len(payload) > raw._max_payload:
+        carried = len(payload) if header_block is None else len(payload) + len(header_block)
+        if raw._status != _CONNECTED or carried > raw._max_payload:
             return False
         flusher = raw._flusher_task
         if flusher is None or flusher.done():

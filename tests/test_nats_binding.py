@@ -205,6 +205,25 @@ async def test_an_id_the_header_would_change_publishes_nothing(nats: NatsServer,
         assert nc.stats["out_msgs"] == 0
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["buffered", "nats-py-publish"])
+async def test_a_payload_that_fits_but_not_with_its_id_header_publishes_nothing(
+    nats: NatsServer, direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server counts the header section in max_payload and, over it, closes the whole
+    # connection (every source and sink on it); nats-py counted the payload alone.
+    if not direct:
+        monkeypatch.setattr(nats_core, "direct_publish", lambda nc: None)
+    async with connect(nats) as nc:
+        sink = NATSSink(nc, "conv_1")
+        data = b"x" * (nc.max_payload - 20)
+        with pytest.raises(nats_py.errors.MaxPayloadError):
+            await sink.emit(Event("ping", data, "evt-1"))
+        await sink.emit(Event("ping", data))  # without the header it fits
+        await flush_connection(nc)
+        assert nc.is_connected
+        assert nc.stats["out_msgs"] == 1
+
+
 def test_subject_helpers() -> None:
     assert event_subject("conv_1", "ping") == "essessey.conv_1.ping"
     assert event_subject("c", "e", prefix="a.b") == "a.b.c.e"

@@ -143,7 +143,8 @@ class NATSSink:
     receive a message, and there is no replay (the JetStream backend keeps streams).
     Failures come from nats-py as they are: ``ConnectionClosedError``,
     ``OutboundBufferLimitError`` while reconnecting with a full buffer,
-    ``MaxPayloadError`` for a payload over the server's limit.
+    ``MaxPayloadError`` for a payload over the server's limit (its id header counted, as
+    the server counts it).
 
     ``emit`` buffers the message in a plain call while the connection is up, as
     ``nc.publish`` would, and goes through ``publish`` whenever that would wait or raise.
@@ -189,9 +190,12 @@ class NATSSink:
         if event_id:
             _check_event_id(event_id)
             # The header section nats-py writes for this one header, byte for byte.
-            if direct is not None and direct(
-                subject, event.data, _HEADER_HEAD + event_id.encode() + _HEADER_TAIL, ""
-            ):
+            header = _HEADER_HEAD + event_id.encode() + _HEADER_TAIL
+            if len(header) + len(event.data) > self._nc.max_payload:
+                # The server counts the headers in max_payload, and closes the whole
+                # connection over a message past it; nats-py counts the payload alone.
+                raise nats_errors.MaxPayloadError
+            if direct is not None and direct(subject, event.data, header, ""):
                 return _buffered()
             return self._nc.publish(subject, event.data, headers={HEADER_EVENT_ID: event_id})
         if direct is not None and direct(subject, event.data, None, ""):
