@@ -729,6 +729,17 @@ def test_tool_input_fills_the_required_properties_by_type() -> None:
     assert sample_input({"type": "object"}) == {}
 
 
+def test_sample_arguments_are_bounded_however_the_schema_nests() -> None:
+    # Arrays of 16 items, 4 deep, around a 1,024-character string: 67 MB of arguments
+    # from a 403-byte request (each level more, 16 times that).
+    leaf: dict[str, Any] = {"type": "string", "minLength": 1024}
+    for _ in range(6):
+        leaf = {"type": "array", "items": leaf, "minItems": 16}
+    schema = {"type": "object", "properties": {"a": leaf}, "required": ["a"]}
+    sampled = sample_input(schema)
+    assert 100_000 < len(orjson.dumps(sampled)) < 1_000_000
+
+
 # -- two demo processes on one nats-server ----------------------------------------------
 
 

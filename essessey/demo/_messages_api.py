@@ -54,6 +54,10 @@ MAX_MESSAGES_BODY: Final = 1024 * 1024
 
 MIN_THINKING_BUDGET: Final = 1024
 _MAX_SCHEMA_DEPTH: Final = 8
+# What one request's arguments may hold at most, in values (a string counts one per 64
+# characters): nested arrays multiply, and a small schema would otherwise ask for
+# gigabytes (4 levels of 16 items around a 1,024-character string: 67 MB).
+_MAX_SAMPLE_VALUES: Final = 4096
 
 _THINKING: Final = (
     "This endpoint is scripted: it does not read the conversation, "
@@ -268,10 +272,15 @@ def _chosen_tool(tools: Any, tool_choice: Any) -> tuple[Mapping[str, Any] | None
     return dict(tools[0]), forced
 
 
-def sample_input(schema: Any, depth: int = 0) -> dict[str, Any]:
+def sample_input(schema: Any) -> dict[str, Any]:
     """Arguments for a tool with this ``input_schema``: each required property gets a
     value of its type (its ``const``, first ``enum`` value or ``default`` when it has
-    one). As far as simple goes: ``$ref``, ``oneOf`` and the like get a string."""
+    one). As far as simple goes: ``$ref``, ``oneOf`` and the like get a string; past
+    ``_MAX_SAMPLE_VALUES`` values, arrays end and other values are ``null``."""
+    return _sample_object(schema, 0, [_MAX_SAMPLE_VALUES])
+
+
+def _sample_object(schema: Any, depth: int, budget: list[int]) -> dict[str, Any]:
     if not isinstance(schema, dict):
         return {}
     properties = schema.get("properties")
@@ -281,13 +290,16 @@ def sample_input(schema: Any, depth: int = 0) -> dict[str, Any]:
     if not isinstance(required, list):
         return {}
     return {
-        name: _sample_value(properties.get(name), depth + 1)
+        name: _sample_value(properties.get(name), depth + 1, budget)
         for name in required
         if isinstance(name, str)
     }
 
 
-def _sample_value(schema: Any, depth: int) -> Any:
+def _sample_value(schema: Any, depth: int, budget: list[int]) -> Any:
+    if budget[0] <= 0:
+        return None
+    budget[0] -= 1
     if not isinstance(schema, dict) or depth > _MAX_SCHEMA_DEPTH:
         return "example"
     if "const" in schema:
@@ -310,9 +322,12 @@ def _sample_value(schema: Any, depth: int) -> Any:
     if kind == "array":
         count = schema.get("minItems")
         count = count if _is_int(count) and 0 < count <= 16 else 0
-        return [_sample_value(schema.get("items"), depth + 1) for _ in range(count)]
+        items: list[Any] = []
+        while len(items) < count and budget[0] > 0:
+            items.append(_sample_value(schema.get("items"), depth + 1, budget))
+        return items
     if kind == "object":
-        return sample_input(schema, depth)
+        return _sample_object(schema, depth, budget)
     text = "example"
     min_length = schema.get("minLength")
     if _is_int(min_length) and len(text) < min_length <= 1024:
@@ -320,6 +335,7 @@ def _sample_value(schema: Any, depth: int) -> Any:
     max_length = schema.get("maxLength")
     if _is_int(max_length) and max_length >= 0:
         text = text[:max_length]
+    budget[0] -= len(text) // 64
     return text
 
 
