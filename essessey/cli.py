@@ -405,10 +405,10 @@ def _run_tail(args: argparse.Namespace) -> int:
     headers: list[tuple[str, str]] = list(args.headers)
     if body is not None and not any(name.lower() == "content-type" for name, _ in headers):
         headers.append(("Content-Type", "application/json"))
-    if args.last_event_id is not None and any(c in args.last_event_id for c in "\r\n\0"):
-        raise _UsageError("--last-event-id cannot contain CR, LF or NUL")
+    if args.last_event_id is not None and not _header_text(args.last_event_id):
+        raise _UsageError("--last-event-id must be printable ASCII (no CR, LF or NUL)")
     options = _TailOptions(
-        url=_with_scheme(args.url),
+        url=_checked_url(_with_scheme(args.url)),
         method="GET" if body is None else "POST",
         body=body,
         headers=headers,
@@ -419,6 +419,38 @@ def _run_tail(args: argparse.Namespace) -> int:
         color=_use_color(args.color, sys.stdout),
     )
     return anyio.run(_tail, options)
+
+
+def _header_text(value: str) -> bool:
+    """Whether ``value`` can go in an HTTP header as it is: printable ASCII."""
+    return value.isascii() and value.isprintable()
+
+
+def _checked_url(url: str) -> str:
+    """``url``, once httpx can parse it and its port is one (a bad host or port would
+    fail deep in the connection, as a traceback)."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+        parsed.host  # noqa: B018 (an internationalised host is decoded here, or refused)
+    except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
+        raise _UsageError(f"invalid URL {url!r}: {type(exc).__name__}") from None
+    if port is not None and not 0 < port < 65536:
+        raise _UsageError(f"invalid URL {url!r}: port {port}")
+    return url
+
+
+def _dumps(value: Any, **options: Any) -> str:
+    """``value`` as JSON to print: its text as it is, unless some of it is no UTF-8 (a
+    lone surrogate, from a ``"\\ud800"`` escape), which then prints escaped."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, **options)
+    return text
 
 
 def _with_scheme(url: str) -> str:
@@ -517,7 +549,8 @@ async def _tail(options: _TailOptions) -> int:
     except httpx.InvalidURL as exc:
         _err(f"invalid URL {options.url!r}: {exc}")
         return EXIT_USAGE
-    except (httpx.TransportError, SSEDecodeError) as exc:
+    except (httpx.RequestError, SSEDecodeError) as exc:
+        # A transport's failure, or a body its Content-Encoding cannot decode.
         if not streaming:
             _err(_transport_message(exc, options.url))
             return EXIT_USAGE
@@ -587,7 +620,7 @@ def _body_text(body: object) -> str | None:
     ``{"detail": ...}``, a proxy's page)."""
     if body is None or body == "" or body == {}:
         return None
-    text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+    text = body if isinstance(body, str) else _dumps(body)
     text = " ".join(text.split())
     return text if len(text) <= _PREVIEW * 2 else text[: _PREVIEW * 2 - 1] + "…"
 
@@ -751,7 +784,7 @@ def _start_input(event: Event) -> str:
     may send a call whole in its start instead of in fragments."""
     record = read(event)
     initial = record.block.get("input") if isinstance(record, BlockStart) else None
-    return json.dumps(initial, ensure_ascii=False) if initial else ""
+    return _dumps(initial) if initial else ""
 
 
 def _compact(arguments: str) -> str:
@@ -763,7 +796,7 @@ def _compact(arguments: str) -> str:
         value = json.loads(arguments)
     except (ValueError, RecursionError):
         return f"{arguments} (not valid JSON)"
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _dumps(value, separators=(",", ":"))
 
 
 def _print_tail_summary(tally: _Tally, parsed: ParsedStream) -> None:
@@ -822,7 +855,7 @@ def _run_check(args: argparse.Namespace) -> int:
     parsed = reassemble_events(events)
     if args.json:
         report = _json_report(_label(name), events, parsed, violations)
-        print(json.dumps(report, indent=2, ensure_ascii=False))
+        print(_dumps(report, indent=2))
     else:
         _print_check_report(_label(name), events, parsed, violations)
     return EXIT_VIOLATIONS if violations else EXIT_OK
@@ -847,7 +880,7 @@ def _preview(text: str) -> str:
         first = first[: _PREVIEW - 1] + "…"
     elif "\n" in text.strip():
         first += " …"
-    return json.dumps(first, ensure_ascii=False)
+    return _dumps(first)
 
 
 def _print_check_report(

@@ -232,7 +232,15 @@ APP = Starlette(
         Route("/stalled", stream_route(stalled_turn)),
         Route("/silent", stream_route(silent_turn)),
         Route("/cut", CutStream()),
+        Route("/not-gzip", lambda request: NOT_GZIP),
     ]
+)
+
+
+# An event stream said to be gzip that is not: httpx fails to decode it.
+NOT_GZIP = Response(
+    b"data: {}\n\n",
+    headers={"content-type": "text/event-stream", "content-encoding": "gzip"},
 )
 
 
@@ -503,6 +511,50 @@ def test_tail_reports_a_bad_url(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "tail", "ftp://example.invalid/x")
     assert code == EXIT_USAGE
     assert "cannot request" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--last-event-id", "é", "127.0.0.1:1/"], "--last-event-id must be printable ASCII"),
+        (["http://127.0.0.1:99999/"], "port 99999"),
+        (["http://xn--/"], "IDNAError"),
+    ],
+)
+def test_tail_refuses_arguments_it_cannot_send_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    # Each was a traceback and exit 1 (an encoding error, an OverflowError, an IDNAError).
+    code, _, err = run(capsys, "tail", *argv)
+    assert code == EXIT_USAGE
+    assert said in err
+    assert "Traceback" not in err
+
+
+def test_tail_reports_a_body_its_encoding_cannot_decode(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    code, _, err = run(capsys, "tail", f"{url}/not-gzip")
+    assert code in (EXIT_USAGE, EXIT_CUT)
+    assert "decompressing" in err
+    assert "Traceback" not in err
+
+
+def test_check_and_tail_show_a_lone_surrogate_in_arguments_escaped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # partial_json '{"city":"\\ud800"}' (a valid escape) crashed check, check --json and
+    # tail's rendering with a UnicodeEncodeError.
+    events = SEED004.read_bytes().replace(b'\\"Paris\\"', b'\\"\\\\ud800\\"')
+    assert events != SEED004.read_bytes()
+    recording = tmp_path / "turn.sse"
+    recording.write_bytes(events)
+    code, out, _ = run(capsys, "check", str(recording))
+    assert code == EXIT_OK
+    assert '{"city":"\\ud800"}' in out
+    code, out, _ = run(capsys, "check", "--json", str(recording))
+    assert code == EXIT_OK
+    assert "ud800" in out
 
 
 def test_tail_reports_a_cut_stream_and_exits_3(

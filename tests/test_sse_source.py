@@ -110,7 +110,7 @@ async def no_content_route(request: Request) -> Response:
 async def echo_route(request: Request) -> Response:
     seen = {
         name: request.headers.get(name)
-        for name in ("accept", "cache-control", "last-event-id", "x-trace")
+        for name in ("accept", "accept-encoding", "cache-control", "last-event-id", "x-trace")
     }
     return sse(b"event: headers\ndata: " + orjson.dumps(seen) + b"\n\n")
 
@@ -406,8 +406,11 @@ async def test_request_headers_and_last_event_id(base_url: str) -> None:
     assert len(resumed) == 1
     # Until the stream sets an id, events carry the one the client resumed from.
     assert resumed[0].id == "42"
+    # Identity: a compressed stream is held back by its compressor, and a small
+    # compressed body can inflate to gigabytes.
     assert resumed[0].json() == {
         "accept": "text/event-stream",
+        "accept-encoding": "identity",
         "cache-control": "no-cache",
         "last-event-id": "42",
         "x-trace": "t1",
@@ -415,6 +418,31 @@ async def test_request_headers_and_last_event_id(base_url: str) -> None:
     assert fresh[0].id is None
     assert fresh[0].json()["last-event-id"] is None
     assert fresh[0].json()["accept"] == "text/event-stream"
+
+
+async def test_a_compressed_stream_the_server_sends_anyway_reaches_the_decoder_in_pieces() -> None:
+    # Inflated at once, 16 KB of gzip was 8 MiB in one chunk, and the decoder made its
+    # 800,000 events in one list (465 MiB for the CLI's tail).
+    import gzip
+
+    from essessey.bindings.sse._client import _bounded
+
+    async def one(chunk: bytes) -> AsyncIterator[bytes]:
+        yield chunk
+
+    whole = b"data: {}\n\n" * 100_000
+    pieces = [piece async for piece in _bounded(one(whole))]
+    assert b"".join(pieces) == whole
+    assert max(len(piece) for piece in pieces) == 64 * 1024
+    body = gzip.compress(whole)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+    answer = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    async with (
+        raw_server(answer) as url,
+        httpx.AsyncClient() as client,
+        connect(client, "GET", url) as stream,
+    ):
+        assert sum([1 async for _ in stream]) == 100_000
 
 
 async def test_leaving_early_closes_the_response(base_url: str) -> None:

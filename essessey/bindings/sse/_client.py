@@ -39,6 +39,7 @@ MAX_ERROR_BODY: Final = 64 * 1024
 
 _MAX_ERROR_MESSAGE: Final = 1024
 _EVENT_STREAM: Final = "text/event-stream"
+_PIECE: Final = 64 * 1024  # the most a decoded chunk hands the decoder at once
 # Two adjacent line-terminator bytes, other than the CRLF pair, always mean an empty line
 # ("\r\n\n" holds "\n\n", "\n\r\n" holds "\n\r", "\r\r\n" holds "\r\r").
 _BLANK_LINE_PAIRS: Final = (b"\n\n", b"\r\r", b"\n\r")
@@ -224,9 +225,11 @@ async def connect(
 ) -> AsyncIterator[SSEEventStream]:
     """Open an SSE stream with ``client`` and yield its :class:`SSEEventStream`.
 
-    Sends ``Accept: text/event-stream`` and ``Cache-Control: no-cache`` (unless
-    ``headers`` in ``kwargs`` set them) and ``Last-Event-ID`` when ``last_event_id`` is
-    given; other ``kwargs`` go to ``client.stream``. A non-2xx answer, or a 2xx one that is
+    Sends ``Accept: text/event-stream``, ``Cache-Control: no-cache`` and
+    ``Accept-Encoding: identity`` (unless ``headers`` in ``kwargs`` set them: a stream
+    compressed is held back by its compressor, and a small compressed body can inflate
+    to gigabytes) and ``Last-Event-ID`` when ``last_event_id`` is given; other
+    ``kwargs`` go to ``client.stream``. A non-2xx answer, or a 2xx one that is
     not ``text/event-stream``, raises :class:`~essessey.errors.StreamHTTPError` after
     reading at most ``max_error_body`` bytes of the body. The response is closed when the
     block exits.
@@ -239,6 +242,7 @@ async def connect(
     headers = httpx.Headers(kwargs.pop("headers", None))
     headers.setdefault("Accept", _EVENT_STREAM)
     headers.setdefault("Cache-Control", "no-cache")
+    headers.setdefault("Accept-Encoding", "identity")
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
     async with client.stream(method, url, headers=headers, **kwargs) as response:
@@ -246,7 +250,7 @@ async def connect(
         if not 200 <= response.status_code < 300 or not _is_event_stream(content_type):
             raise await _http_error(response, content_type, max_error_body)
         source = SSESource(
-            response.aiter_bytes(),
+            _bounded(response.aiter_bytes()),
             last_event_id=last_event_id or "",
             max_line_length=max_line_length,
             max_event_size=max_event_size,
@@ -256,6 +260,18 @@ async def connect(
             yield stream
         finally:
             await stream.aclose()
+
+
+async def _bounded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``chunks`` in pieces of at most ``_PIECE`` bytes, none held back: a compressed
+    body the server sent anyway inflates a network read many times over, and the
+    decoder makes every event of a chunk at once."""
+    async for chunk in chunks:
+        if len(chunk) <= _PIECE:
+            yield chunk
+        else:
+            for start in range(0, len(chunk), _PIECE):
+                yield chunk[start : start + _PIECE]
 
 
 def _is_event_stream(content_type: str | None) -> bool:
