@@ -338,6 +338,31 @@ async def test_a_malformed_subject_is_skipped_with_a_warning(
     assert b"secret" not in caplog.text.encode()
 
 
+async def test_tokens_and_ids_no_sink_would_send_are_skipped_with_a_warning(
+    nats: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # They were delivered: an escape sequence as an event name, a 1,000-character stream
+    # id, an id holding NUL that the SSE encoder then refused (a relay to SSE failed).
+    caplog.set_level(logging.WARNING, logger="essessey.nats")
+    async with connect(nats) as nc:
+        source = NATSSource(await nc.subscribe(">"))
+        for subject, event_id in [
+            ("essessey.conv_1.\x1b[2J", "1"),
+            ("essessey." + "s" * 1000 + ".ping", "2"),
+            ("essessey.conv_1.ping", "a\x00b"),
+            ("essessey.conv_1.ping", "7" * 5000),
+            ("essessey.conv_1.ping", "8"),
+        ]:
+            await nc.publish(subject, b"{}", headers={HEADER_EVENT_ID: event_id})
+        assert await take(aiter(source), 1) == [Event("ping", b"{}", "8")]
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages) == 4
+    assert "event name token (4 characters)" in messages[0]
+    assert "stream id token (1000 characters)" in messages[1]
+    assert "event id (3 characters)" in messages[2]
+    assert "event id (5000 characters)" in messages[3]
+
+
 # -- how a source ends ---------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nats import errors as nats_errors
 
-from essessey._ids import check_token
+from essessey._ids import MAX_ID_LENGTH, check_token, is_event_id, is_token
 from essessey._nats_py import (
     EMPTY,
     direct_publish,
@@ -102,6 +102,12 @@ def _split(subject: str, prefix_dot: str) -> tuple[str, str]:
         raise ValueError(f"subject has {count} tokens after the prefix, expected 2")
     if not stream_id:
         raise ValueError("subject has an empty stream id token")
+    # What no sink publishes (a control character, a token past 256 characters): the
+    # layout's rule on the way in too, not only on the way out.
+    if not is_token(stream_id):
+        raise ValueError(f"the stream id token ({len(stream_id)} characters) is no valid token")
+    if not is_token(event):
+        raise ValueError(f"the event name token ({len(event)} characters) is no valid token")
     return stream_id, event
 
 
@@ -332,6 +338,15 @@ class NATSSource:
             event_id = headers.get(HEADER_EVENT_ID)
             if event_id is None:
                 event_id = _header_any_case(headers)
+            if event_id and not is_event_id(event_id):
+                # What no sink sends, and no SSE or WebSocket reader could resume by.
+                logger.warning(
+                    "skipped a NATS message: its event id (%d characters) is no printable "
+                    "id of at most %d",
+                    len(event_id),
+                    MAX_ID_LENGTH,
+                )
+                return None
             if event_id:
                 self._last_event_id = event_id
             else:
