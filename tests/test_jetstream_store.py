@@ -1150,3 +1150,45 @@ def test_a_request_past_the_consumer_limit_is_made_again(
     with pytest.raises(nats_py.js.errors.APIError) as refused:
         nats_py.js.errors.APIError.from_error(reply)
     assert is_retryable(refused.value) is retried
+
+
+async def test_a_lapsed_lease_taken_back_by_two_of_its_holder_s_calls_at_once_is_kept(
+    nats: NatsServer,
+) -> None:
+    # The keeper's renewal and a write's check both took the lapsed lease back; the one
+    # that lost took the winner's key (its own holder's) for another holder's, forgot
+    # the lease, and the turn failed with LeaseLost though nobody else held it.
+    async with store_on(nats, stream="TAKEBACK", running_ttl=1.0) as store:
+        await store.claim_turn("s1", "holder-1")
+        await store.append_as("s1", start(), "holder-1")
+        await anyio.sleep(2.5)  # the holder stalls: the lease lapses, nobody takes it
+        renewed, appended = await asyncio.gather(
+            store.keep_running("s1", "holder-1"),
+            store.append_as("s1", Event("ping", b'{"type":"ping"}'), "holder-1"),
+        )
+        assert renewed is True
+        assert appended.id is not None
+        await store.append_as("s1", Event("ping", b'{"type":"ping"}'), "holder-1")
+
+
+async def test_starts_at_the_same_moment_take_every_free_stream_of_max_streams(
+    nats: NatsServer,
+) -> None:
+    # Each start wrote its key, counted every key (the others' too) and, finding no
+    # finished stream to drop, refused itself: 0 of 10 started with 4 free.
+    async with (
+        store_on(nats, stream="BURST", max_streams=4) as a,
+        store_on(nats, stream="BURST", max_streams=4) as b,
+    ):
+
+        async def claim(n: int) -> bool:
+            try:
+                await (a, b)[n % 2].claim_turn(f"s{n}", f"holder-{n}")
+            except StoreFull:
+                return False
+            return True
+
+        outcomes = await asyncio.gather(*(claim(n) for n in range(10)))
+        assert outcomes.count(True) == 4
+        with pytest.raises(StoreFull):  # all four running: no room for another
+            await a.claim_turn("late", "holder-late")

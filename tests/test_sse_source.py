@@ -475,7 +475,19 @@ async def test_unterminated_event_is_discarded_with_a_warning(
     assert "payload" not in caplog.text
 
 
+async def test_keep_alive_comments_after_the_last_event_discard_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # How the hub's routes end a subscription cut short: keep-alives, then the end. A
+    # warning said bytes of an event were discarded; nothing was.
+    caplog.set_level(logging.WARNING, logger="essessey.sse")
+    events, _ = await from_chunks([b"data: one\n\n: ping\n", b": ping\n"])
+    assert events == [Event("message", b"one")]
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
 COMPLETE = [
+    b"data: a\n\n: keep-alive\n",  # comments after the last event: nothing cut short
     b"data: a\n\n",
     b"data: a\r\r",
     b"data: a\r\n\r\n",
@@ -492,7 +504,6 @@ UNTERMINATED = [
     (b"data: a\n\ndata: b\n", 8),
     (b"data: a\r\rdata: b\r", 8),
     (b"data: a\r\n\r\ndata: b\r\n", 9),
-    (b"data: a\n\n: keep-alive\n", 13),
     (b"data: b", 7),
 ]
 

@@ -160,11 +160,14 @@ class SSESource:
                     yield _to_event(message.event, message.data, message.id)
                 # An id-only event (no data) moves the resume point without a message.
                 self._last_event_id = decoder.last_event_id
+            # Bytes after the last blank line are an event cut short only when they began
+            # one (a keep-alive's comment lines do not).
+            cut = decoder.pending > 0
             final = decoder.close()
             for message in final:
                 self._last_event_id = message.id
                 yield _to_event(message.event, message.data, message.id)
-            if counter.pending and not final:
+            if cut and counter.pending and not final:
                 # The size only: the bytes are model output.
                 logger.warning(
                     "SSE stream ended inside an event; discarded %d bytes after the last "

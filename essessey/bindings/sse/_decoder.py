@@ -163,6 +163,13 @@ class SSEDecoder:
         """The reconnection time the stream asked for, in milliseconds (None: not set)."""
         return self._retry
 
+    @property
+    def pending(self) -> int:
+        """The bytes of an event begun and not dispatched yet (its data so far and an
+        unterminated line): what :meth:`close` would discard now. Comment lines (a
+        keep-alive's ``: ping``) leave nothing pending."""
+        return self._data_size + len(self._partial)
+
     def feed(self, chunk: bytes | bytearray | memoryview) -> list[SSEMessage]:
         """Decode the next bytes of the stream; return the messages they complete.
 

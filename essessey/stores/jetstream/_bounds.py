@@ -334,7 +334,7 @@ class Bounds:
         key = stream_key(stream_id)
         value = (_RUNNING if running else _FINISHED) + stream_id.encode()
         try:
-            await retrying(lambda _: kv.create(key, value))
+            revision = await retrying(lambda _: kv.create(key, value))
         except nats.js.errors.KeyWrongLastSequenceError:
             await retrying(lambda _: kv.put(key, value))  # known: updated
             self._touched = stream_id
@@ -343,15 +343,19 @@ class Bounds:
             excess = status.values - self._max_streams
             if excess > 0:
                 try:
-                    await self._make_room(stream_id, excess)
+                    await self._make_room(stream_id, excess, revision)
                 except StoreFull:
                     await self._remove_key(stream_id)
                     raise
         kept.admitted = True
         self._touched = stream_id
 
-    async def _make_room(self, new_id: str, excess: int) -> None:
-        """Drop ``excess`` finished stream ids, updated longest ago first."""
+    async def _make_room(self, new_id: str, excess: int, revision: int) -> None:
+        """Drop ``excess`` finished stream ids, updated longest ago first. Without enough
+        of them, the excess is the running ones started last: ``new_id`` (its key written
+        at ``revision``) stays when fewer than ``max_streams`` running keys were written
+        before it (starts at the same moment all count each other's keys, and would
+        otherwise all refuse, room or not)."""
         ctx = self._ctx
         kv_stream = f"KV_{self.bucket}"
         subjects = f"$KV.{self.bucket}.>"
@@ -360,10 +364,13 @@ class Bounds:
         def next_key(_: float) -> Awaitable[api.RawStreamMsg]:
             return ctx.js.get_msg(kv_stream, seq, subject=subjects, next=True)
 
+        earlier = 0  # running keys written before new_id's
         while excess > 0:
             try:
                 msg = await ctx.retrying(next_key)
             except nats.js.errors.NotFoundError:
+                if earlier < self._max_streams:
+                    return
                 raise StoreFull(
                     f"the store holds {self._max_streams} streams whose turns are running; "
                     "no other can start until one ends"
@@ -371,6 +378,8 @@ class Bounds:
             seq = (msg.seq or seq) + 1
             value = msg.data or b""
             if not value.startswith(_FINISHED):
+                if value.startswith(_RUNNING) and seq - 1 < revision:
+                    earlier += 1
                 continue
             victim = value[len(_FINISHED) :].decode()
             if victim == new_id:

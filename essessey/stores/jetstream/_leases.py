@@ -188,8 +188,17 @@ class Leases:
         try:
             revision = await self._ctx.retrying(lambda _: kv.create(key, held.holder.encode()))
         except nats.js.errors.KeyWrongLastSequenceError:
-            self._held.pop(stream_id, None)
-            return False  # another holder has it now
+            # Someone took it: this store's own other take-back (the keeper's and a
+            # write's may race), or another holder.
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                entry = None
+            if entry is None or entry.value != held.holder.encode() or entry.revision is None:
+                self._held.pop(stream_id, None)
+                return False
+            held.revision = max(held.revision, entry.revision)
+            return True
         if not await self._opened_by(stream_id, held.holder):
             self._held.pop(stream_id, None)
             await _let_go(kv, stream_id, revision)
