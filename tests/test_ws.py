@@ -270,6 +270,28 @@ async def test_a_finished_turn_is_replayed_whole_and_an_id_at_its_end_gets_nothi
     assert [access for _, _, access in hub_app.asked] == ["read", "resume", "read"]
 
 
+async def test_a_replay_stops_when_its_client_drops_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # With permessage-deflate (the websockets client's default, and browsers') frames go
+    # through ASGI, whose send never waits: a dropped client's replay was written whole
+    # into the dead transport, asyncio logging each write (about 130 lines a client).
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    hub_app = make_app()
+    with serve(hub_app.app, lifespan="on", http="h11", loop="asyncio") as base:
+        async with client(base) as http:
+            await start_turn(http, "s", chunks=3000)
+            await published(http, "s")
+        for _ in range(5):
+            async with connect(ws_url(base, "/streams/s/ws"), close_timeout=1) as ws:
+                for _ in range(20):
+                    await ws.recv()
+                ws.transport.abort()  # the connection drops
+            await anyio.sleep(0.2)
+    dead = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
+    assert dead == []
+
+
 async def test_a_late_reader_gets_a_snapshot_and_resumes_by_its_last_id_exactly() -> None:
     hub_app = make_app(snapshot_after=10)
     with serve(hub_app.app, lifespan="on") as base:

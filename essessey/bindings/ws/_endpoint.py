@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import orjson
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -110,6 +111,8 @@ _MAX_BATCH_BYTES: Final = 256 * 1024
 """The most bytes of held frames one send writes."""
 _CLOSE_TIMEOUT: Final = 5.0
 """Seconds the close frame may take to go out (the client may have stopped reading)."""
+_YIELD_EVERY: Final = 4
+"""Frames written through ASGI between turns of the event loop (see ``_WSWire.send``)."""
 _MAX_FIRST_MESSAGE: Final = 4 * MAX_ID_LENGTH + 64
 """The longest first message read for a last event id (an id escaped in JSON)."""
 
@@ -373,7 +376,14 @@ class _WSWire:
         if not frames or (writer is not None and writer.write_joined(frames)):
             return
         websocket = self._websocket
-        for frame in frames:
+        for n, frame in enumerate(frames, 1):
+            if n % _YIELD_EVERY == 0:
+                # uvicorn's send never waits: a replay held whole would be written into a
+                # connection the client dropped (asyncio logging every write) before the
+                # disconnect is seen. A turn of the loop lets it be seen.
+                await anyio.lowlevel.checkpoint()
+                if self._ending.disconnected:
+                    raise ConnectionResetError("the WebSocket client went away")
             try:
                 await websocket.send_text(frame.decode())
             except (WebSocketDisconnect, OSError, RuntimeError):
