@@ -1361,6 +1361,12 @@ def test_openai_adapter_publishes_a_valid_stream_from_any_chunks(
         # The iterable's failure propagates, after an error event that names its class.
         assert events[-1].event == EventType.ERROR
         assert MARKER.encode() not in events[-1].data
+    elif outcome.error is not None:
+        # No chunk it read gave a finish_reason (one that did may have been skipped as
+        # unreadable) and a call's arguments are not whole JSON: the stream was cut short.
+        assert outcome.error == {"type": "api_error", "message": openai_adapter.CUT_STREAM}
+        assert any(call.input is None for call in outcome.tool_calls)
+        assert events[-1].event == EventType.ERROR
     else:
         assert isinstance(outcome, openai_adapter.PublishedMessage)
         assert events[-1].event == EventType.MESSAGE_STOP
