@@ -2311,6 +2311,18 @@ _URL_CITATION = {
 _FILE_CITATION = {"type": "file_citation", "file_id": "file_1", "filename": "a.pdf", "index": 9}
 
 
+def _annotation_added(annotation: dict[str, Any], n: int = 0) -> dict[str, Any]:
+    """``response.output_text.annotation.added`` of the text part of item ``msg_c``."""
+    return _event(
+        "response.output_text.annotation.added",
+        item_id="msg_c",
+        output_index=0,
+        content_index=0,
+        annotation_index=n,
+        annotation=annotation,
+    )
+
+
 def _cited_message_item() -> dict[str, Any]:
     item = _message_item(_CITED, "msg_c")
     item["content"][0]["annotations"] = [_URL_CITATION, _FILE_CITATION]
@@ -2327,16 +2339,7 @@ async def test_annotations_are_the_text_block_s_citations_once(
     if streamed:
         events += [_text(p, item="msg_c") for p in _pieces(_CITED)]
         for n, annotation in enumerate([_URL_CITATION, _FILE_CITATION]):
-            events.append(
-                _event(
-                    "response.output_text.annotation.added",
-                    item_id="msg_c",
-                    output_index=0,
-                    content_index=0,
-                    annotation_index=n,
-                    annotation=annotation,
-                )
-            )
+            events.append(_annotation_added(annotation, n))
         events.append(_text_done(_CITED, item="msg_c"))
     # The whole item lists the annotations again: each goes out once.
     events.append(_completed(output=[_cited_message_item()]))
@@ -2393,14 +2396,7 @@ async def test_a_citation_before_its_part_s_text_goes_out_after_that_text(
     # whole copies of it that came later were taken as already published.
     events = [
         _created(),
-        _event(
-            "response.output_text.annotation.added",
-            item_id="msg_c",
-            output_index=0,
-            content_index=0,
-            annotation_index=0,
-            annotation=_URL_CITATION,
-        ),
+        _annotation_added(_URL_CITATION),
         *[_text(p, item="msg_c") for p in _pieces(_CITED)],
         _text_done(_CITED, item="msg_c"),
         _completed(output=[_cited_message_item()]),
@@ -2420,14 +2416,7 @@ async def test_a_citation_of_a_part_that_never_gets_text_is_counted_in_a_warning
 ) -> None:
     events = [
         _created(),
-        _event(
-            "response.output_text.annotation.added",
-            item_id="msg_c",
-            output_index=0,
-            content_index=0,
-            annotation_index=0,
-            annotation=_URL_CITATION,
-        ),
+        _annotation_added(_URL_CITATION),
         _completed(output=[]),
     ]
     with caplog.at_level(logging.WARNING, logger=LOGGER):

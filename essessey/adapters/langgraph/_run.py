@@ -450,19 +450,17 @@ def _askers(
     the client's (see the warning in :meth:`_Run.end`)."""
     open_calls = [c for c in unanswered if c not in gated]
     out: list[tuple[str, Interrupt, str | None, str | None]] = []
+    plain: list[int] = []  # the places of the questions that name no call
     for request_id, item, call, _ in asks:
-        asker = _named_call(item.value) if call is None else None
-        if asker is not None and asker in open_calls:
-            open_calls.remove(asker)
-            gated.add(asker)
-        else:
-            asker = None
+        named = _named_call(item.value) if call is None else None
+        asker = None
+        if named is not None and named in open_calls:
+            open_calls.remove(named)
+            gated.add(named)
+            asker = named
+        elif call is None and named is None:
+            plain.append(len(out))
         out.append((request_id, item, call, asker))
-    plain = [
-        place
-        for place, (_, item, call, asker) in enumerate(out)
-        if call is None and asker is None and _named_call(item.value) is None
-    ]
     if open_calls and len(open_calls) <= len(plain):
         for place, asker in zip(plain, open_calls, strict=False):
             request_id, item, call, _ = out[place]
