@@ -28,21 +28,22 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, BinaryIO, Final, TextIO
 
 import anyio
 import orjson
 
 from essessey import __version__
-from essessey.bindings.sse import SSEDecoder, encode
-from essessey.check import ProtocolChecker, Violation, check
+from essessey.bindings.sse import SSEDecoder, SSEMessage, encode
+from essessey.check import ProtocolChecker, Violation
 from essessey.errors import SSEDecodeError, StreamHTTPError
 from essessey.event import Event
 from essessey.protocol import BlockStart, BlockType, ErrorRecord, EventType, read
 from essessey.protocol.asking import ApprovalRequest, ClientToolCall, PendingRequest
-from essessey.reassemble import Fragment, ParsedStream, Reassembler, reassemble_events
+from essessey.reassemble import Fragment, ParsedStream, Reassembler
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -75,6 +76,8 @@ _LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
 # RFC 9110 "token": what a header name may be made of.
 _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _PREVIEW: Final = 72
+# How much of a recording `check` reads at a time.
+_CHECK_CHUNK: Final = 1 << 16
 
 # Control characters from the stream are shown, not obeyed: a server must not be able to
 # move the cursor, retitle the window or clear the screen of whoever tails it.
@@ -842,17 +845,14 @@ def _count(number: int, noun: str) -> str:
 def _run_check(args: argparse.Namespace) -> int:
     name: str = args.file
     try:
-        raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        counted = _check_file(name)
     except OSError as exc:
         raise _UsageError(f"cannot read {name!r}: {exc.strerror or exc}") from None
-    try:
-        events = decode_sse(raw)
     except SSEDecodeError as exc:
         raise _UsageError(f"{_label(name)} is not a readable SSE stream: {exc}") from None
+    events, violations, parsed = counted
     if not events:
         raise _UsageError(f"{_label(name)} holds no SSE events")
-    violations = check(events)
-    parsed = reassemble_events(events)
     if args.json:
         report = _json_report(_label(name), events, parsed, violations)
         print(_dumps(report, indent=2))
@@ -861,13 +861,50 @@ def _run_check(args: argparse.Namespace) -> int:
     return EXIT_VIOLATIONS if violations else EXIT_OK
 
 
+def _check_file(name: str) -> tuple[int, list[Violation], ParsedStream]:
+    """Check and reassemble the recording ``name`` (``-``: stdin) as it is read, a chunk
+    at a time: how many events it holds, the violations, the turn. Only the reassembled
+    turn is kept, so a recording far larger than memory can still be checked."""
+    decoder = SSEDecoder()
+    checker = ProtocolChecker()
+    reassembler = Reassembler()
+    violations: list[Violation] = []
+    events = 0
+
+    def take(messages: list[SSEMessage]) -> None:
+        nonlocal events
+        for message in messages:
+            event = _event_of(message)
+            events += 1
+            violations.extend(checker.feed_event(event))
+            reassembler.feed(event)
+
+    with _opened(name) as stream:
+        while chunk := stream.read(_CHECK_CHUNK):
+            take(decoder.feed(chunk))
+    take(decoder.close())
+    violations.extend(checker.finish())
+    return events, violations, reassembler.result()
+
+
+def _opened(name: str) -> AbstractContextManager[BinaryIO]:
+    # stdin is not closed with the report: only what this opened.
+    if name == "-":
+        return nullcontext(sys.stdin.buffer)
+    return Path(name).open("rb")
+
+
+def _event_of(message: SSEMessage) -> Event:
+    return Event(message.event, message.data.encode("utf-8"), message.id or None)
+
+
 def decode_sse(raw: bytes) -> list[Event]:
     """The events of a whole recorded SSE stream (an unterminated last event is dropped,
     as a browser would drop it)."""
     decoder = SSEDecoder()
     messages = decoder.feed(raw)
     messages.extend(decoder.close())
-    return [Event(m.event, m.data.encode("utf-8"), m.id or None) for m in messages]
+    return [_event_of(message) for message in messages]
 
 
 def _label(name: str) -> str:
@@ -884,14 +921,14 @@ def _preview(text: str) -> str:
 
 
 def _print_check_report(
-    name: str, events: list[Event], parsed: ParsedStream, violations: list[Violation]
+    name: str, events: int, parsed: ParsedStream, violations: list[Violation]
 ) -> None:
     out = sys.stdout
     messages = parsed.messages
     # Calls matched to results across the stream: a result may answer an earlier
     # message's call (the continuation of a turn that asked).
     across = {execution.call.tool_use_id: execution for execution in parsed.executions}
-    _put(out, f"{name}: {_count(len(events), 'event')}, {_count(len(messages), 'message')}")
+    _put(out, f"{name}: {_count(events, 'event')}, {_count(len(messages), 'message')}")
     for number, message in enumerate(messages, 1):
         about = [message.message_id or "(no id)"]
         if message.model:
@@ -961,11 +998,11 @@ def _put(out: TextIO, line: str) -> None:
 
 
 def _json_report(
-    name: str, events: list[Event], parsed: ParsedStream, violations: list[Violation]
+    name: str, events: int, parsed: ParsedStream, violations: list[Violation]
 ) -> dict[str, Any]:
     return {
         "file": name,
-        "events": len(events),
+        "events": events,
         "ok": not violations,
         "violations": [
             {"position": v.position, "event": v.event, "rule": v.rule, "detail": v.detail}

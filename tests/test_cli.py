@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+import tracemalloc
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -674,6 +675,54 @@ def test_check_unreadable_input(
     assert code == EXIT_USAGE
     assert out == ""
     assert message in err
+
+
+def test_check_reads_a_large_recording_a_chunk_at_a_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Events straddle the reads' chunk boundaries; only the reassembled turn is held, so
+    # the peak stays under the recording's size.
+    path = tmp_path / "long.sse"
+    deltas = 30_000
+    sink = InMemorySink()
+
+    async def record() -> None:
+        publisher = Publisher(sink)
+        await publisher.send_stream_preamble("msg_long", "conv_long", "m")
+        await publisher.send_content_block_start_text(0)
+        for i in range(deltas):
+            await publisher.send_content_block_delta_text(0, f"{i:05d} ")
+        await publisher.send_content_block_stop(0)
+        await publisher.send_stream_epilogue("end_turn", 1)
+
+    anyio.run(record)
+    path.write_bytes(encode_many(sink.events))
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        code, out, _ = run(capsys, "check", str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == EXIT_OK
+    lines = out.splitlines()
+    assert lines[0] == f"{path}: {len(sink.events)} events, 1 message"
+    assert lines[1] == "message 1: msg_long, model m, stream conv_long [complete]"
+    assert lines[2].startswith(f'  text: {deltas * 6} chars: "00000 00001 00002 ')
+    assert lines[-1] == "OK: no protocol violations"
+    assert peak < size, (peak, size)
+
+
+def test_check_refuses_a_recording_that_breaks_the_format_after_good_events(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "broken.sse"
+    # Past the decoder's line limit, after events that decoded in earlier chunks.
+    path.write_bytes(SEED004.read_bytes() + b"data: " + b"x" * (17 << 20))
+    code, out, err = run(capsys, "check", str(path))
+    assert code == EXIT_USAGE
+    assert out == ""
+    assert "is not a readable SSE stream" in err
 
 
 # -- demo, version, usage ------------------------------------------------------------
