@@ -70,6 +70,9 @@ _CLIENT_HINT: Final = 'pip install "essessey[client]"'
 _SERVER_HINT: Final = 'pip install "essessey[server]"'
 _NATS_HINT: Final = 'pip install "essessey[nats]"'
 _REDIS_HINT: Final = 'pip install "essessey[redis]"'
+_METRICS_HINT: Final = 'pip install "essessey[metrics]"'
+# What the metrics extra installs (the Prometheus exporter brings prometheus_client).
+_METRICS_MODULES: Final = frozenset({"opentelemetry", "prometheus_client"})
 _SERVER_MODULES: Final = frozenset({"starlette", "uvicorn"})
 _DEFAULT_TIMEOUT: Final = 60.0
 _LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
@@ -379,6 +382,8 @@ def _missing_extra_hint(exc: ModuleNotFoundError) -> str | None:
         return f"--nats needs nats-py; install it with: {_NATS_HINT}"
     if root == "redis":
         return f"--redis needs the redis package; install it with: {_REDIS_HINT}"
+    if root in _METRICS_MODULES:
+        return f"--metrics needs OpenTelemetry; install it with: {_METRICS_HINT}"
     if exc.name == "essessey.demo":
         return "the demo app is not part of this installation of essessey"
     return None

@@ -840,6 +840,19 @@ def test_demo_hints_at_the_missing_extra(
     assert _missing_extra_hint(ModuleNotFoundError(name="something_else")) is None
 
 
+def test_demo_metrics_without_its_extra_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules: importing it raises ModuleNotFoundError, as without the extra.
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    code, out, err = run(capsys, "demo", "--metrics", "--port", str(free_port()))
+    assert code == EXIT_USAGE
+    assert out == ""
+    assert err.strip().splitlines() == [
+        'essessey: --metrics needs OpenTelemetry; install it with: pip install "essessey[metrics]"'
+    ]
+
+
 def test_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--version")
     assert code == EXIT_OK

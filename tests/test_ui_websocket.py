@@ -43,8 +43,8 @@ def ws_url(base: str) -> str:
     return base.replace("http://", "ws://") + "/api/chat/ws"
 
 
-def node_chat(base: str, mode: str, chat_id: str, arg: Any) -> dict[str, Any]:
-    script = Path(__file__).parent / "node" / "chat.mjs"
+def node_chat(script: Path, base: str, mode: str, chat_id: str, arg: Any) -> dict[str, Any]:
+    # script: the node_client fixture's, which installs the AI SDK (and marks the test slow).
     given = json.dumps(arg)
     result: dict[str, Any] = node_json(script, base, mode, chat_id, given, "ws", websocket=True)
     return result
@@ -111,8 +111,10 @@ def without_message_id(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- the AI SDK's own WebSocketChatTransport ---------------------------------------------------
 
 
-def test_use_chat_over_a_websocket_receives_the_whole_turn(base_url: str) -> None:
-    result = node_chat(base_url, "send", "ws-1", {})
+def test_use_chat_over_a_websocket_receives_the_whole_turn(
+    node_client: Path, base_url: str
+) -> None:
+    result = node_chat(node_client, base_url, "send", "ws-1", {})
     assert (result["status"], result["error"], result["errors"]) == ("ready", None, [])
     assert [f["finishReason"] for f in result["finishes"]] == ["stop"]
     _, answer = result["messages"]
@@ -120,21 +122,23 @@ def test_use_chat_over_a_websocket_receives_the_whole_turn(base_url: str) -> Non
     assert parts_of(answer) == WHOLE_TURN
 
 
-def test_use_chat_over_a_websocket_resumes_a_running_turn(base_url: str) -> None:
+def test_use_chat_over_a_websocket_resumes_a_running_turn(node_client: Path, base_url: str) -> None:
     # A turn started over HTTP, its connection dropped at once; the WebSocket transport's
     # resume replays it whole and follows it to its end.
     body = {"id": "ws-2", "messages": [USER], "trigger": "submit-message", "delay_ms": 100}
     with httpx.stream("POST", base_url + "/api/chat", json=body, timeout=WAIT) as response:
         assert response.status_code == 200
-    result = node_chat(base_url, "resume", "ws-2", [USER])
+    result = node_chat(node_client, base_url, "resume", "ws-2", [USER])
     assert (result["status"], result["errors"]) == ("ready", [])
     assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
     assert parts_of(result["messages"][1]) == WHOLE_TURN
     assert result["finishes"][0]["finishReason"] == "stop"
 
 
-def test_use_chat_over_a_websocket_resumes_nothing_without_a_turn(base_url: str) -> None:
-    result = node_chat(base_url, "resume", "ws-nobody", [USER])
+def test_use_chat_over_a_websocket_resumes_nothing_without_a_turn(
+    node_client: Path, base_url: str
+) -> None:
+    result = node_chat(node_client, base_url, "resume", "ws-nobody", [USER])
     assert (result["status"], result["finishes"], result["messages"]) == ("ready", [], [USER])
 
 
