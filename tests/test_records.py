@@ -184,6 +184,24 @@ def test_the_memo_is_bounded() -> None:
     assert len(records_module._memo) <= records_module.MEMO_SIZE
 
 
+def test_a_key_two_threads_put_in_the_ring_at_once_leaves_reads_working() -> None:
+    # Two threads that miss on equal bytes at once may both put them in the ring: the
+    # second slot's eviction finds them gone, and read() must go on (it never raises).
+    data = b'{"twice":true}'
+    read(Event("custom", data))
+    ring = records_module._ring
+    # What the second thread does: the slot's key out, then the same bytes in again.
+    slot = records_module._cursor.position
+    evicted = ring[slot]
+    if evicted is not None:
+        records_module._memo.pop(evicted, None)
+    ring[slot] = data
+    records_module._cursor.position = (slot + 1) % len(ring)
+    for i in range(2 * records_module.MEMO_SIZE):
+        assert read(Event("custom", b'{"after":%d}' % i)).name == "custom"
+    assert len(records_module._memo) <= records_module.MEMO_SIZE
+
+
 def test_an_event_read_by_every_reader_is_parsed_once() -> None:
     events = [
         Event("message_start", orjson.dumps(_message_start("m-once"))),
@@ -217,8 +235,9 @@ def _encoders() -> list[FrameEncoder]:
     return [
         UIMessageEncoder(),
         AGUIEncoder("thread", "run"),
-        ChatCompletionsEncoder("chatcmpl-1"),
-        ResponsesEncoder("resp_1"),
+        # Their times given: encoders made a second apart would stamp different ones.
+        ChatCompletionsEncoder("chatcmpl-1", created=1_700_000_000),
+        ResponsesEncoder("resp_1", created_at=1_700_000_000),
     ]
 
 

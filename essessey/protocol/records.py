@@ -305,7 +305,9 @@ def read(event: Event) -> Record:
         # first key slower and slower.)
         oldest = _ring[_cursor.position]
         if oldest is not None:
-            del _memo[oldest]
+            # Absent when two threads missed on equal bytes at once and both put them in
+            # the ring: the earlier of their slots took them out.
+            _memo.pop(oldest, None)
         _ring[_cursor.position] = data
         _cursor.position = (_cursor.position + 1) % MEMO_SIZE
     _memo[data] = record
