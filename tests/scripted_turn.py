@@ -3,6 +3,8 @@ signed reasoning, two parallel tool calls with their results, the answer."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 
 from essessey import Publisher, StopReason
@@ -15,10 +17,17 @@ SIGNATURE = "sig-two-cities"
 """The reasoning's signature, which a client sends back with it."""
 
 
-def scripted_turn(stream_id: str, *, delay: float = 0.0, fail: bool = False) -> TurnProducer:
+def scripted_turn(
+    stream_id: str,
+    *,
+    delay: float = 0.0,
+    fail: bool = False,
+    hold: Callable[[], Awaitable[None]] | None = None,
+) -> TurnProducer:
     """Two rounds: reasoning, text, two parallel tool calls (one streamed in fragments)
     and their results (one an error), then the answer. ``delay`` seconds pace the deltas;
-    ``fail`` ends the first round with a provider error."""
+    ``fail`` ends the first round with a provider error; ``hold()`` is awaited before the
+    second round (a test that resumes mid-turn keeps the turn running until it has)."""
 
     async def produce(p: Publisher) -> None:
         await p.send_stream_preamble("msg_round1", stream_id, "scripted")
@@ -43,6 +52,8 @@ def scripted_turn(stream_id: str, *, delay: float = 0.0, fail: bool = False) -> 
         await p.send_tool_result_block(4, "call_paris", '{"temp_c":18}')
         await p.send_tool_result_block(5, "call_oslo", "station offline", is_error=True)
         await p.send_stream_epilogue(StopReason.TOOL_USE, 20)
+        if hold is not None:
+            await hold()
         await p.send_stream_preamble("msg_round2", stream_id, "scripted")
         await p.send_content_block_start_text(0)
         for word in ("Paris ", "is ", "18 ", "degrees."):

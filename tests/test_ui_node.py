@@ -102,6 +102,7 @@ def test_a_reconnect_mid_turn_ends_with_the_same_message(node_client: Path, base
     body = {"id": "chat-2", "messages": [{"id": "u1", "role": "user", "parts": []}]}
     body["trigger"] = "submit-message"
     body["delay_ms"] = 150
+    body["hold_for_resume"] = True  # the turn waits for Node's resume before its second round
     message_id = None
     with httpx.stream("POST", base_url + "/api/chat", json=body, timeout=WAIT) as response:
         assert response.status_code == 200

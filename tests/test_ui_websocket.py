@@ -126,6 +126,7 @@ def test_use_chat_over_a_websocket_resumes_a_running_turn(node_client: Path, bas
     # A turn started over HTTP, its connection dropped at once; the WebSocket transport's
     # resume replays it whole and follows it to its end.
     body = {"id": "ws-2", "messages": [USER], "trigger": "submit-message", "delay_ms": 100}
+    body["hold_for_resume"] = True  # the turn waits for Node's resume before its second round
     with httpx.stream("POST", base_url + "/api/chat", json=body, timeout=WAIT) as response:
         assert response.status_code == 200
     result = node_chat(node_client, base_url, "resume", "ws-2", [USER])
