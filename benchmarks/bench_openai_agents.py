@@ -212,6 +212,76 @@ def producer(agent: Any) -> Callable[[str], Any]:
     return lambda stream_id: turns(ResponsesRequest(stream_id, "m", "go"))
 
 
+def glue_producer(agent: Any) -> Callable[[str], Any]:
+    """The same run published by the least glue a user could write for this turn: each
+    text delta, call, argument fragment and tool output straight to a ``RoundStream``,
+    reading only the fields it needs and checking nothing. Not an adapter (it knows the
+    benchmark's turn: text, then function calls, then their outputs); the floor of what
+    publishing the turn into a hub costs, beside which the adapter's own share shows."""
+    import secrets
+    from dataclasses import replace
+
+    from agents import Runner
+    from agents.items import ToolCallOutputItem
+    from agents.stream_events import RawResponsesStreamEvent, RunItemStreamEvent
+    from openai.types.responses import (
+        ResponseCompletedEvent,
+        ResponseFunctionCallArgumentsDeltaEvent,
+        ResponseOutputItemAddedEvent,
+        ResponseOutputItemDoneEvent,
+        ResponseTextDeltaEvent,
+    )
+
+    from essessey.adapters.rounds import ToolCallRequest, stream_rounds
+
+    def producer(stream_id: str) -> Any:
+        async def produce(publisher: Any) -> None:
+            result = Runner.run_streamed(agent, [{"role": "user", "content": "go"}])
+            message_id = "msg_" + secrets.token_hex(12)
+            async with stream_rounds(
+                publisher, message_id=message_id, stream_id=stream_id, model="gpt-bench"
+            ) as rounds:
+                calls: list[ToolCallRequest] = []
+                slots: dict[int, int] = {}  # output index -> call slot
+                results = 0
+                async for event in result.stream_events():
+                    if type(event) is RawResponsesStreamEvent:
+                        data: Any = event.data
+                        kind = type(data)
+                        if kind is ResponseTextDeltaEvent:
+                            await rounds.delta(text=data.delta)
+                        elif kind is ResponseFunctionCallArgumentsDeltaEvent:
+                            await rounds.tool_call_delta(slots[data.output_index], data.delta)
+                        elif kind is ResponseOutputItemAddedEvent:
+                            if not rounds.in_round:
+                                await rounds.round_start()
+                            if data.item.type == "function_call":
+                                slots[data.output_index] = len(calls)
+                                calls.append(ToolCallRequest(data.item.call_id, data.item.name))
+                                await rounds.tool_call_start(len(calls) - 1, calls[-1])
+                        elif kind is ResponseOutputItemDoneEvent:
+                            if data.item.type == "function_call":
+                                slot = slots[data.output_index]
+                                calls[slot] = replace(calls[slot], arguments=data.item.arguments)
+                        elif kind is ResponseCompletedEvent:
+                            rounds.output_tokens += data.response.usage.output_tokens
+                            await rounds.assistant_message(calls)
+                            if not calls:
+                                await rounds.round_end()
+                    elif (
+                        type(event) is RunItemStreamEvent and type(event.item) is ToolCallOutputItem
+                    ):
+                        await rounds.tool_result(results, str(event.item.output))
+                        results += 1
+                        if results == len(calls):
+                            await rounds.round_end()
+                            calls, slots, results = [], {}, 0
+
+        return produce
+
+    return producer
+
+
 async def measure(args: argparse.Namespace, model: str, url: str | None) -> list[dict[str, Any]]:
     """The paths' rows on the ``model`` way (``url``: the model server's, for ``wire``)."""
     client = None
@@ -226,6 +296,7 @@ async def measure(args: argparse.Namespace, model: str, url: str | None) -> list
     paths = [
         plain("Agents SDK run_streamed", lambda n: sdk_turn(agent)),
         *hub_paths("essessey AgentTurns", producer(agent)),
+        hub_paths("hand-written glue", glue_producer(agent))[0],
     ]
     return await compare_closing(paths, args, client)
 
