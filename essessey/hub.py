@@ -408,6 +408,7 @@ class StreamHub:
         self._snapshots = SnapshotCache(self.store) if snapshot_after is not None else None
         self.on_answer = on_answer
         """What runs when a client answers what a stream asks (:meth:`answer`)."""
+        self._said_no_continuation = False  # logged once: answers came, none can be taken
         self._turns: dict[str, _Turn] = {}
         self._exclusive: set[str] = set()  # the keys held here (see exclusive)
         self._subscribers: dict[str, int] = {}
@@ -856,14 +857,24 @@ class StreamHub:
         same :class:`Continued` with ``started=False``.
 
         Raises :class:`~essessey.StreamNotFound`; :class:`~essessey.NotWaiting` when the
-        stream asks nothing or a turn runs on it that is not this answer's;
+        stream asks nothing or a turn runs on it that is not this answer's, or when there
+        is no continuation (no ``continuation`` and no ``on_answer``: a WARNING, once);
         :class:`~essessey.InvalidAnswer`, :class:`~essessey.AnswerExpired` and
         :class:`~essessey.AnswerConflict` (answered already, differently), all before
         anything is written.
         """
         go_on = continuation if continuation is not None else self.on_answer
         if go_on is None:
-            raise RuntimeError("the StreamHub has no on_answer continuation to run")
+            # Nothing here can take an answer: a refusal for the client (a stream this hub
+            # does not know stays a 404), and a line for the app's developer, once.
+            await self.waiting(stream_id)
+            if not self._said_no_continuation:
+                self._said_no_continuation = True
+                logger.warning(
+                    "an answer came, but this StreamHub has no on_answer continuation to "
+                    "run: answers are refused (give StreamHub(on_answer=...))"
+                )
+            raise NotWaiting("this server takes no answers")
         # A turn may be running on the stream when the answer comes: another answer's
         # continuation, here or on another replica (its record of the answers decides),
         # or the asking turn itself, still writing its end when a client that read the

@@ -158,3 +158,36 @@ async def test_a_websocket_client_answers_and_resumes_for_the_continuation(base:
 def test_the_answer_route_needs_the_stream_id_in_its_path() -> None:
     with pytest.raises(ValueError, match="stream_id"):
         answer_route(hub, "/answer")
+
+
+def test_a_hub_without_on_answer_refuses_answers_without_a_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The README's backend: hub_routes serve the answer route on a hub that cannot take
+    # answers. A client is refused (404 for a stream it does not know, 409 for one that
+    # asks), never a 500; the app's developer reads why, once.
+    plain = StreamHub()
+
+    async def asking(request: Request) -> Response:
+        async def produce(publisher: Publisher) -> None:
+            async with stream_turn(publisher, message_id="m1", stream_id="q", model="m") as t:
+                await t.ask("Which city?", schema={"type": "string"}, request_id="q_1")
+
+        await plain.start("q", produce)
+        await plain.wait("q")
+        return Response(status_code=204)
+
+    answer = {"answers": [{"type": "answer", "id": "q_1", "value": "Oslo"}]}
+    routes = [*hub_routes(plain), Route("/ask", asking, methods=["POST"])]
+    with (
+        caplog.at_level("WARNING", logger="essessey.hub"),
+        serve(Starlette(routes=routes, lifespan=plain.lifespan), lifespan="on") as url,
+    ):
+        assert httpx.post(f"{url}/ask").status_code == 204
+        unknown = httpx.post(f"{url}/streams/nobody/answer", json=answer)
+        asked = [httpx.post(f"{url}/streams/q/answer", json=answer) for _ in range(2)]
+    assert unknown.status_code == 404
+    assert [r.status_code for r in asked] == [409, 409]
+    assert asked[0].json()["error"]["message"] == "this server takes no answers"
+    said = [r.getMessage() for r in caplog.records if "no on_answer" in r.getMessage()]
+    assert len(said) == 1
