@@ -183,6 +183,40 @@ async def test_a_lost_pubsub_connection_loses_no_event(server: RedisServer) -> N
     assert got == sent
 
 
+async def test_a_malformed_notification_is_skipped_and_the_listener_goes_on(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A note no store wrote (its sequence thousands of digits long) on the stream's
+    # channel: skipped with a line; the one listener of the store still hears the next
+    # notes (a heartbeat far off, so a dead listener would leave the reader waiting).
+    async with store_on(server.url, prefix="badnote", heartbeat=60) as store:
+        await store.open_stream("s")
+        got: list[Event] = []
+        first, all_of_them = anyio.Event(), anyio.Event()
+
+        async def read() -> None:
+            async for event in store.follow("s"):
+                got.append(event)
+                first.set()
+                if len(got) == 10:
+                    all_of_them.set()
+
+        sent: list[Event] = []
+        with anyio.fail_after(WAIT), caplog.at_level("WARNING", logger="essessey.stores.redis"):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(read)
+                sent.append(await store.append("s", delta(0)))
+                await first.wait()
+                await store.redis.publish("badnote:s:n", b"x " + b"9" * 5000 + b" e name\n{}")
+                for n in range(1, 10):
+                    sent.append(await store.append("s", delta(n)))
+                with anyio.fail_after(5):
+                    await all_of_them.wait()
+                await store.close_stream("s")
+    assert got == sent
+    assert any("not laid out as expected" in r.getMessage() for r in caplog.records)
+
+
 async def test_a_reader_that_falls_past_the_trim_is_ended(server: RedisServer) -> None:
     async with store_on(server.url, max_events_per_stream=100) as store:
         await store.open_stream("s")

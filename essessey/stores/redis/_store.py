@@ -144,10 +144,15 @@ _RESYNC: Final = _Note("", 0, "s", "", b"")
 """Not from Redis: the pub/sub connection was lost, so notifications may be missing."""
 
 
+_MAX_SEQ_DIGITS: Final = 19
+
+
 def _parse_note(payload: bytes) -> _Note | None:
     head, _, data = payload.partition(b"\n")
     parts = head.decode("ascii", "replace").split(" ")
-    if len(parts) < 3 or not parts[1].isdigit():
+    # A sequence is a Redis integer (64 bits, 19 digits): a longer one is no note of the
+    # store's, and int() of thousands of digits raises.
+    if len(parts) < 3 or not parts[1].isdigit() or len(parts[1]) > _MAX_SEQ_DIGITS:
         return None
     name = parts[3] if len(parts) > 3 else ""
     return _Note(parts[0], int(parts[1]), parts[2], name, data)
