@@ -356,6 +356,21 @@ async def test_cancel_never_reads_the_request_body() -> None:
     assert orjson.loads(done.body) == {"cancelled": True}
 
 
+async def test_a_cancel_whose_small_body_never_comes_cancels_and_answers() -> None:
+    # 500 bytes announced, one sent: the turn is cancelled at once and the answer comes
+    # after a short wait for the rest, not never.
+    small = b"\r\nContent-Type: application/json\r\nContent-Length: 500"
+    with running(make_app()) as base:
+        async with client(base) as http:
+            await http.post("/turns/s")
+            with anyio.fail_after(10):
+                done = await raw_request(base, b"POST /streams/s/cancel HTTP/1.1" + small, b"{")
+            again = await http.post("/streams/s/cancel")
+    assert done.status == 200
+    assert orjson.loads(done.body) == {"cancelled": True}
+    assert again.status_code == 404
+
+
 @pytest.mark.parametrize(
     ("path", "limit", "status", "error_type"),
     [

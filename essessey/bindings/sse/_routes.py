@@ -34,6 +34,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Unpack
 
+import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -73,6 +74,8 @@ logger = logging.getLogger("essessey.sse")
 
 _CANCEL_BODY_LIMIT = 1024
 """Bytes of a cancel request's body taken (and ignored); a larger one is left unread."""
+_CANCEL_BODY_WAIT = 1.0
+"""Seconds a cancel's small body is waited for, once the turn is cancelled."""
 
 
 class _RestOfEvent(Event):
@@ -430,12 +433,14 @@ async def cancel_response(hub: StreamHub, request: Request, stream_id: str) -> R
     """Cancel the turn running on ``stream_id`` if this request may: 200 with
     ``{"cancelled": true}``, 404 when no turn runs there, 403 when not allowed, 503 when
     the ``authorize`` hook raised. The request's body means nothing: up to 1 KiB of it is
-    taken, a larger one left unread."""
+    taken (waited for a second at most, after the cancel), a larger one left unread."""
     admitted = await admit(hub, request, stream_id, None, logger, access="cancel")
     if isinstance(admitted, Refusal):
         return json_error(admitted.status, admitted.error_type, admitted.message)
+    # The cancel first: a body that never comes must not hold it.
+    cancelled = await hub.cancel(stream_id)
     await _take_small_body(request)
-    if not await hub.cancel(stream_id):
+    if not cancelled:
         return json_error(404, "not_found_error", "no turn is running on this stream")
     return Response(b'{"cancelled":true}', 200, media_type="application/json")
 
@@ -451,7 +456,8 @@ async def _take_small_body(request: Request) -> None:
     ):
         return
     taken = 0
-    with contextlib.suppress(ClientDisconnect):
+    # A body announced and never sent (or trickling) is waited for a moment, not for ever.
+    with contextlib.suppress(ClientDisconnect), anyio.move_on_after(_CANCEL_BODY_WAIT):
         async for chunk in request.stream():
             taken += len(chunk)
             if taken > _CANCEL_BODY_LIMIT:
