@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from essessey import (
     Event,
     RedisUnavailable,
+    StreamNotFound,
     SubscriberLagged,
 )
 from essessey.stores.redis import RedisEventStore
@@ -215,6 +216,48 @@ async def test_a_malformed_notification_is_skipped_and_the_listener_goes_on(
                 await store.close_stream("s")
     assert got == sent
     assert any("not laid out as expected" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{b"x": b"y"}, {b"e": b"\xff\xfe", b"d": b"{}"}, {b"e": b"ping"}],
+    ids=["no-fields", "name-not-utf8", "no-data"],
+)
+async def test_an_entry_the_store_did_not_write_is_skipped_with_a_line(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, fields: dict[bytes, bytes]
+) -> None:
+    # Written into the stream between the store's own entries (another writer's, a damaged
+    # key): every reader passes over it with a WARNING and reads the rest, to the end.
+    prefix = f"foreign{next(_names)}"
+    async with store_on(server.url, prefix=prefix) as store:
+        await store.open_stream("s")
+        first = await store.append("s", delta(0))
+        await store.redis.xadd(f"{prefix}:s:e", fields, id="0-2")
+        await store.redis.hset(f"{prefix}:s:m", "seq", 2)
+        last = await store.append("s", delta(1))
+        await store.close_stream("s")
+        with caplog.at_level("WARNING", logger="essessey.stores.redis"):
+            events, known = await store.since("s", None)
+            with anyio.fail_after(WAIT):
+                followed = [event async for event in store.follow("s")]
+    assert known
+    assert events == followed == [first, last]
+    assert sum("skipped stream entry 2" in r.getMessage() for r in caplog.records) == 2
+
+
+async def test_a_stream_record_the_store_did_not_write_reads_as_not_held(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with store_on(server.url, prefix="damaged") as store:
+        await store.open_stream("s")
+        await store.append("s", delta(0))
+        await store.redis.hset("damaged:s:m", "seq", "abc")
+        with caplog.at_level("WARNING", logger="essessey.stores.redis"):
+            assert await store.since("s", None) == ([], False)
+            with pytest.raises(StreamNotFound):
+                async for _ in store.follow("s"):
+                    pass
+    assert any("not the store's (seq is not a count)" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_reader_that_falls_past_the_trim_is_ended(server: RedisServer) -> None:

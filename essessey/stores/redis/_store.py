@@ -105,6 +105,10 @@ def _resume_point(snap: _Snapshot, last_event_id: str) -> int | None:
     return seq
 
 
+_MAX_SEQ_DIGITS: Final = 19
+"""Digits of a Redis integer (64 bits): a longer count is none the store wrote."""
+
+
 class _Snapshot:
     """What one read of a stream id saw, in one transaction (``MULTI``: the server's time,
     the meta hash, the entries after the sequence asked for)."""
@@ -112,18 +116,76 @@ class _Snapshot:
     __slots__ = ("abandoned", "closed", "entries", "epoch", "first", "seq")
 
     def __init__(self, now: tuple[int, int], state: list[Any], entries: list[Any]) -> None:
+        """Raises :class:`_Corrupt` when the meta hash is not laid out as the store writes
+        it; an entry that is not is skipped with a WARNING."""
         epoch, seq, first, closed, run, holder = state
-        self.epoch: str = epoch.decode()
-        self.seq: int = int(seq)  # the last event's sequence (0: none yet)
-        self.first: int = int(first)  # the oldest retained event's sequence
+        self.epoch: str = _text(epoch, "epoch")
+        self.seq: int = _count(seq, "seq")  # the last event's sequence (0: none yet)
+        self.first: int = _count(first, "first")  # the oldest retained event's sequence
         self.closed = closed == b"1"
         now_ms = now[0] * 1000 + now[1] // 1000
         # Open, claimed, and the claim ran out: the turn's replica stopped renewing it.
-        self.abandoned = int(run) < now_ms and not self.closed and bool(holder)
-        # (seq, name, data) of the entries after the sequence asked for.
-        self.entries: list[tuple[int, str, bytes]] = [
-            (int(entry_id[2:]), fields[b"e"].decode(), fields[b"d"]) for entry_id, fields in entries
-        ]
+        running_until = _count(run, "run") if run is not None else 0
+        self.abandoned = running_until < now_ms and not self.closed and bool(holder)
+        # (seq, name, data) of the entries after the sequence asked for; the name None
+        # for an entry the store did not write (skipped, logged), which still moves a
+        # reader past its sequence.
+        self.entries: list[_Entry] = []
+        for entry_id, fields in entries:
+            entry = _entry(entry_id, fields)
+            if entry is not None:
+                self.entries.append(entry)
+
+
+class _Corrupt(Exception):
+    """A stream's meta hash that no store wrote: the reason, without its content."""
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, bytes):
+        raise _Corrupt(f"{field} is missing")
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise _Corrupt(f"{field} is not UTF-8") from None
+
+
+def _count(value: object, field: str) -> int:
+    # A Redis integer: ASCII digits, 64 bits at most (int() of a longer one may raise).
+    if not (isinstance(value, bytes) and value.isdigit() and len(value) <= _MAX_SEQ_DIGITS):
+        raise _Corrupt(f"{field} is not a count")
+    return int(value)
+
+
+_Entry: TypeAlias = tuple[int, "str | None", bytes]
+"""An entry read: its sequence, its event's name (None: not the store's, skipped) and
+data."""
+
+
+def _entry(entry_id: object, fields: object) -> _Entry | None:
+    """An entry as (seq, name, data); one the store did not write is logged, and kept
+    with no name when its id still gives its place (None when not even that)."""
+    if not (
+        isinstance(entry_id, bytes)
+        and entry_id.startswith(b"0-")
+        and entry_id[2:].isdigit()
+        and len(entry_id) <= _MAX_SEQ_DIGITS + 2
+    ):
+        logger.warning("skipped a stream entry whose id is not one the store gives")
+        return None
+    seq = int(entry_id[2:])
+    reason = None
+    if not isinstance(fields, dict) or not isinstance(fields.get(b"e"), bytes):
+        reason = "it has no event name"
+    elif not isinstance(fields.get(b"d"), bytes):
+        reason = "it has no data"
+    else:
+        try:
+            return seq, fields[b"e"].decode(), fields[b"d"]
+        except UnicodeDecodeError:
+            reason = "its event name is not UTF-8"
+    logger.warning("skipped stream entry %d, which the store did not write: %s", seq, reason)
+    return seq, None, b""
 
 
 class _Note:
@@ -142,9 +204,6 @@ class _Note:
 
 _RESYNC: Final = _Note("", 0, "s", "", b"")
 """Not from Redis: the pub/sub connection was lost, so notifications may be missing."""
-
-
-_MAX_SEQ_DIGITS: Final = 19
 
 
 def _parse_note(payload: bytes) -> _Note | None:
@@ -689,7 +748,15 @@ class RedisEventStore:
         replies = await self._retry.run(read)
         if replies[1][0] is None:
             return None
-        return _Snapshot(replies[0], replies[1], replies[2] if count else [])
+        try:
+            return _Snapshot(replies[0], replies[1], replies[2] if count else [])
+        except _Corrupt as exc:
+            # Not the store's layout (another writer's, a damaged key): read as not held,
+            # which a reader is told (404), rather than a failure of every read.
+            logger.warning(
+                "%s's record in Redis is not the store's (%s); read as not held", stream_id, exc
+            )
+            return None
 
     async def exists(self, stream_id: str) -> bool:
         """Whether the stream is retained (not expired, cleared or dropped)."""
@@ -726,7 +793,9 @@ class RedisEventStore:
             page = await self._snapshot(stream_id, after, _READ_BATCH * 4)
             if page is None or page.epoch != epoch or page.first - 1 > after:
                 return [], False  # cleared, recreated or trimmed past it under the read
-            events.extend(Event(name, data, f"{epoch}-{seq}") for seq, name, data in page.entries)
+            events.extend(
+                Event(name, data, f"{epoch}-{seq}") for seq, name, data in page.entries if name
+            )
             if not page.entries or page.entries[-1][0] >= page.seq:
                 return events, True
             after = page.entries[-1][0]
@@ -786,7 +855,7 @@ class _Follower:
         self.live_from = 0  # lag counts what was appended after this one
         self.closed = False
         self.seeking = False  # skipping a message's tail until the next message_start
-        self.ready: deque[tuple[int, str, bytes]] = deque()  # read or notified, in order
+        self.ready: deque[_Entry] = deque()  # read or notified, in order
         self.behind = True  # Redis holds events after the cursor not yet read
         self.page = _FIRST_PAGE  # events the last read asked for
 
@@ -875,8 +944,10 @@ class _Follower:
             if not inbox.notes and not inbox.overflow and await self._fetch():
                 return None
 
-    def _hand_out(self, seq: int, name: str, data: bytes) -> Event | None:
+    def _hand_out(self, seq: int, name: str | None, data: bytes) -> Event | None:
         self.cursor = seq
+        if name is None:
+            return None  # an entry the store did not write: passed over, logged
         if self.max_lag is not None:
             # What is known to exist, notifications not yet looked at included.
             lag = max(self.latest, self.inbox.newest) - max(seq, self.live_from)
