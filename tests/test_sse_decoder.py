@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tracemalloc
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -471,6 +472,35 @@ def test_an_event_over_the_size_limit_raises() -> None:
     decoder = SSEDecoder(max_event_size=10)
     with pytest.raises(SSEDecodeError, match=r"max_event_size \(10 bytes\)"):
         decoder.feed(b"data: 12345\ndata: 1234\n")  # raised before the blank line
+
+
+@pytest.mark.parametrize("lines", [63, 64, 65, 129, 200])
+def test_an_event_of_many_data_lines_decodes_the_same_at_every_split(lines: int) -> None:
+    values = [f"v{i}" for i in range(lines)]
+    raw = b"".join(b"data: %s\n" % value.encode() for value in values) + b"\ndata: next\n\n"
+    assert_decodes(raw, [M("\n".join(values)), M("next")])
+    assert_decodes(b"data\n" * lines + b"\n", [M("\n" * (lines - 1))])
+
+
+def test_many_short_data_lines_cost_about_their_bytes() -> None:
+    # Each line held as an object of its own would cost about 40 bytes more than its
+    # three: the event's limit bounds what the decoder holds, not only what it counts.
+    limit = 4 << 20
+    decoder = SSEDecoder(max_event_size=limit)
+    chunk = b"data:ab\n" * 8192
+
+    def feed_past_the_limit() -> None:
+        for _ in range(limit // len(chunk) * 4):
+            decoder.feed(chunk)
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(SSEDecodeError, match="max_event_size"):
+            feed_past_the_limit()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * limit, peak
 
 
 def test_the_event_size_limit_is_per_event() -> None:

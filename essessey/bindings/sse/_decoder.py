@@ -53,6 +53,9 @@ _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _CR: Final = 0x0D
 _LF: Final = 0x0A
 
+_SPILL_AFTER: Final = 64
+"""Data lines of an event held apart before they are joined into one buffer."""
+
 # Event names are few; their decoded form is cached. Only short names are kept, so the
 # cache stays small whatever a server sends.
 _NAMES: dict[bytes, str] = {b"": "message"}
@@ -115,6 +118,7 @@ class SSEDecoder:
         "_partial",
         "_retry",
         "_skip_lf",
+        "_spill",
     )
 
     def __init__(
@@ -140,6 +144,10 @@ class SSEDecoder:
         self._event_type = b""
         self._data: list[bytes] = []
         self._data_size = 0
+        # An event's earlier data lines joined, once it has many: a line held as a bytes
+        # object of its own costs about 40 bytes more than its length, which many short
+        # lines would multiply past max_event_size.
+        self._spill = bytearray()
         self._retry: int | None = None
         # The unterminated line so far. A bytearray, not a list of chunks: a line that
         # drips in a byte at a time must cost its length, not 40 bytes per chunk.
@@ -240,6 +248,7 @@ class SSEDecoder:
         self._partial = bytearray()
         self._data = []
         self._data_size = 0
+        self._spill = bytearray()
         self._event_type = b""
         return []
 
@@ -248,6 +257,7 @@ class SSEDecoder:
         self._partial = bytearray()
         self._data = []
         self._data_size = 0
+        self._spill = bytearray()
         raise SSEDecodeError(reason)
 
     def _check_line_lengths(self, region: bytes) -> None:
@@ -270,11 +280,17 @@ class SSEDecoder:
         for line in lines:
             if not line:
                 last_event_id = id_buffer
-                if data:
+                if data_size:
                     name = names.get(event_type)
                     if name is None:
                         name = _event_name(event_type)
-                    append(SSEMessage(name, b"\n".join(data).decode("utf-8", "replace"), id_buffer))
+                    joined: bytes | bytearray = b"\n".join(data)
+                    if self._spill:
+                        if data:
+                            self._spill += b"\n"
+                            self._spill += joined
+                        joined, self._spill = self._spill, bytearray()
+                    append(SSEMessage(name, joined.decode("utf-8", "replace"), id_buffer))
                     data = []
                     data_size = 0
                 event_type = b""
@@ -291,6 +307,11 @@ class SSEDecoder:
                     self._fail(
                         f"an event's data is larger than max_event_size ({max_event_size} bytes)"
                     )
+                if len(data) == _SPILL_AFTER:
+                    if self._spill:
+                        self._spill += b"\n"
+                    self._spill += b"\n".join(data)
+                    data = []
             elif field == b"event":
                 event_type = value
             elif field == b"id":
