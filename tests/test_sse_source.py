@@ -3,13 +3,17 @@ raw socket server for broken framing), plus SSESource over plain byte generators
 
 from __future__ import annotations
 
+import gzip
 import logging
 import random
 import subprocess
 import sys
 import threading
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from itertools import pairwise
 from typing import Any
 
 import anyio
@@ -17,6 +21,8 @@ import httpx
 import orjson
 import pytest
 from anyio.abc import SocketAttribute, SocketStream
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -24,6 +30,7 @@ from starlette.routing import Route
 
 from essessey import Event
 from essessey.bindings.sse import MAX_ERROR_BODY, SSEEventStream, SSESource, connect
+from essessey.bindings.sse._inflate import Inflater
 from essessey.errors import SSEDecodeError, StreamHTTPError
 from tests.servers import serve
 from tests.sse_fixture import FIXTURES, load_fixture
@@ -443,6 +450,75 @@ async def test_a_compressed_stream_the_server_sends_anyway_reaches_the_decoder_i
         connect(client, "GET", url) as stream,
     ):
         assert sum([1 async for _ in stream]) == 100_000
+
+
+def _compressed_answer(body: bytes, codings: str) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    head += b"content-encoding: %s\r\ncontent-length: %d\r\n\r\n" % (codings.encode(), len(body))
+    return head + body
+
+
+def _gzip_stream(pieces: Iterator[bytes]) -> bytes:
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join(compressor.compress(piece) for piece in pieces) + compressor.flush()
+
+
+async def test_a_body_compressed_twice_that_inflates_past_every_limit_is_refused_bounded() -> None:
+    # 64 MiB of one data line, compressed twice: a few hundred bytes. Inflated a network
+    # read at a time (httpx's way) it was one 64 MiB chunk before any limit applied; a
+    # piece at a time, the decoder's line limit ends it with the client holding little.
+    inner = _gzip_stream(iter([b"data: ", *([b"a" * (1 << 20)] * 64)]))
+    answer = _compressed_answer(gzip.compress(inner, 9), "gzip, gzip")
+    assert len(answer) < 2048
+    tracemalloc.start()
+    try:
+        async with raw_server(answer) as url, httpx.AsyncClient() as client:
+            with pytest.raises(SSEDecodeError, match="max_line_length"):
+                await read_all(client, url)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 << 20, peak
+
+
+@pytest.mark.parametrize("codings", ["gzip", "deflate", "gzip, gzip", "deflate, gzip"])
+async def test_a_stream_compressed_anyway_reads_as_sent(codings: str) -> None:
+    whole = b"".join(b'id: %d\ndata: {"n": %d}\n\n' % (n, n) for n in range(20_000))
+    body = whole
+    for coding in [part.strip() for part in codings.split(",")]:
+        body = gzip.compress(body) if coding == "gzip" else zlib.compress(body)
+    async with raw_server(_compressed_answer(body, codings)) as url, httpx.AsyncClient() as client:
+        events = await read_all(client, url)
+    assert [event.json() for event in events] == [{"n": n} for n in range(20_000)]
+    assert events[-1].id == "19999"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.binary(max_size=20_000),
+    codings=st.lists(st.sampled_from(["gzip", "deflate", "raw-deflate"]), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=30_000), max_size=8),
+    piece=st.integers(min_value=1, max_value=4096),
+)
+def test_the_inflater_gives_back_the_body_in_bounded_pieces_at_every_split(
+    data: bytes, codings: list[str], cuts: list[int], piece: int
+) -> None:
+    body = data
+    for coding in codings:
+        if coding == "gzip":
+            body = gzip.compress(body)
+        elif coding == "deflate":
+            body = zlib.compress(body)
+        else:  # "deflate" sent without zlib's wrapper, which clients read too
+            compressor = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+            body = compressor.compress(body) + compressor.flush()
+    named = ["deflate" if coding == "raw-deflate" else coding for coding in codings]
+    inflater = Inflater(named, piece)
+    bounds = sorted({0, len(body), *(min(cut, len(body)) for cut in cuts)})
+    out = [decoded for start, end in pairwise(bounds) for decoded in inflater.feed(body[start:end])]
+    out += list(inflater.flush())
+    assert b"".join(out) == data
+    assert all(len(decoded) <= piece for decoded in out)
 
 
 async def test_leaving_early_closes_the_response(base_url: str) -> None:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import codecs
 import contextlib
 import logging
+import zlib
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from essessey.bindings.sse._decoder import SSEDecoder
+from essessey.bindings.sse._inflate import Inflater, inflatable
 from essessey.errors import StreamHTTPError
 from essessey.event import Event
 
@@ -253,7 +255,7 @@ async def connect(
         if not 200 <= response.status_code < 300 or not _is_event_stream(content_type):
             raise await _http_error(response, content_type, max_error_body)
         source = SSESource(
-            _bounded(response.aiter_bytes()),
+            _body(response),
             last_event_id=last_event_id or "",
             max_line_length=max_line_length,
             max_event_size=max_event_size,
@@ -263,6 +265,33 @@ async def connect(
             yield stream
         finally:
             await stream.aclose()
+
+
+async def _body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response's body decoded, in pieces of at most ``_PIECE`` bytes: gzip and
+    deflate (what a server sends uninvited) inflated a piece at a time, however far a
+    network read inflates; other codings through httpx's decoders."""
+    import httpx
+
+    codings = [
+        coding.strip().lower()
+        for coding in response.headers.get_list("content-encoding", split_commas=True)
+    ]
+    codings = [coding for coding in codings if coding and coding != "identity"]
+    if not codings or not inflatable(codings):
+        async for chunk in _bounded(response.aiter_bytes()):
+            yield chunk
+        return
+    inflater = Inflater(codings, _PIECE)
+    try:
+        async for raw in response.aiter_raw():
+            for piece in inflater.feed(raw):
+                yield piece
+        for piece in inflater.flush():
+            yield piece
+    except zlib.error as exc:
+        # What httpx raises for a body its codings cannot decode.
+        raise httpx.DecodingError(str(exc), request=response.request) from None
 
 
 async def _bounded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -312,7 +341,7 @@ async def _http_error(
 async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in _body(response):
         parts.append(chunk)
         size += len(chunk)
         if size >= limit:
