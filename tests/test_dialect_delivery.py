@@ -19,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from essessey import Publisher, StopReason, StreamHub
+from essessey import Event, InMemoryEventStore, Publisher, StopReason, StreamHub
 from essessey.bindings.sse import SSEDecoder
+from essessey.dialects._routes import WHOLE_BUILDS_AT_ONCE
 from essessey.dialects.agui import AGUIRunRequest, agui_routes
 from essessey.dialects.chat_completions import ChatCompletionRequest, chat_completions_routes
 from essessey.dialects.responses import ResponsesRequest, responses_routes
@@ -179,3 +180,62 @@ def test_a_stalled_client_is_reset_after_the_send_timeout(
         stalled.settimeout(WAIT)
         with pytest.raises(ConnectionResetError):  # reset, not a close waiting for reads
             drain(stalled)
+
+
+class _CountingStore(InMemoryEventStore):
+    """Counts the reads of a stream whole that are under way at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0
+        self.most = 0
+
+    async def since(self, stream_id: str, last_event_id: str | None) -> tuple[list[Event], bool]:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await anyio.sleep(0.02)  # a store's round trip, during which others start theirs
+            return await super().since(stream_id, last_event_id)
+        finally:
+            self.now -= 1
+
+
+def test_whole_answers_are_built_a_few_at_a_time() -> None:
+    # A crowd of retrieves of one finished turn (each reads the stream's log whole and
+    # builds its answer from it) holds the log a few times, not once per request.
+    store = _CountingStore()
+    hub = StreamHub(store)
+    routes = [
+        *chat_completions_routes(hub, chat_turn),
+        *responses_routes(hub, responses_turn),
+    ]
+    app = Starlette(routes=routes, lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        made = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=WAIT)
+        assert made.status_code == 200
+        completion_id = made.json()["id"]
+        response = httpx.post(f"{url}/v1/responses", json={"model": "m", "input": "hi"})
+        assert response.status_code == 200
+        response_id = response.json()["id"]
+        store.most = 0
+
+        async def crowd() -> list[int]:
+            async with httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+                json_only = {"accept": "application/json"}
+                paths = [f"/v1/chat/completions/{completion_id}"] * 12
+                paths += [f"/v1/responses/{response_id}"] * 12
+                answers = [0] * len(paths)
+
+                async def get(i: int) -> None:
+                    answers[i] = (await client.get(paths[i], headers=json_only)).status_code
+
+                async with anyio.create_task_group() as tasks:
+                    for i in range(len(paths)):
+                        tasks.start_soon(get, i)
+                return answers
+
+        statuses = anyio.run(crowd)
+    assert statuses == [200] * 24
+    # A gate per dialect's routes: two here.
+    assert 1 <= store.most <= WHOLE_BUILDS_AT_ONCE * 2

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -26,7 +27,9 @@ from essessey.publisher import TurnProducer
 __all__ = [
     "MAX_ANSWER_IDS_LOOKED_UP",
     "MAX_ASKING_LOOKED_AT",
+    "WHOLE_BUILDS_AT_ONCE",
     "Asking",
+    "WholeBuilds",
     "answered_stream",
     "make_producer",
     "other_methods",
@@ -44,7 +47,30 @@ MAX_ANSWER_IDS_LOOKED_UP: Final = 1024
 """The distinct request ids of one answer that :func:`answered_stream` looks up, those
 given last: each is a read of the store, and a body may repeat one or name thousands."""
 
+WHOLE_BUILDS_AT_ONCE: Final = 4
+"""Whole answers (a request without ``stream``, a retrieve) a dialect's routes build from
+a stream's log at once: each holds the stream's events while it builds, so a crowd of
+small requests for one long turn would hold its log once per request."""
+
 _METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+class WholeBuilds:
+    """The gate of a dialect's routes around reading a stream whole and building its
+    answer: at most :data:`WHOLE_BUILDS_AT_ONCE` at a time, the rest wait their turn."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self) -> None:
+        # Made on first use, in the event loop that serves the routes.
+        self._gate: anyio.Semaphore | None = None
+
+    def __call__(self) -> anyio.Semaphore:
+        gate = self._gate
+        if gate is None:
+            gate = self._gate = anyio.Semaphore(WHOLE_BUILDS_AT_ONCE)
+        return gate
+
 
 _Request = TypeVar("_Request")
 

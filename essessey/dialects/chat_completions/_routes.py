@@ -22,7 +22,13 @@ from essessey.bindings.sse import (
     subscription_response,
 )
 from essessey.dialects._payload import answer_value, content_text
-from essessey.dialects._routes import answered_stream, other_methods, read_request, start_turn
+from essessey.dialects._routes import (
+    WholeBuilds,
+    answered_stream,
+    other_methods,
+    read_request,
+    start_turn,
+)
 from essessey.dialects.chat_completions._encoder import (
     APPROVAL_TOOL,
     ChatCompletionsEncoder,
@@ -256,6 +262,7 @@ def chat_completions_routes(
     if max_body <= 0:
         raise ValueError("max_body must be > 0")
     headers = dict(options.get("headers") or {})
+    whole_builds = WholeBuilds()
 
     async def create(request: Request) -> Response:
         completion_id = f"chatcmpl-{secrets.token_hex(12)}"
@@ -286,8 +293,9 @@ def chat_completions_routes(
         location = {"location": f"{path}/{completion_id}"}
         if not parsed.stream:
             await hub.wait(completion_id)
-            events, _ = await hub.store.since(completion_id, None)
-            return _whole(events, completion_id, parsed.model, {**headers, **location})
+            async with whole_builds():
+                events, _ = await hub.store.since(completion_id, None)
+                return _whole(events, completion_id, parsed.model, {**headers, **location})
         encoder = ChatCompletionsEncoder(
             completion_id, model=parsed.model, include_usage=parsed.include_usage
         )
@@ -345,12 +353,13 @@ def chat_completions_routes(
             if isinstance(verdict, Refusal):
                 return _refused(verdict, headers)
             await hub.wait(stream_id)
-            events, known = await hub.store.since(stream_id, after)
-            if not known:
-                # No such completion (or continuation) is kept: the stream's answers.
-                missing = "no such completion is kept"
-                return json_error(404, "not_found_error", missing, headers, shape=error_object)
-            return _whole(events, completion_id, "essessey", headers)
+            async with whole_builds():
+                events, known = await hub.store.since(stream_id, after)
+                if not known:
+                    # No such completion (or continuation) is kept: the stream's answers.
+                    missing = "no such completion is kept"
+                    return json_error(404, "not_found_error", missing, headers, shape=error_object)
+                return _whole(events, completion_id, "essessey", headers)
         encoder = ChatCompletionsEncoder(
             completion_id,
             include_usage=request.query_params.get("include_usage") == "true",

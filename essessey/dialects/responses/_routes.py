@@ -23,7 +23,7 @@ from essessey.bindings.sse import (
     subscription_response,
 )
 from essessey.dialects._payload import answer_value
-from essessey.dialects._routes import other_methods, read_request, start_turn
+from essessey.dialects._routes import WholeBuilds, other_methods, read_request, start_turn
 from essessey.dialects.responses._encoder import (
     ResponsesEncoder,
     error_object,
@@ -238,6 +238,7 @@ def responses_routes(
     if max_body <= 0:
         raise ValueError("max_body must be > 0")
     headers = dict(options.get("headers") or {})
+    whole_builds = WholeBuilds()
 
     def refuse(status: int, error_type: str, message: str) -> Response:
         return json_error(status, error_type, message, headers, shape=error_object)
@@ -246,15 +247,16 @@ def responses_routes(
         """The response as it stands; None when the stream does not hold the event a
         continuation's id names."""
         stream_id, after = split_response_id(response_id)
-        events, _ = await hub.store.since(stream_id, None)
-        if after is not None and not any(event.id == after for event in events):
-            return None
-        encoder = ResponsesEncoder(response_id, model=model, after=after)
-        for event in events:
-            encoder.encode(event)
-        return Response(
-            orjson.dumps(encoder.response()), headers=headers, media_type="application/json"
-        )
+        async with whole_builds():
+            events, _ = await hub.store.since(stream_id, None)
+            if after is not None and not any(event.id == after for event in events):
+                return None
+            encoder = ResponsesEncoder(response_id, model=model, after=after)
+            for event in events:
+                encoder.encode(event)
+            return Response(
+                orjson.dumps(encoder.response()), headers=headers, media_type="application/json"
+            )
 
     async def answer(request: Request, parsed: ResponsesRequest) -> Response | None:
         """The continuation of the response ``previous_response_id`` names, when the
