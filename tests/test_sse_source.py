@@ -430,8 +430,6 @@ async def test_request_headers_and_last_event_id(base_url: str) -> None:
 async def test_a_compressed_stream_the_server_sends_anyway_reaches_the_decoder_in_pieces() -> None:
     # Inflated at once, 16 KB of gzip was 8 MiB in one chunk, and the decoder made its
     # 800,000 events in one list (465 MiB for the CLI's tail).
-    import gzip
-
     from essessey.bindings.sse._client import _bounded
 
     async def one(chunk: bytes) -> AsyncIterator[bytes]:
@@ -441,9 +439,7 @@ async def test_a_compressed_stream_the_server_sends_anyway_reaches_the_decoder_i
     pieces = [piece async for piece in _bounded(one(whole))]
     assert b"".join(pieces) == whole
     assert max(len(piece) for piece in pieces) == 64 * 1024
-    body = gzip.compress(whole)
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
-    answer = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    answer = _compressed_answer(gzip.compress(whole), "gzip")
     async with (
         raw_server(answer) as url,
         httpx.AsyncClient() as client,

@@ -150,9 +150,14 @@ def _text(value: object, field: str) -> str:
         raise _Corrupt(f"{field} is not UTF-8") from None
 
 
+def _is_count(text: bytes | str) -> bool:
+    """Whether ``text`` is a count the store writes: a Redis integer, ASCII digits, 64 bits
+    at most (``int()`` of thousands of digits raises)."""
+    return text.isascii() and text.isdigit() and len(text) <= _MAX_SEQ_DIGITS
+
+
 def _count(value: object, field: str) -> int:
-    # A Redis integer: ASCII digits, 64 bits at most (int() of a longer one may raise).
-    if not (isinstance(value, bytes) and value.isdigit() and len(value) <= _MAX_SEQ_DIGITS):
+    if not (isinstance(value, bytes) and _is_count(value)):
         raise _Corrupt(f"{field} is not a count")
     return int(value)
 
@@ -165,12 +170,7 @@ data."""
 def _entry(entry_id: object, fields: object) -> _Entry | None:
     """An entry as (seq, name, data); one the store did not write is logged, and kept
     with no name when its id still gives its place (None when not even that)."""
-    if not (
-        isinstance(entry_id, bytes)
-        and entry_id.startswith(b"0-")
-        and entry_id[2:].isdigit()
-        and len(entry_id) <= _MAX_SEQ_DIGITS + 2
-    ):
+    if not (isinstance(entry_id, bytes) and entry_id.startswith(b"0-") and _is_count(entry_id[2:])):
         logger.warning("skipped a stream entry whose id is not one the store gives")
         return None
     seq = int(entry_id[2:])
@@ -209,9 +209,7 @@ _RESYNC: Final = _Note("", 0, "s", "", b"")
 def _parse_note(payload: bytes) -> _Note | None:
     head, _, data = payload.partition(b"\n")
     parts = head.decode("ascii", "replace").split(" ")
-    # A sequence is a Redis integer (64 bits, 19 digits): a longer one is no note of the
-    # store's, and int() of thousands of digits raises.
-    if len(parts) < 3 or not parts[1].isdigit() or len(parts[1]) > _MAX_SEQ_DIGITS:
+    if len(parts) < 3 or not _is_count(parts[1]):
         return None
     name = parts[3] if len(parts) > 3 else ""
     return _Note(parts[0], int(parts[1]), parts[2], name, data)
