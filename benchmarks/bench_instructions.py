@@ -28,6 +28,11 @@ time, and ``PACED_STREAMS`` streams of its deltas are read from it (a token ever
 once with ``PACED_MANY``; the difference over the extra deltas is the server's
 instructions per delta, user space only (the kernel's writes and wakeups, the same for
 every variant, are not counted), and the ratio is to raw ASGI's.
+
+``--paced ... --lines``: the same two servers of each variant run under a Python line
+counter instead of valgrind (``sys.settrace``; no valgrind needed), and the difference is
+each function's lines and calls per delta: where a variant's extra instructions are, by
+function, as exactly as a count can say it.
 """
 
 from __future__ import annotations
@@ -148,13 +153,17 @@ async def _read_paced(port: int, variant: str, deltas: int) -> None:
             await client.get(f"{base}/ctl/end?r={name}")
 
 
-def count_paced(variant: str, flavour: str, deltas: int) -> int:
-    """The instructions of one bench_paced.py server process that served ``variant``."""
+def count_paced(variant: str, flavour: str, deltas: int, lines: str | None = None) -> int:
+    """The instructions of one bench_paced.py server process that served ``variant``; with
+    ``lines`` (a file to write), the server runs under the line counter instead
+    (``--lines``) and this returns 0."""
     port = free_port()
     script = Path(__file__).resolve().parent / "bench_paced.py"
     server = [str(script), "--serve", "--port", str(port), "--server", flavour]
+    wrapper = _VALGRIND if lines is None else []
+    counter = [] if lines is None else [__file__, "--count-lines", lines]
     process = spawn(
-        [*_VALGRIND, sys.executable, *server, "--max-streams", "1000"],
+        [*wrapper, sys.executable, *counter, *server, "--max-streams", "1000"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -178,7 +187,70 @@ def count_paced(variant: str, flavour: str, deltas: int) -> int:
         process.stdin.close()  # the server stops when its stdin closes
         process.stdin = None
         _, stderr = process.communicate(timeout=PACED_READY)
+    if lines is not None:
+        return 0
     return _instructions(stderr, f"{variant} on {flavour}")
+
+
+def serve_counting_lines(out: str, argv: list[str]) -> None:
+    """Run bench_paced.py (``argv``) in this process with every function's calls and lines
+    counted (``sys.settrace``), written to ``out`` as JSON when it exits."""
+    import atexit
+    import json
+    import runpy
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    site = "site-packages/"
+    here = str(Path(__file__).resolve().parent.parent)
+
+    def where(frame: Any) -> str:
+        code = frame.f_code
+        name = code.co_filename
+        if site in name:
+            name = name.split(site, 1)[1]
+        elif name.startswith(here):
+            name = os.path.relpath(name, here)
+        else:  # the standard library's: its last two parts
+            name = "/".join(Path(name).parts[-2:])
+        return f"{name}:{code.co_name}"
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            counts["line " + where(frame)] += 1
+        elif event == "call":
+            counts["call " + where(frame)] += 1
+        return trace
+
+    atexit.register(lambda: Path(out).write_text(json.dumps(counts)))
+    sys.argv = argv
+    sys.settrace(trace)
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+def paced_lines(variants: list[str], flavour: str) -> None:
+    """Python lines and calls per delta of each variant's server, by function: the
+    difference between a server of ``PACED_MANY`` deltas a stream and one of
+    ``PACED_FEW``, over the extra deltas (functions at half a line a delta or more)."""
+    import json
+    import tempfile
+
+    extra = PACED_STREAMS * (PACED_MANY - PACED_FEW)
+    with tempfile.TemporaryDirectory() as scratch:
+        for variant in variants:
+            files = [str(Path(scratch) / f"{variant}-{n}.json") for n in (PACED_FEW, PACED_MANY)]
+            for n, out in zip((PACED_FEW, PACED_MANY), files, strict=True):
+                count_paced(variant, flavour, n, lines=out)
+            few, many = (json.loads(Path(out).read_text()) for out in files)
+            per = {key: (many.get(key, 0) - few.get(key, 0)) / extra for key in many}
+            total = sum(v for key, v in per.items() if key.startswith("line "))
+            calls = sum(v for key, v in per.items() if key.startswith("call "))
+            print(f"{flavour} {variant}: {total:.1f} lines, {calls:.1f} calls a delta")
+            for key, value in sorted(per.items(), key=lambda item: -item[1]):
+                if key.startswith("line ") and value >= 0.5:
+                    function = key[5:]
+                    called = per.get("call " + function, 0)
+                    print(f"  {value:6.1f} lines {called:5.1f} calls  {function}")
 
 
 def paced(variants: list[str], flavours: list[str], quiet: bool) -> list[dict[str, Any]]:
@@ -228,8 +300,17 @@ def main() -> None:
         default="standard",
         help="with --paced: uvicorn with httptools and uvloop (standard), h11, or both",
     )
+    parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="with --paced: count each function's Python lines and calls a delta (a line "
+        "tracer instead of valgrind; one flavour, the first of --server's)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     add_json_option(parser)
+    if sys.argv[1:2] == ["--count-lines"]:
+        serve_counting_lines(sys.argv[2], sys.argv[3:])
+        return
     args = parser.parse_args()
     if args.child:
         framework, path, turns = args.child.split(":")
@@ -238,6 +319,12 @@ def main() -> None:
     picked = [name.strip() for name in args.frameworks.split(",") if name.strip()]
     if not picked or not set(picked) <= set(FRAMEWORKS):
         parser.error(f"--frameworks takes some of {','.join(FRAMEWORKS)}")
+    if args.lines:
+        if not args.paced:
+            parser.error("--lines counts the --paced variants")
+        variants = [name.strip() for name in args.paced.split(",") if name.strip()]
+        paced_lines(variants, "h11" if args.server == "h11" else "standard")
+        return
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind)")
     if args.turns < 1:
