@@ -761,3 +761,69 @@ async def test_a_ping_after_the_message_stop_is_skipped_with_a_reason(
     assert sink.events[-1].event == "message_stop"
     assert check(sink.events) == []
     assert "(ping): the message already ended" in caplog.text
+
+
+_TWO_DELTAS: list[dict[str, Any]] = [
+    {
+        "type": "message_start",
+        "message": {
+            "id": "msg_2d",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-x",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 50, "output_tokens": 1},
+        },
+    },
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": None, "stop_sequence": None},
+        "usage": {"output_tokens": 10},
+    },
+    {"type": "ping"},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": 42, "cache_read_input_tokens": 7},
+    },
+    {"type": "message_stop"},
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_second_message_delta_joins_the_first_as_the_sdk_reads_them(
+    dialect: Dialect,
+) -> None:
+    # A compatible server's usage-only message_delta, then the one with the stop reason:
+    # the SDK's accumulator overwrites the stop, and each count, with the later one's.
+    sdk_message, _ = sdk_stream_events(_TWO_DELTAS)
+    publisher, sink = _make(dialect)
+    result = await publish(publisher, _TWO_DELTAS, stream_id="s")
+    assert check(sink.events) == []
+    names = [event.event for event in sink.events]
+    assert names.count("message_delta") == 1
+    assert names[-2:] == ["message_delta", "message_stop"]
+    rebuilt = reassemble_events(sink.events)
+    assert result.stop_reason == rebuilt.stop_reason == sdk_message.stop_reason == "end_turn"
+    assert result.usage["output_tokens"] == sdk_message.usage.output_tokens == 42
+    assert rebuilt.usage["output_tokens"] == 42
+    assert rebuilt.usage["cache_read_input_tokens"] == 7
+    if dialect == "anthropic":
+        assert read_message(sink.events).stop_reason == "end_turn"
+
+
+@pytest.mark.anyio
+async def test_a_held_stop_goes_out_before_a_provider_error() -> None:
+    # What was read before the failure is published: the stop, then the error.
+    events = [*_TWO_DELTAS[:5], {"type": "error", "error": {"type": "overloaded_error"}}]
+    publisher, sink = _make("essessey")
+    await publish(publisher, events, stream_id="s")
+    names = [event.event for event in sink.events]
+    assert names[-2:] == ["message_delta", "error"]
+    assert check(sink.events) == []

@@ -166,6 +166,16 @@ class _Stage(enum.Enum):
     STOPPED = "after message_stop"
 
 
+@dataclass(slots=True)
+class _HeldStop:
+    """A message's stop as its message_delta(s) gave it, not yet published."""
+
+    stop_reason: str | None
+    stop_sequence: str | None
+    counts: dict[str, int]
+    payload: dict[str, Any] | None  # the provider's message_delta (the faithful dialect's)
+
+
 class _Reader:
     """Reads one provider message into a round; in ``own`` mode also its frame events."""
 
@@ -189,6 +199,10 @@ class _Reader:
         self.start_counts: dict[str, int] = {}
         # The message_delta's stop_details (the provider's account of its stop), if any.
         self.stop_details: dict[str, Any] | None = None
+        # The message's stop, read and not yet published: it goes out at message_stop, so
+        # a further message_delta (a compatible server's second, with the stop reason the
+        # first left out) joins it, as the provider's SDK reads them.
+        self.held_stop: _HeldStop | None = None
 
     @property
     def complete(self) -> bool:
@@ -208,6 +222,7 @@ class _Reader:
                 await self.feed(position, event)
                 position += 1
         if self.stage is not _Stage.STOPPED:
+            await self._send_stop()
             logger.warning("provider stream ended after %d events, before message_stop", position)
             raise ProviderStreamError("api_error", INCOMPLETE_MESSAGE)
 
@@ -240,6 +255,7 @@ class _Reader:
             elif name == EventType.MESSAGE_STOP:
                 await self._message_stop(position)
             elif name == EventType.ERROR:
+                await self._send_stop()  # what was read before the failure goes out
                 self._error(position, payload)
             elif name in _SDK_DERIVED_EVENTS:
                 logger.debug("provider event #%d (%s): derived by the SDK; skipped", position, name)
@@ -415,6 +431,7 @@ class _Reader:
         block = self.block
         if block is not None:
             await self._close(block)
+        await self._send_stop()
         error = ProviderStreamError("api_error", CUT_MESSAGE)
         if not self.own:
             raise error
@@ -438,7 +455,8 @@ class _Reader:
         self.stop_details = None
 
     async def _message_delta(self, position: int, payload: dict[str, Any]) -> None:
-        if self.stage is not _Stage.CONTENT:
+        held = self.held_stop
+        if self.stage is not _Stage.CONTENT and held is None:
             _skip(position, EventType.MESSAGE_DELTA, self.stage.value)
             return
         delta, usage = payload.get("delta"), payload.get("usage")
@@ -453,7 +471,22 @@ class _Reader:
             return
         details = delta.get("stop_details")
         self.stop_details = dict(details) if isinstance(details, Mapping) else None
-        await self._end_output(position, stop_reason, stop_sequence, _int_counts(usage), payload)
+        counts = _int_counts(usage)
+        if held is not None:
+            # A later message_delta: its stop replaces the held one (a None too, as the
+            # SDK reads it), its counts (cumulative totals) replace theirs key by key.
+            logger.info(
+                "provider event #%d (message_delta): another message_delta; its stop and "
+                "counts join the first's",
+                position,
+            )
+            merged = dict(payload)
+            merged["usage"] = {**(held.payload or {}).get("usage", {}), **usage}
+            held.stop_reason, held.stop_sequence = stop_reason, stop_sequence
+            held.counts = {**held.counts, **counts}
+            held.payload = merged
+            return
+        await self._end_output(position, stop_reason, stop_sequence, counts, payload)
 
     async def _end_output(
         self,
@@ -479,6 +512,17 @@ class _Reader:
             )
             await self._close(block)
         await self.rounds.assistant_message(self.calls)
+        self.held_stop = _HeldStop(stop_reason, stop_sequence, counts, payload)
+        self.stage = _Stage.AFTER_DELTA
+
+    async def _send_stop(self) -> None:
+        """Publish the held stop (see ``held_stop``), if one is held."""
+        held = self.held_stop
+        if held is None:
+            return
+        self.held_stop = None
+        stop_reason, stop_sequence, counts = held.stop_reason, held.stop_sequence, held.counts
+        payload = held.payload
         if self.own:
             if self.faithful:
                 if payload is not None:
@@ -508,7 +552,6 @@ class _Reader:
         result.stop_reason = stop_reason
         result.stop_sequence = stop_sequence
         result.usage.update(counts)
-        self.stage = _Stage.AFTER_DELTA
 
     async def _message_stop(self, position: int) -> None:
         if self.stage is _Stage.CONTENT and self.given_stop is not None:
@@ -522,6 +565,7 @@ class _Reader:
             reason = "before message_delta" if self.stage is _Stage.CONTENT else self.stage.value
             _skip(position, EventType.MESSAGE_STOP, reason)
             return
+        await self._send_stop()
         if self.own:
             await self.publisher.send_message_stop()
         self.stage = _Stage.STOPPED
