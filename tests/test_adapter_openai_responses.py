@@ -1560,6 +1560,22 @@ _CLIENT_ITEMS: list[tuple[dict[str, Any], str, str, dict[str, Any]]] = [
         "tool_search",
         {"arguments": {"query": "weather"}},
     ),
+    (
+        {
+            "type": "computer_call",
+            "id": "cu_1",
+            "call_id": "call_u",
+            "status": "completed",
+            "action": {"type": "click", "button": "left", "x": 10, "y": 20},
+            "pending_safety_checks": [],
+        },
+        "call_u",
+        "computer",
+        {
+            "action": {"type": "click", "button": "left", "x": 10, "y": 20},
+            "pending_safety_checks": [],
+        },
+    ),
 ]
 
 

@@ -675,6 +675,8 @@ _CLIENT_CALLS: Final[dict[str, tuple[str | None, tuple[str, ...]]]] = {
     "shell_call": ("shell", ("action",)),
     "local_shell_call": ("local_shell", ("action",)),
     "tool_search_call": ("tool_search", ("arguments",)),
+    # Computer use: the client performs the actions and answers with a screenshot.
+    "computer_call": ("computer", ("action", "actions", "pending_safety_checks")),
 }
 
 

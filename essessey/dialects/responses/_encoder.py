@@ -181,6 +181,7 @@ _CLIENT_ITEM_TYPES: Final = frozenset(
         "shell_call",
         "local_shell_call",
         "tool_search_call",
+        "computer_call",
         "mcp_approval_request",
     }
 )
