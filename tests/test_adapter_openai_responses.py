@@ -2153,8 +2153,20 @@ async def test_calls_the_provider_runs_are_server_tools_not_the_client_s(
         ),
         ([], True),  # no tools listed (a gateway that leaves them out): the client's
         ([{"type": "function", "name": "get_weather"}], False),
+        (
+            [
+                {"type": "function", "name": "get_weather"},
+                {
+                    "type": "namespace",
+                    "name": "db",
+                    "description": "The database.",
+                    "tools": [{"type": "custom", "name": "write_sql"}],
+                },
+            ],
+            True,
+        ),
     ],
-    ids=["declared", "declared-among-others", "none-listed", "not-declared"],
+    ids=["declared", "declared-among-others", "none-listed", "not-declared", "in-a-namespace"],
 )
 async def test_a_custom_tool_call_is_the_client_s_when_its_request_declared_it(
     tools: list[dict[str, Any]], client: bool
@@ -2619,3 +2631,45 @@ async def test_items_that_share_one_id_are_told_apart_by_their_output_index(
     ]
     texts = [item.text for item in parsed.timeline if item.kind == "text"]
     assert texts == ["Let me look.", "Both found."]
+
+
+@pytest.mark.anyio
+async def test_a_namespace_and_a_phase_the_protocol_cannot_carry_are_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A call of a namespace tool's function, and messages with a phase (a preamble's
+    # "commentary", the "final_answer"): the blocks have no place for either, so each is
+    # named once in a log line (no content), and the call and the text still go out.
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "lookup",
+        "namespace": "billing",
+        "arguments": '{"id": 1}',
+        "status": "completed",
+    }
+    first = {**_message_item("Let me look.", "msg_1"), "phase": "commentary"}
+    second = {**_message_item("Found it.", "msg_2"), "phase": "final_answer"}
+    events = [
+        _created(),
+        _added({**first, "content": []}, 0),
+        _text("Let me look.", "msg_1", 0),
+        _event("response.output_item.done", output_index=0, item=first),
+        _added({**second, "content": []}, 1),
+        _text("Found it.", "msg_2", 1),
+        _event("response.output_item.done", output_index=1, item=second),
+        _added({**call, "arguments": ""}, 2),
+        _event("response.output_item.done", output_index=2, item=call),
+        _completed(output=[first, second, call]),
+    ]
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        message, published = await _publish(events)
+    assert check(published) == []
+    assert message.text == "Let me look.Found it."
+    assert [(c.name, c.input) for c in message.tool_calls] == [("lookup", {"id": 1})]
+    lines = [r.getMessage() for r in caplog.records if "not published" in r.getMessage()]
+    assert len([line for line in lines if "namespace" in line]) == 1
+    assert len([line for line in lines if "phase" in line]) == 1
+    assert "billing" not in caplog.text
+    assert "commentary" not in caplog.text

@@ -395,6 +395,7 @@ class _CallItem:
     item_type: str | None = None  # the item's own type, when not a function_call
     approval: str | None = None  # an MCP call's approval request: the request's id
     caller: dict[str, Any] | None = None  # a program's call: the program that made it
+    namespace: str | None = None  # the namespace tool it names (not carried: logged)
 
 
 @dataclass(slots=True)
@@ -407,6 +408,7 @@ class _ContentItem:
     encrypted: str | None = None
     item_id: str | None = None
     output_index: int | None = None
+    phase: str | None = None  # a message's phase (not carried: logged)
 
 
 @dataclass(slots=True)
@@ -745,7 +747,9 @@ def _read_item(
     if item_type in _CLIENT_CALLS and _runs_on_client(item, item_type, declared):
         if output_index is None and item_id is None:
             raise Malformed(f"{where} has neither an output_index nor an id")
-        return _client_call(item, item_type, output_index, item_id, whole, where)
+        call = _client_call(item, item_type, output_index, item_id, whole, where)
+        call.namespace = _namespace(item, where)
+        return call
     if item_type == "function_call":
         if output_index is None and item_id is None:
             raise Malformed(f"{where} has neither an output_index nor an id")
@@ -757,10 +761,12 @@ def _read_item(
             name=opt_str(item.get("name"), f"{where}.name"),
             arguments=opt_str(item.get("arguments"), f"{where}.arguments"),
             caller=caller,
+            namespace=_namespace(item, where),
         )
     if item_type == "message":
         parts = _read_parts(item, "content", None, item_id, output_index, where)
-        return _ContentItem(parts, None, item_id, output_index)
+        phase = opt_str(item.get("phase"), f"{where}.phase")
+        return _ContentItem(parts, None, item_id, output_index, phase)
     if item_type == "reasoning":
         summary = _read_parts(item, "summary", "summary", item_id, output_index, where)
         content = _read_parts(item, "content", "reasoning", item_id, output_index, where)
@@ -782,6 +788,11 @@ def _read_item(
         given = dict(writable(item, where)) if whole else None
         return _HostedItem(output_index, item_id, item_type, given, name)
     return _OtherItem(item_type)
+
+
+def _namespace(item: Mapping[str, Any], where: str) -> str | None:
+    """A call's ``namespace`` (the namespace tool whose tool it calls), if it names one."""
+    return opt_str(item.get("namespace"), f"{where}.namespace")
 
 
 def _caller(value: object, where: str) -> dict[str, Any] | None:
@@ -822,9 +833,16 @@ def _declared_tools(response: Mapping[str, Any]) -> frozenset[str] | None:
     tools = response.get("tools")
     if not isinstance(tools, list | tuple) or not tools:
         return None
+    # A namespace tool groups function and custom tools: its calls name the inner tool.
+    listed: list[Any] = list(tools)
+    for tool in tools:
+        if isinstance(tool, Mapping) and tool.get("type") == "namespace":
+            inner = tool.get("tools")
+            if isinstance(inner, list | tuple):
+                listed.extend(inner)
     return frozenset(
         tool["name"]
-        for tool in tools
+        for tool in listed
         if isinstance(tool, Mapping)
         and tool.get("type") in ("function", "custom")
         and isinstance(tool.get("name"), str)
@@ -1346,6 +1364,19 @@ class _Reader:
     def _warn(self, name: object, what: str) -> None:
         logger.warning("Responses API event #%d (%s): %s", self._position, dotted_label(name), what)
 
+    def _not_carried(self, item_type: str, field: str) -> None:
+        # Once per response and field: the protocol's blocks have no place for it (a
+        # call goes out under its tool's name, a message's text as text).
+        if (field, item_type) in self._logged_types:
+            return
+        self._logged_types.add((field, item_type))
+        logger.info(
+            "Responses API %s items carry a %s (first at event #%d): not published",
+            dotted_label(item_type),
+            field,
+            self._position,
+        )
+
     def _once(self, what: str, type_name: str) -> None:
         # One line per type: a hosted tool's call streams many events of a few types.
         if (what, type_name) in self._logged_types:
@@ -1408,6 +1439,8 @@ class _Reader:
                 self._approvals.setdefault(call.ordinal, item.approval)
             if item.caller is not None and call.caller is None:
                 call.caller = item.caller
+            if item.namespace:
+                self._not_carried(item.item_type or "function_call", "namespace")
             if done:
                 await self._call_done(call, item.arguments or "")
             else:
@@ -1417,6 +1450,8 @@ class _Reader:
                 else:
                     await self._held.advance()
         elif isinstance(item, _ContentItem):
+            if item.phase:
+                self._not_carried("message", "phase")
             # An item added says nothing yet (its parts stream); an item done is whole.
             if done:
                 for part in item.parts:
