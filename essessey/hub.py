@@ -885,6 +885,8 @@ class StreamHub:
             if isinstance(tried, Continued):
                 return tried
             if anyio.current_time() >= deadline:
+                if tried is None:
+                    raise NotWaiting(f"stream {stream_id!r} asks nothing; a turn is running on it")
                 if tried.continued and not self.running(stream_id):
                     raise NotWaiting("the stream went on after its question without an answer")
                 raise NotWaiting(
@@ -894,12 +896,17 @@ class StreamHub:
 
     async def _answer_once(
         self, stream_id: str, answers: Sequence[Answer], go_on: Continuation
-    ) -> Continued | Waiting:
+    ) -> Continued | Waiting | None:
         """One try of :meth:`answer`: the continuation started here, or found recorded;
         else what the stream asks, while a turn runs on it that has not recorded these
-        answers (or another replica holds its lease)."""
+        answers (or another replica holds its lease); None while it asks nothing yet and
+        a turn runs on it (the asking turn, its message not ended yet)."""
         asked = await self.waiting(stream_id)
         if asked is None:
+            # A client answers as soon as it reads the question; the message that asks
+            # ends later, when its turn writes the rest (a second question, its end).
+            if await self.running_anywhere(stream_id):
+                return None
             raise NotWaiting(f"stream {stream_id!r} asks nothing")
         if asked.recorded:
             match_answers(asked, answers)  # AnswerConflict when they differ

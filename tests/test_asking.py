@@ -384,6 +384,66 @@ async def test_an_answer_while_the_asking_turn_ends_goes_on_once_it_has_ended(
         await hub.wait("s")
 
 
+async def test_an_answer_read_before_the_asking_message_ends_waits_for_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A client answers as soon as it reads the approval request, while the turn still
+    # writes its message (the request is out, the message's end is not): the stream asks
+    # nothing yet, and the answer waits for the message and the turn to end instead of a
+    # 409 at once.
+    import essessey.hub
+
+    monkeypatch.setattr(essessey.hub, "ANSWER_WAIT", 5.0)
+    asked, release = anyio.Event(), anyio.Event()
+
+    async def asks_mid_message(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            tools = await turn.tools()
+            await tools.start_call("call_1", "send_email", '{"to":"a@b.c"}')
+            await turn.ask_approval("call_1", request_id="apr_1")
+            asked.set()
+            await release.wait()  # the producer's work before the message ends
+
+    async with StreamHub(on_answer=go_on) as hub:
+        await hub.start("s", asks_mid_message)
+        with anyio.fail_after(5):
+            await asked.wait()
+        assert await hub.waiting("s") is None  # the asking message has not ended
+        async with anyio.create_task_group() as tasks:
+            outcome: list[Any] = []
+
+            async def answer() -> None:
+                outcome.append(await hub.answer("s", [ToolApproval("apr_1", True)]))
+
+            tasks.start_soon(answer)
+            await anyio.sleep(0.2)
+            assert outcome == []
+            release.set()
+        assert [continued.started for continued in outcome] == [True]
+        await hub.wait("s")
+
+
+async def test_an_answer_to_a_running_turn_that_never_asks_is_refused_after_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import essessey.hub
+
+    monkeypatch.setattr(essessey.hub, "ANSWER_WAIT", 0.2)
+    release = anyio.Event()
+
+    async def talks(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await (await turn.text()).write("thinking it over")
+            await release.wait()
+
+    async with StreamHub(on_answer=go_on) as hub:
+        await hub.start("s", talks)
+        await anyio.sleep(0.05)
+        with pytest.raises(NotWaiting, match="asks nothing"):
+            await hub.answer("s", [ToolApproval("apr_1", True)])
+        release.set()
+
+
 async def test_an_expired_request_takes_no_answer() -> None:
     async def short(publisher: Publisher) -> None:
         async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
