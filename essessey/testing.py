@@ -36,9 +36,15 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Final, TypeVar
 
 import anyio
-import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+from essessey._public import missing_extra
+
+try:
+    import pytest
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ModuleNotFoundError as exc:  # the testing extra is not installed
+    raise missing_extra(__name__, exc, extra="testing") from None
 
 from essessey.errors import (
     LeaseLost,

@@ -52,6 +52,15 @@ LAZY_NAMES = {
     # create_app is a plain function that imports the app when called: hypercorn and
     # granian look a factory up in the module's own namespace, not through __getattr__.
     "essessey.demo": ["serve"],
+    "essessey.dialects": [
+        "ConversationMessage",
+        "DialectRequest",
+        "DialectTurnFactory",
+        "Role",
+        "conversation",
+        "dialect_routes",
+        "user_text",
+    ],
 }
 """The names each package imports on first use (they need the ``server`` extra)."""
 
@@ -129,8 +138,9 @@ def test_a_package_s_lazy_names_are_in_its_all_and_dir_before_they_are_imported(
 
 @pytest.mark.parametrize("package", sorted(LAZY_NAMES))
 def test_every_name_a_package_imports_lazily_is_in_its_all(package: str) -> None:
-    """mypy sees a lazy name through the package's ``if TYPE_CHECKING:`` imports: each
-    one there is a public name, so it must be in ``__all__`` (and so in the tests above)."""
+    """mypy sees a lazy name through the package's ``if TYPE_CHECKING:`` re-exports
+    (``import X as X``): each one there is a public name, so it must be in ``__all__`` (and
+    so in the tests above). A type the package only annotates with is imported plainly."""
     module = importlib.import_module(package)
     assert module.__file__ is not None
     tree = ast.parse(Path(module.__file__).read_text())
@@ -141,6 +151,7 @@ def test_every_name_a_package_imports_lazily_is_in_its_all(package: str) -> None
         for statement in node.body
         if isinstance(statement, ast.ImportFrom)
         for alias in statement.names
+        if alias.asname == alias.name
     ]
     assert sorted(typing_only) == LAZY_NAMES[package]
     assert set(typing_only) <= set(module.__all__)
@@ -208,6 +219,54 @@ def test_a_framework_adapter_without_its_extra_says_which_extra_to_install(
     assert _fresh(code) == (
         f"{framework} | {module} needs {framework}, which is not installed: "
         f"pip install 'essessey[{extra}]'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "library", "extra"),
+    [
+        ("essessey.bindings.nats", "nats", "nats"),
+        ("essessey.stores.redis", "redis", "redis"),
+        ("essessey.stores.jetstream", "nats", "nats"),
+        ("essessey.dialects.ui", "starlette", "server"),
+        ("essessey.dialects.agui", "starlette", "server"),
+        ("essessey.dialects.chat_completions", "starlette", "server"),
+        ("essessey.dialects.responses", "starlette", "server"),
+        ("essessey.bindings.http", "starlette", "server"),
+        ("essessey.bindings.answering", "starlette", "server"),
+        ("essessey.testing", "pytest", "testing"),
+    ],
+)
+def test_a_module_without_its_extra_says_which_extra_to_install(
+    module: str, library: str, extra: str
+) -> None:
+    code = (
+        "import sys\n"
+        f"sys.modules[{library!r}] = None\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name, '|', exc)\n"
+    )
+    assert _fresh(code) == (
+        f"{library} | {module} needs {library}, which is not installed: "
+        f"pip install 'essessey[{extra}]'\n"
+    )
+
+
+def test_the_demo_app_without_its_extra_says_which_extra_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['starlette'] = None\n"
+        "from essessey.demo import create_app\n"
+        "try:\n"
+        "    create_app()\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name, '|', exc)\n"
+    )
+    assert _fresh(code) == (
+        "starlette | essessey.demo.create_app needs starlette, which is not installed: "
+        "pip install 'essessey[server]'\n"
     )
 
 

@@ -5,3 +5,5 @@ JetStream) are in :mod:`essessey.stores`. Each binding is a subpackage; those th
 third-party library import it only when the binding is used, so the core keeps its two
 dependencies.
 """
+
+__all__: list[str] = []

@@ -26,11 +26,16 @@ import logging
 from typing import Any, Final
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from essessey._public import set_public_module
+from essessey._public import missing_extra, set_public_module
+
+try:
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+except ModuleNotFoundError as exc:  # the server extra is not installed
+    raise missing_extra(__name__, exc, extra="server") from None
+
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_json
 from essessey.errors import AnswerRefused, StreamNotFound

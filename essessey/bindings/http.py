@@ -26,10 +26,15 @@ from typing import Any, Final
 
 import anyio
 import orjson
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
 
-from essessey._public import set_public_module
+from essessey._public import missing_extra, set_public_module
+
+try:
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import Response
+except ModuleNotFoundError as exc:  # the server extra is not installed
+    raise missing_extra(__name__, exc, extra="server") from None
+
 from essessey.bindings.sse._encoder import ErrorShape
 from essessey.bindings.sse._format import error_body
 from essessey.bindings.sse._response import refusal_headers

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from essessey._public import import_lazily, public_dir, set_public_module
+from essessey._public import import_lazily, missing_extra, public_dir, set_public_module
 from essessey.demo._scenario import (
     ASKING_SCENARIOS,
     DEFAULT_DELTAS,
@@ -26,6 +26,8 @@ from essessey.demo._scenario import (
 )
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
     from essessey.demo._app import serve as serve
 
 
@@ -39,13 +41,16 @@ def create_app(
     cors_origins: Sequence[str] = (),
     store_mib: int = 256,
     metrics: bool = False,
-) -> Any:
+) -> Starlette:
     """The demo as a Starlette app (the options: docs/demo.md); its lifespan runs the hub.
 
     A function of this module, not a name imported on first use: servers that take a
     factory (``hypercorn 'essessey.demo:create_app()'``, ``granian --factory``) look it up
     in the module's namespace. Starlette is imported when it is called."""
-    from essessey.demo._app import create_app as build
+    try:
+        from essessey.demo._app import create_app as build
+    except ModuleNotFoundError as exc:  # the server extra is not installed
+        raise missing_extra(f"{__name__}.create_app", exc, extra="server") from None
 
     return build(
         nats_url=nats_url,

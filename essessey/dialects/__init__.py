@@ -17,9 +17,18 @@ factory to all four (docs/dialects.md); each dialect's own names are imported fr
 subpackage.
 """
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from essessey._public import import_lazily, public_dir
+
+if TYPE_CHECKING:
+    from essessey.dialects._conversation import ConversationMessage as ConversationMessage
+    from essessey.dialects._conversation import DialectRequest as DialectRequest
+    from essessey.dialects._conversation import DialectTurnFactory as DialectTurnFactory
+    from essessey.dialects._conversation import Role as Role
+    from essessey.dialects._conversation import conversation as conversation
+    from essessey.dialects._conversation import dialect_routes as dialect_routes
+    from essessey.dialects._conversation import user_text as user_text
 
 _NEEDS_STARLETTE: Final = {
     "ConversationMessage": "_conversation",

@@ -8,18 +8,23 @@ resume on any replica.
 
 from __future__ import annotations
 
-from essessey._public import set_public_module
-from essessey.bindings.nats._core import (
-    DEFAULT_PREFIX,
-    HEADER_EVENT_ID,
-    NATSSink,
-    NATSSource,
-    check_token,
-    event_subject,
-    parse_subject,
-    subscribe_all,
-    subscribe_stream,
-)
+from essessey._public import missing_extra, set_public_module
+
+try:
+    from essessey.bindings.nats._core import (
+        DEFAULT_PREFIX,
+        HEADER_EVENT_ID,
+        NATSSink,
+        NATSSource,
+        check_token,
+        event_subject,
+        parse_subject,
+        subscribe_all,
+        subscribe_stream,
+    )
+except ModuleNotFoundError as exc:  # the nats extra is not installed
+    raise missing_extra(__name__, exc, extra="nats") from None
+
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -30,7 +30,7 @@ resumes (AG-UI's own encoder writes no ids). The mapping:
   continuation of the turn (:func:`agui_routes`, :func:`resume_answers`).
 """
 
-from essessey._public import set_public_module
+from essessey._public import missing_extra, set_public_module
 from essessey.dialects.agui._encoder import (
     APPROVAL_REASON,
     APPROVAL_SCHEMA,
@@ -42,16 +42,21 @@ from essessey.dialects.agui._encoder import (
     error_object,
     run_stream_id,
 )
-from essessey.dialects.agui._routes import (
-    AGUIRunRequest,
-    AGUITurnFactory,
-    ResumeEntry,
-    agui_routes,
-    answering_tool_messages,
-    parse_resume,
-    parse_run_agent_input,
-    resume_answers,
-)
+
+try:
+    from essessey.dialects.agui._routes import (
+        AGUIRunRequest,
+        AGUITurnFactory,
+        ResumeEntry,
+        agui_routes,
+        answering_tool_messages,
+        parse_resume,
+        parse_run_agent_input,
+        resume_answers,
+    )
+except ModuleNotFoundError as exc:  # the server extra is not installed
+    raise missing_extra(__name__, exc, extra="server") from None
+
 
 __all__ = [
     "APPROVAL_REASON",

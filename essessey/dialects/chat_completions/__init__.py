@@ -30,7 +30,7 @@ another), server tool blocks and any block type this module does not know (logge
 per block at debug level), citations.
 """
 
-from essessey._public import set_public_module
+from essessey._public import missing_extra, set_public_module
 from essessey.dialects.chat_completions._encoder import (
     APPROVAL_TOOL,
     DONE,
@@ -40,15 +40,20 @@ from essessey.dialects.chat_completions._encoder import (
     completion,
     error_object,
 )
-from essessey.dialects.chat_completions._routes import (
-    ChatCompletionRequest,
-    ChatTurnFactory,
-    answering_messages,
-    chat_completions_routes,
-    parse_chat_completion_request,
-    split_completion_id,
-    tool_message_answers,
-)
+
+try:
+    from essessey.dialects.chat_completions._routes import (
+        ChatCompletionRequest,
+        ChatTurnFactory,
+        answering_messages,
+        chat_completions_routes,
+        parse_chat_completion_request,
+        split_completion_id,
+        tool_message_answers,
+    )
+except ModuleNotFoundError as exc:  # the server extra is not installed
+    raise missing_extra(__name__, exc, extra="server") from None
+
 
 __all__ = [
     "APPROVAL_TOOL",

@@ -34,22 +34,27 @@ counts over the turn. Resume: by ``Last-Event-ID`` (the protocol's ids) or, as O
 serves a background response, by ``starting_after`` a sequence number.
 """
 
-from essessey._public import set_public_module
+from essessey._public import missing_extra, set_public_module
 from essessey.dialects.responses._encoder import (
     APPROVAL_SERVER_LABEL,
     DEFAULT_MAX_BUFFER,
     ResponsesEncoder,
     error_object,
 )
-from essessey.dialects.responses._routes import (
-    ResponsesRequest,
-    ResponsesTurnFactory,
-    answers_of,
-    continuation_id,
-    parse_responses_request,
-    responses_routes,
-    split_response_id,
-)
+
+try:
+    from essessey.dialects.responses._routes import (
+        ResponsesRequest,
+        ResponsesTurnFactory,
+        answers_of,
+        continuation_id,
+        parse_responses_request,
+        responses_routes,
+        split_response_id,
+    )
+except ModuleNotFoundError as exc:  # the server extra is not installed
+    raise missing_extra(__name__, exc, extra="server") from None
+
 
 __all__ = [
     "APPROVAL_SERVER_LABEL",

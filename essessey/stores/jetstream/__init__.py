@@ -6,8 +6,12 @@ docs/nats.md.
 
 from __future__ import annotations
 
-from essessey._public import set_public_module
-from essessey.stores.jetstream._context import CONTROL_EVENT, CONTROL_HEADER
+from essessey._public import missing_extra, set_public_module
+
+try:
+    from essessey.stores.jetstream._context import CONTROL_EVENT, CONTROL_HEADER
+except ModuleNotFoundError as exc:  # the nats extra is not installed
+    raise missing_extra(__name__, exc, extra="nats") from None
 from essessey.stores.jetstream._store import JetStreamEventStore, JetStreamStoreOptions
 
 __all__ = [

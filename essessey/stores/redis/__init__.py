@@ -5,8 +5,12 @@ any replica. See docs/redis.md.
 
 from __future__ import annotations
 
-from essessey._public import set_public_module
-from essessey.stores.redis._store import RedisEventStore, RedisStoreOptions
+from essessey._public import missing_extra, set_public_module
+
+try:
+    from essessey.stores.redis._store import RedisEventStore, RedisStoreOptions
+except ModuleNotFoundError as exc:  # the redis extra is not installed
+    raise missing_extra(__name__, exc, extra="redis") from None
 
 __all__ = ["RedisEventStore", "RedisStoreOptions"]
 
