@@ -827,3 +827,63 @@ async def test_a_held_stop_goes_out_before_a_provider_error() -> None:
     names = [event.event for event in sink.events]
     assert names[-2:] == ["message_delta", "error"]
     assert check(sink.events) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_compaction_block_s_delta_fills_the_result_s_block(dialect: Dialect) -> None:
+    # The compaction's summary comes in its compaction_delta: the result's content (what
+    # the next request sends back) holds it, as the SDK's beta accumulator sets it.
+    events: list[dict[str, Any]] = [
+        _TWO_DELTAS[0],
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "compaction", "content": None, "encrypted_content": None},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {
+                "type": "compaction_delta",
+                "content": "Summary of the chat",
+                "encrypted_content": "ENC123",
+            },
+        },
+        {"type": "content_block_stop", "index": 0},
+        *[{**e, "index": 1} if "index" in e else e for e in _TWO_DELTAS[1:4]],
+        _TWO_DELTAS[6],
+        _TWO_DELTAS[7],
+    ]
+    publisher, sink = _make(dialect)
+    result = await publish(publisher, events, stream_id="s")
+    assert check(sink.events) == []
+    assert result.content[0] == {
+        "type": "compaction",
+        "content": "Summary of the chat",
+        "encrypted_content": "ENC123",
+    }
+    assert result.text == "Hi"
+
+
+@pytest.mark.anyio
+async def test_a_fallback_block_names_the_model_that_served_the_response() -> None:
+    fallback = {
+        "type": "fallback",
+        "from": {"model": "claude-x"},
+        "to": {"model": "claude-y"},
+        "trigger": {"type": "refusal"},
+    }
+    events: list[dict[str, Any]] = [
+        _TWO_DELTAS[0],
+        {"type": "content_block_start", "index": 0, "content_block": fallback},
+        {"type": "content_block_stop", "index": 0},
+        *[{**e, "index": 1} if "index" in e else e for e in _TWO_DELTAS[1:4]],
+        _TWO_DELTAS[6],
+        _TWO_DELTAS[7],
+    ]
+    publisher, sink = _make("anthropic")
+    result = await publish(publisher, events, stream_id="s")
+    assert check(sink.events) == []
+    # As the SDK's beta accumulator (fallbacks are a beta) names it.
+    assert result.model == "claude-y"

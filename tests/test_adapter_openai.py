@@ -1000,3 +1000,24 @@ async def test_reasoning_details_give_the_thinking_a_server_sends_only_there_and
     text = _log_text(caplog)
     assert "skipping reasoning details of type reasoning.encrypted" in text
     assert "a reasoning signature came with no reasoning before it; skipped" in text
+
+
+@pytest.mark.anyio
+async def test_audio_and_logprobs_the_protocol_cannot_carry_are_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An audio answer's delta.audio and a choice's logprobs have no place in the
+    # protocol: each is named once in an INFO line (no content), never silently lost.
+    chunks = [_chunk(content="Hi"), _chunk(content=" there"), _chunk(finish_reason="stop")]
+    for chunk in chunks[:2]:
+        choice = chunk["choices"][0]
+        choice["delta"]["audio"] = {"id": "audio_1", "transcript": "SECRET-transcript"}
+        choice["logprobs"] = {"content": [{"token": "SECRET-token", "logprob": -0.1}]}
+    with caplog.at_level(logging.INFO, logger="essessey.adapters.openai"):
+        message, events = await _publish(chunks)
+    assert check(events) == []
+    assert message.text == "Hi there"
+    lines = [r.getMessage() for r in caplog.records if "not published" in r.getMessage()]
+    assert len([line for line in lines if "delta.audio" in line]) == 1
+    assert len([line for line in lines if "logprobs" in line]) == 1
+    assert "SECRET" not in caplog.text

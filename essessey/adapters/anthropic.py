@@ -654,6 +654,13 @@ class _Reader:
             await self.rounds.block_start(start)
             self.block.kind = "other"
             self.block.opened = True
+            if block_type == "fallback":
+                # The provider fell back to another model: the one that served the
+                # response from here on, as the SDK's accumulator names it.
+                served = start.get("to")
+                model = served.get("model") if isinstance(served, Mapping) else None
+                if isinstance(model, str) and model:
+                    self.result.model = model
 
     async def _delta(self, position: int, payload: dict[str, Any]) -> None:
         name = EventType.CONTENT_BLOCK_DELTA
@@ -683,6 +690,12 @@ class _Reader:
             chunk = delta.get("partial_json")
             if delta_type == DeltaType.INPUT_JSON and isinstance(chunk, str):
                 block.json_parts.append(chunk)
+            elif delta_type == "compaction_delta" and block.content.get("type") == "compaction":
+                # The summary the next request sends back: the result's block holds it, as
+                # the SDK's accumulator sets it from the delta.
+                for key in ("content", "encrypted_content"):
+                    if key in delta:
+                        block.content[key] = delta[key]
             return
         allowed = protocol.DELTA_FOR_BLOCK[
             BlockType.TOOL_USE if block.kind == "tool" else block.kind

@@ -284,6 +284,9 @@ class _Delta:
     output: list[_Piece]
     fragments: list[_Fragment]
     finish_reason: str | None
+    # What the choice carries that the protocol has no place for (``delta.audio``,
+    # ``logprobs``): named once in a log line, never published.
+    left_out: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -432,10 +435,19 @@ def _read_choice(choice: Mapping[str, Any], where: str) -> _Delta:
     output.extend(
         ("citation", nested_annotation(a, f"{at}.annotations[{j}]")) for j, a in enumerate(found)
     )
+    left_out = tuple(
+        name
+        for name, value in (
+            ("delta.audio", delta.get("audio")),
+            ("logprobs", choice.get("logprobs")),
+        )
+        if value is not None
+    )
     return _Delta(
         output=output,
         fragments=_read_fragments(delta, at),
         finish_reason=opt_str(choice.get("finish_reason"), f"{where}.finish_reason"),
+        left_out=left_out,
     )
 
 
@@ -509,6 +521,7 @@ class _RoundReader:
         "_by_key",
         "_citations",
         "_held",
+        "_left_out",
         "_open",
         "_position",
         "_skipped_choices",
@@ -541,6 +554,7 @@ class _RoundReader:
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._skipped_choices = False
+        self._left_out: set[str] = set()  # the fields named in a log line already
         self.finish_reason: str | None = None
         self.usage: dict[str, int] = {}
         self.model: str | None = None
@@ -577,6 +591,14 @@ class _RoundReader:
             )
         choice = chunk.choice
         if choice is not None:
+            for name in choice.left_out:
+                if name not in self._left_out:
+                    self._left_out.add(name)
+                    logger.info(
+                        "chunk %d carries %s (first of its round): not published",
+                        self._position,
+                        name,
+                    )
             for piece in choice.output:
                 self._held.hold(piece)
             for fragment in choice.fragments:
