@@ -303,3 +303,52 @@ def test_http_agent_keeps_the_reasoning_a_client_must_send_back(
     ]
     assistant = [m for m in result["messages"] if m["role"] == "assistant"]
     assert "".join(m.get("content") or "" for m in assistant) == "Four."
+
+
+def _open_message(*blocks: tuple[dict[str, Any], list[dict[str, Any]]]) -> list[Event]:
+    """A message's start and its blocks (start, deltas), the last one left open: the
+    stream ends there, as one whose producer returned inside its message does."""
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m"}
+    message |= {"content": [], "stop_reason": None, "usage": {"input_tokens": 1}}
+    events = [event("message_start", message=message)]
+    for index, (start, deltas) in enumerate(blocks):
+        events.append(event("content_block_start", index=index, content_block=start))
+        events += [event("content_block_delta", index=index, delta=d) for d in deltas]
+        if index < len(blocks) - 1:
+            events.append(event("content_block_stop", index=index))
+    return events
+
+
+def test_a_stream_that_ends_inside_its_message_ends_its_blocks_and_step_first() -> None:
+    # @ag-ui/client refuses RUN_FINISHED while a step is active, and drops the run.
+    written = encoded(
+        _open_message(
+            ({"type": "text", "text": ""}, [{"type": "text_delta", "text": "Hello"}]),
+        )
+    )
+    for item in written:
+        AGUI_EVENT.validate_python(item)
+    assert [e["type"] for e in written] == [
+        "RUN_STARTED",
+        "STEP_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "STEP_FINISHED",
+        "RUN_FINISHED",
+    ]
+
+
+def test_a_call_with_no_argument_fragments_has_json_arguments() -> None:
+    # A tool that takes no parameters: the client's arguments are "{}", not "".
+    call = {"type": "tool_use", "id": "call_1", "name": "now", "input": {}}
+    written = encoded(
+        [
+            *_open_message(({"type": "tool_use", **call}, [])),
+            event("content_block_stop", index=0),
+        ]
+    )
+    args = [e for e in written if e["type"] == "TOOL_CALL_ARGS"]
+    assert [(e["toolCallId"], e["delta"]) for e in args] == [("call_1", "{}")]
+    kinds = [e["type"] for e in written]
+    assert kinds.index("TOOL_CALL_ARGS") < kinds.index("TOOL_CALL_END")

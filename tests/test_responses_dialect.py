@@ -358,3 +358,40 @@ async def test_the_responses_adapter_reads_the_served_stream_back(base_url: str)
     assert [(c.tool_use_id, c.name, c.params) for c in back.tool_calls] == [
         (c.tool_use_id, c.name, c.params) for c in original.tool_calls
     ]
+
+
+def _text_left_open(text: str) -> list[Event]:
+    """A message whose text block is left open: the stream ends (or fails) there."""
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m"}
+    message |= {"content": [], "stop_reason": None, "usage": {"input_tokens": 1}}
+    payloads: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"message": message}),
+        ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}),
+    ]
+    return [
+        Event(name, orjson.dumps({"type": name, **p}), str(n))
+        for n, (name, p) in enumerate(payloads, 1)
+    ]
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["ended", "failed"])
+def test_a_stream_cut_inside_its_message_finishes_its_items_first(fails: bool) -> None:
+    # The openai SDK's accumulator refuses a response that completes with an item still
+    # open, and a failed response's output must hold what its items got.
+    encoder = ResponsesEncoder("resp_cut")
+    body = b"".join(encoder.encode(e) for e in _text_left_open("Partial ans"))
+    if fails:
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+        body += encoder.encode(Event("error", orjson.dumps(error), "4"))
+    body += encoder.finish()
+    events = events_of(body)
+    for item in events:
+        STREAM_EVENT.validate_python(item)
+    kinds = [e["type"] for e in events]
+    last = "response.failed" if fails else "response.completed"
+    assert kinds[-1] == last
+    done = kinds.index("response.output_item.done")
+    assert kinds.index("response.output_text.done") < done < kinds.index(last)
+    [item] = events[-1]["response"]["output"]
+    assert item["content"][0]["text"] == "Partial ans"

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import orjson
 
-from essessey.dialects._payload import TurnUsage, message_delta_totals
+from essessey.dialects._payload import TurnUsage, call_arguments, message_delta_totals
 from essessey.dialects.base import DialectEncoder
 from essessey.protocol import BlockType, DeltaType, StopReason
 
@@ -171,6 +171,7 @@ class AGUIEncoder(DialectEncoder):
         self._started = False
         self.ended = False
         self._step = 0
+        self._in_step = False  # a STEP_STARTED not yet finished
         self._after_results = False  # the step's last block was a tool result
         self._message_id = ""
         self._blocks: dict[int, _Block] = {}
@@ -198,10 +199,17 @@ class AGUIEncoder(DialectEncoder):
         return _TEXT_CONTENT % (block.id_json, text_json) if text else b""
 
     def finish(self) -> bytes:
-        """``RUN_FINISHED`` if no message ended the run yet."""
+        """``RUN_FINISHED`` if no message ended the run yet: after the ends of the blocks
+        and the step still open (a stream that ended inside its message), which the
+        client requires before the run's end."""
         if self.ended:
             return b""
         frames = [] if self._started else self._run_started()
+        for index in sorted(self._blocks):
+            frames += self.on_block_stop(index)
+        if self._in_step:
+            self._in_step = False
+            frames.append(_frame({"type": "STEP_FINISHED", "stepName": self._step_name()}))
         return b"".join(frames + self._end())
 
     def fail(self, error_type: str, message: str) -> bytes:
@@ -242,6 +250,7 @@ class AGUIEncoder(DialectEncoder):
         """``STEP_FINISHED``, then the run's end unless the turn goes on (tool use, every
         call with its result); a message that asks ends the run with its outcome."""
         step: dict[str, Any] = {"type": "STEP_FINISHED", "stepName": self._step_name()}
+        self._in_step = False
         if self._delta is not None:
             step["rawEvent"] = self._delta
         frames = [_frame(step)]
@@ -283,6 +292,7 @@ class AGUIEncoder(DialectEncoder):
         if isinstance(model, str) and model:
             self._model = model
         self._usage.message_start(message)
+        self._in_step = True
         return [*frames, _frame({"type": "STEP_STARTED", "stepName": self._step_name()})]
 
     def on_block_start(self, index: int, start: dict[str, Any]) -> list[bytes]:
@@ -395,6 +405,7 @@ class AGUIEncoder(DialectEncoder):
             fragment = str(delta["partial_json"])
             if not fragment:
                 return []
+            block.parts.append(fragment)  # that the call has arguments (see on_block_stop)
             return [_frame({"type": "TOOL_CALL_ARGS", "toolCallId": block.id, "delta": fragment})]
         if block.kind == BlockType.TOOL_RESULT and kind == DeltaType.TOOL_RESULT:
             text = str(delta["text"])
@@ -435,7 +446,14 @@ class AGUIEncoder(DialectEncoder):
             frames = [self._encrypted(block, str(block.start.get("data", "")))]
             return [*frames, _frame({"type": "REASONING_END", "messageId": block.id})]
         if block.kind == BlockType.TOOL_USE:
-            return [_frame({"type": "TOOL_CALL_END", "toolCallId": block.id})]
+            end = _frame({"type": "TOOL_CALL_END", "toolCallId": block.id})
+            if block.parts:
+                return [end]
+            # No fragment came (a tool that takes no parameters): its start's input, so
+            # that the client's arguments are JSON ("{}"), not "".
+            arguments = call_arguments([], block.start)
+            args = {"type": "TOOL_CALL_ARGS", "toolCallId": block.id, "delta": arguments}
+            return [_frame(args), end]
         if block.kind == BlockType.TOOL_RESULT:
             call_id = str(block.start["tool_use_id"])
             result = {

@@ -293,15 +293,25 @@ class ResponsesEncoder(DialectEncoder):
         frames = []
         if not self._started:
             frames += self._start({})
+        frames += self._close_open()
         frames += self._release()
         frames += self._end()
         return b"".join(frames)
+
+    def _close_open(self) -> list[bytes]:
+        """The done events of the items still open (a stream that ended, or failed,
+        inside its message): the response's output holds what they got, and a client
+        that accumulates the events finds no item unfinished at the response's end."""
+        frames: list[bytes] = []
+        for index in sorted(self._items):
+            frames += self.on_block_stop(index)
+        return frames
 
     def fail(self, error_type: str, message: str) -> bytes:
         """``error`` then ``response.failed``."""
         if self.ended:
             return b""
-        frames = self._release() if self._started else self._start({})
+        frames = self._close_open() + self._release() if self._started else self._start({})
         return b"".join(frames + self._failed(error_type, message))
 
     def response(self) -> dict[str, Any]:
@@ -363,7 +373,7 @@ class ResponsesEncoder(DialectEncoder):
 
     def on_error(self, error: Any) -> list[bytes]:
         """``response.failed`` (after the response's start when nothing started it)."""
-        frames = self._release() if self._started else self._start({})
+        frames = self._close_open() + self._release() if self._started else self._start({})
         kind = str(error.get("type") or "api_error")
         return frames + self._failed(kind, str(error.get("message") or ""))
 
