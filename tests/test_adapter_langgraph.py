@@ -1851,3 +1851,29 @@ async def test_a_thread_config_value_no_json_writer_takes_is_not_kept_with_the_r
     [asked] = out.asked
     saved = json.loads(await states.load(asked) or b"null")
     assert saved["configurable"] == {"thread_id": "t1", "kept": 7}
+
+
+@pytest.mark.parametrize("subgraphs", [False, True])
+async def test_a_subgraph_s_interrupt_is_asked_once(subgraphs: bool) -> None:
+    # With subgraphs=True LangGraph reports a subgraph's interrupt under the subgraph's
+    # updates and again under its parent's, the same Interrupt: one question.
+    def ask(state: MessagesState) -> dict[str, Any]:
+        value = interrupt("Continue?")
+        return {"messages": [AIMessage(f"sub got {value}", id="sg")]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("ask", ask)
+    inner.add_edge(START, "ask")
+    outer = StateGraph(MessagesState)
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "sub")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    events, run, error = await run_to_sink(graph, thread=f"sub-{subgraphs}", subgraphs=subgraphs)
+    assert error is None
+    assert run is not None
+    assert check(events) == []
+    starts = [
+        json.loads(e.data)["content_block"] for e in events if e.event == "content_block_start"
+    ]
+    assert [s["question"] for s in starts if s["type"] == "question"] == ["Continue?"]
+    assert len(run.interrupts) == 1

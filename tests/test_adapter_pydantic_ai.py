@@ -670,6 +670,61 @@ async def test_a_cancelled_run_stops_and_its_stream_ends() -> None:
 # -- asking ----------------------------------------------------------------------------------
 
 
+async def test_an_approval_of_a_call_published_under_a_fresh_id_resumes_the_run() -> None:
+    # A model that numbers its calls per response: the second request's call_0 (which
+    # needs approval) goes out under a fresh id, the answer names that id, and Pydantic
+    # AI's DeferredToolResults must get the framework's own; the result goes to the
+    # block the call was published as.
+    from pydantic_ai import DeferredToolRequests
+    from pydantic_ai.models.function import FunctionModel
+
+    sent: list[str] = []
+
+    async def script(messages: list[ModelMessage], info: Any) -> AsyncIterator[Any]:
+        requests = sum(1 for m in messages if not isinstance(m, ModelResponse))
+        if requests == 1:
+            yield {
+                0: DeltaToolCall(name="lookup", json_args='{"name": "ada"}', tool_call_id="call_0")
+            }
+        elif requests == 2:
+            yield {
+                0: DeltaToolCall(name="send", json_args='{"to": "ada@x"}', tool_call_id="call_0")
+            }
+        else:
+            yield "Sent." if sent else "Not sent."
+
+    model = FunctionModel(stream_function=script, model_name="m")
+    agent = Agent(model, output_type=[str, DeferredToolRequests])  # type: ignore[arg-type]
+
+    @agent.tool_plain
+    def lookup(name: str) -> str:
+        return name + "@x"
+
+    @agent.tool_plain(requires_approval=True)
+    def send(to: str) -> str:
+        sent.append(to)
+        return "sent to " + to
+
+    turns = AgentTurns(agent)
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        await hub.start("s1", turns(request("Mail Ada")))
+        await hub.wait("s1")
+        waiting = await hub.waiting("s1")
+        assert waiting is not None
+        [asked] = waiting.requests
+        assert asked.tool_use_id != "call_0"  # call_0 is the first round's
+        continued = await hub.answer("s1", [ToolApproval(asked.id, approved=True)])
+        assert continued.started
+        await hub.wait("s1")
+        parsed = reassemble_events(await events_of(hub, "s1"))
+    assert sent == ["ada@x"]
+    assert parsed.messages[-1].text == "Sent."
+    assert [e for e in parsed.messages if e.error is not None] == []
+    assert (asked.tool_use_id, "sent to ada@x") in [
+        (r.tool_use_id, r.text) for r in parsed.tool_results
+    ]
+
+
 async def test_an_approved_call_runs_and_the_run_goes_on() -> None:
     agents.SENT.clear()
     turns = AgentTurns(agents.mail_agent())
@@ -1107,3 +1162,25 @@ async def test_a_run_whose_history_holds_a_lone_surrogate_asks_and_resumes() -> 
     assert parsed.text.endswith("done")
     results = {r.tool_use_id: r.text for r in parsed.tool_results}
     assert results == {"c1": "caf\ufffd.txt", "c2": "deleted x"}
+
+
+async def test_a_tool_s_image_result_is_named_in_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The protocol's tool result is text: an image a tool returns is left out (as Pydantic
+    # AI's own text of the result leaves it out), and a log line names its type.
+    from pydantic_ai import BinaryContent
+
+    agent = Agent(TestModel())
+
+    @agent.tool_plain
+    def snapshot(x: int) -> list[Any]:
+        return ["a chart", BinaryContent(data=b"\x89PNG\r\n\x1a\nSECRET", media_type="image/png")]
+
+    with caplog.at_level(logging.INFO, logger="essessey.adapters.pydantic_ai"):
+        events, _ = await publish_one(agent, "go")
+    assert check(events) == []
+    [result] = reassemble_events(events).tool_results
+    assert result.text == "a chart"
+    assert "BinaryContent" in caplog.text
+    assert "SECRET" not in caplog.text

@@ -109,6 +109,7 @@ try:
         ToolCallPartDelta,
         ToolResultEvent,
         UserPromptPart,
+        is_multi_modal_content,
     )
     from pydantic_ai.models import Model
     from pydantic_ai.run import AgentRunResult
@@ -159,14 +160,17 @@ class PublishedRun:
     their parsed arguments; ``results`` the tool results published, by call id, as text.
     ``asked`` are the ids of the requests the message ended with (client calls left
     without a result first, then approval requests): ``asked[0]`` is the key
-    :class:`AgentTurns` keeps the run's state under. ``usage`` is the run's, ``model``
-    the model name of its last response.
+    :class:`AgentTurns` keeps the run's state under. ``renamed`` names, by the id it went
+    out under, each asked call published under another id than the framework's (a model
+    that used the id again): the framework's id, which its ``DeferredToolResults`` takes.
+    ``usage`` is the run's, ``model`` the model name of its last response.
     """
 
     result: AgentRunResult[Any] | None = None
     tool_calls: list[PublishedToolCall] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)
     asked: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)
     usage: RunUsage | None = None
     model: str | None = None
 
@@ -244,10 +248,12 @@ class _RunReader:
         rounds: RoundStream,
         handle: AgentRunEvents[Any] | None,
         answered_calls: Collection[str],
+        earlier_ids: Mapping[str, str],
     ) -> None:
         self.rounds = rounds
         self.handle = handle
         self.answered_calls = answered_calls
+        self.earlier_ids = earlier_ids  # the asking message's calls: framework id -> published
         self.run = PublishedRun()
         self.side: Literal["none", "response", "request"] = "none"
         self.skipped: set[str] = set()
@@ -581,6 +587,12 @@ class _RunReader:
         return None if call is None or call.slot < 0 else call.slot
 
     async def _result(self, part: BaseToolReturnPart[Any]) -> None:
+        # An image, audio, a document or a video a tool returned: Pydantic AI's own text
+        # of the result leaves it out, and so does the protocol's text result.
+        content = part.content
+        for item in content if isinstance(content, list) else [content]:
+            if is_multi_modal_content(item):
+                self._skip(f"tool result's {type(item).__name__}")
         text = output_text(part.model_response_str(wrap_if_error=False))
         is_error = part.outcome in ERROR_OUTCOMES
         if self.rounds.in_round and not self.declared:
@@ -602,6 +614,8 @@ class _RunReader:
         call_id = part.tool_call_id
         if part.outcome == "denied" or call_id in self.answered_calls:
             return  # the answer's record already says it (approval_response, tool_result)
+        # The asking message may have published the call under an id of its own.
+        call_id = self.earlier_ids.get(call_id, call_id)
         rounds = self.rounds
         if rounds.in_round:
             logger.warning("a tool result for a call of no round; skipped")
@@ -641,10 +655,15 @@ class _RunReader:
             finish = None if run.result is None else run.result.response.finish_reason
             self.rounds.stop_reason = _STOP_REASONS.get(finish, StopReason.END_TURN)
             return run
-        run.asked.extend(self._published_id(call.tool_call_id) for call in deferred.calls)
+        for call in deferred.calls:
+            run.asked.append(self._published_id(call.tool_call_id))
+            if run.asked[-1] != call.tool_call_id:
+                run.renamed[run.asked[-1]] = call.tool_call_id
         for call in deferred.approvals:
             reason = _reason(deferred.metadata.get(call.tool_call_id))
             call_id = self._published_id(call.tool_call_id)
+            if call_id != call.tool_call_id:
+                run.renamed[call_id] = call.tool_call_id
             run.asked.append(await self.rounds.ask_approval(call_id, reason=reason))
         self.rounds.stop_reason = StopReason.TOOL_USE
         return run
@@ -693,6 +712,7 @@ async def stream_run(
     events: AsyncIterable[RunEvent],
     *,
     answered_calls: Collection[str] = (),
+    renamed: Mapping[str, str] | None = None,
 ) -> PublishedRun:
     """Publish a Pydantic AI run's events into ``rounds``; what it published and learned.
 
@@ -711,7 +731,9 @@ async def stream_run(
     :attr:`PublishedRun.asked` names the requests. A resumed run's results for calls of
     the earlier message (approved calls) go out first, between rounds; a denied call's
     result and the results of ``answered_calls`` (the client's outputs the answer's
-    record carries) are not published again.
+    record carries; the framework's ids) are not published again. ``renamed`` is the
+    asking run's :attr:`PublishedRun.renamed`: an approved call's result goes to the
+    block its call was published as.
 
     Usage goes to ``rounds.usage`` and ``rounds.output_tokens`` (``input_tokens``
     without the cache's reads and writes, which have keys of their own), the stop reason
@@ -721,7 +743,8 @@ async def stream_run(
     (:func:`stream_rounds` then ends the message with an ``error`` event).
     """
     handle = events if isinstance(events, AgentRunEvents) else None
-    reader = _RunReader(rounds, handle, answered_calls)
+    earlier = {framework: published for published, framework in (renamed or {}).items()}
+    reader = _RunReader(rounds, handle, answered_calls, earlier)
     async for event in events:
         await reader.feed(event)
     return await reader.finish()
@@ -754,7 +777,20 @@ async def publish_run(
 async def _keep(states: RunStates | None, published: PublishedRun) -> None:
     # Saved before the message ends: an answer is taken only once it has.
     if states is not None and published.asked:
-        await states.save(published.asked[0], _history_json(published.messages()))
+        await states.save(published.asked[0], _state_of(published))
+
+
+def _state_of(published: PublishedRun) -> bytes:
+    """What :class:`AgentTurns` keeps of a run that asked: the ids the answer's requests
+    name that are not the framework's (one line of JSON), then the run's history."""
+    return orjson.dumps(published.renamed) + b"\n" + _history_json(published.messages())
+
+
+def _read_state(state: bytes) -> tuple[dict[str, str], list[ModelMessage]]:
+    """A state :func:`_state_of` wrote: the renamed ids, and the history."""
+    head, _, history = state.partition(b"\n")
+    renamed = orjson.loads(head)
+    return dict(renamed), ModelMessagesTypeAdapter.validate_json(history)
 
 
 def _history_json(messages: list[ModelMessage]) -> bytes:
@@ -840,10 +876,10 @@ class AgentTurns:
         """Resume the run whose message ``answered`` answers, in the hub's new message."""
         async with continue_rounds(publisher, answered) as rounds:
             state = await self.states.load_answered(answered)
-            history = ModelMessagesTypeAdapter.validate_json(state)
+            renamed, history = _read_state(state)
             results = DeferredToolResults()
             for request, approval in answered.approvals():
-                results.approvals[request.tool_use_id] = (
+                results.approvals[renamed.get(request.tool_use_id, request.tool_use_id)] = (
                     True
                     if approval.approved
                     else ToolDenied(approval.reason)
@@ -851,7 +887,7 @@ class AgentTurns:
                     else ToolDenied()
                 )
             for call, output in answered.tool_outputs():
-                results.calls[call.id] = (
+                results.calls[renamed.get(call.id, call.id)] = (
                     ToolFailed(output.text) if output.is_error else output.output
                 )
             if answered.questions():
@@ -859,11 +895,13 @@ class AgentTurns:
                     "%d answered question(s) a Pydantic AI run never asks; ignored",
                     len(answered.questions()),
                 )
-            answered_calls = {call.id for call, _ in answered.tool_outputs()}
+            answered_calls = {renamed.get(call.id, call.id) for call, _ in answered.tool_outputs()}
             async with self.agent.run_stream_events(
                 message_history=history, deferred_tool_results=results, deps=self.deps
             ) as events:
-                published = await stream_run(rounds, events, answered_calls=answered_calls)
+                published = await stream_run(
+                    rounds, events, answered_calls=answered_calls, renamed=renamed
+                )
             await _keep(self.states, published)
         await self.states.drop(RunStates.key_of(answered))
 

@@ -326,7 +326,11 @@ class _Run:
         for node, update in data.items():
             if node == _INTERRUPTS:
                 for item in update if isinstance(update, tuple | list) else ():
-                    if isinstance(item, Interrupt):
+                    # A subgraph's interrupt comes again in its parent's updates
+                    # (subgraphs=True): the same id, asked once.
+                    if isinstance(item, Interrupt) and all(
+                        item.id != known.id for known in self.out.interrupts
+                    ):
                         self.out.interrupts.append(item)
 
     async def _end_round(self, *, answer_missing: bool) -> None:
