@@ -934,3 +934,108 @@ def test_a_withheld_traceback_keeps_the_chain_frames_and_groups_but_no_message()
     assert f"KeyError (message withheld, {len(repr(MARKER))} chars)" in text
     assert "ValueError (message withheld" in text
     assert "ExceptionGroup (message withheld" in text
+
+
+# -- answers that name only their requests, from a stranger ----------------------------------
+
+
+def _owner_only_dialects() -> Starlette:
+    """Every dialect's routes; a stream is its starter's (the x-token that started it)."""
+    from essessey import Answered, StreamHub, continue_turn, stream_turn
+    from essessey.dialects import DialectRequest, dialect_routes
+
+    owners: dict[str, str] = {}
+
+    def authorize(connection: HTTPConnection, stream_id: str, access: Access) -> bool:
+        token = connection.headers.get("x-token", "")
+        owner = owners.setdefault(stream_id, token)
+        return bool(token) and secrets.compare_digest(owner, token)
+
+    async def go_on(publisher: Publisher, answered: Answered) -> None:
+        async with continue_turn(publisher, answered) as turn:
+            await (await turn.text()).write("went on")
+
+    def asking(request: DialectRequest) -> Any:
+        async def produce(publisher: Publisher) -> None:
+            async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+                tools = await turn.tools()
+                await tools.start_call("call_1", "send_email", "{}")
+                await turn.ask_approval("call_1", request_id="apr_1")
+
+        return produce
+
+    hub = StreamHub(authorize=authorize, on_answer=go_on)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with hub:
+            yield
+
+    return Starlette(routes=dialect_routes(hub, asking), lifespan=lifespan)
+
+
+async def test_a_stranger_s_answer_by_request_id_learns_nothing_of_another_owner_s_turn() -> None:
+    # Chat Completions tool messages and AG-UI resume entries find the turn by the ids
+    # they answer: one that another owner's turn waits for is answered as one nobody
+    # asked (no 403 that would say such a turn exists), and a stranger's AG-UI run whose
+    # messages end with a tool message for that id is served as a run of its own.
+    owner, stranger = {"x-token": "alice"}, {"x-token": "bob"}
+
+    def tool_answer(call_id: str) -> dict[str, Any]:
+        call = {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": '{"approved": true}'},
+        ]
+        return {"model": "m", "messages": messages}
+
+    def agui_resume(interrupt_id: str, run: str) -> dict[str, Any]:
+        return {
+            "threadId": f"thread_{run}",
+            "runId": run,
+            "tools": [],
+            "context": [],
+            "state": {},
+            "forwardedProps": {},
+            "messages": [{"id": "u1", "role": "user", "content": "go"}],
+            "resume": [{"interruptId": interrupt_id, "status": "resolved", "payload": {}}],
+        }
+
+    with serve(_owner_only_dialects(), lifespan="on") as base:
+        async with httpx.AsyncClient(base_url=base, timeout=WAIT) as http:
+            started = await http.post(
+                "/v1/responses", json={"model": "m", "input": "go"}, headers=owner
+            )
+            assert started.status_code == 200
+            asked = await http.post(
+                "/v1/chat/completions", json=tool_answer("apr_1"), headers=stranger
+            )
+            nobody = await http.post(
+                "/v1/chat/completions", json=tool_answer("apr_none"), headers=stranger
+            )
+            agui_asked = await http.post("/agui", json=agui_resume("apr_1", "r1"), headers=stranger)
+            agui_nobody = await http.post(
+                "/agui", json=agui_resume("apr_none", "r2"), headers=stranger
+            )
+    assert (asked.status_code, asked.json()) == (nobody.status_code, nobody.json())
+    assert asked.status_code == 400
+    assert (agui_asked.status_code, agui_asked.text) == (agui_nobody.status_code, agui_nobody.text)
+
+
+@pytest.mark.parametrize("suffix", ["a%01b", "a%0Ab", "x" * 300, ""])
+async def test_a_continuation_id_s_event_part_is_checked_as_a_last_event_id(suffix: str) -> None:
+    with serve(_owner_only_dialects(), lifespan="on") as base:
+        async with httpx.AsyncClient(base_url=base, timeout=WAIT) as http:
+            owner = {"x-token": "alice"}
+            response = await http.post(
+                "/v1/responses", json={"model": "m", "input": "go"}, headers=owner
+            )
+            stream_id = response.json()["id"]
+            retrieve = await http.get(f"/v1/responses/{stream_id}.{suffix}", headers=owner)
+            completion = await http.get(
+                f"/v1/chat/completions/{stream_id}.{suffix}",
+                headers={**owner, "accept": "application/json"},
+            )
+    assert retrieve.status_code == completion.status_code == 400
+    assert retrieve.json()["error"]["type"] == "invalid_request_error"

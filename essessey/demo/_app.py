@@ -13,8 +13,9 @@ Routes (see docs/demo.md for examples):
   WebSocket ``/api/chat/ws``: the same scripted turn for the AI SDK's ``useChat``
   (``essessey.dialects.ui``).
 
-There is no ``authorize`` hook: the demo's stream ids are random, but whoever has one may
-read or cancel its turn. Serve it on loopback, or behind something that authenticates.
+There is no ``authorize`` hook: whoever has a stream's id may read it, cancel its turn and
+answer its questions (the ids the demo makes are random; a chat's, a thread's and a run's
+are the client's). Serve it on loopback, or behind something that authenticates.
 No CORS header is sent unless ``cors_origins`` names the origins whose pages may call it.
 """
 

@@ -169,8 +169,10 @@ async def answered_stream(
     ``last_event_id``), then the one whose turn still waits, the one that asked every
     request answered when several do; else the latest that was answered already (the
     same answers again get its continuation again). None when no kept stream asked any
-    of them; the refusal of :func:`admit` when it refused them all, or a 409 when
-    several turns wait for the same answers.
+    of them that ``connection`` may answer (a stream the hook refuses it counts as none:
+    the answer must not tell a stranger that another owner's turn waits for these ids);
+    the refusal of :func:`admit` when it failed for them all (a bad ``last_event_id``, a
+    hook that raised), or a 409 when several turns wait for the same answers.
 
     A model's call ids are not unique across turns (``functions.get_weather:0``), so
     the answers of one turn never go to another that asked the same ids."""
@@ -198,7 +200,10 @@ async def answered_stream(
             continue
         verdict = await admit(hub, connection, stream_id, last_event_id, log, access="answer")
         if isinstance(verdict, Refusal):
-            refused = refused or verdict
+            if verdict.status != 403:
+                refused = refused or verdict
+            # A stream the hook keeps from this client is not told apart from none: the
+            # answer would say that some other owner's turn waits for these ids.
             continue
         if asked.continued:
             answered.append(Asking(verdict, asked))

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from essessey._ids import is_event_id
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import json_error, store_guarded
 from essessey.bindings.sse import (
@@ -346,6 +347,10 @@ def chat_completions_routes(
     async def resume(request: Request) -> Response:
         completion_id = request.path_params["completion_id"]
         stream_id, after = split_completion_id(completion_id)
+        if after is not None and not is_event_id(after):
+            # What follows the dot is an event id, checked as a Last-Event-ID is.
+            invalid = "invalid completion id"
+            return json_error(400, "invalid_request_error", invalid, headers, shape=error_object)
         if _wants_json(request):
             # The openai SDK's retrieve: the whole completion, as a request without
             # stream gets it.

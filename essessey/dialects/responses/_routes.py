@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from essessey._ids import is_event_id
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_body, store_guarded
 from essessey.bindings.sse import (
@@ -329,6 +330,9 @@ def responses_routes(
     async def retrieve(request: Request) -> Response:
         response_id = request.path_params["response_id"]
         stream_id, after = split_response_id(response_id)
+        if after is not None and not is_event_id(after):
+            # What follows the dot is an event id, checked as a Last-Event-ID is.
+            return refuse(400, "invalid_request_error", "invalid response id")
         try:
             starting_after = _sequence_number(request.query_params.get("starting_after"))
         except ValueError as exc:
