@@ -348,6 +348,23 @@ async def test_an_answer_to_a_running_turn_is_refused_after_a_bounded_wait(
             await hub.answer("s", [ToolApproval("apr_1", True)])
 
 
+async def _answered_once_released(hub: StreamHub, release: anyio.Event) -> list[bool]:
+    """Answer apr_1 of stream "s" while its turn still runs: the answer waits (nothing
+    for 0.2 s), ``release`` lets the turn end, then each answer's ``started``."""
+    outcome: list[Any] = []
+    async with anyio.create_task_group() as tasks:
+
+        async def answer() -> None:
+            outcome.append(await hub.answer("s", [ToolApproval("apr_1", True)]))
+
+        tasks.start_soon(answer)
+        await anyio.sleep(0.2)
+        assert outcome == []  # still waiting for the asking turn to end
+        release.set()
+    await hub.wait("s")
+    return [continued.started for continued in outcome]
+
+
 async def test_an_answer_while_the_asking_turn_ends_goes_on_once_it_has_ended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -370,18 +387,7 @@ async def test_an_answer_while_the_asking_turn_ends_goes_on_once_it_has_ended(
             await asked.wait()
         assert await hub.waiting("s") is not None
         assert hub.running("s")
-        async with anyio.create_task_group() as tasks:
-            outcome: list[Any] = []
-
-            async def answer() -> None:
-                outcome.append(await hub.answer("s", [ToolApproval("apr_1", True)]))
-
-            tasks.start_soon(answer)
-            await anyio.sleep(0.2)
-            assert outcome == []  # still waiting for the asking turn to end
-            release.set()
-        assert [continued.started for continued in outcome] == [True]
-        await hub.wait("s")
+        assert await _answered_once_released(hub, release) == [True]
 
 
 async def test_an_answer_read_before_the_asking_message_ends_waits_for_its_end(
@@ -409,18 +415,7 @@ async def test_an_answer_read_before_the_asking_message_ends_waits_for_its_end(
         with anyio.fail_after(5):
             await asked.wait()
         assert await hub.waiting("s") is None  # the asking message has not ended
-        async with anyio.create_task_group() as tasks:
-            outcome: list[Any] = []
-
-            async def answer() -> None:
-                outcome.append(await hub.answer("s", [ToolApproval("apr_1", True)]))
-
-            tasks.start_soon(answer)
-            await anyio.sleep(0.2)
-            assert outcome == []
-            release.set()
-        assert [continued.started for continued in outcome] == [True]
-        await hub.wait("s")
+        assert await _answered_once_released(hub, release) == [True]
 
 
 async def test_an_answer_to_a_running_turn_that_never_asks_is_refused_after_the_wait(
