@@ -471,3 +471,51 @@ async def test_a_client_leaving_mid_stream_is_no_server_error(hostile_url: str) 
         for name in ("uvicorn.error", "essessey"):
             logging.getLogger(name).removeHandler(keep)
     assert [r.getMessage() for r in errors] == []
+
+
+@pytestmark_anyio
+async def test_a_resume_s_replay_stops_when_its_client_drops_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # uvicorn's send never waits: a replay was written into a connection the client
+    # dropped, 64 chunks between two turns of the loop, asyncio logging each write after
+    # the fifth ("socket.send() raised exception").
+    import threading
+
+    from essessey import Publisher, stream_turn
+    from essessey.dialects.ui import ChatRequest
+
+    done = threading.Event()  # the turn runs in the server's thread
+
+    def long_turn(chat: ChatRequest) -> Any:
+        async def produce(publisher: Publisher) -> None:
+            async with stream_turn(
+                publisher, message_id="m1", stream_id=chat.id, model="m"
+            ) as turn:
+                text = await turn.text()
+                for n in range(1500):
+                    await text.write(f"w{n} ")
+                await anyio.to_thread.run_sync(done.wait, WAIT)
+
+        return produce
+
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    hub = StreamHub()
+    app = Starlette(routes=ui_chat_routes(hub, long_turn), lifespan=hub.lifespan)
+    with serve(app, lifespan="on", http="h11", loop="asyncio") as base:
+        try:
+            async with ws_connect(ws_url(base), open_timeout=WAIT) as first:
+                await first.send(send_frame("r1", "long"))
+                for _ in range(3):
+                    await first.recv()
+            await anyio.sleep(0.5)  # the turn's backlog written
+            for n in range(5):
+                async with ws_connect(ws_url(base), open_timeout=WAIT, close_timeout=1) as ws:
+                    await ws.send(resume_frame(f"x{n}", "long"))
+                    await ws.recv()
+                    ws.transport.abort()  # the connection drops
+                await anyio.sleep(0.3)
+        finally:
+            done.set()  # the turn ends before the server stops
+    dead = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
+    assert dead == []

@@ -72,8 +72,11 @@ MAX_REQUEST_ID: Final = 256
 """The longest ``requestId`` taken (the AI SDK's are 16 characters): it is written back
 in every frame of its request."""
 
-_TURN_EVERY: Final = 64
-"""Chunks a stream sends before it lets the event loop's other tasks run."""
+_TURN_EVERY: Final = 4
+"""Chunks a stream sends before it lets the event loop's other tasks run: uvicorn's send
+never waits, so a replay would be written into a connection the client dropped (asyncio
+logging every write past its fifth) until a turn of the loop lets the loss be seen; then
+the next send fails and the requests end."""
 _BAD_FRAME: Final = 4400
 _TOO_BIG: Final = 1009
 _TRY_AGAIN_LATER: Final = 1013
