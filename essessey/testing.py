@@ -202,10 +202,12 @@ class EventStoreConformance:
     # -- ids --------------------------------------------------------------------------------
 
     async def test_it_is_an_event_store(self) -> None:
+        """Checks that the store is an ``EventStore``."""
         async with self.open_store() as store:
             assert isinstance(store, EventStore)
 
     async def test_ids_are_unique_and_increasing_and_resume_exactly(self) -> None:
+        """Checks that ids are unique and increasing and resume exactly."""
         async with self.open_store() as store:
             events = await fill(store, "s", 8)
             assert len({event.id for event in events}) == 8
@@ -217,6 +219,7 @@ class EventStoreConformance:
                 assert await store.since("s", event.id) == (events[k + 1 :], True)
 
     async def test_a_stream_never_seen_is_unknown(self) -> None:
+        """Checks that a stream never seen is unknown."""
         async with self.open_store() as store:
             assert await store.since("nowhere", None) == ([], False)
             assert await store.since("nowhere", "abcd1234-1") == ([], False)
@@ -228,6 +231,7 @@ class EventStoreConformance:
     async def test_a_garbage_or_foreign_id_is_unknown(
         self, spell: Callable[[str, int], str]
     ) -> None:
+        """Checks that a garbage or foreign id is unknown."""
         async with self.open_store() as store:
             events = await fill(store, "s", 5)
             bogus = spell(epoch(events[0].id), seq(events[-1].id))
@@ -239,12 +243,14 @@ class EventStoreConformance:
                 await read_all(store, "s", bogus)
 
     async def test_an_id_of_another_stream_is_unknown(self) -> None:
+        """Checks that an id of another stream is unknown."""
         async with self.open_store() as store:
             a = await fill(store, "a", 3)
             await fill(store, "b", 3)
             assert await store.since("b", a[0].id) == ([], False)
 
     async def test_an_id_from_before_clear_is_unknown(self) -> None:
+        """Checks that an id from before a ``clear`` is unknown."""
         async with self.open_store() as store:
             old = await fill(store, "s", 5)
             await store.clear("s")
@@ -258,6 +264,7 @@ class EventStoreConformance:
     # -- follow -----------------------------------------------------------------------------
 
     async def test_follow_replays_then_goes_live_and_ends_once_closed(self) -> None:
+        """Checks that ``follow`` replays, goes live, and ends once the stream is closed."""
         async with self.open_store() as store:
             await store.open_stream("s")
             before = await fill(store, "s", 3)
@@ -274,6 +281,7 @@ class EventStoreConformance:
             assert got == before + after
 
     async def test_follow_from_an_id_and_after_a_reopen(self) -> None:
+        """Checks ``follow`` from an id, and after the stream is opened again."""
         async with self.open_store() as store:
             first = await fill(store, "s", 4)
             await store.close_stream("s")
@@ -283,6 +291,7 @@ class EventStoreConformance:
             assert await read_all(store, "s", first[-1].id) == second
 
     async def test_open_stream_lets_a_follower_wait_for_the_first_event(self) -> None:
+        """Checks that ``open_stream`` lets a follower wait for the first event."""
         async with self.open_store() as store:
             await store.open_stream("s")
             assert await store.exists("s")
@@ -300,6 +309,7 @@ class EventStoreConformance:
             assert got == events
 
     async def test_follow_raises_subscriber_lagged_past_max_lag(self) -> None:
+        """Checks that ``follow`` raises ``SubscriberLagged`` past ``max_lag``."""
         async with self.open_store() as store:
             await store.open_stream("s")
             await fill(store, "s", 2)
@@ -313,6 +323,7 @@ class EventStoreConformance:
             await follower.aclose()
 
     async def test_the_backlog_replayed_on_attaching_is_not_lag(self) -> None:
+        """Checks that the backlog replayed on attaching is not lag."""
         async with self.open_store() as store:
             await store.open_stream("s")  # (JetStream knows a stream's start by this marker)
             events = await fill(store, "s", 20)
@@ -324,6 +335,7 @@ class EventStoreConformance:
             assert got == events
 
     async def test_follow_raises_stream_reset_when_cleared_while_following(self) -> None:
+        """Checks that ``follow`` raises ``StreamReset`` when the stream is cleared."""
         async with self.open_store() as store:
             await store.open_stream("s")
             events = await fill(store, "s", 2)
@@ -348,6 +360,7 @@ class EventStoreConformance:
     # -- late readers -------------------------------------------------------------------------
 
     async def test_a_late_reader_starts_at_the_oldest_whole_message(self) -> None:
+        """Checks that a late reader starts at the oldest whole message."""
         async with self.open_store(retain=15) as store:
             await store.append("s", start(1))
             await fill(store, "s", 10)
@@ -360,6 +373,7 @@ class EventStoreConformance:
     async def test_a_late_reader_of_a_finished_turn_with_no_whole_message_is_told(
         self,
     ) -> None:
+        """Checks that a late reader of a finished turn with no whole message is told."""
         async with self.open_store(retain=5) as store:
             await store.append("s", start(1))
             await fill(store, "s", 20)
@@ -370,6 +384,7 @@ class EventStoreConformance:
     async def test_a_late_reader_of_a_running_turn_waits_for_the_next_message(
         self,
     ) -> None:
+        """Checks that a late reader of a running turn waits for the next message."""
         async with self.open_store(retain=5) as store:
             await store.open_stream("s")
             await store.append("s", start(1))
@@ -394,6 +409,7 @@ class EventStoreConformance:
     async def test_eviction_keeps_an_id_known_while_everything_after_it_is_retained(
         self,
     ) -> None:
+        """Checks that eviction keeps an id known while everything after it is retained."""
         async with self.open_store(retain=5) as store:
             events = await fill(store, "s", 12)
             assert await store.since("s", None) == (events[7:], True)
@@ -406,6 +422,7 @@ class EventStoreConformance:
     async def test_follow_raises_subscriber_lagged_when_its_position_is_trimmed(
         self,
     ) -> None:
+        """Checks that ``follow`` raises ``SubscriberLagged`` when its position is trimmed."""
         async with self.open_store(retain=5) as store:
             events = await fill(store, "s", 3)
             await fill(store, "s", 10, first=3)
@@ -416,6 +433,7 @@ class EventStoreConformance:
     async def test_max_streams_drops_the_finished_stream_updated_longest_ago(
         self,
     ) -> None:
+        """Checks that ``max_streams`` drops the finished stream updated longest ago."""
         async with self.open_store(max_streams=2) as store:
             a = await fill(store, "a", 2)
             await fill(store, "b", 2)
@@ -428,6 +446,7 @@ class EventStoreConformance:
 
     @_needs(PER_STREAM)
     async def test_a_running_stream_is_never_dropped_to_make_room(self) -> None:
+        """Checks that a running stream is never dropped to make room."""
         async with self.open_store(max_streams=3) as store:
             await store.open_stream("running")
             first = await store.append("running", start())
@@ -441,6 +460,7 @@ class EventStoreConformance:
 
     @_needs(PER_STREAM)
     async def test_a_store_full_of_running_turns_refuses_another(self) -> None:
+        """Checks that a store full of running turns refuses another."""
         async with self.open_store(max_streams=2) as store:
             await store.open_stream("a")
             await store.open_stream("b")
@@ -456,6 +476,7 @@ class EventStoreConformance:
 
     @_needs(PER_STREAM)
     async def test_a_running_stream_cleared_is_not_recreated_mid_message(self) -> None:
+        """Checks that a running stream cleared is not created again mid-message."""
         async with self.open_store() as store:
             await store.open_stream("s")
             await store.append("s", start(1))
@@ -468,6 +489,7 @@ class EventStoreConformance:
 
     @_needs(PER_STREAM)
     async def test_a_stream_over_its_byte_budget_loses_its_oldest_events(self) -> None:
+        """Checks that a stream over its byte budget loses its oldest events."""
         cost = 100 + 180  # an event's data and what the store counts beside it
         async with self.open_store(max_bytes_per_stream=10 * cost) as store:
             events = [
@@ -495,6 +517,7 @@ class EventStoreConformance:
     async def test_since_agrees_with_a_reference_model(
         self, capacity: int, operations: list[tuple[str, int]]
     ) -> None:
+        """Checks that ``since`` agrees with a reference model."""
         async with self.open_store(retain=capacity) as store:
             lives: dict[str, list[Event]] = {}
             issued: list[tuple[str, Event, int]] = []
@@ -529,6 +552,7 @@ class EventStoreConformance:
 
     @_needs(LEASES)
     async def test_a_claimed_stream_is_busy_for_other_holders(self) -> None:
+        """Checks that a claimed stream is busy for other holders."""
         async with (
             self.open_store(name="lease1") as a,
             self.open_store(name="lease1") as b,
@@ -547,6 +571,7 @@ class EventStoreConformance:
 
     @_needs(LEASES)
     async def test_a_turn_runs_while_a_live_lease_holds_it(self) -> None:
+        """Checks that a turn runs while a live lease holds it."""
         async with (
             self.open_store(name="lease8", running_ttl=1.0) as a,
             self.open_store(name="lease8", running_ttl=1.0) as b,
@@ -572,6 +597,7 @@ class EventStoreConformance:
     async def test_a_stale_holder_writes_nothing_into_the_turn_that_replaced_it(
         self,
     ) -> None:
+        """Checks that a stale holder writes nothing into the turn that replaced it."""
         async with self.open_store(running_ttl=1.0) as store:
             await store.claim_turn("s", "old")
             await store.append_as("s", start(1), "old")
@@ -594,6 +620,7 @@ class EventStoreConformance:
 
     @_needs(LEASES)
     async def test_a_reader_ends_an_abandoned_turn_with_an_error(self) -> None:
+        """Checks that a reader ends an abandoned turn with an error."""
         async with (
             self.open_store(name="lease3", running_ttl=1.0, heartbeat=0.2) as writer,
             self.open_store(name="lease3", running_ttl=1.0, heartbeat=0.2) as reader,
@@ -612,6 +639,7 @@ class EventStoreConformance:
 
     @_needs(LEASES)
     async def test_a_lapsed_lease_nobody_took_is_renewed_by_its_holder(self) -> None:
+        """Checks that a lapsed lease nobody took is renewed by its holder."""
         # The broker was out of reach for longer than the lease: nobody could take it.
         async with self.open_store(running_ttl=1.0) as store:
             await store.claim_turn("s", "one")
@@ -628,6 +656,7 @@ class EventStoreConformance:
     async def test_a_store_that_just_started_takes_no_lapsed_lease_for_abandoned(
         self,
     ) -> None:
+        """Checks that a store that just started takes no lapsed lease for abandoned."""
         # A store cannot tell a dead holder from one that could not reach the broker
         # until it has seen the broker answer for a whole running_ttl itself.
         async with self.open_store(name="lease5", running_ttl=1.0, heartbeat=0.2) as holder:
@@ -656,6 +685,7 @@ class EventStoreConformance:
 
     @_needs(LEASES)
     async def test_a_cancel_through_another_store_reaches_the_holder(self) -> None:
+        """Checks that a cancel through another store reaches the holder."""
         async with (
             self.open_store(name="lease4") as a,
             self.open_store(name="lease4") as b,
