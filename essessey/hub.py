@@ -251,6 +251,22 @@ class _Turn:
     holder: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
+_OUTCOMES: Final = frozenset(
+    value for name, value in vars(StopReason).items() if name.isupper() and isinstance(value, str)
+)
+"""The stop reasons a finished turn is counted by; any other (a provider's own, passed
+through) counts as ``other``: a metric's label takes a bounded set of values, never text a
+provider or a producer chose."""
+
+
+def _outcome(stop_reason: str | None) -> str:
+    """A finished turn's ``outcome`` label: its stop reason when the protocol names it,
+    ``other`` for any other, ``error`` without one."""
+    if not stop_reason:
+        return "error"
+    return stop_reason if stop_reason in _OUTCOMES else "other"
+
+
 async def _let_go(store: SharedEventStore, key: str, holder: str) -> None:
     """Release ``holder``'s hold of ``key`` (:meth:`StreamHub.exclusive`), shielded and
     bounded; when the store is out of reach the hold lapses instead."""
@@ -642,7 +658,7 @@ class StreamHub:
                 if unwatch is not None:
                     unwatch()
                 totals.turns_running -= 1
-                outcome = "error" if sink.last_was_error else sink.stop_reason or "error"
+                outcome = "error" if sink.last_was_error else _outcome(sink.stop_reason)
                 totals.turns_finished[outcome] += 1
                 self._forget(stream_id, turn)
 

@@ -883,3 +883,24 @@ async def test_wait_on_one_replica_waits_for_the_turn_running_on_another(
                 events, _ = await store_b.since("w1", None)
     assert reassemble_events(events).text == "half and the rest"
     assert events[-1].event == EventType.MESSAGE_STOP
+
+
+@pytest.mark.anyio
+async def test_a_finished_turn_s_outcome_label_is_a_stop_reason_the_protocol_names() -> None:
+    # A provider's own finish reason passes through as the stop reason: the metric's
+    # label counts it as "other", so the label's values stay few and hold no text a
+    # provider or a producer chose.
+    from essessey.metrics import totals
+
+    async def odd_stop(publisher: Publisher) -> None:
+        await publisher.send_stream_preamble("m1", "s", "m")
+        await publisher.send_stream_epilogue("weird <marker> reason", 0)
+
+    before = dict(totals.turns_finished)
+    async with StreamHub() as hub:
+        for n in range(3):
+            await hub.start(f"s{n}", odd_stop)
+            await hub.wait(f"s{n}")
+    after = dict(totals.turns_finished)
+    assert after.get("other", 0) == before.get("other", 0) + 3
+    assert not [key for key in after if "marker" in key]
