@@ -533,7 +533,7 @@ async def _tail(options: _TailOptions) -> int:
     cut: str | None = None
     try:
         async with (
-            httpx.AsyncClient(timeout=timeout) as client,
+            httpx.AsyncClient(timeout=timeout, follow_redirects=True) as client,
             connect(
                 client,
                 options.method,

@@ -122,6 +122,15 @@ async def echo_route(request: Request) -> Response:
     return sse(b"event: headers\ndata: " + orjson.dumps(seen) + b"\n\n")
 
 
+async def stream_204_route(request: Request) -> Response:
+    # A 204 that names the stream's type: the spec's "do not reconnect" all the same.
+    return Response(status_code=204, media_type="text/event-stream")
+
+
+async def moved_route(request: Request) -> Response:
+    return Response(status_code=307, headers={"location": "/echo"})
+
+
 async def broken_route(request: Request) -> Response:
     async def body() -> AsyncIterator[bytes]:
         yield b"event: a\ndata: 1\n\n"
@@ -141,6 +150,8 @@ APP = Starlette(
         Route("/json", json_route),
         Route("/empty", no_content_route),
         Route("/echo", echo_route),
+        Route("/empty-stream", stream_204_route),
+        Route("/moved", moved_route),
         Route("/broken", broken_route),
     ]
 )
@@ -711,3 +722,19 @@ async def test_resume_point_follows_the_events_handed_out() -> None:
     resumed, source = await from_chunks([b"data: c\n\n"], last_event_id="3")
     assert resumed == [Event("message", b"c", "3")]
     assert source.last_event_id == "3"
+
+
+async def test_a_redirect_is_followed_a_204_ends_and_an_id_goes_as_utf8(base_url: str) -> None:
+    # As EventSource: a redirect is followed, a 204 is "do not reconnect" whatever its
+    # type, and the last event id (which a stream may set to any text) is sent as UTF-8.
+    async with httpx.AsyncClient() as client:
+        moved = await read_all(client, f"{base_url}/moved", last_event_id="é-1")
+        with pytest.raises(StreamHTTPError) as no_content:
+            await read_all(client, f"{base_url}/empty-stream")
+        with pytest.raises(ValueError, match="whitespace"):
+            await read_all(client, f"{base_url}/echo", last_event_id=" x")
+        with pytest.raises(StreamHTTPError) as refused:
+            await read_all(client, f"{base_url}/moved", follow_redirects=False)
+    assert moved[0].json()["last-event-id"] == "é-1".encode().decode("latin-1")
+    assert no_content.value.status == 204
+    assert refused.value.status == 307

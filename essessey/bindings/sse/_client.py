@@ -234,25 +234,36 @@ async def connect(
     ``Accept-Encoding: identity`` (unless ``headers`` in ``kwargs`` set them: a stream
     compressed is held back by its compressor, and a small compressed body can inflate
     to gigabytes) and ``Last-Event-ID`` when ``last_event_id`` is given; other
-    ``kwargs`` go to ``client.stream``. A non-2xx answer, or a 2xx one that is
-    not ``text/event-stream``, raises :class:`~essessey.errors.StreamHTTPError` after
-    reading at most ``max_error_body`` bytes of the body. The response is closed when the
-    block exits.
+    ``kwargs`` go to ``client.stream``; redirects are followed, as EventSource follows
+    them (``follow_redirects=False`` in ``kwargs`` to refuse them). A non-2xx answer, a
+    204 (no content: the spec's "do not reconnect"), or a 2xx one that is not
+    ``text/event-stream`` raises :class:`~essessey.errors.StreamHTTPError` after reading at
+    most ``max_error_body`` bytes of the body. The id is sent as UTF-8, as the spec writes
+    it. The response is closed when the block exits.
     """
     import httpx
 
     if last_event_id and any(char in last_event_id for char in "\r\n\0"):
         # No stream can set such an id, and it would break the header line.
         raise ValueError("a last event id cannot contain CR, LF or NUL")
+    if last_event_id and last_event_id != last_event_id.strip(" \t"):
+        # A stream can set one (the spec strips one space after the colon), but no header
+        # value can carry it: HTTP trims a value's surrounding whitespace.
+        raise ValueError("a last event id with leading or trailing whitespace cannot be sent")
+    kwargs.setdefault("follow_redirects", True)
     headers = httpx.Headers(kwargs.pop("headers", None))
     headers.setdefault("Accept", _EVENT_STREAM)
     headers.setdefault("Cache-Control", "no-cache")
     headers.setdefault("Accept-Encoding", "identity")
     if last_event_id:
-        headers["Last-Event-ID"] = last_event_id
+        # As UTF-8 bytes: httpx writes a str value as ASCII, and an id a stream set may
+        # hold any character.
+        raw = [(k, v) for k, v in headers.raw if k.lower() != b"last-event-id"]
+        headers = httpx.Headers([*raw, (b"Last-Event-ID", last_event_id.encode())])
     async with client.stream(method, url, headers=headers, **kwargs) as response:
         content_type = response.headers.get("content-type")
-        if not 200 <= response.status_code < 300 or not _is_event_stream(content_type):
+        status = response.status_code
+        if not 200 <= status < 300 or status == 204 or not _is_event_stream(content_type):
             raise await _http_error(response, content_type, max_error_body)
         source = SSESource(
             _body(response),
