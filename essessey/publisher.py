@@ -52,6 +52,18 @@ def _not_text(value: object) -> SerializationError:
     return SerializationError(f"a delta's text is a str, not a {type(value).__name__}")
 
 
+def writable_text(value: object) -> bytes:
+    """``value`` as a delta's JSON text, or :class:`SerializationError` when it cannot be
+    one (not a str, or a lone surrogate no UTF-8 text carries): for a writer that checks
+    a block's content before it opens the block, so that a refusal emits nothing."""
+    if value.__class__ is not str and not isinstance(value, str):
+        raise _not_text(value)
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise SerializationError(f"delta is not JSON-serialisable: {exc}") from exc
+
+
 def _not_index(value: object) -> SerializationError:
     """The error for a block index that is not an int, where nothing else checks it."""
     return SerializationError(f"a block index is an int, not a {type(value).__name__}")
@@ -239,6 +251,15 @@ class Publisher:
         self, message_id: str, stream_id: str, model: str, *, input_tokens: int = 0
     ) -> None:
         """Open a message. ``stream_id`` is echoed to clients; essessey never mints one."""
+        for field, value in (
+            ("message_id", message_id),
+            ("stream_id", stream_id),
+            ("model", model),
+        ):
+            if not isinstance(value, str):
+                raise TypeError(f"{field} must be a str, not a {type(value).__name__}")
+        if type(input_tokens) is not int:
+            raise TypeError(f"input_tokens must be an int, not a {type(input_tokens).__name__}")
         await self._send(
             EventType.MESSAGE_START,
             {
@@ -397,6 +418,8 @@ class Publisher:
         the provider's own type for a call that is not a plain function call;
         ``caller``: what made the call, when the model did not
         (``protocol.tool_use_block_start``)."""
+        if not isinstance(tool_use_id, str) or not tool_use_id:
+            raise ValueError("a tool call needs an id: a non-empty str")
         block = protocol.tool_use_block_start(tool_use_id, name, item_type=item_type, caller=caller)
         await self._send(
             EventType.CONTENT_BLOCK_START,
@@ -444,9 +467,12 @@ class Publisher:
         dialect always reports ``input_tokens`` (from message_start when not given),
         because its clients read final usage from this event.
         """
-        for key, value in usage.items():
+        for key, value in (("output_tokens", output_tokens), *usage.items()):
             if type(value) is not int:
                 raise TypeError(f"usage count {key!r} must be an int")
+        for field, given in (("stop_reason", stop_reason), ("stop_sequence", stop_sequence)):
+            if given is not None and not isinstance(given, str):
+                raise TypeError(f"{field} must be a str or None, not a {type(given).__name__}")
         if self._dialect == protocol.ANTHROPIC:
             counts: dict[str, int] = {"input_tokens": usage.pop("input_tokens", self._input_tokens)}
             for key in _USAGE_ORDER[1:]:
@@ -486,8 +512,15 @@ class Publisher:
         ``payload["type"]`` is set to ``event_type`` when missing. Protocol events still
         pass the strict checker; unknown events pass through.
         """
+        if not isinstance(event_type, str):
+            raise TypeError(f"event_type must be a str, not a {type(event_type).__name__}")
         if not event_type or any(c in event_type for c in "\r\n\0"):
             raise ValueError("event_type must be a non-empty name without CR, LF or NUL")
+        if not event_type.isascii():
+            try:
+                event_type.encode()
+            except UnicodeEncodeError:  # a lone surrogate: no transport could write it
+                raise ValueError("event_type must be text UTF-8 can write") from None
         body = dict(payload)
         body.setdefault("type", event_type)
         await self._send(event_type, body)
@@ -533,7 +566,11 @@ class Publisher:
         before anything is emitted, so a bad mapping emits nothing).
         """
         async with _step("send_tool_use_block", "input_json"):
-            arguments = input_json if isinstance(input_json, str) else _dumps(input_json).decode()
+            if isinstance(input_json, Mapping):
+                arguments = _dumps(input_json).decode()
+            else:
+                writable_text(input_json)  # before the block opens: a refusal emits nothing
+                arguments = input_json
         async with _step("send_tool_use_block", "content_block_start"):
             await self.send_tool_use_start(index, tool_use_id, name)
         if arguments:
@@ -546,6 +583,7 @@ class Publisher:
         self, index: int, tool_use_id: str, text: str, *, is_error: bool = False
     ) -> None:
         """A whole tool result block: start, the result in one delta (if any), stop."""
+        writable_text(text)  # before the block opens: a refusal emits nothing
         async with _step("send_tool_result_block", "content_block_start"):
             await self.send_tool_result_start(index, tool_use_id, is_error=is_error)
         if text:

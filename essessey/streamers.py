@@ -29,12 +29,14 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 import anyio
+import orjson
 
 from essessey._failure import send_failure
-from essessey.errors import ProtocolError
+from essessey.check import Rule
+from essessey.errors import ProtocolError, SerializationError
 from essessey.protocol import BlockType, EventType, StopReason, result_text
 from essessey.protocol.asking import Answered
-from essessey.publisher import Publisher
+from essessey.publisher import Publisher, writable_text
 
 __all__ = [
     "DEFAULT_EXPIRES_IN",
@@ -206,6 +208,7 @@ class _BlockStreamer:
         # A plain function returning the coroutine (as the Publisher's delta methods):
         # the delta into an open block, the path of nearly every chunk, is one frame.
         if not chunk:
+            writable_text(chunk)  # None, 0, b"": refused, as any chunk not a str is
             return _nothing()
         publisher = self._publisher
         if self._open and publisher is not None:
@@ -220,6 +223,9 @@ class _BlockStreamer:
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
+                # The content is checked before its block opens: a refused first chunk
+                # would leave an empty block no end could close.
+                writable_text(chunk)
                 # A block opens with its first content or not at all: a cancellation
                 # landing between the two (in a store's append) would leave an empty
                 # text or thinking block, which the turn's end could not close. Shielded,
@@ -350,6 +356,7 @@ class ThinkingStreamer(_BlockStreamer):
         publisher = self._publisher
         if publisher is not None:
             if not self._open:
+                writable_text(signature)  # before the block opens: a refusal emits nothing
                 await self._open_block()
             await publisher.send_signature_delta(self._cursor._index, signature)
         self._signature = signature
@@ -590,6 +597,8 @@ class ToolStreamer:
         reason = refused_call(tool_use_id, name, self._by_id)
         if reason is not None:
             raise ProtocolError(reason)
+        if arguments:
+            writable_text(arguments)  # before the block opens: a refusal emits nothing
         await self.end_call()
         await self._cursor._start(
             self,
@@ -618,6 +627,7 @@ class ToolStreamer:
 
     async def write_result(self, tool_use_id: str, text: str, *, is_error: bool = False) -> None:
         """Emit a call's whole result block (closing the last tool_use block first)."""
+        writable_text(text)  # before anything, the last call's block's end included
         call = self._by_id.get(tool_use_id)
         if call is None:
             raise ProtocolError(f"no tool call {tool_use_id!r} in this round")
@@ -734,13 +744,28 @@ class Asker:
         )
 
 
+_MAX_EXPIRES_IN: Final = 100 * 365 * 86_400.0
+"""The longest ``expires_in`` taken (a hundred years): a Unix time past it is no time a
+client could compare with, and past 64 bits no JSON writer takes it."""
+
+
 def _expiry(expires_in: float | None) -> int | None:
     """``expires_in`` seconds from now, as the Unix time a request carries."""
     if expires_in is None:
         return None
-    if not expires_in > 0:
-        raise ValueError("expires_in must be > 0 seconds, or None for no expiry")
+    if not 0 < expires_in <= _MAX_EXPIRES_IN:  # NaN and infinity too
+        raise ValueError(
+            "expires_in must be > 0 seconds and at most a hundred years, or None for no expiry"
+        )
     return math.ceil(time.time() + expires_in)
+
+
+def _writable_json(value: object, what: str) -> None:
+    """Raise :class:`SerializationError` when ``value`` cannot be written as JSON."""
+    try:
+        orjson.dumps(value)
+    except TypeError as exc:
+        raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 _Streamer = TextStreamer | ThinkingStreamer | LineStreamer | ToolStreamer | BlockStreamer
@@ -829,6 +854,15 @@ class Turn:
         call's approval in turn), and the message ends with stop reason ``tool_use``:
         the turn waits. ``expires_in`` seconds from now answers stop being taken (None:
         never)."""
+        # Checked before the round's calls are deferred: a refused request changes nothing.
+        _expiry(expires_in)
+        if reason is not None:
+            writable_text(reason)
+        checker = self.publisher.checker
+        if checker is not None and not checker.knows_tool_use(tool_use_id):
+            raise ProtocolError(
+                f"{Rule.APPROVAL_UNKNOWN_CALL}: an approval must name a tool call of the stream"
+            )
         return await self._asking(
             lambda asker: asker.approval(
                 tool_use_id, reason=reason, expires_in=expires_in, request_id=request_id
@@ -850,6 +884,11 @@ class Turn:
         a result, which the app runs and which asks before it can end): the call is not
         the client's to run, and its result goes out after the answer
         (:meth:`tool_result` in the message that continues the turn)."""
+        # Checked before the round's calls are deferred: a refused request changes nothing.
+        _expiry(expires_in)
+        writable_text(question)
+        if schema is not None:
+            _writable_json(dict(schema), "schema")
         return await self._asking(
             lambda asker: asker.question(
                 question,
@@ -866,6 +905,11 @@ class Turn:
         """Call tool ``name``, which the client runs (``arguments``: JSON text or a
         mapping); returns the call's id. The message ends with stop reason
         ``tool_use``: the turn waits for the output."""
+        # Checked before the round's calls are deferred: a refused call changes nothing.
+        if isinstance(arguments, str):
+            writable_text(arguments)
+        else:
+            _writable_json(dict(arguments), "arguments")
         return await self._asking(
             lambda asker: asker.client_call(name, arguments, tool_use_id=tool_use_id)
         )
@@ -927,10 +971,12 @@ async def stream_turn(
     try:
         yield turn
         await turn.close_current()
+        # Inside: an epilogue refused (a stop reason or a count not written as the
+        # protocol's) ends the stream with an error too.
+        await _end_turn(publisher, turn)
     except Exception as exc:
         await send_failure(publisher, exc, error_type=error_type)
         raise
-    await _end_turn(publisher, turn)
 
 
 async def _end_turn(publisher: Publisher, turn: Turn) -> None:
@@ -952,7 +998,9 @@ async def continue_turn(
     try:
         yield turn
         await turn.close_current()
+        # Inside: an epilogue refused (a stop reason or a count not written as the
+        # protocol's) ends the stream with an error too.
+        await _end_turn(publisher, turn)
     except Exception as exc:
         await send_failure(publisher, exc, error_type=error_type)
         raise
-    await _end_turn(publisher, turn)

@@ -35,7 +35,7 @@ from essessey._failure import send_failure
 from essessey.errors import RoundOrderError
 from essessey.protocol import StopReason, result_text
 from essessey.protocol.asking import Answered
-from essessey.publisher import Publisher
+from essessey.publisher import Publisher, writable_text
 from essessey.streamers import (
     DEFAULT_EXPIRES_IN,
     NO_RESULT_TEXT,
@@ -300,6 +300,8 @@ class RoundStream:
                 self._require_output("delta")
             if signature and not reasoning and not isinstance(self._content, ThinkingStreamer):
                 raise RoundOrderError("a signature belongs to an open thinking block")
+            if signature:
+                writable_text(signature)  # before the reasoning goes out: nothing partial
             if reasoning or signature:
                 thinking = self._content
                 if type(thinking) is not ThinkingStreamer:
@@ -483,6 +485,7 @@ class RoundStream:
         is out, because a client renders block ``k`` before ``k + 1``.
         """
         text = result_text(result)
+        writable_text(text)  # now, not when it goes out behind an earlier call's result
         async with self._lock:
             if self._phase is _Phase.IDLE:
                 raise RoundOrderError(f"tool result {i} outside a round")
@@ -733,10 +736,12 @@ async def stream_rounds(
         yield rounds
         if rounds.in_round:
             await rounds.round_end()
+        # Inside: an epilogue refused (a stop reason or a count not written as the
+        # protocol's) ends the stream with an error too.
+        await _end_rounds(publisher, rounds)
     except Exception as exc:
         await send_failure(publisher, exc, error_type=error_type)
         raise
-    await _end_rounds(publisher, rounds)
 
 
 async def _end_rounds(publisher: Publisher, rounds: RoundStream) -> None:
@@ -763,7 +768,9 @@ async def continue_rounds(
         yield rounds
         if rounds.in_round:
             await rounds.round_end()
+        # Inside: an epilogue refused (a stop reason or a count not written as the
+        # protocol's) ends the stream with an error too.
+        await _end_rounds(publisher, rounds)
     except Exception as exc:
         await send_failure(publisher, exc, error_type=error_type)
         raise
-    await _end_rounds(publisher, rounds)

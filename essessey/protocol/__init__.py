@@ -288,6 +288,13 @@ def tool_use_block_start(
     return block
 
 
+def _unix_time(value: object) -> int:
+    """``value`` as a request's ``expires_at``: whole Unix seconds, not before 1970."""
+    if type(value) is not int or value < 0:
+        raise ValueError("expires_at must be whole Unix seconds (an int >= 0)")
+    return value
+
+
 def approval_request_block_start(
     request_id: str, tool_use_id: str, *, reason: str | None = None, expires_at: int | None = None
 ) -> dict[str, Any]:
@@ -302,7 +309,7 @@ def approval_request_block_start(
     if reason is not None:
         block["reason"] = reason
     if expires_at is not None:
-        block["expires_at"] = expires_at
+        block["expires_at"] = _unix_time(expires_at)
     return block
 
 
@@ -324,7 +331,7 @@ def question_block_start(
     if schema is not None:
         block["schema"] = dict(schema)
     if expires_at is not None:
-        block["expires_at"] = expires_at
+        block["expires_at"] = _unix_time(expires_at)
     return block
 
 
