@@ -46,6 +46,10 @@ from essessey.protocol.asking import PendingRequest
 __all__ = ["ProtocolChecker", "Rule", "Violation", "check"]
 
 
+_MAX_DETAIL: Final = 200
+"""The most characters of a violation's detail kept: what it quotes of the stream is cut."""
+
+
 class Rule:
     """The names of the rules a :class:`Violation` can report."""
 
@@ -219,12 +223,24 @@ class ProtocolChecker:
         """Record an :class:`Event`, parsing its payload; bad JSON is a violation."""
         record = read(event)
         if isinstance(record, Unreadable):
+            if record.payload is None and event.event == EventType.PING and not event.data:
+                # A keep-alive with no data at all (an SSE ping frame's own shape): the
+                # readers take it, so the checker does.
+                self._position += 1
+                return []
             if record.payload is None:  # not JSON at all
                 position = self._position
                 self._position += 1
                 return [Violation(position, event.event, Rule.PAYLOAD, record.reason)]
             return self._step(event.event, record.payload, commit=True)
-        return self._step(event.event, record.payload, commit=True)
+        name = event.event
+        if name in ("", "message"):
+            # An SSE frame without an ``event:`` line: the payload names itself, as the
+            # reassembler reads it.
+            named = record.payload.get("type")
+            if isinstance(named, str) and named in EventType.ALL:
+                name = named
+        return self._step(name, record.payload, commit=True)
 
     def finish(self) -> list[Violation]:
         """The violations of ending the stream here: a message left open."""
@@ -249,6 +265,9 @@ class ProtocolChecker:
         found: list[Violation] = []
 
         def violate(rule: str, detail: str) -> None:
+            if len(detail) > _MAX_DETAIL:
+                # A detail may quote a value the stream gave (an id, a type): bounded.
+                detail = detail[:_MAX_DETAIL] + f"... ({len(detail)} characters)"
             found.append(Violation(position, name, rule, detail))
 
         if name not in EventType.ALL:
@@ -485,7 +504,8 @@ class ProtocolChecker:
             return
         delta_type = delta.get("type")
         allowed = DELTA_FOR_BLOCK.get(self._open_type)
-        if allowed is not None and delta_type in DeltaType.KNOWN and delta_type not in allowed:
+        known = isinstance(delta_type, str) and delta_type in DeltaType.KNOWN
+        if allowed is not None and known and delta_type not in allowed:
             violate(
                 Rule.DELTA_TYPE,
                 f"{delta_type} does not belong in a {self._open_type} block",

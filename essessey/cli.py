@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, TextIO
 
 import anyio
-import orjson
 
 from essessey import __version__
 from essessey.bindings.sse import SSEDecoder, SSEMessage, encode
@@ -453,7 +452,10 @@ def _checked_url(url: str) -> str:
 def _dumps(value: Any, **options: Any) -> str:
     """``value`` as JSON to print: its text as it is, unless some of it is no UTF-8 (a
     lone surrogate, from a ``"\\ud800"`` escape), which then prints escaped."""
-    text = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        text = json.dumps(value, ensure_ascii=False, **options)
+    except RecursionError:  # nested past Python's limit (orjson reads 1,024 levels)
+        return f"<{type(value).__name__} nested too deep to print>"
     try:
         text.encode()
     except UnicodeEncodeError:
@@ -754,7 +756,7 @@ class _Renderer:
             verdict = "approved" if block.get("approved") is True else "denied"
             self._line(f"[{verdict}] {block.get('request_id')}", _BOLD_CYAN)
         else:
-            value = _compact(orjson.dumps(block.get("value")).decode())
+            value = _compact(_dumps(block.get("value")))
             self._line(f"[answer] {block.get('request_id')}: {value}", _BOLD_CYAN)
 
     def _error(self, event: Event) -> None:

@@ -151,6 +151,8 @@ class Compactor:
             return None
         delta = record.delta
         field = _MERGEABLE.get(record.delta_type)
+        if field == "thinking" and "thinking" not in delta:
+            field = "text"  # the essessey dialect's thinking_delta (thinking_delta_field)
         if field is None or set(delta) != {"type", field}:
             return None  # another type, or one with more in it than its text
         text = delta[field]

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 import orjson
 
+from essessey._logsafe import log_label
 from essessey.event import Event
 from essessey.protocol import EventType, Unreadable, read
 
@@ -36,6 +37,10 @@ QUESTION_TOOL: Final = "ask_user"
 """The tool a turn's question is a call of in a dialect with no idiom for questions (the AI
 SDK's UI stream, Chat Completions, Responses): the call's id is the question's id, its
 arguments ``{"question", "schema"?}``, its output the answer (docs/asking.md)."""
+
+
+_MAX_COUNT: Final = 2**63 - 1
+"""The largest count a dialect writes: sums of counts a stream gave stop there."""
 
 
 class TurnUsage:
@@ -84,8 +89,9 @@ class TurnUsage:
         self._open = {}
 
     def count(self, key: str) -> int:
-        """The turn's count of ``key`` (one of the protocol's usage keys) so far."""
-        return self._closed[key] + self._open.get(key, 0)
+        """The turn's count of ``key`` (one of the protocol's usage keys) so far, at most
+        what a JSON writer takes (64 bits: each count read may be that large)."""
+        return min(self._closed[key] + self._open.get(key, 0), _MAX_COUNT)
 
     @property
     def output_tokens(self) -> int:
@@ -95,11 +101,12 @@ class TurnUsage:
     @property
     def prompt_tokens(self) -> int:
         """All input tokens: uncached, read from a cache and written to one."""
-        return (
+        total = (
             self.count("input_tokens")
             + self.count("cache_read_input_tokens")
             + self.count("cache_creation_input_tokens")
         )
+        return min(total, _MAX_COUNT)
 
 
 def _counts(usage: object) -> dict[str, int]:
@@ -117,9 +124,11 @@ def read_payload(event: Event, log: logging.Logger) -> dict[str, Any] | None:
         return payload
     assert isinstance(record, Unreadable)  # every readable record holds an object
     if payload is None:
-        log.warning("skipped a %s event of %d bytes: not JSON", event.event, len(event.data))
+        log.warning(
+            "skipped a %s event of %d bytes: not JSON", log_label(event.event), len(event.data)
+        )
     else:
-        log.warning("skipped a %s event: %s", event.event, record.reason)
+        log.warning("skipped a %s event: %s", log_label(event.event), record.reason)
     return None
 
 

@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Final
 
 import orjson
 
+from essessey._logsafe import log_label
 from essessey._public import set_public_module
 from essessey.bindings.sse import id_line, with_id
 from essessey.dialects._payload import read_payload
@@ -56,6 +57,7 @@ UNREADABLE: Final[tuple[type[Exception], ...]] = (
     TypeError,
     ValueError,
     AttributeError,
+    RecursionError,  # a value nested past what str() or a JSON writer goes into
 )
 """What a hook raises on a payload that is not laid out as the protocol says: the event
 is skipped with a log line."""
@@ -79,6 +81,9 @@ class DialectEncoder:
     """The exceptions of a hook that skip its event (``()``: none, they propagate)."""
 
     ended: bool = False
+    # Whether an event after the end (a message after one that ended the response) was
+    # logged: what the dialect cannot write is said once, never dropped unsaid.
+    _said_ended: bool = False
     # How many events came outside a message: logged at the 1st, 2nd, 4th, 8th, ...,
     # so a stream read from the middle of a long message (a resume point a client made
     # up) writes a few lines, not one per event.
@@ -124,6 +129,12 @@ class DialectEncoder:
     def encode(self, event: Event) -> bytes:
         """The frames for ``event``, each with its ``id:`` (``b""`` for none)."""
         if self.ended or event.event == EventType.PING:
+            if self.ended and not self._said_ended and event.event != EventType.PING:
+                self._said_ended = True
+                self.log.info(
+                    "skipped a %s event and the rest: the response has ended",
+                    log_label(event.event),
+                )
             return b""
         record = read(event)
         if record.__class__ is Delta:
@@ -139,7 +150,7 @@ class DialectEncoder:
         try:
             return with_id(self.frames(event.event, payload), event.id)
         except self.unreadable as exc:
-            self.log.warning("skipped a %s event: %s", event.event, type(exc).__name__)
+            self.log.warning("skipped a %s event: %s", log_label(event.event), type(exc).__name__)
             return b""
 
     def frames(self, name: str, payload: dict[str, Any]) -> list[bytes]:

@@ -261,6 +261,13 @@ def _parsed(arguments: str) -> Any:
         return None
 
 
+def _text(value: object) -> str:
+    """A block's id or name as the reader keys it: the string, or ``""`` for anything
+    else (a value the checker refuses; ``str()`` of a deeply nested one would recurse
+    past Python's limit)."""
+    return value if isinstance(value, str) else ""
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if type(value) is int else None
 
@@ -337,7 +344,7 @@ class _Message:
                 found.append(
                     Question(
                         key,
-                        str(block.get("question", "")),
+                        _text(block.get("question")),
                         schema if isinstance(schema, dict) else None,
                         _int_or_none(block.get("expires_at")),
                         call if isinstance(call, str) else None,
@@ -402,34 +409,34 @@ class AskReader:
         kind = record.block_type
         key = ""
         if kind == BlockType.TOOL_USE:
-            key = str(block.get("id", ""))
+            key = _text(block.get("id"))
             item_type = block.get("item_type")
             message.calls[key] = (
-                str(block.get("name", "")),
+                _text(block.get("name")),
                 item_type if isinstance(item_type, str) else None,
             )
             self._calls_of[key] = message
             message.order.append((kind, key))
         elif kind == BlockType.TOOL_RESULT:
-            key = str(block.get("tool_use_id", ""))
+            key = _text(block.get("tool_use_id"))
             message.results[key] = ([], block.get("is_error") is True)
         elif kind == BlockType.APPROVAL_REQUEST:
-            key = str(block.get("id", ""))
+            key = _text(block.get("id"))
             if isinstance(block.get("tool_use_id"), str):
                 message.approvals[key] = block
                 message.order.append((kind, key))
         elif kind == BlockType.QUESTION:
-            key = str(block.get("id", ""))
+            key = _text(block.get("id"))
             message.questions[key] = block
             message.order.append((kind, key))
         elif kind == BlockType.APPROVAL_RESPONSE:
-            key = str(block.get("request_id", ""))
+            key = _text(block.get("request_id"))
             reason = block.get("reason")
             message.answers[key] = ToolApproval(
                 key, block.get("approved") is True, reason if isinstance(reason, str) else None
             )
         elif kind == BlockType.ANSWER:
-            key = str(block.get("request_id", ""))
+            key = _text(block.get("request_id"))
             message.answers[key] = QuestionAnswer(key, block.get("value"))
         self._blocks[record.index] = (kind, key)
 

@@ -437,6 +437,9 @@ class ResponsesEncoder(DialectEncoder):
     def on_block_start(self, index: int, block: dict[str, Any]) -> list[bytes]:
         """An output item's start (and its first part's), by the block's kind; a call,
         a result after it and an approval request are held (see the class)."""
+        # A block is written whole later (its done item, the response's output): one no
+        # JSON writer can write (nested past 255 levels) is refused here, not there.
+        orjson.dumps(block)
         kind = str(block.get("type"))
         pending = self._reasoning
         if pending is not None:

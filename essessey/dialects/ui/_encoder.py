@@ -62,6 +62,7 @@ from typing import Any, Final
 
 import orjson
 
+from essessey._logsafe import log_label
 from essessey.dialects._payload import QUESTION_TOOL, TurnUsage, read_payload
 from essessey.dialects.base import DialectEncoder
 from essessey.event import Event
@@ -134,7 +135,7 @@ class UIMessageEncoder(DialectEncoder):
     log = logger
     outside_message = "skipped a %s event outside a message"
     # A payload laid out otherwise raises one of these in a hook (others are bugs).
-    unreadable = (KeyError, TypeError, ValueError)
+    unreadable = (KeyError, TypeError, ValueError, RecursionError)
 
     def __init__(
         self,
@@ -208,7 +209,7 @@ class UIMessageEncoder(DialectEncoder):
         try:
             return self.frames(event.event, payload)
         except self.unreadable as exc:
-            logger.warning("skipped a %s event: %s", event.event, type(exc).__name__)
+            logger.warning("skipped a %s event: %s", log_label(event.event), type(exc).__name__)
             return []
 
     def encode_text(self, index: int, text: str, text_json: bytes) -> bytes | None:
