@@ -435,14 +435,12 @@ def _read_choice(choice: Mapping[str, Any], where: str) -> _Delta:
     output.extend(
         ("citation", nested_annotation(a, f"{at}.annotations[{j}]")) for j, a in enumerate(found)
     )
-    left_out = tuple(
-        name
-        for name, value in (
-            ("delta.audio", delta.get("audio")),
-            ("logprobs", choice.get("logprobs")),
-        )
-        if value is not None
-    )
+    audio, logprobs = delta.get("audio"), choice.get("logprobs")
+    left_out: tuple[str, ...] = ()
+    if audio is not None:
+        left_out += ("delta.audio",)
+    if logprobs is not None:
+        left_out += ("logprobs",)
     return _Delta(
         output=output,
         fragments=_read_fragments(delta, at),
