@@ -1877,3 +1877,55 @@ async def test_a_subgraph_s_interrupt_is_asked_once(subgraphs: bool) -> None:
     ]
     assert [s["question"] for s in starts if s["type"] == "question"] == ["Continue?"]
     assert len(run.interrupts) == 1
+
+
+async def test_an_answer_to_an_interrupt_another_run_replaced_ends_with_an_error() -> None:
+    # Two turns on one thread: the second's interrupt replaces the first's. An answer to
+    # the first's would be ignored by LangGraph (no such interrupt pending), and lost.
+    def ask(state: MessagesState) -> dict[str, Any]:
+        value = interrupt("Continue?")
+        return {"messages": [AIMessage(f"got {value}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    turns = AgentTurns(graph, thread_id=lambda request: "shared")
+    async with StreamHub(on_answer=turns.on_answer) as hub:
+        for stream_id in ("s1", "s2"):
+            await hub.start(stream_id, turns(chat(stream_id, "go")))
+            await hub.wait(stream_id)
+        first, second = await hub.waiting("s1"), await hub.waiting("s2")
+        assert first is not None
+        assert second is not None
+        await hub.answer("s2", [QuestionAnswer(second.requests[0].id, "from s2")])
+        await hub.wait("s2")
+        await hub.answer("s1", [QuestionAnswer(first.requests[0].id, "from s1")])
+        await hub.wait("s1")
+        events, _ = await hub.store.since("s1", None)
+    assert check(events) == []
+    parsed = reassemble_events(events)
+    assert parsed.error is not None
+    assert "LookupError" in parsed.error.message
+
+
+async def test_a_removed_message_is_named_in_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    # The protocol cannot take back what went out: a RemoveMessage is said, not carried.
+    from langchain_core.messages import RemoveMessage
+
+    def draft(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("Draft.", id="draft1")]}
+
+    def prune(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [RemoveMessage(id="draft1")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("draft", draft)
+    builder.add_node("prune", prune)
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "prune")
+    with caplog.at_level(logging.INFO, logger="essessey.adapters.langgraph"):
+        events, _, error = await run_to_sink(builder.compile(), thread="remove")
+    assert error is None
+    assert check(events) == []
+    assert "RemoveMessage" in caplog.text

@@ -21,7 +21,7 @@ from typing import Any, Final, TypeAlias
 
 import anyio
 import orjson
-from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, RemoveMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 from langgraph.types import Interrupt
@@ -324,6 +324,13 @@ class _Run:
 
     def _updates(self, data: Mapping[str, Any]) -> None:
         for node, update in data.items():
+            if isinstance(update, Mapping) and "remove" not in self._warned:
+                written = update.get("messages")
+                removed = written if isinstance(written, list) else [written]
+                if any(isinstance(item, RemoveMessage) for item in removed):
+                    # What went out cannot be taken back: the published text keeps it.
+                    self._warned.add("remove")
+                    logger.info("a node removed messages (RemoveMessage); what was published stays")
             if node == _INTERRUPTS:
                 for item in update if isinstance(update, tuple | list) else ():
                     # A subgraph's interrupt comes again in its parent's updates

@@ -160,6 +160,18 @@ class AgentTurns:
                 )
                 for call, output in answered.tool_outputs()
             ]
+            if resume:
+                # Another run of the same thread may have replaced the interrupts asked:
+                # LangGraph ignores a resume of an id no longer pending, and the answer
+                # would be lost without a word.
+                snapshot = await self.graph.aget_state(config)
+                pending = {item.id for item in snapshot.interrupts}
+                for task in snapshot.tasks:
+                    pending.update(item.id for item in task.interrupts)
+                if not pending & resume.keys():
+                    raise LookupError(
+                        "the interrupts answered are no longer pending on their thread"
+                    )
             # With interrupts pending, the graph is paused in a node and runs the round's
             # other calls itself when it resumes; without, they were the client's to run.
             run_input: Any = Command(resume=resume) if resume else {"messages": outputs}
