@@ -887,3 +887,25 @@ async def test_a_fallback_block_names_the_model_that_served_the_response() -> No
     assert check(sink.events) == []
     # As the SDK's beta accumulator (fallbacks are a beta) names it.
     assert result.model == "claude-y"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_held_stop_no_writer_takes_is_skipped_and_the_cut_stream_ends(
+    dialect: Dialect,
+) -> None:
+    # A count past 64 bits in the message_delta, and the stream cut before message_stop:
+    # the stop is refused when it would go out (logged), and the message ends with the
+    # cut stream's error, as a delta refused at its own event did.
+    events = [*_TWO_DELTAS[:4]]
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 2**64},
+        }
+    )
+    publisher, sink = _make(dialect)
+    await publish(publisher, events, stream_id="s")
+    assert check(sink.events) == []
+    assert [event.event for event in sink.events][-1] == "error"

@@ -222,7 +222,10 @@ class _Reader:
                 await self.feed(position, event)
                 position += 1
         if self.stage is not _Stage.STOPPED:
-            await self._send_stop()
+            try:
+                await self._send_stop()  # what was read goes out before the stream's error
+            except (ProtocolError, SerializationError) as exc:
+                _skip(position, EventType.MESSAGE_DELTA, f"refused ({_reason(exc)})")
             logger.warning("provider stream ended after %d events, before message_stop", position)
             raise ProviderStreamError("api_error", INCOMPLETE_MESSAGE)
 
