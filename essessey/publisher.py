@@ -69,14 +69,20 @@ def _not_index(value: object) -> SerializationError:
     return SerializationError(f"a block index is an int, not a {type(value).__name__}")
 
 
-def _dumps(payload: Any) -> bytes:
+def writable_json(value: object) -> bytes:
+    """``value`` as JSON, or :class:`SerializationError` when no JSON holds it (for a
+    writer that checks a value before anything of its event goes out)."""
     try:
-        # orjson's bytes keep its whole working buffer (4 KiB at least) however short the
-        # JSON; a stored event would carry that forever, so keep an exact-size copy.
-        return bytes(memoryview(orjson.dumps(payload)))
+        return orjson.dumps(value)
     except TypeError as exc:
         # orjson raises its JSONEncodeError (a TypeError); name the event, never the value.
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from exc
+
+
+def _dumps(payload: Any) -> bytes:
+    # orjson's bytes keep its whole working buffer (4 KiB at least) however short the
+    # JSON; a stored event would carry that forever, so keep an exact-size copy.
+    return bytes(memoryview(writable_json(payload)))
 
 
 class Publisher:

@@ -29,14 +29,13 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 import anyio
-import orjson
 
 from essessey._failure import send_failure
 from essessey.check import Rule
-from essessey.errors import ProtocolError, SerializationError
+from essessey.errors import ProtocolError
 from essessey.protocol import BlockType, EventType, StopReason, result_text
 from essessey.protocol.asking import Answered
-from essessey.publisher import Publisher, writable_text
+from essessey.publisher import Publisher, writable_json, writable_text
 
 __all__ = [
     "DEFAULT_EXPIRES_IN",
@@ -760,14 +759,6 @@ def _expiry(expires_in: float | None) -> int | None:
     return math.ceil(time.time() + expires_in)
 
 
-def _writable_json(value: object, what: str) -> None:
-    """Raise :class:`SerializationError` when ``value`` cannot be written as JSON."""
-    try:
-        orjson.dumps(value)
-    except TypeError as exc:
-        raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
-
-
 _Streamer = TextStreamer | ThinkingStreamer | LineStreamer | ToolStreamer | BlockStreamer
 _S = TypeVar("_S", TextStreamer, ThinkingStreamer, LineStreamer, ToolStreamer, BlockStreamer)
 
@@ -888,7 +879,7 @@ class Turn:
         _expiry(expires_in)
         writable_text(question)
         if schema is not None:
-            _writable_json(dict(schema), "schema")
+            writable_json(dict(schema))
         return await self._asking(
             lambda asker: asker.question(
                 question,
@@ -909,7 +900,7 @@ class Turn:
         if isinstance(arguments, str):
             writable_text(arguments)
         else:
-            _writable_json(dict(arguments), "arguments")
+            writable_json(dict(arguments))
         return await self._asking(
             lambda asker: asker.client_call(name, arguments, tool_use_id=tool_use_id)
         )
