@@ -42,15 +42,17 @@ logger = logging.getLogger("essessey.stores")
 class _Follower:
     """One follower of a stream: its position and, while it waits, how it is woken.
 
-    While it waits caught up (its next event is the next to be appended), an append hands
-    a follower with ``deliver`` the new event in the writer's own call, and it stays
-    parked, its position moved on: at a model's pace an event then reaches a connection
+    A follower with ``deliver`` waits caught up (its next event is the next to be
+    appended) among its stream's takers: an append hands it the new event in the writer's
+    own call, and it stays parked. At a model's pace an event then reaches a connection
     without a task switch or the generators between the store and the connection."""
 
     __slots__ = ("cursor", "deliver", "signal")
 
     def __init__(self, cursor: int, deliver: Deliver | None) -> None:
-        self.cursor = cursor  # the sequence of the next event this follower reads
+        # The sequence of the next event this follower reads; while it is a taker, the
+        # sequence it parked at (what it took since is counted when it leaves).
+        self.cursor = cursor
         self.deliver = deliver
         self.signal: asyncio.Future[None] | None = None
 
@@ -70,6 +72,7 @@ class _Stream:
         "names",
         "next_seq",
         "running",
+        "takers",
         "updated",
         "waiters",
     )
@@ -85,7 +88,7 @@ class _Stream:
         self.datas: deque[bytes] = deque(maxlen=capacity)
         self.first_seq = 1  # the sequence of names[0] and datas[0]
         self.next_seq = 1
-        self.bytes = 0  # what its events hold, as the store counts it (see _EVENT_OVERHEAD)
+        self.bytes = 0  # what its events hold, as counted (see _EVENT_OVERHEAD)
         self.closed = False
         # Opened (open_stream) and not yet closed: a turn is writing it. Such a stream
         # is never dropped to make room or for its age: its reader would lose it, and the
@@ -94,8 +97,10 @@ class _Stream:
         self.updated = time.monotonic()
         # The followers waiting for the next change, each with its own wake-up (an
         # asyncio future, the cheapest there is), so a follower cancelled while it
-        # waits cancels nobody else's wait.
+        # waits cancels nobody else's wait: those that read every change themselves,
+        # and those that take each appended event in the append (see _Follower).
         self.waiters: list[_Follower] = []
+        self.takers: list[_Follower] = []
 
     def event_at(self, seq: int) -> Event:
         offset = seq - self.first_seq
@@ -112,37 +117,47 @@ class _Stream:
             for n, (name, data) in enumerate(pairs, seq)
         ]
 
-    def wake(self, appended: Event | None = None) -> None:
-        """A change: ``appended`` (the event at ``next_seq - 1``), or a close or drop
-        (None), which wakes every follower."""
+    def hand_over(self, appended: Event) -> None:
+        """Offer ``appended`` (the event at ``next_seq - 1``) to each taker; one that
+        does not take it leaves the takers and is woken to read it itself."""
+        refused: list[_Follower] | None = None
+        for follower in self.takers:
+            deliver = follower.deliver
+            try:
+                if deliver is not None and deliver(appended):
+                    continue
+            except Exception as exc:  # a reader's bug must not fail the writer's append
+                log_failure(logger, exc, "a follower's delivery failed; waking it instead")
+                follower.deliver = None
+            if refused is None:
+                refused = []
+            refused.append(follower)
+        if refused is not None:
+            seq = self.next_seq - 1
+            for follower in refused:
+                self.takers.remove(follower)
+                follower.cursor = seq
+                follower.wake()
+
+    def wake(self) -> None:
+        """A change every waiter reads itself: an append (after :meth:`hand_over`), or
+        (with the takers) a close or a drop."""
         waiters = self.waiters
-        if not waiters:
-            return
-        if appended is None:
+        if waiters:
             self.waiters = []
             for follower in waiters:
                 follower.wake()
-            return
-        # The followers that take the event in this call stay on the list, in place (no
-        # list made per append); a woken one leaves it, and waits again once it has read.
-        seq = self.next_seq - 1
-        kept = 0
-        for follower in waiters:
-            deliver = follower.deliver
-            if deliver is not None and follower.cursor == seq:
-                try:
-                    taken = deliver(appended)
-                except Exception as exc:  # a reader's bug must not fail the writer's append
-                    log_failure(logger, exc, "a follower's delivery failed; waking it instead")
-                    follower.deliver = None
-                    taken = False
-                if taken:
-                    follower.cursor = seq + 1
-                    waiters[kept] = follower
-                    kept += 1
-                    continue
-            follower.wake()
-        del waiters[kept:]
+
+    def wake_all(self) -> None:
+        """A close or a drop: every follower reads what is left itself (a taker has
+        taken everything appended so far)."""
+        takers = self.takers
+        if takers:
+            self.takers = []
+            for follower in takers:
+                follower.cursor = self.next_seq
+                follower.wake()
+        self.wake()
 
     def waiting(self, follower: _Follower, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         """What the follower awaits until the next change it must read itself (an append
@@ -152,14 +167,14 @@ class _Stream:
         :meth:`forget`-ten."""
         future: asyncio.Future[None] = loop.create_future()
         follower.signal = future
-        self.waiters.append(follower)
+        (self.waiters if follower.deliver is None else self.takers).append(follower)
         return future
 
     def forget(self, follower: _Follower) -> None:
-        """Take a follower cancelled while it waited (the client left) off the list, or a
-        quiet stream would collect one per departed follower."""
+        """Take a follower cancelled while it waited (the client left) off its list, or
+        a quiet stream would collect one per departed follower."""
         with contextlib.suppress(ValueError):
-            self.waiters.remove(follower)
+            (self.waiters if follower in self.waiters else self.takers).remove(follower)
 
 
 _SINCE_STEP: Final = 5000
@@ -266,7 +281,7 @@ class InMemoryEventStore:
         # Followers of a dropped stream must not wait forever. It is not marked closed: a
         # follower that has not seen the stream closed by its producer gets StreamReset,
         # never an end that looks like the turn's.
-        stream.wake()
+        stream.wake_all()
         logger.debug("dropped stream %s (%s)", stream_id, why)
 
     def _get(self, stream_id: str) -> _Stream | None:
@@ -306,14 +321,14 @@ class InMemoryEventStore:
         # while it runs: its place and time are its opening's until close_stream moves it
         # to the end, so the order by update holds for the streams expiry may drop.
         seq = stream.next_seq
-        data = event.data
+        name, data, _ = event
         datas = stream.datas
         if len(datas) == self.max_events_per_stream:
             stream.first_seq += 1  # the deques drop their oldest on append
             dropped = len(datas[0]) + _EVENT_OVERHEAD
             stream.bytes -= dropped
             self._bytes -= dropped
-        stream.names.append(event.event)
+        stream.names.append(name)
         datas.append(data)
         size = len(data) + _EVENT_OVERHEAD  # _cost, inline on the path of every event
         stream.bytes += size
@@ -323,8 +338,10 @@ class InMemoryEventStore:
         if self._bytes > self.max_bytes:
             self._over_budget(stream)
         stream.next_seq = seq + 1
+        if stream.takers:
+            stream.hand_over(new_event(Event, (name, data, f"{stream.epoch}-{seq}")))
         if stream.waiters:
-            stream.wake(new_event(Event, (event.event, data, f"{stream.epoch}-{seq}")))
+            stream.wake()
 
     def _reopen(self, stream_id: str, event: Event) -> _Stream:
         """The stream an append to a stream with no running turn goes to: created anew
@@ -550,7 +567,7 @@ class InMemoryEventStore:
             # Its appends left its place and time as they were; its age counts from now.
             stream.updated = time.monotonic()
             self._streams.move_to_end(stream_id)
-            stream.wake()
+            stream.wake_all()
 
     async def clear(self, stream_id: str) -> None:
         """Forget the stream; its ids become unknown and its followers end."""
@@ -562,7 +579,7 @@ class InMemoryEventStore:
                 cleared[stream_id] = None
                 if len(cleared) > self.max_streams:
                     cleared.popitem(last=False)
-            stream.wake()
+            stream.wake_all()
 
     async def exists(self, stream_id: str) -> bool:
         """Whether the stream is retained (not expired, not cleared)."""

@@ -220,20 +220,19 @@ class _LineSink:
 
     def deliver(self, event: Event) -> bool:
         """An event offered in a store's append (see ``essessey.stores.Deliver``): taken
-        when the line takes it now; False, having done nothing and never raising, when
+        when the line takes it now; False, having written nothing and never raising, when
         it must come through the source."""
         try:
-            # Framed only when the line takes it: a refused event is framed when it
-            # comes through the source, and a dialect's encoder keeps state.
-            frame = self._line.take(self._encode, event)
+            # The protocol's framing keeps no state: a frame the line refuses is made
+            # again when the event comes through the source, and nothing else is lost.
+            frame = self._encode(event)
+            if not self._line.offer(frame):
+                return False
         except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
-        if frame is None:
-            return False
         self.last_was_error = event.event == EventType.ERROR
-        if frame:
-            totals.sse_events += 1
-            totals.sse_bytes += len(frame)
+        totals.sse_events += 1
+        totals.sse_bytes += len(frame)
         return True
 
     async def emit_many(self, events: Sequence[Event]) -> None:
@@ -290,6 +289,22 @@ class _DialectLineSink(_LineSink):
         if line.offer(frame):
             return None
         return line.write(frame)
+
+    def deliver(self, event: Event) -> bool:
+        """:meth:`_LineSink.deliver`, framing the event only when the line takes it: a
+        dialect's encoder keeps state, so a refused event must be framed once, when it
+        comes through the source."""
+        try:
+            frame = self._line.take(self._encode, event)
+        except (Exception, LineEnded):
+            return False  # read again through the source, which then raises it
+        if frame is None:
+            return False
+        self.last_was_error = event.event == EventType.ERROR
+        if frame:
+            totals.sse_events += 1
+            totals.sse_bytes += len(frame)
+        return True
 
     def _frames(self, events: Sequence[Event]) -> bytes:
         frames: list[bytes] = []

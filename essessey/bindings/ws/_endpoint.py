@@ -336,18 +336,18 @@ def _first(opened: float) -> float:
 
 def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
     """An event offered in the store's append (see ``essessey.stores.Deliver``): taken
-    when the line takes it now; False, having done nothing and never raising,
+    when the line takes it now; False, having written nothing and never raising,
     otherwise."""
     if ending.shutdown or ending.disconnected:
         return False
     try:
-        # Framed only when the line takes it: a refused event is framed when it comes
-        # through the subscription.
-        frame = line.take(frame_bytes, event)
+        # The framing keeps no state: a frame the line refuses is made again when the
+        # event comes through the subscription, and nothing else is lost.
+        frame = frame_bytes(event)
+        if not line.offer(frame):
+            return False
     except (Exception, LineEnded):
         return False  # the subscription's own loop reads it, and ends on it
-    if frame is None:
-        return False
     totals.websocket_events += 1
     totals.websocket_bytes += len(frame)
     return True
