@@ -253,6 +253,47 @@ async def test_a_different_second_answer_is_refused() -> None:
     assert refused.value.code == "already_answered"
 
 
+async def ask_a_question_turn(publisher: Publisher) -> None:
+    async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+        await turn.ask("How many?", request_id="q_1", expires_in=None)
+
+
+async def say_the_answer(publisher: Publisher, answered: Answered) -> None:
+    async with continue_turn(publisher, answered) as turn:
+        [(_, answer)] = answered.questions()
+        await (await turn.text()).write(repr(answer.value))
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        (1, True, False),
+        (0, False, False),
+        ({"a": 1}, {"a": True}, False),
+        ([1, [0]], [1, [False]], False),
+        (None, False, False),
+        ("1", 1, False),
+        ({"a": 1, "b": [True]}, {"b": [True], "a": 1}, True),  # key order is not JSON's
+        (1, 1.0, True),  # one JSON number
+        ([], {}, False),
+    ],
+)
+async def test_a_second_answer_to_a_question_is_compared_as_json(
+    first: Any, second: Any, same: bool
+) -> None:
+    # Python's == takes true for 1 and false for 0: a different answer taken for a retry.
+    async with StreamHub(on_answer=say_the_answer) as hub:
+        await _hub_waiting(hub, ask_a_question_turn)
+        assert (await hub.answer("s", [QuestionAnswer("q_1", first)])).started
+        await hub.wait("s")
+        if same:
+            again = await hub.answer("s", [QuestionAnswer("q_1", second)])
+            assert not again.started
+        else:
+            with pytest.raises(AnswerConflict):
+                await hub.answer("s", [QuestionAnswer("q_1", second)])
+
+
 @pytest.mark.parametrize(
     ("answers", "message"),
     [

@@ -600,9 +600,35 @@ def _same(given: Mapping[str, Answer], recorded: Mapping[str, Answer]) -> bool:
                 and other.is_error == answer.is_error
             ):
                 return False
+        elif isinstance(answer, QuestionAnswer):
+            if not (isinstance(other, QuestionAnswer) and _same_json(answer.value, other.value)):
+                return False
         elif answer != other:
             return False
     return True
+
+
+def _same_json(value: Any, other: Any) -> bool:
+    """Whether two JSON values are the same answer: as JSON compares them, where Python's
+    ``==`` takes ``true`` for ``1`` and ``false`` for ``0`` (inside lists and objects
+    too). Numbers compare by value (``1`` and ``1.0`` are one JSON number)."""
+    if isinstance(value, bool) or isinstance(other, bool):
+        return value is other
+    if isinstance(value, dict):
+        return (
+            isinstance(other, dict)
+            and value.keys() == other.keys()
+            and all(_same_json(item, other[key]) for key, item in value.items())
+        )
+    if isinstance(value, list | tuple):
+        return (
+            isinstance(other, list | tuple)
+            and len(value) == len(other)
+            and all(_same_json(a, b) for a, b in zip(value, other, strict=True))
+        )
+    if isinstance(other, dict | list | tuple):
+        return False
+    return bool(value == other)
 
 
 set_public_module(__name__, globals(), __all__)
