@@ -16,6 +16,7 @@ from essessey import (
     AnswerExpired,
     ApprovalRequest,
     ClientToolCall,
+    InMemoryEventStore,
     InMemorySink,
     InvalidAnswer,
     NotWaiting,
@@ -595,3 +596,50 @@ async def test_an_answer_that_finds_another_continuation_half_written_waits_for_
     [done] = results
     assert done.started is False
     assert len(reassemble_events(events).messages) == 2
+
+
+async def test_a_replica_s_half_written_tool_output_record_is_waited_for_not_compared() -> None:
+    # Two hubs on one store (two replicas): A's continuation has written its record of a
+    # client call's output up to the result block's start, its text still to come, when
+    # the same answer reaches B. B must wait for the whole record and find it the same,
+    # not compare the empty text read so far and refuse the answer as a different one.
+    store = InMemoryEventStore()
+    halfway, go = anyio.Event(), anyio.Event()
+
+    async def asks(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id="m1", stream_id="s", model="m") as turn:
+            await turn.call_client_tool("get_location", {}, tool_use_id="call_1")
+
+    async def a_s_continuation(publisher: Publisher) -> None:
+        # What hub.answer writes for ToolOutput("call_1", "Oslo"), held between the
+        # record's two appends.
+        assert publisher.checker is not None
+        publisher.checker.expect_answers([ClientToolCall("call_1", "get_location", {}, "{}")])
+        await publisher.send_stream_preamble("m2", "s", "m")
+        await publisher.send_tool_result_start(0, "call_1")
+        halfway.set()
+        await go.wait()
+        await publisher.send_tool_result_delta(0, "Oslo")
+        await publisher.send_content_block_stop(0)
+        await publisher.send_stream_epilogue("end_turn", 0)
+
+    outcome: list[Any] = []
+    async with StreamHub(store) as a, StreamHub(store, on_answer=go_on) as b:
+        await a.start("s", asks)
+        await a.wait("s")
+        await a.start("s", a_s_continuation)
+        await halfway.wait()
+
+        async def answer_on_b() -> None:
+            outcome.append(await b.answer("s", [ToolOutput("call_1", "Oslo")]))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(answer_on_b)
+            await anyio.sleep(0.2)
+            assert outcome == []  # waiting for the record
+            go.set()
+        await a.wait("s")
+        with pytest.raises(AnswerConflict):  # a different output is still refused
+            await b.answer("s", [ToolOutput("call_1", "Bergen")])
+    [continued] = outcome
+    assert not continued.started

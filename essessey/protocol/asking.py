@@ -38,6 +38,7 @@ from essessey.errors import (
 from essessey.event import Event
 from essessey.protocol import (
     BlockStart,
+    BlockStop,
     BlockType,
     Delta,
     ErrorRecord,
@@ -284,6 +285,7 @@ class _Message:
         "partial",
         "questions",
         "results",
+        "results_ended",
         "stop_reason",
     )
 
@@ -293,6 +295,9 @@ class _Message:
         self.calls: dict[str, tuple[str, str | None]] = {}  # id -> (name, item_type)
         self.partial: dict[str, list[str]] = {}  # a call's arguments, as they came
         self.results: dict[str, tuple[list[str], bool]] = {}  # tool_use_id -> (text, error)
+        # The results whose block has stopped: whole. A result being written (its text
+        # still to come, on another replica, say) is no record of an answer yet.
+        self.results_ended: set[str] = set()
         self.approvals: dict[str, dict[str, Any]] = {}
         self.questions: dict[str, dict[str, Any]] = {}
         self.answers: dict[str, Answer] = {}  # the records of an answer, by request id
@@ -392,6 +397,10 @@ class AskReader:
                 message.partial.setdefault(key, []).append(record.text)
             elif kind == BlockType.TOOL_RESULT and key in message.results:
                 message.results[key][0].append(record.text)
+        elif isinstance(record, BlockStop):
+            closed = self._blocks.pop(record.index, None)
+            if closed is not None and closed[0] == BlockType.TOOL_RESULT:
+                message.results_ended.add(closed[1])
         elif isinstance(record, MessageDelta):
             message.stop_reason = record.stop_reason
         elif isinstance(record, ErrorRecord):
@@ -456,7 +465,7 @@ class AskReader:
             asked = {request.id for request in requests}
             answered = {key: a for key, a in continued.answers.items() if key in asked}
             for call, (parts, is_error) in continued.results.items():
-                if call in asked:
+                if call in asked and call in continued.results_ended:
                     answered[call] = ToolOutput(call, "".join(parts), is_error)
         return Waiting(
             asking.id,
