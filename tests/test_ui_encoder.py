@@ -8,7 +8,7 @@ import logging
 import orjson
 import pytest
 
-from essessey import Event, InMemorySink, Publisher, StopReason
+from essessey import Event, InMemorySink, Publisher, StopReason, stream_turn
 from essessey.dialects.ui import DONE, UIMessageEncoder
 
 
@@ -189,3 +189,78 @@ def test_for_the_6x_line_an_unknown_block_is_a_data_part() -> None:
         "id": "1-0-citation",
         "data": {"block": {"type": "citation", "n": 1}, "deltas": []},
     }
+
+
+def _last_step_parts(chunks: list[object]) -> tuple[set[str], set[str]]:
+    """The tool calls whose parts open in the message's last step, and those of earlier
+    steps (a part is placed where its ``tool-input-start`` comes)."""
+    earlier: set[str] = set()
+    last: set[str] = set()
+    for chunk in chunks:
+        assert isinstance(chunk, dict)
+        if chunk["type"] == "start-step":
+            earlier |= last
+            last = set()
+        elif chunk["type"] == "tool-input-start":
+            last.add(chunk["toolCallId"])
+    return last, earlier
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "asks",
+    [
+        ["approval", "question"],
+        ["question", "approval"],
+        ["call_question", "question"],
+    ],
+)
+async def test_what_one_message_asks_after_a_call_it_ran_stays_in_one_step(
+    asks: list[str],
+) -> None:
+    # The AI SDK's clients send a message's answers once every part of its last step
+    # is answered: a request in an earlier step would go unanswered, and the route
+    # refuses an answer that leaves one out.
+    sink = InMemorySink()
+    async with stream_turn(Publisher(sink), message_id="m1", stream_id="s", model="m") as turn:
+        tools = await turn.tools()
+        await tools.start_call("call_lookup", "lookup", '{"q":"x"}')
+        await tools.start_call("call_pay", "pay", '{"usd":5}')
+        await tools.write_result("call_lookup", "found")
+        for n, kind in enumerate(asks):
+            if kind == "approval":
+                await turn.ask_approval("call_pay", request_id="apr_1")
+            elif kind == "call_question":
+                await turn.ask("Which card?", request_id=f"q_{n}", tool_use_id="call_pay")
+            else:
+                await turn.ask("Which unit?", request_id=f"q_{n}")
+    last, earlier = _last_step_parts(encode(sink.events))
+    assert earlier == set()  # one step: the call that ran is with what the message asks
+    assert {"call_lookup", "call_pay"} <= last
+
+
+@pytest.mark.anyio
+async def test_the_next_round_after_a_call_it_ran_is_a_step_of_its_own() -> None:
+    sink = InMemorySink()
+    async with stream_turn(Publisher(sink), message_id="m1", stream_id="s", model="m") as turn:
+        tools = await turn.tools()
+        await tools.start_call("call_lookup", "lookup", '{"q":"x"}')
+        await tools.write_result("call_lookup", "found")
+        tools = await turn.tools()
+        await tools.start_call("call_pay", "pay", '{"usd":5}')
+        await turn.ask_approval("call_pay", request_id="apr_1")
+    last, earlier = _last_step_parts(encode(sink.events))
+    assert (earlier, last) == ({"call_lookup"}, {"call_pay"})
+
+
+@pytest.mark.anyio
+async def test_a_client_call_and_a_question_after_a_call_it_ran_share_the_last_step() -> None:
+    sink = InMemorySink()
+    async with stream_turn(Publisher(sink), message_id="m1", stream_id="s", model="m") as turn:
+        tools = await turn.tools()
+        await tools.start_call("call_lookup", "lookup", '{"q":"x"}')
+        await tools.write_result("call_lookup", "found")
+        await turn.call_client_tool("get_location", {}, tool_use_id="call_where")
+        await turn.ask("Which unit?", request_id="q_1")
+    last, earlier = _last_step_parts(encode(sink.events))
+    assert (earlier, last) == ({"call_lookup"}, {"call_where", "q_1"})

@@ -353,10 +353,11 @@ class UIMessageEncoder(DialectEncoder):
             self._step_open = True
             self._after_results = False
             out.append(frame({"type": "start-step"}))
-        elif self._after_results and not _of_a_call(kind, content):
-            # The next model round of the same message: a step of its own (not an
-            # approval request or a call's question, which are about a call of the
-            # step's).
+        elif self._after_results and not (kind in _REQUESTS or self._message_asks):
+            # The next model round of the same message: a step of its own. Not what the
+            # message asks (a request, or a client's call after one): the AI SDK's
+            # clients answer the last step's parts together, so every part the message
+            # asks about stays in one step.
             self._after_results = False
             out += [frame({"type": "finish-step"}), frame({"type": "start-step"})]
         return out + self._open_block(index, kind, content)
@@ -580,11 +581,3 @@ class UIMessageEncoder(DialectEncoder):
         except orjson.JSONDecodeError:
             output = text
         return frame({"type": "tool-output-available", "toolCallId": call_id, "output": output})
-
-
-def _of_a_call(kind: object, content: dict[str, Any]) -> bool:
-    """Whether a block is about a call of its step: an approval request, or a question
-    that call's run asks."""
-    return kind == BlockType.APPROVAL_REQUEST or (
-        kind == BlockType.QUESTION and isinstance(content.get("tool_use_id"), str)
-    )
