@@ -909,3 +909,69 @@ async def test_a_held_stop_no_writer_takes_is_skipped_and_the_cut_stream_ends(
     await publish(publisher, events, stream_id="s")
     assert check(sink.events) == []
     assert [event.event for event in sink.events][-1] == "error"
+
+
+def _counted_message(n: int) -> list[dict[str, Any]]:
+    """A provider message whose input count is in its start only (the Messages API's
+    usual split: message_delta carries the output count)."""
+    return [
+        {
+            "type": "message_start",
+            "message": {
+                "id": f"msg_p{n}",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-x",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 10, "cache_read_input_tokens": 4, "output_tokens": 1},
+            },
+        },
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": f"Round {n}."},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 20},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_turn_s_usage_sums_its_rounds_input_counts_given_in_their_starts(
+    dialect: Dialect,
+) -> None:
+    publisher, sink = _make(dialect)
+    async with stream_rounds(publisher, message_id="m", stream_id="s", model="claude-x") as rounds:
+        for n in (1, 2):
+            await rounds.round_start()
+            await stream_round(rounds, _counted_message(n))
+            await rounds.round_end()
+    assert check(sink.events) == []
+    usage = reassemble_events(sink.events).usage
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (20, 8)
+    assert usage["output_tokens"] == 40
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("given", [None, []])
+async def test_a_text_start_s_citations_go_out_as_they_came_in_the_anthropic_dialect(
+    given: Any,
+) -> None:
+    # A start whose citations hold nothing has nothing to move into deltas: null stays
+    # null (the SDK reads TextBlock.citations as None from the provider, and must from us).
+    start = {"type": "text", "text": "", "citations": given}
+    events = _message(_block(0, start, {"type": "text_delta", "text": "Hi"}))
+    publisher, sink = _make("anthropic")
+    await publish(publisher, events, stream_id="s")
+    [started] = [p for p in _payloads(sink.events) if p["type"] == "content_block_start"]
+    assert started["content_block"] == start
+    assert read_message(sink.events).content[0].citations == given

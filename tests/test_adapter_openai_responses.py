@@ -2392,6 +2392,45 @@ async def test_annotations_are_the_text_block_s_citations_once(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_part_s_annotations_in_its_content_part_done_are_its_citations(
+    dialect: Dialect,
+) -> None:
+    # No annotation.added events: the first part's citation comes in its
+    # content_part.done, while its block is open, and the item's done comes only after
+    # the second part's block opened (where the citation could no longer go out).
+    first = {"type": "output_text", "text": "Paris today.", "annotations": [_URL_CITATION]}
+    second = {"type": "output_text", "text": " Bye.", "annotations": []}
+    item = {**_message_item("", "msg_c"), "content": [first, second]}
+
+    def part_done(part: dict[str, Any], n: int) -> dict[str, Any]:
+        return _event(
+            "response.content_part.done",
+            item_id="msg_c",
+            output_index=0,
+            content_index=n,
+            part=part,
+        )
+
+    events = [
+        _created(),
+        _added({**item, "content": [], "status": "in_progress"}, 0),
+        _text("Paris today.", item="msg_c"),
+        _text_done("Paris today.", item="msg_c"),
+        part_done(first, 0),
+        _text(" Bye.", item="msg_c", part=1),
+        _text_done(" Bye.", item="msg_c", part=1),
+        part_done(second, 1),
+        _event("response.output_item.done", output_index=0, item=item),
+        _completed(output=[item]),
+    ]
+    _, published = await _publish(events, dialect)
+    assert check(published) == []
+    [citation] = reassemble_events(published).citations
+    assert (citation["url"], citation["cited_text"]) == (_URL_CITATION["url"], "Paris")
+
+
+@pytest.mark.anyio
 async def test_a_citation_of_a_part_whose_block_closed_is_left_out_not_put_on_the_next(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

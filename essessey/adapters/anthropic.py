@@ -194,8 +194,8 @@ class _Reader:
         self.thinking_parts: list[str] = []
         # The stop reason (and sequence) a message_start's snapshot gave, if any.
         self.given_stop: tuple[str, str | None] | None = None
-        # The counts only message_start gave (cache reads and writes, ...): the end's
-        # usage carries them too, where a message_delta leaves them out.
+        # The counts only message_start gave (cache reads and writes, a round's input,
+        # ...): the end's usage carries them too, where a message_delta leaves them out.
         self.start_counts: dict[str, int] = {}
         # The message_delta's stop_details (the provider's account of its stop), if any.
         self.stop_details: dict[str, Any] | None = None
@@ -333,10 +333,12 @@ class _Reader:
         self.result.message_id = message_id
         self.result.model = model
         self.result.usage.update(usage)
+        # The input count too, in a round: the turn's usage is the sum of its rounds'
+        # (a message of its own said it in its own start).
         self.start_counts = {
             key: value
             for key, value in usage.items()
-            if key not in ("input_tokens", "output_tokens")
+            if key != "output_tokens" and not (key == "input_tokens" and self.own)
         }
         self.stage = _Stage.CONTENT
         stop_reason, stop_sequence = message.get("stop_reason"), message.get("stop_sequence")
@@ -855,7 +857,7 @@ def _emptied(start: Mapping[str, Any], block_type: str) -> dict[str, Any]:
     """A text or thinking block's start with its content taken out (see _start_content)."""
     if block_type == BlockType.TEXT:
         emptied = {**start, "text": ""}
-        if "citations" in start:
+        if start.get("citations") is not None:  # a null holds nothing, and stays as it came
             emptied["citations"] = []
         return emptied
     return {**start, "thinking": "", "signature": ""}

@@ -934,7 +934,11 @@ def _read_event(
         whole = opt_str(part.get(text_field), f"part.{text_field}")
         if whole is None:
             return None, []
-        return _Part(kind, item_id, output_index, index, whole, done=True), []
+        # A message part's citations, which may come here alone (no annotation.added
+        # events): published while its block is open, once each.
+        found = () if summary else opt_list(part.get("annotations"), "part.annotations") or ()
+        annotations = [annotation(a, f"part.annotations[{j}]") for j, a in enumerate(found)]
+        return _Part(kind, item_id, output_index, index, whole, True, annotations or None), []
     if name in _LIFECYCLE:
         response, model, response_id = _read_response(data)
         return _Lifecycle(model, response_id, _declared_tools(response)), []
