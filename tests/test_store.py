@@ -7,6 +7,7 @@ the append."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -405,6 +406,72 @@ def test_a_follower_that_takes_some_events_in_the_append_gets_each_once_in_order
     got, sent, delivered = anyio.run(main)
     assert got == sent  # none lost, none twice, in order, whichever way each went
     assert delivered <= len(sent) - replayed  # the replay is never offered
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    takes=st.lists(st.lists(st.booleans(), max_size=30), min_size=1, max_size=4),
+    plain=st.integers(min_value=0, max_value=2),
+    batches=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=10),
+    leaves=st.integers(min_value=-1, max_value=3),
+)
+def test_followers_that_take_and_followers_that_read_each_get_every_event_once(
+    takes: list[list[bool]], plain: int, batches: list[int], leaves: int
+) -> None:
+    # Several followers of one stream at once: some take events in the append (each by
+    # its own pattern, falling back to reading), some only read, and one may leave
+    # (cancelled while it waits) part-way. Each gets the whole stream, in order.
+    async def main() -> tuple[list[list[bytes]], list[bytes]]:
+        store = InMemoryEventStore()
+        await store.open_stream("s")
+        got: list[list[bytes]] = [[] for _ in range(len(takes) + plain)]
+        sent: list[bytes] = []
+
+        def taker(n: int) -> Callable[[Event], bool]:
+            pattern = list(takes[n])
+
+            def deliver(event: Event) -> bool:
+                take = pattern.pop(0) if pattern else True
+                if take:
+                    got[n].append(event.data)
+                return take
+
+            return deliver
+
+        async def read(n: int) -> None:
+            deliver = taker(n) if n < len(takes) else None
+            async for event in store.follow_delivering("s", deliver=deliver):
+                got[n].append(event.data)
+
+        async with anyio.create_task_group() as tasks:
+            scopes = []
+            for n in range(len(got)):
+                scope = anyio.CancelScope()
+                scopes.append(scope)
+
+                async def run(n: int = n, scope: anyio.CancelScope = scope) -> None:
+                    with scope:
+                        await read(n)
+
+                tasks.start_soon(run)
+            await anyio.wait_all_tasks_blocked()
+            for step, count in enumerate(batches):
+                if step == leaves and len(got) > 1:
+                    scopes[0].cancel()  # the first follower leaves
+                    await anyio.wait_all_tasks_blocked()
+                for j in range(count):
+                    data = b"%d.%d" % (step, j)
+                    sent.append(data)
+                    await store.append("s", Event("e", data))
+                await anyio.wait_all_tasks_blocked()
+            await store.close_stream("s")
+        if 0 <= leaves < len(batches) and len(got) > 1:
+            got = got[1:]  # the one that left has a prefix only
+        return got, sent
+
+    got, sent = anyio.run(main)
+    for each in got:
+        assert each == sent
 
 
 @pytest.mark.anyio
