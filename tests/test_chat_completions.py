@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
 from starlette.applications import Starlette
 
 from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events
@@ -155,6 +156,26 @@ async def test_an_error_event_is_the_in_band_error_object_then_done() -> None:
         }
     }
     assert body.count(b"[DONE]") == 1
+
+
+async def test_a_stream_cut_inside_a_call_with_no_arguments_gives_it_its_input() -> None:
+    # The call's block never stopped, and none of its arguments came: "" is no JSON a
+    # client can parse; its start's input ({}) is what its stop would have written.
+    sink = InMemorySink()
+    publisher = Publisher(sink)
+    await publisher.send_stream_preamble("m1", "s", "m")
+    await publisher.send_tool_use_block(0, "call_1", "weather", {"city": "Paris"})
+    await publisher.send_tool_use_start(1, "call_2", "now")
+    encoder = ChatCompletionsEncoder("chatcmpl-3")
+    body = b"".join(encoder.encode(e) for e in sink.events) + encoder.finish()
+    state = ChatCompletionStreamState()
+    for chunk in chunks_of(body):
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    calls = state.current_completion_snapshot.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.arguments) for c in calls] == [
+        ("call_1", '{"city":"Paris"}'),
+        ("call_2", "{}"),
+    ]
 
 
 async def test_unreadable_events_are_skipped_with_a_log_line(

@@ -264,3 +264,52 @@ async def test_a_client_call_and_a_question_after_a_call_it_ran_share_the_last_s
         await turn.ask("Which unit?", request_id="q_1")
     last, earlier = _last_step_parts(encode(sink.events))
     assert (earlier, last) == ({"call_lookup"}, {"call_where", "q_1"})
+
+
+def _cut(chunks: list[object]) -> list[object]:
+    assert all(isinstance(chunk, dict) for chunk in chunks)
+    return [chunk["type"] for chunk in chunks]  # type: ignore[index]
+
+
+@pytest.mark.anyio
+async def test_a_stream_cut_inside_a_block_ends_its_part_before_the_finish() -> None:
+    # A text part left streaming, a tool result never written, a signature never sent:
+    # each part ends as its block's stop would have ended it.
+    sink = InMemorySink()
+    p = Publisher(sink)
+    await p.send_stream_preamble("m1", "s", "m")
+    await p.send_content_block_start_thinking(0)
+    await p.send_content_block_delta_thinking(0, "Hmm.")
+    await p.send_signature_delta(0, "sig")
+    thinking = encode(sink.events)
+    assert _cut(thinking)[-4:] == ["reasoning-delta", "reasoning-end", "finish-step", "finish"]
+    assert thinking[-3] == {  # the signature goes out with the part's end
+        "type": "reasoning-end",
+        "id": "1-0",
+        "providerMetadata": {"essessey": {"signature": "sig"}},
+    }
+    await p.send_content_block_stop(0)
+    await p.send_tool_use_block(1, "call_1", "weather", {"city": "Paris"})
+    await p.send_tool_result_start(2, "call_1")
+    await p.send_tool_result_delta(2, "18")
+    chunks = encode(sink.events)
+    assert _cut(chunks)[-3:] == ["tool-output-available", "finish-step", "finish"]
+    assert chunks[-3] == {"type": "tool-output-available", "toolCallId": "call_1", "output": 18}
+
+
+@pytest.mark.anyio
+async def test_a_message_cut_after_one_that_stopped_has_no_finish_reason_of_its_own() -> None:
+    # The first message stopped for its tool call; the second never said why it
+    # stopped: the turn's finish reason is not the first message's.
+    sink = InMemorySink()
+    p = Publisher(sink)
+    await p.send_stream_preamble("m1", "s", "m")
+    await p.send_tool_use_block(0, "call_1", "weather", {"city": "Paris"})
+    await p.send_tool_result_block(1, "call_1", "18")
+    await p.send_stream_epilogue(StopReason.TOOL_USE, 5)
+    await p.send_stream_preamble("m2", "s", "m")
+    await p.send_content_block_start_text(0)
+    await p.send_content_block_delta_text(0, "It is 18 and")
+    chunks = encode(sink.events)
+    assert chunks[-1] == {"type": "finish"}
+    assert _cut(chunks)[-4:] == ["text-delta", "text-end", "finish-step", "finish"]

@@ -165,6 +165,10 @@ class ChatCompletionsEncoder(DialectEncoder):
         out: list[bytes] = []
         if not self.ended:
             out += self._release()
+            # A stream that ended inside its message: a call none of whose arguments
+            # came has its start's input, as its block's stop would have given it.
+            for index in sorted(self._argless):
+                out += self.on_block_stop(index)
         if not self.ended or self._asked:
             if not self._finished and self._stop_reason is not None:
                 out.append(self._finish_chunk())

@@ -234,6 +234,12 @@ class UIMessageEncoder(DialectEncoder):
         """The stream's end: ``finish`` with the mapped finish reason (``abort`` for a
         cancelled turn), then ``[DONE]``; only ``[DONE]`` after an error."""
         out: list[bytes] = []
+        if not self.ended:
+            # A stream that ended inside its message: its open parts end first, as each
+            # block's stop would have ended it (the client leaves an unended part
+            # streaming, and a tool result or a signature goes out only at its end).
+            for index in sorted(self._blocks):
+                out += self.on_block_stop(index)
         if self._step_open:
             out.append(frame({"type": "finish-step"}))
         self._in_step = self._step_open = False
@@ -320,6 +326,9 @@ class UIMessageEncoder(DialectEncoder):
         out: list[bytes] = []
         if self._step_open:  # a message that never stopped: its step ends here
             out.append(frame({"type": "finish-step"}))
+        # The turn's finish reason is its last message's: one that never says its own
+        # has none (an earlier message's would read as this one's).
+        self._stop_reason = None
         if not self._started:
             self._started = True
             if self.message_id is None:
