@@ -22,10 +22,14 @@ index then arrival), and how text and reasoning are published (``emit``).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final, Generic, TypeVar
 
+import anyio
+
+from essessey._logsafe import log_failure
 from essessey.adapters._message import PublishedToolCall, parse_arguments
 from essessey.adapters._values import CallIds, arguments_complete
 from essessey.adapters.rounds import RoundStream, ToolCallRequest
@@ -189,23 +193,26 @@ class HeldCalls(Generic[P]):
             self.open = None
 
     async def advance(self, *, final: bool = False) -> None:
-        """Publish what can go out now, in order (everything when ``final``)."""
+        """Publish what can go out now, in order (everything when ``final``).
+
+        Each item leaves the queue before it is published, so that an advance cut short
+        (its task cancelled) and made again publishes nothing twice."""
         queue = self._queue
-        k = 0
-        while k < len(queue):
+        while queue:
             open_call = self.open
             if open_call is not None:
                 if not (final or open_call.complete()):
                     break  # its arguments are not whole: it stays open
-                await self.rounds.close_block()
                 self.open = None
-            item = queue[k][1]
+                await self.rounds.close_block()
+            item = queue[0][1]
+            if isinstance(item, HeldCall) and not item.name and not final:
+                break  # an unnamed call holds back what comes after it: it may get a name
+            del queue[0]
             if not isinstance(item, HeldCall):
                 await self._emit(item)
             elif item.name:
                 await self._start(item)
-            elif not final:
-                break  # an unnamed call holds back what comes after it: it may get a name
             else:
                 self._logger.warning(
                     "%s %d never got a name; dropped with %d characters of arguments",
@@ -213,8 +220,30 @@ class HeldCalls(Generic[P]):
                     item.ordinal,
                     sum(map(len, item.parts)),
                 )
-            k += 1
-        del queue[:k]
+
+    async def release_after_failure(self) -> None:
+        """Publish what waits behind the open call when the round's reading failed or was
+        cancelled (the failure goes on after it): what the provider sent before the
+        failure goes out, as at the round's end. Shielded, as a cancelled turn's ending
+        is; a failure to publish is logged, never raised over the first."""
+        if not self._queue:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.advance(final=True)
+            except Exception as exc:
+                log_failure(
+                    self._logger, exc, "what waited behind an open %s could not go out", self._noun
+                )
+
+    @contextlib.asynccontextmanager
+    async def released_on_failure(self) -> AsyncIterator[None]:
+        """:meth:`release_after_failure` when the body raises (a cancellation too)."""
+        try:
+            yield
+        except BaseException:
+            await self.release_after_failure()
+            raise
 
     def log_late(self) -> None:
         """Warn once about the fragments that came for calls already closed."""

@@ -168,7 +168,8 @@ async def stream_round(
     """
     require_round(rounds)
     reader = _RoundReader(rounds, id_prefix)
-    await read_all(chunks, reader.feed, lambda: reader.error is not None)
+    async with reader.held.released_on_failure():
+        await read_all(chunks, reader.feed, lambda: reader.error is not None)
     result = await reader.finish()
     if reader.error is not None:
         raise reader.error
@@ -234,7 +235,8 @@ async def publish(
             await open_message()
 
     async def read() -> tuple[StreamedRound, Ending]:
-        await read_all(chunks, on_chunk, lambda: reader.error is not None)
+        async with reader.held.released_on_failure():
+            await read_all(chunks, on_chunk, lambda: reader.error is not None)
         if not opened:
             await open_message()
         result = await reader.finish()
@@ -518,7 +520,6 @@ class _RoundReader:
     __slots__ = (
         "_by_key",
         "_citations",
-        "_held",
         "_left_out",
         "_open",
         "_position",
@@ -527,6 +528,7 @@ class _RoundReader:
         "_thinking",
         "error",
         "finish_reason",
+        "held",
         "model",
         "rounds",
         "usage",
@@ -535,7 +537,7 @@ class _RoundReader:
     def __init__(self, rounds: RoundStream, id_prefix: str) -> None:
         self.rounds = rounds
         self._position = -1
-        self._held: HeldCalls[_Piece] = HeldCalls(
+        self.held: HeldCalls[_Piece] = HeldCalls(
             rounds,
             id_prefix,
             self._output,
@@ -598,14 +600,14 @@ class _RoundReader:
                         name,
                     )
             for piece in choice.output:
-                self._held.hold(piece)
+                self.held.hold(piece)
             for fragment in choice.fragments:
                 await self._fragment(fragment)
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
             # Once per chunk: a chunk's fragments for the open call all go out before it
             # may close for what waits.
-            await self._held.advance()
+            await self.held.advance()
         if chunk.error is not None:
             logger.warning(
                 "chat completion chunk %d reports an error (%s); the stream ends there",
@@ -616,8 +618,8 @@ class _RoundReader:
 
     async def finish(self) -> StreamedRound:
         """End of the chunks: publish what waits, then declare the round's calls."""
-        await self._held.advance(final=True)
-        self._held.log_late()
+        await self.held.advance(final=True)
+        self.held.log_late()
         if self.finish_reason is None and self.error is None and self._position >= 0:
             self._ended_unfinished()
         if self._citations:
@@ -625,8 +627,8 @@ class _RoundReader:
                 "%d citations came with no text after them; not published", len(self._citations)
             )
             self._citations.clear()
-        await self.rounds.assistant_message(self._held.requests())
-        calls = self._held.published()
+        await self.rounds.assistant_message(self.held.requests())
+        calls = self.held.published()
         return StreamedRound(
             text="".join(self._text),
             thinking="".join(self._thinking),
@@ -641,7 +643,7 @@ class _RoundReader:
         """No chunk gave a ``finish_reason``: the connection may have dropped. Taken as
         the end, with a warning, unless a call's arguments are cut (not whole JSON):
         then the stream was cut short, which is a failure, never a silent success."""
-        cut = [c for c in self._held.published() if c.arguments.strip() and c.input is None]
+        cut = [c for c in self.held.published() if c.arguments.strip() and c.input is None]
         if cut:
             logger.warning(
                 "the chat completion stream ended without a finish_reason after %d chunks, "
@@ -692,7 +694,7 @@ class _RoundReader:
 
     def _call_for(self, fragment: _Fragment) -> HeldCall | None:
         key: object
-        calls = self._held.calls
+        calls = self.held.calls
         if fragment.legacy:
             key = "function_call"
         elif fragment.index is not None:
@@ -713,8 +715,8 @@ class _RoundReader:
         return call
 
     def _new_call(self) -> HeldCall:
-        call = HeldCall(len(self._held.calls))
-        self._held.add(call)
+        call = HeldCall(len(self.held.calls))
+        self.held.add(call)
         return call
 
     async def _fragment(self, fragment: _Fragment) -> None:
@@ -727,4 +729,4 @@ class _RoundReader:
             call.given_id = fragment.id
         if fragment.name and not call.name:
             call.name = fragment.name
-        await self._held.fragment(call, fragment.arguments, self._position)
+        await self.held.fragment(call, fragment.arguments, self._position)

@@ -271,7 +271,8 @@ async def stream_round(
     """
     require_round(rounds)
     reader = _Reader(rounds, id_prefix)
-    await read_all(events, reader.feed, lambda: reader.error is not None)
+    async with reader.held.released_on_failure():
+        await read_all(events, reader.feed, lambda: reader.error is not None)
     reader.end_of_events()
     result = await reader.finish()
     if reader.error is not None:
@@ -318,7 +319,8 @@ async def publish(
     reader = _Reader(rounds, f"call_{message_id}_", opener=open_message)
 
     async def read() -> tuple[StreamedResponse, Ending]:
-        await read_all(events, reader.feed, lambda: reader.error is not None)
+        async with reader.held.released_on_failure():
+            await read_all(events, reader.feed, lambda: reader.error is not None)
         reader.end_of_events()
         if reader.error is not None and not (opened or reader.pending):
             # Nothing went out, nothing waits: the error alone ends the stream.
@@ -1110,7 +1112,6 @@ class _Reader:
         "_declared",
         "_differs",
         "_early_citations",
-        "_held",
         "_hosted",
         "_hosted_calls",
         "_last_call",
@@ -1129,6 +1130,7 @@ class _Reader:
         "_thinking",
         "ended",
         "error",
+        "held",
         "incomplete_reason",
         "model",
         "response_id",
@@ -1146,7 +1148,7 @@ class _Reader:
     ) -> None:
         self.rounds = rounds
         # Held pieces and calls go out in output order (then arrival order).
-        self._held: HeldCalls[_Piece] = HeldCalls(
+        self.held: HeldCalls[_Piece] = HeldCalls(
             rounds,
             id_prefix,
             self._publish,
@@ -1205,7 +1207,7 @@ class _Reader:
     @property
     def pending(self) -> bool:
         """Whether anything read waits to go out."""
-        return self._held.pending
+        return self.held.pending
 
     async def feed(self, raw: Any) -> None:
         """Read the next event and publish what it carries."""
@@ -1276,7 +1278,7 @@ class _Reader:
         """A delta of a text or reasoning part (``kind``), or of a call's arguments
         (``"arguments"``): straight to the round when it goes out now (its part's block,
         or its open call's, with nothing waiting), else through what holds it."""
-        held = self._held
+        held = self.held
         if kind == "arguments":
             call = self._call_for(output_index, item_id)
             if text and call is held.open and not call.done and not held.pending:
@@ -1307,8 +1309,8 @@ class _Reader:
 
     async def finish(self) -> StreamedResponse:
         """End of the events: publish what waits, then declare the round's calls."""
-        await self._held.advance(final=True)
-        self._held.log_late()
+        await self.held.advance(final=True)
+        self.held.log_late()
         if self._early_citations:
             logger.warning(
                 "%d citation(s) came before their text part's text, which never came; "
@@ -1336,10 +1338,10 @@ class _Reader:
 
     def summary(self) -> StreamedResponse:
         """What went out so far."""
-        calls = self._held.published()
+        calls = self.held.published()
         approvals = [
             (self._approvals[call.ordinal], call.id)
-            for call in self._held.started
+            for call in self.held.started
             if call.ordinal in self._approvals
         ]
         return StreamedResponse(
@@ -1452,7 +1454,7 @@ class _Reader:
                 if item.arguments and not call.parts:
                     await self._fragment(call, item.arguments)
                 else:
-                    await self._held.advance()
+                    await self.held.advance()
         elif isinstance(item, _ContentItem):
             if item.phase:
                 self._not_carried("message", "phase")
@@ -1467,14 +1469,14 @@ class _Reader:
                 anchor = self._key(_Part("hosted", item.item_id, item.output_index, 0, ""))
                 if anchor not in self._hosted:  # its done and the terminal output: once
                     self._hosted.add(anchor)
-                    await self._held.put(_Piece(anchor, "", item), item.output_index)
+                    await self.held.put(_Piece(anchor, "", item), item.output_index)
         elif isinstance(item, _BlockItem):
             if done and item.block is not None:
                 anchor = self._key(_Part("block", item.item_id, item.output_index, 0, ""))
                 if anchor not in self._hosted:  # its done and the terminal output: once
                     self._hosted.add(anchor)
                     piece = _Piece(anchor, "", block=item.block)
-                    await self._held.put(piece, item.output_index)
+                    await self.held.put(piece, item.output_index)
         else:
             self._once("item", item.item_type)
 
@@ -1524,7 +1526,7 @@ class _Reader:
 
     async def _content(self, key: _PartKey, text: str, output_index: int | None) -> None:
         if text:
-            await self._held.put(_Piece(key, text), output_index)
+            await self.held.put(_Piece(key, text), output_index)
 
     async def _sign(self, item: _ContentItem, encrypted: str) -> None:
         """A reasoning item's encrypted content, once (its done and the terminal output
@@ -1532,7 +1534,7 @@ class _Reader:
         key = self._key(_Part("signature", item.item_id, item.output_index, 0, ""))
         if key not in self._signed:
             self._signed.add(key)
-            await self._held.put(_Piece(key, "", signature=encrypted), item.output_index)
+            await self.held.put(_Piece(key, "", signature=encrypted), item.output_index)
 
     async def _publish_signature(self, anchor: _Anchor, signature: str) -> None:
         """The signature of the item's thinking block while it is the open block, else
@@ -1638,7 +1640,7 @@ class _Reader:
             if n < taken:
                 continue  # its event came before the part's whole list
             self._cited[key] = n + 1
-            await self._held.put(_Piece(key, "", citation=given), output_index)
+            await self.held.put(_Piece(key, "", citation=given), output_index)
 
     async def _settle_part(self, part: _Part) -> None:
         await self._settle_text(part)
@@ -1684,8 +1686,8 @@ class _Reader:
         if call is None and item_id and item_id not in self._reused:
             call = self._by_item.get(item_id)
         if call is None:
-            call = _Call(len(self._held.calls))
-            self._held.add(call, output_index)
+            call = _Call(len(self.held.calls))
+            self.held.add(call, output_index)
         if output_index is not None and call.output_index is None:
             call.output_index = output_index
             self._by_index.setdefault(output_index, call)
@@ -1697,15 +1699,15 @@ class _Reader:
     async def _fragment(self, call: _Call, text: str) -> None:
         if not text:
             return
-        await self._held.fragment(call, text, self._position)
-        if self._held.pending:
-            await self._held.advance()
+        await self.held.fragment(call, text, self._position)
+        if self.held.pending:
+            await self.held.advance()
 
     async def _call_done(self, call: _Call, full: str) -> None:
         if not call.done:
             await self._settle_arguments(call, full)
             call.done = True
-        await self._held.advance()
+        await self.held.advance()
 
     async def _settle_arguments(self, call: _Call, full: str) -> None:
         """Reconcile the fragments with the done value (see :func:`stream_round`)."""
@@ -1715,7 +1717,7 @@ class _Reader:
         if full.startswith(got):
             # The fragments left the rest out (or there were none): one more fragment
             # (one that cannot go out when the call closed already, with whole JSON).
-            await self._held.fragment(call, full[len(got) :], self._position)
+            await self.held.fragment(call, full[len(got) :], self._position)
             return
         if _complete_json(got):
             logger.info(

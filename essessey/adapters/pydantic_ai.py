@@ -745,8 +745,14 @@ async def stream_run(
     handle = events if isinstance(events, AgentRunEvents) else None
     earlier = {framework: published for published, framework in (renamed or {}).items()}
     reader = _RunReader(rounds, handle, answered_calls, earlier)
-    async for event in events:
-        await reader.feed(event)
+    try:
+        async for event in events:
+            await reader.feed(event)
+    except BaseException:
+        # The run failed or the turn was cancelled: what the model sent before it, held
+        # behind a call whose arguments were not whole, goes out first.
+        await reader.held.release_after_failure()
+        raise
     return await reader.finish()
 
 

@@ -254,6 +254,13 @@ class _Run:
         await self.rounds.round_start()
         self._round = LLMCall(self.rounds, message_id, node, self._warned)
 
+    async def release_after_failure(self) -> None:
+        """The run failed or the turn was cancelled: what the current call's model sent
+        before it, held behind a call whose arguments were not whole, goes out."""
+        current = self._round
+        if current is not None and not current.done:
+            await current.held.release_after_failure()
+
     async def _output_done(self) -> None:
         """The current call's output is whole: its calls are declared."""
         current = self._round
@@ -611,7 +618,11 @@ async def stream_run(
     if rounds.in_round:
         raise RuntimeError("stream_run starts between rounds: end the open round first")
     run = _Run(rounds, nodes, answered)
-    await _feed_apart(parts, run.feed)
+    try:
+        await _feed_apart(parts, run.feed)
+    except BaseException:
+        await run.release_after_failure()
+        raise
     return await run.end(states, config)
 
 
