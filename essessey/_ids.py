@@ -74,6 +74,17 @@ def parse_event_id(event_id: str, epoch: str) -> int | None:
     return int(seq_text)
 
 
+def is_first_event_id(event_id: str | None) -> bool | None:
+    """Whether ``event_id`` is a stream's first event's, as the stores issue ids
+    (``<epoch>-1``); None when it is not spelled as they issue them (another store's),
+    which says nothing."""
+    if not event_id:
+        return None
+    epoch, _, _ = event_id.rpartition("-")
+    seq = parse_event_id(event_id, epoch) if epoch else None
+    return None if seq is None else seq == 1
+
+
 def check_token(value: str, what: str = "token") -> str:
     """Return ``value`` when it can be one NATS subject token, else raise ``ValueError``.
 

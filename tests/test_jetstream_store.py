@@ -829,6 +829,30 @@ async def test_a_reader_keeps_the_subscription_accounts_either_way(
             await reader.close()
 
 
+async def test_a_reader_whose_consumer_is_lost_is_not_caught_up_and_does_not_raise(
+    nats: NatsServer,
+) -> None:
+    # A server that restarted has lost the reader's ephemeral consumer: asked whether it
+    # is caught up, the reader cannot tell yet (it recreates the consumer once the
+    # connection is back); a resume read through it must not fail with NotFoundError.
+    async with store_on(nats) as store:
+        await store.open_stream("s")
+        await fill(store, "s", 3)
+        epoch = await store._ctx.current_epoch()
+        assert epoch is not None
+        reader = Reader(store._ctx, "s", epoch)
+        try:
+            await reader.open(None)
+            sub = reader.sub
+            assert sub is not None
+            name = (await sub.consumer_info()).name
+            await store._ctx.js.delete_consumer(store.stream, name)
+            with anyio.fail_after(WAIT):
+                assert await reader.caught_up() is False
+        finally:
+            await reader.close()
+
+
 async def _consumers(nc: Client) -> list[str]:
     return [info.name for info in await nc.jetstream().consumers_info("ESSESSEY")]
 

@@ -18,7 +18,15 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
-from essessey import Event, InMemorySink, Publisher, StreamHub, reassemble_events, stream_turn
+from essessey import (
+    Event,
+    InMemoryEventStore,
+    InMemorySink,
+    Publisher,
+    StreamHub,
+    reassemble_events,
+    stream_turn,
+)
 from essessey.adapters import openai_responses
 from essessey.bindings.sse import SSEDecoder
 from essessey.dialects.responses import ResponsesEncoder, ResponsesRequest, responses_routes
@@ -185,6 +193,45 @@ async def test_a_resume_by_starting_after_in_a_pause_gets_its_headers_at_once() 
     numbers = [number for _, number in frames_of(body)]
     assert numbers[0] == 5
     assert numbers == list(range(5, 5 + len(numbers)))
+
+
+async def test_a_response_partly_evicted_is_refused_not_served_as_a_later_message() -> None:
+    # Two messages in one turn, the store bounded so the first (the response) loses its
+    # start: from the oldest whole message, the second's frames read as the response's.
+    def two_messages(request: ResponsesRequest) -> TurnProducer:
+        async def produce(publisher: Publisher) -> None:
+            for n in (1, 2):
+                async with stream_turn(
+                    publisher, message_id=f"msg_{n}", stream_id=request.id, model="m"
+                ) as turn:
+                    text = await turn.text()
+                    for k in range(40):
+                        await text.write(f"{n}.{k} ")
+
+        return produce
+
+    hub = StreamHub(InMemoryEventStore(max_events_per_stream=60))
+    routes = responses_routes(hub, two_messages)
+    with serve(Starlette(routes=list(routes), lifespan=hub.lifespan), lifespan="on") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=WAIT) as http:
+            created = await http.post("/v1/responses", json={"model": "m", "input": "go"})
+            assert (created.status_code, created.json()["error"]["type"]) == (
+                410,
+                "response_evicted",
+            )
+            response_id = created.json()["error"]["message"].split("'")[1]
+            path = f"/v1/responses/{response_id}"
+            resumed = await http.get(path, params={"stream": "true", "starting_after": "30"})
+            assert (resumed.status_code, resumed.json()["error"]["type"]) == (
+                410,
+                "resume_unavailable",
+            )
+            for params in ({"stream": "true"}, {}):
+                read = await http.get(path, params=params)
+                assert (read.status_code, read.json()["error"]["type"]) == (
+                    410,
+                    "response_evicted",
+                )
 
 
 @pytest.mark.parametrize("quick", [True, False], ids=["encode_text", "encode"])

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from essessey._ids import is_event_id
+from essessey._ids import is_event_id, is_first_event_id
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.http import BadRequest, json_error, read_body, store_guarded
 from essessey.bindings.sse import (
@@ -30,6 +30,7 @@ from essessey.dialects.responses._encoder import (
     error_object,
 )
 from essessey.errors import AnswerRefused, InvalidAnswer, StreamNotFound
+from essessey.event import Event
 from essessey.hub import StreamHub
 from essessey.protocol.asking import (
     Answer,
@@ -191,6 +192,13 @@ _CANCEL_BODY: Final = 1024  # a cancel's body means nothing: a small one is take
 _SEQUENCE_NUMBER: Final = re.compile(rb'"sequence_number":(\d+)')
 
 
+def _start_evicted(events: Sequence[Event]) -> bool:
+    """Whether a stream read from its oldest retained event (``events``) no longer holds
+    its first: the response whose id is the stream's, its first message, is then gone in
+    part. Told by the stores' ids; another store's ids count as the start."""
+    return bool(events) and is_first_event_id(events[0].id) is False
+
+
 def _sequenced_before(last: int) -> Callable[[bytes], bool]:
     """Whether a frame is one of the events up to sequence number ``last``: a resume by
     ``starting_after`` leaves them out (the frames keep their ids)."""
@@ -244,14 +252,20 @@ def responses_routes(
     def refuse(status: int, error_type: str, message: str) -> Response:
         return json_error(status, error_type, message, headers, shape=error_object)
 
+    def evicted(response_id: str) -> Response:
+        message = f"the store no longer holds response {response_id!r} from its start"
+        return refuse(410, "response_evicted", message)
+
     async def whole(response_id: str, model: str) -> Response | None:
         """The response as it stands; None when the stream does not hold the event a
-        continuation's id names."""
+        continuation's id names (a 410 when it no longer holds the response's start)."""
         stream_id, after = split_response_id(response_id)
         async with whole_builds():
             events, _ = await hub.store.since(stream_id, None)
             if after is not None and not any(event.id == after for event in events):
                 return None
+            if after is None and _start_evicted(events):
+                return evicted(response_id)
             encoder = ResponsesEncoder(response_id, model=model, after=after)
             for event in events:
                 encoder.encode(event)
@@ -347,6 +361,13 @@ def responses_routes(
             return served or refuse(404, "not_found_error", f"no response {response_id!r}")
         before = None if starting_after is None else _sequenced_before(starting_after)
         if after is None:
+            events, _ = await hub.store.since(stream_id, None)
+            if _start_evicted(events):
+                # The response is the stream's first message, partly evicted: from the
+                # oldest message still whole, another message would read as its frames.
+                if starting_after is not None or requested_resume_point(request) is not None:
+                    return refuse(410, "resume_unavailable", "the resume point is not retained")
+                return evicted(response_id)
             return await subscription_response(
                 hub,
                 request,

@@ -46,7 +46,7 @@ import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from essessey.errors import StoreFull, StreamReset
+from essessey.errors import JetStreamUnavailable, StoreFull, StreamReset
 from essessey.protocol import EventType
 from essessey.stores.jetstream._context import (
     CONTROL_EVENT,
@@ -67,6 +67,9 @@ EVENT_OVERHEAD: Final = 180
 store's figure (see ``essessey.stores``), so one budget means the same on every store."""
 
 _READ_IDLE: Final = 1.0  # seconds without a message before a read asks the consumer
+_READ_STALLS: Final = 30
+"""Idle waits in a row, the consumer not caught up, after which a read of a stream id's
+bounds gives up (the server out of reach, or its consumer lost and not recreated)."""
 
 _RUNNING: Final = b"r:"
 _FINISHED: Final = b"f:"
@@ -254,12 +257,17 @@ class Bounds:
             if await reader.open(None) == 0:
                 return
             control_at = len(reader.prefix)
+            idle = 0
             while reader.seq < until:
                 msg = await reader.next(_READ_IDLE)
                 if msg is None:
                     if await reader.caught_up():
                         break  # purged under the read: what was read is what is kept
+                    idle += 1
+                    if idle > _READ_STALLS:
+                        raise JetStreamUnavailable(f"reading the bounds of {stream_id!r} stalled")
                     continue
+                idle = 0
                 headers = msg.headers or {}
                 if msg.subject[control_at:] == CONTROL_EVENT:
                     if headers.get(CONTROL_HEADER) == RESET:

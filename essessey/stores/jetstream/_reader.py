@@ -283,7 +283,10 @@ class Reader:
         assert sub is not None
         try:
             info = await sub.consumer_info()
-        except TRANSIENT:
+        except (*TRANSIENT, nats.js.errors.NotFoundError):
+            # Not found: a server that restarted lost the ephemeral consumer, which the
+            # reader recreates once the connection is back. Cannot be told yet, as while
+            # the server is out of reach.
             return False
         return (info.num_pending or 0) == 0 and sub.pending_msgs == 0
 
