@@ -48,7 +48,7 @@ LAZY_NAMES = {
         "stream_response",
         "subscription_response",
     ],
-    "essessey.bindings.ws": ["PING_FRAME", "websocket_subscription", "ws_route"],
+    "essessey.bindings.ws": ["PING_FRAME", "stall_guard", "websocket_subscription", "ws_route"],
     # create_app is a plain function that imports the app when called: hypercorn and
     # granian look a factory up in the module's own namespace, not through __getattr__.
     "essessey.demo": ["serve"],

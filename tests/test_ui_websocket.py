@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket as sockets
+import struct
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,12 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from essessey import StreamHub
-from essessey.dialects.ui import ui_chat_routes
+from essessey import Publisher, StreamHub
+from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from tests.processes import WAIT, node_json
 from tests.redis_server import store_out_of_reach
 from tests.servers import serve
+from tests.test_stalled_clients import TCP_ESTABLISHED, tcp_state
 from tests.test_ui_node import WHOLE_TURN, parts_of
 from tests.ui_app import agent_turn, create_app
 
@@ -482,8 +486,7 @@ async def test_a_resume_s_replay_stops_when_its_client_drops_the_connection(
     # the fifth ("socket.send() raised exception").
     import threading
 
-    from essessey import Publisher, stream_turn
-    from essessey.dialects.ui import ChatRequest
+    from essessey import stream_turn
 
     done = threading.Event()  # the turn runs in the server's thread
 
@@ -519,3 +522,47 @@ async def test_a_resume_s_replay_stops_when_its_client_drops_the_connection(
             done.set()  # the turn ends before the server stops
     dead = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
     assert dead == []
+
+
+def test_a_chat_client_that_stops_reading_is_reset_when_a_send_stalls() -> None:
+    # A close frame cannot reach a client that reads nothing: the server would hold the
+    # socket, its buffers and megabytes of unsent frames until the client left. Under
+    # uvicorn the connection is reset once a send stalls past send_timeout.
+    def big_turn(chat: ChatRequest) -> Any:
+        async def produce(publisher: Publisher) -> None:
+            await publisher.send_stream_preamble("msg_1", chat.id, "m")
+            await publisher.send_content_block_start_text(0)
+            for _ in range(600):
+                await publisher.send_content_block_delta_text(0, "x" * 20_000)
+            await publisher.send_content_block_stop(0)
+            await publisher.send_stream_epilogue("end_turn", 1)
+
+        return produce
+
+    hub = StreamHub()
+    app = Starlette(
+        routes=list(ui_chat_routes(hub, big_turn, send_timeout=0.5)), lifespan=hub.lifespan
+    )
+    with serve(app, lifespan="on") as url:
+        port = int(url.rsplit(":", 1)[1])
+        sock = sockets.socket(sockets.AF_INET, sockets.SOCK_STREAM)
+        sock.setsockopt(sockets.SOL_SOCKET, sockets.SO_RCVBUF, 4096)
+        sock.settimeout(WAIT)
+        try:
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(
+                b"GET /api/chat/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+            payload = send_frame("r1", "stalled").encode()
+            # A masked text frame (a zero mask leaves the payload as it is).
+            header = bytes([0x81, 0xFE]) + struct.pack("!H", len(payload)) + b"\0\0\0\0"
+            sock.sendall(header + payload)
+            deadline = time.monotonic() + 15
+            while tcp_state(sock) == TCP_ESTABLISHED and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert tcp_state(sock) != TCP_ESTABLISHED, "the stalled connection is still open"
+        finally:
+            sock.close()

@@ -3,8 +3,8 @@
 and an endpoint that serves a hub subscription with resume.
 
 ``encode_frame``/``decode_frame``, ``WebSocketSink`` and ``WebSocketSource`` need no
-server library. ``websocket_subscription``, ``ws_route`` and ``PING_FRAME`` need the
-``server`` extra (Starlette) and are imported on first use.
+server library. ``websocket_subscription``, ``ws_route``, ``stall_guard`` and
+``PING_FRAME`` need the ``server`` extra (Starlette) and are imported on first use.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from essessey.bindings.ws._endpoint import PING_FRAME as PING_FRAME
     from essessey.bindings.ws._endpoint import websocket_subscription as websocket_subscription
     from essessey.bindings.ws._endpoint import ws_route as ws_route
+    from essessey.bindings.ws._guard import stall_guard as stall_guard
 
 __all__ = [
     "MAX_FRAME_SIZE",
@@ -39,6 +40,7 @@ __all__ = [
     "WebSocketSource",
     "decode_frame",
     "encode_frame",
+    "stall_guard",
     "websocket_subscription",
     "ws_route",
 ]
@@ -49,6 +51,7 @@ _NEEDS_STARLETTE = {
     "PING_FRAME": "_endpoint",
     "websocket_subscription": "_endpoint",
     "ws_route": "_endpoint",
+    "stall_guard": "_guard",
 }
 
 

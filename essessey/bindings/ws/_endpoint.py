@@ -84,14 +84,10 @@ from essessey.bindings._asgi import (
     watch_line,
 )
 from essessey.bindings._line import Line, LineEnded
-from essessey.bindings._uvicorn import (
-    FrameWriter,
-    connection_aborter,
-    frame_writer,
-    limit_unacknowledged,
-)
+from essessey.bindings._uvicorn import FrameWriter, frame_writer
 from essessey.bindings.admission import Refusal, admit
 from essessey.bindings.ws._frame import encode_frame, frame_bytes
+from essessey.bindings.ws._guard import stall_guard
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event
 from essessey.hub import StreamHub
@@ -363,9 +359,8 @@ class _WSWire:
     def __init__(self, websocket: WebSocket, ending: _Ending, send_timeout: float | None) -> None:
         self._websocket = websocket
         self._ending = ending
-        # Found now, in the request's own task (see connection_aborter and frame_writer).
-        self._abort = connection_aborter()
-        limit_unacknowledged(send_timeout)
+        # Found now, in the request's own task (see stall_guard and frame_writer).
+        self._abort = stall_guard(send_timeout)
         writer: FrameWriter | None = frame_writer()
         self._writer = writer
         self.direct: Callable[[bytes], bool] | None = None if writer is None else writer.write

@@ -55,6 +55,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from essessey._logsafe import raised_at
 from essessey.bindings.admission import subscription_end
 from essessey.bindings.http import STORE_REFUSED, store_refusal
+from essessey.bindings.ws import stall_guard
 from essessey.dialects.ui._chats import Chats, Failure, Plan, chat_request
 from essessey.errors import SubscriberLagged
 from essessey.shutdown import on_shutdown
@@ -188,6 +189,8 @@ class _Connection:
         self.close_code: int | None = None
         self.close_reason = ""
         self.tasks: anyio.abc.TaskGroup | None = None  # the requests' tasks, while served
+        # Made now, in the request's own task (see stall_guard).
+        self.abort_if_stalled = stall_guard(send_timeout)
 
     def end(self, code: int, reason: str) -> None:
         """Close the connection with ``code`` once its tasks have stopped."""
@@ -219,7 +222,10 @@ class _Connection:
             if not waited.cancelled_caught:
                 return
             logger.warning("a WebSocket chat frame stalled past %.0f s", self.send_timeout)
-            self.end(_TRY_AGAIN_LATER, "a send stalled")
+            if self.abort_if_stalled():
+                self._stop()  # reset: a close frame would wait behind the unread frames
+            else:
+                self.end(_TRY_AGAIN_LATER, "a send stalled")
         # Stopped: the task group's own cancellation stops the caller here (one raised by
         # hand would not be the group's, and would escape it).
         await anyio.lowlevel.checkpoint()
