@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from essessey.bindings import _line
-from essessey.bindings._line import Line, LineEnded
+from essessey.bindings._line import STOP_SEND_GRACE, Line, LineEnded
 
 
 class _Wire:
@@ -233,3 +233,35 @@ async def test_a_line_ended_quietly_writes_nothing_more() -> None:
     await line.finish(b"end")
     assert wire.written == []
     assert wire.sent == []
+
+
+@pytest.mark.anyio
+async def test_a_send_in_progress_at_the_shutdown_counts_as_stalled_after_the_grace() -> None:
+    # A client that stopped reading: its send would hold the shutdown up for the rest of
+    # send_timeout (30 s by default), and under a server essessey cannot reset, longer.
+    wire = _Wire()
+    stalled: list[bool] = []
+    wire.stalled = lambda: stalled.append(True)  # type: ignore[method-assign]
+    line = Line(
+        wire,
+        anyio.CancelScope().cancel,
+        kind="sse",
+        log=logging.getLogger("test"),
+        ping=b": ping\n",
+        ping_interval=0,
+        send_timeout=30.0,
+        max_queue=4,
+        max_batch_bytes=1 << 16,
+        started=True,
+    )
+    line.sending = True
+    line.send_began = time.monotonic()
+    line.stop()
+    now = time.monotonic()
+    due = line.check(now)
+    assert due is not None
+    assert due <= now + STOP_SEND_GRACE  # looked at again by then
+    assert not stalled
+    assert line.check(now + STOP_SEND_GRACE + 0.1) is None  # ended as stalled
+    assert stalled == [True]
+    assert (line.ended, line.stalled) == (True, True)

@@ -55,6 +55,11 @@ BURST: Final = 0.0005
 """Seconds after a send within which the next frame is taken for part of a burst: it is
 held for the next send instead of going out in a send of its own."""
 
+STOP_SEND_GRACE: Final = 2.0
+"""Seconds a send in progress when the server begins to shut down may still take before it
+counts as stalled: a client that reads too slowly to take one frame in that time must not
+hold the shutdown up for the rest of ``send_timeout``."""
+
 
 class LineEnded(BaseException):
     """The line has ended (the client left, a send stalled, the server shuts down): its
@@ -109,6 +114,7 @@ class Line:
         "_start_due",
         "_start_within",
         "_started",
+        "_stop_due",
         "_stopping",
         "_wire",
         "last_sent",
@@ -157,6 +163,7 @@ class Line:
         self._started = started
         self._ended = False
         self._stopping = False
+        self._stop_due = math.inf  # when a send in progress at the shutdown counts as stalled
         # The direct way while a frame may take it (started, not stopping, not ended),
         # else None: the one thing the paced path asks. Kept by _pace at each change.
         self._paced: Callable[[bytes], bool] | None = None
@@ -473,19 +480,20 @@ class Line:
             return None
         if self.sending:
             timeout = self._send_timeout
-            if now - self.send_began > timeout:
+            if now - self.send_began > timeout or now > self._stop_due:
                 totals.stalled += 1
                 self._log.warning(
-                    "a %ssend stalled for more than %.1f s; ending the %s",
+                    "a %ssend stalled for more than %.1f s%s; ending the %s",
                     "WebSocket " if self._kind == "websocket" else "",
-                    timeout,
+                    min(timeout, now - self.send_began),
+                    " while the server shuts down" if now > self._stop_due else "",
                     "subscription" if self._kind == "websocket" else "response",
                 )
                 self.stalled = True
                 self._wire.stalled()
                 self._end()
                 return None
-            return self.send_began + timeout
+            return min(self.send_began + timeout, self._stop_due)
         ping = self._ping_interval
         start_due = math.inf
         if not self._started and self._start_within is not None:
@@ -503,7 +511,10 @@ class Line:
 
     def stop(self) -> None:
         """The server is shutting down: end after the send in progress (a frame goes
-        out whole or not at all)."""
+        out whole or not at all), which counts as stalled once it has taken
+        ``STOP_SEND_GRACE`` more seconds."""
+        if not self._stopping:
+            self._stop_due = time.monotonic() + STOP_SEND_GRACE
         self._stopping = True
         self._pace()
         self._wake_flusher()
