@@ -14,6 +14,7 @@ try:
     from essessey.bindings.nats._core import (
         DEFAULT_PREFIX,
         HEADER_EVENT_ID,
+        MAX_PREFIX_BYTES,
         NATSSink,
         NATSSource,
         check_token,
@@ -29,6 +30,7 @@ except ModuleNotFoundError as exc:  # the nats extra is not installed
 __all__ = [
     "DEFAULT_PREFIX",
     "HEADER_EVENT_ID",
+    "MAX_PREFIX_BYTES",
     "NATSSink",
     "NATSSource",
     "check_token",

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PREFIX",
     "HEADER_EVENT_ID",
+    "MAX_PREFIX_BYTES",
     "NATSSink",
     "NATSSource",
     "check_token",
@@ -75,12 +76,21 @@ _HEADER_HEAD: Final = b"NATS/1.0\r\n" + HEADER_EVENT_ID.encode() + b": "
 _HEADER_TAIL: Final = b"\r\n\r\n"
 
 
+MAX_PREFIX_BYTES: Final = 1024
+"""The longest subject prefix, in bytes of UTF-8. A stream id and an event name are at most
+256 characters (1 KiB) each, so a subject stays under nats-server's ``max_control_line``
+(4 KiB by default) with room for the rest of its command line: past it the server closes
+the whole connection, every stream on it with it."""
+
+
 def _check_prefix(prefix: str) -> str:
     # A prefix may be several tokens ("tenant1.essessey"); each is checked on its own.
     if not isinstance(prefix, str) or not prefix:
         raise ValueError("the subject prefix must be a non-empty str")
     for token in prefix.split("."):
         check_token(token, "prefix token")
+    if len(prefix.encode()) > MAX_PREFIX_BYTES:
+        raise ValueError(f"the subject prefix is longer than {MAX_PREFIX_BYTES} bytes of UTF-8")
     return prefix
 
 
@@ -124,13 +134,15 @@ def parse_subject(subject: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str]
 
 
 def _check_event_id(event_id: str) -> None:
-    # nats-py strips header values and turns CR/LF into spaces; an id it would change
-    # must fail here rather than arrive as a different id that resumes nowhere.
-    if event_id != event_id.strip() or "\r" in event_id or "\n" in event_id:
+    # What every reader takes as an id (NATSSource skips any other: the event would be
+    # lost to each of them), and nats-py, which strips header values, leaves as it is.
+    if not is_event_id(event_id):
         raise ValueError(
-            "an event id sent as a NATS header cannot contain CR or LF or start or end "
-            "with whitespace"
+            f"an event id must be 1 to {MAX_ID_LENGTH} printable characters "
+            f"(this one has {len(event_id)})"
         )
+    if event_id != event_id.strip():
+        raise ValueError("an event id sent as a NATS header cannot start or end with whitespace")
 
 
 class NATSSink:
