@@ -914,34 +914,15 @@ async def test_a_held_stop_no_writer_takes_is_skipped_and_the_cut_stream_ends(
 def _counted_message(n: int) -> list[dict[str, Any]]:
     """A provider message whose input count is in its start only (the Messages API's
     usual split: message_delta carries the output count)."""
-    return [
-        {
-            "type": "message_start",
-            "message": {
-                "id": f"msg_p{n}",
-                "type": "message",
-                "role": "assistant",
-                "model": "claude-x",
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": {"input_tokens": 10, "cache_read_input_tokens": 4, "output_tokens": 1},
-            },
-        },
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "text_delta", "text": f"Round {n}."},
-        },
-        {"type": "content_block_stop", "index": 0},
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-            "usage": {"output_tokens": 20},
-        },
-        {"type": "message_stop"},
-    ]
+    text = _block(0, {"type": "text", "text": ""}, {"type": "text_delta", "text": f"Round {n}."})
+    events = _message(text)
+    events[0]["message"]["usage"] = {
+        "input_tokens": 10,
+        "cache_read_input_tokens": 4,
+        "output_tokens": 1,
+    }
+    events[-2]["usage"] = {"output_tokens": 20}
+    return events
 
 
 @pytest.mark.anyio
