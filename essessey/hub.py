@@ -97,12 +97,12 @@ from essessey.publisher import Publisher, TurnProducer
 from essessey.snapshot import SnapshotCache, compact_yielding
 from essessey.stores import (
     AppendsWithoutWaiting,
-    Deliver,
     DeliversInAppend,
     EventStore,
     InMemoryEventStore,
     KnowsEventIds,
     SharedEventStore,
+    Taker,
 )
 
 __all__ = [
@@ -216,7 +216,7 @@ class _HubSink:
         append = self._append_nowait
         if append is not None:
             # A store that appends in a plain call (the in-memory one): no await.
-            append(self._stream_id, event)
+            append(self._stream_id, event.event, event.data, False)
         elif (shared := self._shared) is not None:
             await shared.append_as(self._stream_id, event, self._holder)
         else:
@@ -229,14 +229,14 @@ class _HubSink:
 
     def emit_text(self, index: int, text: str, text_json: bytes) -> Awaitable[None] | None:
         data = TEXT_DELTA_PAYLOAD % (index, text_json)
-        event = new_event(Event, (_DELTA, data, None))
         append = self._append_nowait
         if append is None:
-            return self.emit(event)
-        # A store that appends in a plain call: the delta is stored in this one, and a
-        # dialect that follows the turn reads its record from what is noted here.
+            return self.emit(new_event(Event, (_DELTA, data, None)))
+        # A store that appends in a plain call: the delta is stored in this one (no Event
+        # made) and offered to the takers as a Publisher's text delta, and a dialect that
+        # follows the turn reads its record from what is noted here.
         published_text(data, index, text)
-        append(self._stream_id, event)
+        append(self._stream_id, _DELTA, data, True)
         self.last_was_error = False
         return None
 
@@ -353,12 +353,12 @@ class Subscription:
         self.after = after
         """The id the store's follow goes on from (None: the oldest whole message)."""
         self.resuming = resuming
-        self.live_delivery: Deliver | None = None
+        self.live_delivery: Taker | None = None
 
-    def deliver_live(self, deliver: Deliver) -> None:
-        """Offer each live event to ``deliver`` in the turn's own append, where the store
-        can (``deliver`` returns whether it took it; never raises)."""
-        self.live_delivery = deliver
+    def deliver_live(self, taker: Taker) -> None:
+        """Offer each live event to ``taker`` in the turn's own append, where the store
+        can (it returns whether it took it; never raises)."""
+        self.live_delivery = taker
 
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._hub._follow(self)
@@ -404,7 +404,7 @@ class StreamHub:
             self.store if isinstance(self.store, SharedEventStore) else None
         )
         # The store's append as a plain call, when it has one.
-        self._append_nowait: Callable[[str, Event], None] | None = (
+        self._append_nowait: Callable[[str, str, bytes, bool], None] | None = (
             self.store.append_nowait if isinstance(self.store, AppendsWithoutWaiting) else None
         )
         self._delivering: DeliversInAppend | None = (
@@ -1108,11 +1108,11 @@ class StreamHub:
         count = self._subscribers.get(stream_id, 0)
         if count >= self.max_subscribers:
             raise TooManySubscribers(f"stream {stream_id!r} has {count} subscribers")
-        deliver, delivering = subscription.live_delivery, self._delivering
+        taker, delivering = subscription.live_delivery, self._delivering
         after = subscription.after
-        if deliver is not None and delivering is not None:
+        if taker is not None and delivering is not None:
             events = delivering.follow_delivering(
-                stream_id, after, max_lag=self.max_lag, deliver=deliver
+                stream_id, after, max_lag=self.max_lag, taker=taker
             )
         else:
             events = self.store.follow(stream_id, after, max_lag=self.max_lag)

@@ -51,7 +51,7 @@ from essessey.bindings.ws import WebSocketSink, ws_route
 from essessey.dialects.ui import ChatRequest, ui_chat_routes
 from essessey.hub import Access
 from essessey.shutdown import begin_shutdown, on_shutdown
-from essessey.stores import Deliver
+from essessey.stores import Taker
 from tests.nats_server import NatsServer
 from tests.processes import WAIT
 from tests.servers import serve
@@ -178,7 +178,7 @@ class ReadingFails(InMemoryEventStore):
         last_event_id: str | None = None,
         *,
         max_lag: int | None = None,
-        deliver: Deliver | None = None,
+        taker: Taker | None = None,
     ) -> AsyncIterator[Event]:
         return _boom_events()
 

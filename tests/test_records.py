@@ -5,8 +5,6 @@ the dialects' encoders), its JSON is parsed once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import anyio.lowlevel
 import orjson
@@ -277,23 +275,30 @@ async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_
         encoders = _encoders()
         written: list[list[bytes]] = [[] for _ in encoders]
 
-        def taker(position: int) -> Callable[[Event], bool]:
+        class Taker:
             # What essessey's SSE and WebSocket endpoints do: live events taken in the
             # turn's own append.
-            def take(event: Event) -> bool:
-                written[position].append(encoders[position].encode(event))
-                if position == 0:
+            def __init__(self, position: int) -> None:
+                self.position = position
+
+            def write(self, event: Event) -> bool:
+                written[self.position].append(encoders[self.position].encode(event))
+                if self.position == 0:
                     events.append(event)
                 return True
 
-            return take
+            def take(self, name: str, data: bytes, event_id: str) -> bool:
+                return self.write(Event(name, data, event_id))
+
+            def take_text(self, data: bytes, event_id: str) -> bool:
+                return self.take("content_block_delta", data, event_id)
 
         async def follow(position: int) -> None:
             subscription = await hub.open("s")
-            subscription.deliver_live(taker(position))
-            take = taker(position)
+            taker = Taker(position)
+            subscription.deliver_live(taker)
             async for event in subscription:
-                take(event)
+                taker.write(event)
 
         before = records_module.reads.parsed
         async with anyio.create_task_group() as readers:

@@ -31,7 +31,7 @@ from essessey import (
     reassemble_events,
     stream_turn,
 )
-from essessey.bindings.sse import MAX_ID_LENGTH, SSEDecoder, hub_routes
+from essessey.bindings.sse import MAX_ID_LENGTH, SSEDecoder, encode_many, hub_routes
 from tests.hub_app import HubApp, make_hub_app
 from tests.processes import WAIT
 from tests.servers import serve
@@ -200,6 +200,9 @@ async def test_a_subscription_streams_the_turn_with_an_id_on_every_event() -> No
     assert id_lines(reading.body) == len(events)
     assert all(event.id for event in reading.events)
     assert len({event.id for event in reading.events}) == len(events)
+    # Byte for byte what a replay writes, the live deltas taken in the turn's appends
+    # included.
+    assert reading.body == encode_many(events)
     assert check(events) == []
     parsed = reassemble_events(reading.events)
     assert parsed.complete

@@ -354,6 +354,22 @@ async def test_open_stream_lets_a_follower_wait_for_the_first_event() -> None:
 # -- delivery in the append (follow_delivering) -----------------------------------------
 
 
+class FnTaker:
+    """A taker that hands every event it is offered to ``take(name, data, event_id)``,
+    noting which way each came (a text delta offered as such, or any event)."""
+
+    def __init__(self, take: Callable[[str, bytes, str], bool]) -> None:
+        self._take = take
+        self.texts = 0
+
+    def take(self, name: str, data: bytes, event_id: str) -> bool:
+        return self._take(name, data, event_id)
+
+    def take_text(self, data: bytes, event_id: str) -> bool:
+        self.texts += 1
+        return self._take("content_block_delta", data, event_id)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     plan=st.lists(
@@ -361,6 +377,7 @@ async def test_open_stream_lets_a_follower_wait_for_the_first_event() -> None:
             st.integers(min_value=1, max_value=4),  # events appended at once
             st.booleans(),  # does the reader take the next one offered?
             st.integers(min_value=0, max_value=2),  # checkpoints before the next append
+            st.booleans(),  # appended as a Publisher's text deltas (append_nowait's text)?
         ),
         min_size=1,
         max_size=25,
@@ -368,43 +385,53 @@ async def test_open_stream_lets_a_follower_wait_for_the_first_event() -> None:
     replayed=st.integers(min_value=0, max_value=3),
 )
 def test_a_follower_that_takes_some_events_in_the_append_gets_each_once_in_order(
-    plan: list[tuple[int, bool, int]], replayed: int
+    plan: list[tuple[int, bool, int, bool]], replayed: int
 ) -> None:
-    async def main() -> tuple[list[bytes], list[bytes], int]:
+    async def main() -> tuple[list[tuple[str, bytes, str]], list[tuple[str, bytes]], int]:
         store = InMemoryEventStore()
         await store.open_stream("s")
         for i in range(replayed):
             await store.append("s", Event("e", b"r%d" % i))
-        takes = [take for _, take, _ in plan]
-        got: list[bytes] = []
+        takes = [take for _, take, _, _ in plan]
+        got: list[tuple[str, bytes, str]] = []
         delivered = [0]
 
-        def deliver(event: Event) -> bool:
+        def deliver(name: str, data: bytes, event_id: str) -> bool:
             take = takes.pop(0) if takes else False
             if take:
-                got.append(event.data)
+                got.append((name, data, event_id))
                 delivered[0] += 1
             return take
 
         async def read() -> None:
-            async for event in store.follow_delivering("s", deliver=deliver):
-                got.append(event.data)
+            async for event in store.follow_delivering("s", taker=FnTaker(deliver)):
+                assert event.id is not None
+                got.append((event.event, event.data, event.id))
 
-        sent = [b"r%d" % i for i in range(replayed)]
+        sent = [("e", b"r%d" % i) for i in range(replayed)]
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(read)
-            for step, (count, _, pauses) in enumerate(plan):
+            for step, (count, _, pauses, text) in enumerate(plan):
                 for j in range(count):
-                    data = b"%d.%d" % (step, j)
-                    sent.append(data)
-                    await store.append("s", Event("e", data))
+                    if text:
+                        data = b'{"type":"content_block_delta","index":0,"delta":%d}' % j
+                        sent.append(("content_block_delta", data))
+                        store.append_nowait("s", "content_block_delta", data, True)
+                    else:
+                        data = b"%d.%d" % (step, j)
+                        sent.append(("e", data))
+                        await store.append("s", Event("e", data))
                 for _ in range(pauses):
                     await anyio.lowlevel.checkpoint()
             await store.close_stream("s")
         return got, sent, delivered[0]
 
     got, sent, delivered = anyio.run(main)
-    assert got == sent  # none lost, none twice, in order, whichever way each went
+    # None lost, none twice, in order, whichever way each went, each with its own name.
+    assert [(name, data) for name, data, _ in got] == sent
+    # And each with the id the store gave it, taken or read: consecutive from the first.
+    seqs = [int(event_id.rsplit("-", 1)[1]) for _, _, event_id in got]
+    assert seqs == list(range(1, len(sent) + 1))
     assert delivered <= len(sent) - replayed  # the replay is never offered
 
 
@@ -427,20 +454,20 @@ def test_followers_that_take_and_followers_that_read_each_get_every_event_once(
         got: list[list[bytes]] = [[] for _ in range(len(takes) + plain)]
         sent: list[bytes] = []
 
-        def taker(n: int) -> Callable[[Event], bool]:
+        def taker(n: int) -> FnTaker:
             pattern = list(takes[n])
 
-            def deliver(event: Event) -> bool:
+            def deliver(name: str, data: bytes, event_id: str) -> bool:
                 take = pattern.pop(0) if pattern else True
                 if take:
-                    got[n].append(event.data)
+                    got[n].append(data)
                 return take
 
-            return deliver
+            return FnTaker(deliver)
 
         async def read(n: int) -> None:
-            deliver = taker(n) if n < len(takes) else None
-            async for event in store.follow_delivering("s", deliver=deliver):
+            each = taker(n) if n < len(takes) else None
+            async for event in store.follow_delivering("s", taker=each):
                 got[n].append(event.data)
 
         async with anyio.create_task_group() as tasks:
@@ -482,12 +509,12 @@ async def test_a_follower_taking_every_live_event_is_never_woken_for_one() -> No
     taken: list[bytes] = []
     yielded: list[bytes] = []
 
-    def deliver(event: Event) -> bool:
-        taken.append(event.data)
+    def deliver(name: str, data: bytes, event_id: str) -> bool:
+        taken.append(data)
         return True
 
     async def read() -> None:
-        async for event in store.follow_delivering("s", deliver=deliver):
+        async for event in store.follow_delivering("s", taker=FnTaker(deliver)):
             yielded.append(event.data)
 
     async with anyio.create_task_group() as tasks:
@@ -508,11 +535,11 @@ async def test_a_delivery_that_raises_falls_back_to_waking_the_follower(
     await store.open_stream("s")
     yielded: list[bytes] = []
 
-    def deliver(event: Event) -> bool:
+    def deliver(name: str, data: bytes, event_id: str) -> bool:
         raise RuntimeError("a bug in the reader")
 
     async def read() -> None:
-        async for event in store.follow_delivering("s", deliver=deliver):
+        async for event in store.follow_delivering("s", taker=FnTaker(deliver)):
             yielded.append(event.data)
 
     async with anyio.create_task_group() as tasks:

@@ -21,23 +21,25 @@ from essessey.stores._contract import (
     AppendsWithoutWaiting as AppendsWithoutWaiting,
 )
 from essessey.stores._contract import (
-    Deliver,
+    DeliversInAppend as DeliversInAppend,
+)
+from essessey.stores._contract import (
     EventStore,
     SharedEventStore,
 )
 from essessey.stores._contract import (
-    DeliversInAppend as DeliversInAppend,
+    KnowsEventIds as KnowsEventIds,
 )
 from essessey.stores._contract import (
-    KnowsEventIds as KnowsEventIds,
+    Taker as Taker,
 )
 from essessey.stores._memory import InMemoryEventStore
 
-# AppendsWithoutWaiting, DeliversInAppend and KnowsEventIds are imported for the hub, not
-# exported: speed capabilities of the stores here that a store of yours need not implement.
+# AppendsWithoutWaiting, DeliversInAppend, KnowsEventIds and Taker are imported for the hub
+# and the bindings, not exported: speed capabilities of the stores here that a store of
+# yours need not implement, and what the bindings hand them.
 
 __all__ = [
-    "Deliver",
     "EventStore",
     "InMemoryEventStore",
     "SharedEventStore",

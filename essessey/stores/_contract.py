@@ -9,23 +9,24 @@ and :mod:`essessey.testing` the conformance suite a store runs to prove it):
   leases, so a turn runs on one replica only and a cancel reaches it from any other.
 - :class:`AppendsWithoutWaiting`: a store that can append in a plain call (the in-memory
   store), so a turn's events reach the store without a coroutine per event.
-- :class:`DeliversInAppend`: a store that can hand a caught-up reader each new event in
-  the writer's own append, so a live event reaches a connection without a task switch.
+- :class:`DeliversInAppend`: a store that can hand a caught-up reader (its
+  :class:`Taker`) each new event in the writer's own append, so a live event reaches a
+  connection without a task switch.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from essessey.event import Event
 
 __all__ = [
     "AppendsWithoutWaiting",
-    "Deliver",
     "DeliversInAppend",
     "EventStore",
     "SharedEventStore",
+    "Taker",
 ]
 
 
@@ -135,9 +136,13 @@ class SharedEventStore(EventStore, Protocol):
 class AppendsWithoutWaiting(Protocol):
     """A store whose append never waits, offered as a plain call."""
 
-    def append_nowait(self, stream_id: str, event: Event) -> None:
-        """:meth:`EventStore.append` without a coroutine, returning nothing (a writer that
-        appends this way has no use for the stored event's id)."""
+    def append_nowait(self, stream_id: str, name: str, data: bytes, text: bool = False) -> None:
+        """:meth:`EventStore.append` of the event ``name`` with ``data``, without a
+        coroutine and without an :class:`~essessey.Event` made for it, returning nothing
+        (a writer that appends this way has no use for the stored event's id). With
+        ``text``, the event is a text delta a :class:`~essessey.Publisher` made
+        (``content_block_delta``, ``data`` the ``TEXT_DELTA_PAYLOAD`` filled: one line of
+        JSON), offered to each :class:`Taker` as such (:meth:`Taker.take_text`)."""
         ...
 
 
@@ -152,10 +157,25 @@ class KnowsEventIds(Protocol):
         ...
 
 
-Deliver: TypeAlias = Callable[[Event], bool]
-"""A reader's way to take an event in the writer's own append: True when it took the
-event (written to its connection, or held for its next write), False when it cannot now
-(then its follower wakes and reads the event as usual). It must not raise or wait."""
+class Taker(Protocol):
+    """A reader that takes events in the writer's own append (a binding's connection).
+
+    Each method is given the event's fields (no :class:`~essessey.Event` is made for an
+    event a reader takes) and the id the store gave it, and returns True when it took
+    the event (written to its connection, or held for its next write), False when it
+    cannot now (then its follower wakes and reads the event as usual). Neither may raise
+    or wait."""
+
+    def take(self, name: str, data: bytes, event_id: str) -> bool:
+        """Take the event ``name`` with ``data``."""
+        ...
+
+    def take_text(self, data: bytes, event_id: str) -> bool:
+        """:meth:`take` of a text delta a Publisher made (see
+        :meth:`AppendsWithoutWaiting.append_nowait`): its name is
+        ``content_block_delta`` and ``data`` one line of JSON, so it is framed without a
+        look for line breaks."""
+        ...
 
 
 @runtime_checkable
@@ -168,10 +188,10 @@ class DeliversInAppend(Protocol):
         last_event_id: str | None = None,
         *,
         max_lag: int | None = None,
-        deliver: Deliver | None = None,
+        taker: Taker | None = None,
     ) -> AsyncIterator[Event]:
         """:meth:`EventStore.follow`; and while the follower waits caught up, each new
-        event is offered to ``deliver`` in the append itself, and what it takes is not
+        event is offered to ``taker`` in the append itself, and what it takes is not
         yielded. The events reach the reader in the same order, none twice and none
         skipped, whichever way each one goes."""
         ...

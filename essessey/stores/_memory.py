@@ -32,7 +32,7 @@ from essessey.errors import (
 from essessey.event import Event, new_event
 from essessey.protocol import EventType
 from essessey.stores._checks import check_positive
-from essessey.stores._contract import Deliver
+from essessey.stores._contract import Taker
 
 __all__ = ["InMemoryEventStore"]
 
@@ -42,18 +42,18 @@ logger = logging.getLogger("essessey.stores")
 class _Follower:
     """One follower of a stream: its position and, while it waits, how it is woken.
 
-    A follower with ``deliver`` waits caught up (its next event is the next to be
+    A follower with a ``taker`` waits caught up (its next event is the next to be
     appended) among its stream's takers: an append hands it the new event in the writer's
     own call, and it stays parked. At a model's pace an event then reaches a connection
     without a task switch or the generators between the store and the connection."""
 
-    __slots__ = ("cursor", "deliver", "signal")
+    __slots__ = ("cursor", "signal", "taker")
 
-    def __init__(self, cursor: int, deliver: Deliver | None) -> None:
+    def __init__(self, cursor: int, taker: Taker | None) -> None:
         # The sequence of the next event this follower reads; while it is a taker, the
         # sequence it parked at (what it took since is counted when it leaves).
         self.cursor = cursor
-        self.deliver = deliver
+        self.taker = taker
         self.signal: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
@@ -117,21 +117,26 @@ class _Stream:
             for n, (name, data) in enumerate(pairs, seq)
         ]
 
-    def hand_over(self, appended: Event) -> None:
-        """Offer ``appended`` (the event at ``next_seq - 1``) to each taker; one that
-        does not take it leaves the takers and is woken to read it itself."""
+    def hand_over(self, name: str, data: bytes, text: bool) -> None:
+        """Offer the event just appended to each taker (as a Publisher's text delta when
+        ``text``); one that does not take it leaves the takers and is woken to read it
+        itself."""
+        event_id = f"{self.epoch}-{self.next_seq - 1}"
         refused: list[_Follower] | None = None
         for follower in self.takers:
-            deliver = follower.deliver
+            taker = follower.taker
             try:
-                if deliver is not None and deliver(appended):
-                    continue
+                took = taker is not None and (
+                    taker.take_text(data, event_id) if text else taker.take(name, data, event_id)
+                )
             except Exception as exc:  # a reader's bug must not fail the writer's append
                 log_failure(logger, exc, "a follower's delivery failed; waking it instead")
-                follower.deliver = None
-            if refused is None:
-                refused = []
-            refused.append(follower)
+                follower.taker = None
+                took = False
+            if not took:
+                if refused is None:
+                    refused = []
+                refused.append(follower)
         if refused is not None:
             seq = self.next_seq - 1
             for follower in refused:
@@ -167,7 +172,7 @@ class _Stream:
         :meth:`forget`-ten."""
         future: asyncio.Future[None] = loop.create_future()
         follower.signal = future
-        (self.waiters if follower.deliver is None else self.takers).append(follower)
+        (self.waiters if follower.taker is None else self.takers).append(follower)
         return future
 
     def forget(self, follower: _Follower) -> None:
@@ -311,17 +316,19 @@ class InMemoryEventStore:
             self._streams.move_to_end(stream_id)
         return stream
 
-    def append_nowait(self, stream_id: str, event: Event) -> None:
-        """:meth:`append` without a coroutine (the in-memory store never waits) and without
-        the stored event: its id is made only for a follower that takes it."""
+    def append_nowait(self, stream_id: str, name: str, data: bytes, text: bool = False) -> None:
+        """:meth:`append` of the event ``name`` with ``data``, without a coroutine (the
+        in-memory store never waits) and without an :class:`~essessey.Event`: the event is
+        kept as its name and data, and its id is made only for a follower that takes it.
+        ``text``: the event is a text delta a :class:`~essessey.Publisher` made (see
+        ``essessey.stores.AppendsWithoutWaiting``), offered to the takers as such."""
         stream = self._streams.get(stream_id)
         if stream is None or not stream.running:
-            stream = self._reopen(stream_id, event)
+            stream = self._reopen(stream_id, name)
         # A running turn's stream (nearly every append) is neither dropped nor reordered
         # while it runs: its place and time are its opening's until close_stream moves it
         # to the end, so the order by update holds for the streams expiry may drop.
         seq = stream.next_seq
-        name, data, _ = event
         datas = stream.datas
         if len(datas) == self.max_events_per_stream:
             stream.first_seq += 1  # the deques drop their oldest on append
@@ -339,18 +346,18 @@ class InMemoryEventStore:
             self._over_budget(stream)
         stream.next_seq = seq + 1
         if stream.takers:
-            stream.hand_over(new_event(Event, (name, data, f"{stream.epoch}-{seq}")))
+            stream.hand_over(name, data, text)
         if stream.waiters:
             stream.wake()
 
-    def _reopen(self, stream_id: str, event: Event) -> _Stream:
+    def _reopen(self, stream_id: str, name: str) -> _Stream:
         """The stream an append to a stream with no running turn goes to: created anew
         when it is gone (only a new message may start a running stream that was
         cleared), moved to the end as updated now, and open."""
         now = time.monotonic()
         cleared = self._cleared_running
         if cleared and stream_id in cleared and stream_id not in self._streams:
-            if event.event != EventType.MESSAGE_START:
+            if name != EventType.MESSAGE_START:
                 raise StreamReset(
                     f"stream {stream_id!r} was cleared while its turn ran; only a new "
                     "message may start it again"
@@ -392,7 +399,7 @@ class InMemoryEventStore:
 
     async def append(self, stream_id: str, event: Event) -> Event:
         """Store ``event`` and return it with its id; wakes the stream's followers."""
-        self.append_nowait(stream_id, event)
+        self.append_nowait(stream_id, event.event, event.data)
         return self._newest(stream_id)
 
     def _newest(self, stream_id: str) -> Event:
@@ -475,10 +482,10 @@ class InMemoryEventStore:
         last_event_id: str | None = None,
         *,
         max_lag: int | None = None,
-        deliver: Deliver | None = None,
+        taker: Taker | None = None,
     ) -> AsyncIterator[Event]:
         """:meth:`follow`; and while the follower waits caught up, each new event is
-        offered to ``deliver`` in the append itself, and what it takes is not yielded.
+        offered to ``taker`` in the append itself, and what it takes is not yielded.
 
         For a reader whose connection can take an event without waiting (essessey's SSE
         subscription response): the events reach it in the same order, none twice and
@@ -487,14 +494,14 @@ class InMemoryEventStore:
         """
         if type(self).follow is not InMemoryEventStore.follow:
             return self.follow(stream_id, last_event_id, max_lag=max_lag)
-        return self._follow(stream_id, last_event_id, max_lag, deliver)
+        return self._follow(stream_id, last_event_id, max_lag, taker)
 
     async def _follow(
         self,
         stream_id: str,
         last_event_id: str | None,
         max_lag: int | None,
-        deliver: Deliver | None,
+        taker: Taker | None,
     ) -> AsyncIterator[Event]:
         stream = self._get(stream_id)
         if stream is None:
@@ -505,7 +512,7 @@ class InMemoryEventStore:
         # Without an id, with no whole message retained, what comes before the next
         # message_start is the tail of a message: skipped, and never offered in the append.
         seeking = last_event_id is None and start == stream.next_seq and stream.first_seq > 1
-        me = _Follower(start, None if seeking else deliver)
+        me = _Follower(start, None if seeking else taker)
         loop = asyncio.get_running_loop()
         # Lag counts only what was appended after the follower started: the backlog it
         # replays first is not a sign of a slow reader, and counting it would end a
@@ -532,7 +539,7 @@ class InMemoryEventStore:
                     if event.event != EventType.MESSAGE_START:
                         continue
                     seeking = False
-                    me.deliver = deliver
+                    me.taker = taker
                 yield event
                 continue
             if stream.closed:

@@ -93,7 +93,12 @@ def encode(event: Event) -> bytes:
     ``event:``, its data, a blank line. The data bytes are written unchanged."""
     # Unpacked in one step: each of a named tuple's fields read by name goes through a
     # descriptor.
-    name, data, event_id = event
+    return encode_fields(*event)
+
+
+def encode_fields(name: str, data: bytes, event_id: str | None) -> bytes:
+    """:func:`encode` of the event made of ``name``, ``data`` and ``event_id``, for a
+    caller that holds the three without an :class:`~essessey.Event` (a store's append)."""
     # The bytes 10 and 13 (LF, CR) as ints: an int is looked for with one memchr, where a
     # one-byte bytes needle takes the general search, several times slower per event.
     if data and not (10 in data or 13 in data):

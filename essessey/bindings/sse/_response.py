@@ -81,13 +81,14 @@ from essessey.bindings.sse._encoder import (
     ProtocolFrames,
     TextDeltaEncoder,
 )
-from essessey.bindings.sse._format import encode, error_body, format_message
+from essessey.bindings.sse._format import encode, encode_fields, error_body, format_message
 from essessey.errors import StreamInterrupted, StreamRejected
 from essessey.event import Event, EventBatch, Source, new_event
 from essessey.metrics import totals
 from essessey.protocol import TEXT_DELTA_PAYLOAD, Dialect, EventType
 from essessey.publisher import Publisher, TurnProducer
 from essessey.shutdown import on_shutdown, shutting_down
+from essessey.stores import Taker
 
 __all__ = ["RESUME_HEADERS_WITHIN", "DeliveringSource", "EventStreamResponse", "SSEOptions"]
 
@@ -112,6 +113,8 @@ _TEXT_DELTA_HEAD: Final = b"event: content_block_delta\ndata: "
 _BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: _TEXT_DELTA_HEAD}
 # A text delta's whole frame, to fill as its payload is.
 _TEXT_DELTA_FRAME: Final = _TEXT_DELTA_HEAD + TEXT_DELTA_PAYLOAD + b"\n\n"
+# A stored text delta's frame, to fill with its id and its data.
+_ID_TEXT_DELTA_FRAME: Final = b"id: %b\n" + _TEXT_DELTA_HEAD + b"%b\n\n"
 _PROTOCOL_FRAMES: Final = ProtocolFrames()
 RESUME_HEADERS_WITHIN: Final = 0.25
 """Seconds a resume's response waits for its first event before it sends its headers
@@ -218,19 +221,33 @@ class _LineSink:
             return None
         return line.write(frame)
 
-    def deliver(self, event: Event) -> bool:
-        """An event offered in a store's append (see ``essessey.stores.Deliver``): taken
+    def take(self, name: str, data: bytes, event_id: str) -> bool:
+        """An event offered in a store's append (see ``essessey.stores.Taker``): taken
         when the line takes it now; False, having written nothing and never raising, when
         it must come through the source."""
         try:
             # The protocol's framing keeps no state: a frame the line refuses is made
             # again when the event comes through the source, and nothing else is lost.
-            frame = self._encode(event)
+            frame = encode_fields(name, data, event_id)
             if not self._line.offer(frame):
                 return False
         except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
-        self.last_was_error = event.event == EventType.ERROR
+        self.last_was_error = name == EventType.ERROR
+        totals.sse_events += 1
+        totals.sse_bytes += len(frame)
+        return True
+
+    def take_text(self, data: bytes, event_id: str) -> bool:
+        """:meth:`take` of a Publisher's text delta: one line of JSON under a name known
+        here and an id the store made, framed in one step."""
+        frame = _ID_TEXT_DELTA_FRAME % (event_id.encode(), data)
+        try:
+            if not self._line.offer(frame):
+                return False
+        except (Exception, LineEnded):
+            return False  # read again through the source, which then raises it
+        self.last_was_error = False
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
         return True
@@ -290,21 +307,26 @@ class _DialectLineSink(_LineSink):
             return None
         return line.write(frame)
 
-    def deliver(self, event: Event) -> bool:
-        """:meth:`_LineSink.deliver`, framing the event only when the line takes it: a
+    def take(self, name: str, data: bytes, event_id: str) -> bool:
+        """:meth:`_LineSink.take`, framing the event only when the line takes it: a
         dialect's encoder keeps state, so a refused event must be framed once, when it
         comes through the source."""
         try:
-            frame = self._line.take(self._encode, event)
+            frame = self._line.take(self._encode, new_event(Event, (name, data, event_id)))
         except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
         if frame is None:
             return False
-        self.last_was_error = event.event == EventType.ERROR
+        self.last_was_error = name == EventType.ERROR
         if frame:
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
         return True
+
+    def take_text(self, data: bytes, event_id: str) -> bool:
+        """A text delta is framed as any event is: the encoder reads its record (noted by
+        the hub's sink, not parsed)."""
+        return self.take(EventType.CONTENT_BLOCK_DELTA, data, event_id)
 
     def _frames(self, events: Sequence[Event]) -> bytes:
         frames: list[bytes] = []
@@ -345,8 +367,8 @@ class DeliveringSource(Protocol):
         """The events not delivered, in order."""
         ...
 
-    def deliver_to(self, deliver: Callable[[Event], bool]) -> None:
-        """Offer live events to ``deliver`` from now on."""
+    def deliver_to(self, taker: Taker) -> None:
+        """Offer live events to ``taker`` from now on."""
         ...
 
 
@@ -542,7 +564,7 @@ class EventStreamResponse(Response):
         if issubclass(type(source), DeliveringSource):
             # A hub subscription: its live events may come straight from the turn's
             # append, in order with those the loop below reads.
-            cast(DeliveringSource, source).deliver_to(sink.deliver)
+            cast(DeliveringSource, source).deliver_to(sink)
         iterator = aiter(source)
         handled = 0
         try:

@@ -59,7 +59,7 @@ from essessey.bindings.sse._response import (
 from essessey.errors import StreamInterrupted, StreamNotFound, StreamRejected, UnknownEventId
 from essessey.event import Event
 from essessey.hub import StreamHub
-from essessey.stores import Deliver
+from essessey.stores import Taker
 
 __all__ = [
     "HubSubscription",
@@ -179,13 +179,13 @@ class HubSubscription:
     count again the same way."""
 
     __slots__ = (
-        "_deliver",
         "_frames",
         "_hub",
         "_last_event_id",
         "_primer",
         "_skip",
         "_stream_id",
+        "_taker",
     )
 
     def __init__(
@@ -206,11 +206,11 @@ class HubSubscription:
         # With a primer: how many frames of the event ``last_event_id`` the client had
         # (a resume by a frame's id); 0 when it had the event whole.
         self._skip = skip
-        self._deliver: Deliver | None = None
+        self._taker: Taker | None = None
 
-    def deliver_to(self, deliver: Deliver) -> None:
-        """Offer live events to ``deliver`` (see ``Subscription.deliver_live``)."""
-        self._deliver = deliver
+    def deliver_to(self, taker: Taker) -> None:
+        """Offer live events to ``taker`` (see ``Subscription.deliver_live``)."""
+        self._taker = taker
 
     def __aiter__(self) -> AsyncIterator[Event]:
         primer = self._primer
@@ -218,7 +218,7 @@ class HubSubscription:
             self._hub,
             self._stream_id,
             self._last_event_id,
-            self._deliver,
+            self._taker,
             prime=primer.encode if primer is not None else None,
             skip=self._skip,
             frames=self._frames,
@@ -229,7 +229,7 @@ async def _follow(
     hub: StreamHub,
     stream_id: str,
     last_event_id: str | None,
-    deliver: Deliver | None,
+    taker: Taker | None,
     *,
     prime: Callable[[Event], bytes] | None,
     skip: int = 0,
@@ -269,8 +269,8 @@ async def _follow(
             if skip:
                 rest = b"".join(within[skip:])
             frames.resumed_in(last_event_id, encoded[0])
-        if deliver is not None:
-            subscription.deliver_live(deliver)
+        if taker is not None:
+            subscription.deliver_live(taker)
         if rest:
             count.started()
             yield _RestOfEvent("", rest)

@@ -59,7 +59,6 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -86,7 +85,7 @@ from essessey.bindings._asgi import (
 from essessey.bindings._line import Line, LineEnded
 from essessey.bindings._uvicorn import FrameWriter, frame_writer
 from essessey.bindings.admission import Refusal, admit
-from essessey.bindings.ws._frame import encode_frame, frame_bytes
+from essessey.bindings.ws._frame import encode_frame, frame_bytes, frame_fields
 from essessey.bindings.ws._guard import stall_guard
 from essessey.bindings.ws._source import CloseCode
 from essessey.event import Event
@@ -278,7 +277,7 @@ async def _follow(
     try:
         subscription = await hub.open(stream_id, last_event_id)
         # A live event goes out in the turn's own append while the line takes it now.
-        subscription.deliver_live(functools.partial(_deliver, line, ending))
+        subscription.deliver_live(_LiveTaker(line, ending))
         events = aiter(subscription)
         async for event in events:
             count.started()
@@ -330,23 +329,35 @@ def _first(opened: float) -> float:
     return 0.0
 
 
-def _deliver(line: Line, ending: _Ending, event: Event) -> bool:
-    """An event offered in the store's append (see ``essessey.stores.Deliver``): taken
-    when the line takes it now; False, having written nothing and never raising,
-    otherwise."""
-    if ending.shutdown or ending.disconnected:
-        return False
-    try:
-        # The framing keeps no state: a frame the line refuses is made again when the
-        # event comes through the subscription, and nothing else is lost.
-        frame = frame_bytes(event)
-        if not line.offer(frame):
+class _LiveTaker:
+    """A subscription's live events in the turn's own append (see
+    ``essessey.stores.Taker``): each taken when the line takes it now; False, having
+    written nothing and never raising, otherwise."""
+
+    __slots__ = ("_ending", "_line")
+
+    def __init__(self, line: Line, ending: _Ending) -> None:
+        self._line = line
+        self._ending = ending
+
+    def take(self, name: str, data: bytes, event_id: str) -> bool:
+        ending = self._ending
+        if ending.shutdown or ending.disconnected:
             return False
-    except (Exception, LineEnded):
-        return False  # the subscription's own loop reads it, and ends on it
-    totals.websocket_events += 1
-    totals.websocket_bytes += len(frame)
-    return True
+        try:
+            # The framing keeps no state: a frame the line refuses is made again when
+            # the event comes through the subscription, and nothing else is lost.
+            frame = frame_fields(name, data, event_id)
+            if not self._line.offer(frame):
+                return False
+        except (Exception, LineEnded):
+            return False  # the subscription's own loop reads it, and ends on it
+        totals.websocket_events += 1
+        totals.websocket_bytes += len(frame)
+        return True
+
+    def take_text(self, data: bytes, event_id: str) -> bool:
+        return self.take(EventType.CONTENT_BLOCK_DELTA, data, event_id)
 
 
 class _WSWire:

@@ -43,16 +43,19 @@ def encode_frame(event: Event) -> str:
 
 def frame_bytes(event: Event) -> bytes:
     """:func:`encode_frame` as UTF-8 bytes, what goes on the wire."""
-    data = event.data
+    return frame_fields(*event)
+
+
+def frame_fields(name: str, data: bytes, event_id: str | None) -> bytes:
+    """:func:`frame_bytes` of the event made of ``name``, ``data`` and ``event_id``, for
+    a caller that holds the three without an :class:`~essessey.Event` (a store's
+    append)."""
     if not data:
         raise ValueError("an event's data must be JSON text to travel in a WebSocket frame")
-    event_id = event.id
     if event_id:
         # One join, not four concatenations: a hub's every event carries an id.
-        return b"".join(
-            (b'{"id":', orjson.dumps(event_id), b",", _name_part(event.event), data, b"}")
-        )
-    return b"{" + _name_part(event.event) + data + b"}"
+        return b"".join((b'{"id":', orjson.dumps(event_id), b",", _name_part(name), data, b"}"))
+    return b"{" + _name_part(name) + data + b"}"
 
 
 def decode_frame(text: str | bytes, *, max_size: int = MAX_FRAME_SIZE) -> Event:
