@@ -92,7 +92,6 @@ from essessey.protocol.asking import (
     match_answers,
     waiting,
 )
-from essessey.protocol.records import published_text
 from essessey.publisher import Publisher, TurnProducer
 from essessey.snapshot import SnapshotCache, compact_yielding
 from essessey.stores import (
@@ -216,7 +215,7 @@ class _HubSink:
         append = self._append_nowait
         if append is not None:
             # A store that appends in a plain call (the in-memory one): no await.
-            append(self._stream_id, event.event, event.data, False)
+            append(self._stream_id, event.event, event.data, None)
         elif (shared := self._shared) is not None:
             await shared.append_as(self._stream_id, event, self._holder)
         else:
@@ -233,10 +232,8 @@ class _HubSink:
         if append is None:
             return self.emit(new_event(Event, (_DELTA, data, None)))
         # A store that appends in a plain call: the delta is stored in this one (no Event
-        # made) and offered to the takers as a Publisher's text delta, and a dialect that
-        # follows the turn reads its record from what is noted here.
-        published_text(data, index, text)
-        append(self._stream_id, _DELTA, data, True)
+        # made) and offered to the takers as a Publisher's text delta.
+        append(self._stream_id, _DELTA, data, (index, text))
         self.last_was_error = False
         return None
 
@@ -404,7 +401,7 @@ class StreamHub:
             self.store if isinstance(self.store, SharedEventStore) else None
         )
         # The store's append as a plain call, when it has one.
-        self._append_nowait: Callable[[str, str, bytes, bool], None] | None = (
+        self._append_nowait: Callable[[str, str, bytes, tuple[int, str] | None], None] | None = (
             self.store.append_nowait if isinstance(self.store, AppendsWithoutWaiting) else None
         )
         self._delivering: DeliversInAppend | None = (

@@ -44,7 +44,9 @@ class RecordingStore(InMemoryEventStore):
         super().__init__(**options)
         self.published: defaultdict[str, list[Event]] = defaultdict(list)
 
-    def append_nowait(self, stream_id: str, name: str, data: bytes, text: bool = False) -> None:
+    def append_nowait(
+        self, stream_id: str, name: str, data: bytes, text: tuple[int, str] | None = None
+    ) -> None:
         super().append_nowait(stream_id, name, data, text)
         self.published[stream_id].append(self._newest(stream_id))
 

@@ -5,15 +5,22 @@ the dialects' encoders), its JSON is parsed once."""
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import anyio.lowlevel
+import httpx
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from essessey import Event, InMemorySink, Publisher, StreamHub, check, stream_turn
-from essessey.bindings.sse import FrameEncoder
+from essessey.bindings.sse import FrameEncoder, stream_response
 from essessey.dialects.agui import AGUIEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
@@ -33,8 +40,11 @@ from essessey.protocol import (
     read,
 )
 from essessey.protocol import records as records_module
+from essessey.protocol.records import published_text
 from essessey.reassemble import reassemble_events
 from essessey.snapshot import compact
+from tests.processes import WAIT
+from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -255,10 +265,42 @@ def _message_start(message_id: str) -> dict[str, object]:
     }
 
 
+@pytest.mark.parametrize("position", range(4))
+async def test_a_dialect_response_following_a_hub_turn_parses_none_of_its_text_deltas(
+    position: int,
+) -> None:
+    """The real path, a hub turn served in a dialect (``stream_response``) on a server:
+    each text delta reaches the response in the turn's append with its record, so only
+    the turn's other events are parsed (five), not its thirty deltas."""
+    hub = StreamHub()
+    nonce = time.monotonic_ns()  # events whose bytes no earlier test memoised
+
+    async def produce(publisher: Publisher) -> None:
+        async with stream_turn(publisher, message_id=f"m{nonce}", stream_id="s", model="m") as turn:
+            text = await turn.text()
+            for i in range(30):
+                await anyio.sleep(0.005)  # a model's pace: each delta taken in the append
+                await text.write(f"w{i}.{nonce} ")
+
+    async def route(request: Request) -> Response:
+        await hub.start("s", produce)
+        return stream_response(hub, "s", None, encoder=_encoders()[position])
+
+    app = Starlette(routes=[Route("/", route)], lifespan=hub.lifespan)
+    with serve(app, lifespan="on") as url:
+        before = records_module.reads.parsed
+        async with httpx.AsyncClient(timeout=WAIT) as client:
+            response = await client.get(url + "/")
+        parsed = records_module.reads.parsed - before
+    assert response.status_code == 200
+    assert all(f"w{i}.{nonce} ".encode() in response.content for i in range(30))
+    assert parsed <= 5
+
+
 async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_once() -> None:
     """The hub-to-dialect path: the parses per delivered event, with four dialect readers
     of one turn, are at most one per event (each encoder used to parse every event); the
-    text deltas, whose records the hub notes as it stores them, are not parsed at all,
+    text deltas, whose records each reader notes as it takes them, are not parsed at all,
     and every reader writes what it writes for the same events parsed."""
     events: list[Event] = []
     async with StreamHub() as hub:
@@ -290,7 +332,8 @@ async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_
             def take(self, name: str, data: bytes, event_id: str) -> bool:
                 return self.write(Event(name, data, event_id))
 
-            def take_text(self, data: bytes, event_id: str) -> bool:
+            def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
+                published_text(data, *text)  # what essessey's dialect responses do
                 return self.take("content_block_delta", data, event_id)
 
         async def follow(position: int) -> None:

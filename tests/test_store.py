@@ -365,7 +365,7 @@ class FnTaker:
     def take(self, name: str, data: bytes, event_id: str) -> bool:
         return self._take(name, data, event_id)
 
-    def take_text(self, data: bytes, event_id: str) -> bool:
+    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
         self.texts += 1
         return self._take("content_block_delta", data, event_id)
 
@@ -416,7 +416,7 @@ def test_a_follower_that_takes_some_events_in_the_append_gets_each_once_in_order
                     if text:
                         data = b'{"type":"content_block_delta","index":0,"delta":%d}' % j
                         sent.append(("content_block_delta", data))
-                        store.append_nowait("s", "content_block_delta", data, True)
+                        store.append_nowait("s", "content_block_delta", data, (0, str(j)))
                     else:
                         data = b"%d.%d" % (step, j)
                         sent.append(("e", data))

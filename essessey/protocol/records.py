@@ -5,8 +5,9 @@ the checker, the reassembler, the snapshot compactor, the CLI's renderer and eac
 encoder. :func:`read` gives each of them the same record, and parses the event's JSON only
 the first time any of them asks: the records of recent events are kept in a bounded memo
 keyed by the event's bytes (a bytes object caches its hash, so a second look is one dict
-lookup). The text delta a hub has just stored is not parsed at all: the hub notes its index
-and text (:func:`published_text`), and a reader of those very bytes gets its record from
+lookup). The text delta a hub has just stored is not parsed at all by the dialect that
+takes it in the append: the dialect's response notes its index and text, which the store
+hands it (:func:`published_text`), and a reader of those very bytes gets its record from
 the note. A record, and the ``payload`` it carries, are shared by every reader: never change
 them.
 
@@ -274,7 +275,7 @@ def published_text(data: bytes, index: int, text: str) -> None:
     """Note that ``data`` is the payload of a text delta of ``text`` for block ``index``,
     made in this process and about to reach its readers: until the next note, a reader
     of an event with these very bytes gets its record without a parse (the hub's stored
-    text deltas, read by each dialect that follows the turn).
+    text deltas, taken by each dialect that follows the turn).
 
     Cheaper than putting the record in the memo, whose upkeep costs more than building a
     text delta's record from what its maker already holds. ``data`` must be what

@@ -136,13 +136,16 @@ class SharedEventStore(EventStore, Protocol):
 class AppendsWithoutWaiting(Protocol):
     """A store whose append never waits, offered as a plain call."""
 
-    def append_nowait(self, stream_id: str, name: str, data: bytes, text: bool = False) -> None:
+    def append_nowait(
+        self, stream_id: str, name: str, data: bytes, text: tuple[int, str] | None = None
+    ) -> None:
         """:meth:`EventStore.append` of the event ``name`` with ``data``, without a
         coroutine and without an :class:`~essessey.Event` made for it, returning nothing
         (a writer that appends this way has no use for the stored event's id). With
-        ``text``, the event is a text delta a :class:`~essessey.Publisher` made
-        (``content_block_delta``, ``data`` the ``TEXT_DELTA_PAYLOAD`` filled: one line of
-        JSON), offered to each :class:`Taker` as such (:meth:`Taker.take_text`)."""
+        ``text`` (its block's index and its text), the event is a text delta a
+        :class:`~essessey.Publisher` made (``content_block_delta``, ``data`` the
+        ``TEXT_DELTA_PAYLOAD`` filled: one line of JSON), offered to each :class:`Taker`
+        as such (:meth:`Taker.take_text`)."""
         ...
 
 
@@ -170,11 +173,12 @@ class Taker(Protocol):
         """Take the event ``name`` with ``data``."""
         ...
 
-    def take_text(self, data: bytes, event_id: str) -> bool:
+    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
         """:meth:`take` of a text delta a Publisher made (see
         :meth:`AppendsWithoutWaiting.append_nowait`): its name is
-        ``content_block_delta`` and ``data`` one line of JSON, so it is framed without a
-        look for line breaks."""
+        ``content_block_delta``, ``data`` one line of JSON (so it is framed without a
+        look for line breaks), and ``text`` its block's index and its text (so a reader
+        has its record without a parse)."""
         ...
 
 

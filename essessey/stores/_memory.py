@@ -117,8 +117,8 @@ class _Stream:
             for n, (name, data) in enumerate(pairs, seq)
         ]
 
-    def hand_over(self, name: str, data: bytes, text: bool) -> None:
-        """Offer the event just appended to each taker (as a Publisher's text delta when
+    def hand_over(self, name: str, data: bytes, text: tuple[int, str] | None) -> None:
+        """Offer the event just appended to each taker (as a Publisher's text delta with
         ``text``); one that does not take it leaves the takers and is woken to read it
         itself."""
         event_id = f"{self.epoch}-{self.next_seq - 1}"
@@ -127,7 +127,9 @@ class _Stream:
             taker = follower.taker
             try:
                 took = taker is not None and (
-                    taker.take_text(data, event_id) if text else taker.take(name, data, event_id)
+                    taker.take(name, data, event_id)
+                    if text is None
+                    else taker.take_text(data, event_id, text)
                 )
             except Exception as exc:  # a reader's bug must not fail the writer's append
                 log_failure(logger, exc, "a follower's delivery failed; waking it instead")
@@ -316,19 +318,21 @@ class InMemoryEventStore:
             self._streams.move_to_end(stream_id)
         return stream
 
-    def append_nowait(self, stream_id: str, name: str, data: bytes, text: bool = False) -> None:
+    def append_nowait(
+        self, stream_id: str, name: str, data: bytes, text: tuple[int, str] | None = None
+    ) -> None:
         """:meth:`append` of the event ``name`` with ``data``, without a coroutine (the
         in-memory store never waits) and without an :class:`~essessey.Event`: the event is
         kept as its name and data, and its id is made only for a follower that takes it.
-        ``text``: the event is a text delta a :class:`~essessey.Publisher` made (see
-        ``essessey.stores.AppendsWithoutWaiting``), offered to the takers as such."""
+        ``text``: the event is a text delta a :class:`~essessey.Publisher` made, of that
+        block index and text (see ``essessey.stores.AppendsWithoutWaiting``), offered to
+        the takers as such."""
         stream = self._streams.get(stream_id)
         if stream is None or not stream.running:
             stream = self._reopen(stream_id, name)
         # A running turn's stream (nearly every append) is neither dropped nor reordered
         # while it runs: its place and time are its opening's until close_stream moves it
         # to the end, so the order by update holds for the streams expiry may drop.
-        seq = stream.next_seq
         datas = stream.datas
         if len(datas) == self.max_events_per_stream:
             stream.first_seq += 1  # the deques drop their oldest on append
@@ -340,11 +344,9 @@ class InMemoryEventStore:
         size = len(data) + _EVENT_OVERHEAD  # _cost, inline on the path of every event
         stream.bytes += size
         self._bytes += size
-        if stream.bytes > self.max_bytes_per_stream:
-            self._trim(stream, self.max_bytes_per_stream)
-        if self._bytes > self.max_bytes:
-            self._over_budget(stream)
-        stream.next_seq = seq + 1
+        if stream.bytes > self.max_bytes_per_stream or self._bytes > self.max_bytes:
+            self._keep_budgets(stream)
+        stream.next_seq += 1
         if stream.takers:
             stream.hand_over(name, data, text)
         if stream.waiters:
@@ -367,6 +369,14 @@ class InMemoryEventStore:
         stream.closed = False
         stream.updated = now
         return stream
+
+    def _keep_budgets(self, stream: _Stream) -> None:
+        """An append to ``stream`` took it past ``max_bytes_per_stream`` or the store
+        past ``max_bytes``: make room (see :meth:`_trim` and :meth:`_over_budget`)."""
+        if stream.bytes > self.max_bytes_per_stream:
+            self._trim(stream, self.max_bytes_per_stream)
+        if self._bytes > self.max_bytes:
+            self._over_budget(stream)
 
     def _trim(self, stream: _Stream, budget: int) -> None:
         """Evict ``stream``'s oldest events until it holds at most ``budget`` bytes (its

@@ -86,6 +86,7 @@ from essessey.errors import StreamInterrupted, StreamRejected
 from essessey.event import Event, EventBatch, Source, new_event
 from essessey.metrics import totals
 from essessey.protocol import TEXT_DELTA_PAYLOAD, Dialect, EventType
+from essessey.protocol.records import published_text
 from essessey.publisher import Publisher, TurnProducer
 from essessey.shutdown import on_shutdown, shutting_down
 from essessey.stores import Taker
@@ -238,7 +239,7 @@ class _LineSink:
         totals.sse_bytes += len(frame)
         return True
 
-    def take_text(self, data: bytes, event_id: str) -> bool:
+    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
         """:meth:`take` of a Publisher's text delta: one line of JSON under a name known
         here and an id the store made, framed in one step."""
         frame = _ID_TEXT_DELTA_FRAME % (event_id.encode(), data)
@@ -323,9 +324,10 @@ class _DialectLineSink(_LineSink):
             totals.sse_bytes += len(frame)
         return True
 
-    def take_text(self, data: bytes, event_id: str) -> bool:
-        """A text delta is framed as any event is: the encoder reads its record (noted by
-        the hub's sink, not parsed)."""
+    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
+        """A text delta is framed as any event is, its record noted for the encoder to
+        read without a parse."""
+        published_text(data, *text)
         return self.take(EventType.CONTENT_BLOCK_DELTA, data, event_id)
 
     def _frames(self, events: Sequence[Event]) -> bytes:

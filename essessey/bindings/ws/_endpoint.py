@@ -356,7 +356,7 @@ class _LiveTaker:
         totals.websocket_bytes += len(frame)
         return True
 
-    def take_text(self, data: bytes, event_id: str) -> bool:
+    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
         return self.take(EventType.CONTENT_BLOCK_DELTA, data, event_id)
 
 
