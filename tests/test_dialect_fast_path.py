@@ -20,6 +20,7 @@ from essessey.bindings.sse import EventStreamResponse, FrameEncoder
 # The fast path's capability, not exported: what this test checks is that each dialect has it.
 from essessey.bindings.sse._encoder import TextDeltaEncoder
 from essessey.dialects.agui import AGUIEncoder
+from essessey.dialects.base import DialectEncoder
 from essessey.dialects.chat_completions import ChatCompletionsEncoder
 from essessey.dialects.responses import ResponsesEncoder
 from essessey.dialects.ui import UIMessageEncoder
@@ -132,6 +133,61 @@ def test_a_text_given_as_text_is_written_as_its_event(dialect: str, texts: list[
         event = Event("content_block_delta", canonical(text))
         assert given_text.encode_text(0, text, orjson.dumps(text)) == read.encode(event)
     assert given_text.encode_text(3, "x", b'"x"') is None
+
+
+@pytest.mark.parametrize("dialect", ENCODERS)
+@settings(max_examples=100, deadline=None)
+@given(texts=st.lists(st.text(), max_size=6))
+def test_a_stored_text_delta_given_by_its_fields_is_written_as_its_event(
+    dialect: str, texts: list[str]
+) -> None:
+    # What a dialect's response writes for a delta a hub hands over (its id included).
+    given_fields, read = ENCODERS[dialect](), ENCODERS[dialect]()
+    for event in opening():
+        given_fields.encode(event)
+        read.encode(event)
+    assert isinstance(given_fields, DialectEncoder)
+    for n, text in enumerate(texts):
+        event = Event("content_block_delta", canonical(text), f"e-{n}")
+        assert given_fields.encode_text_delta(0, text, f"e-{n}") == read.encode(event)
+    assert given_fields.encode_text_delta(3, "x", "e-9") is None  # no such block
+
+
+@pytest.mark.parametrize("dialect", ENCODERS)
+def test_a_stored_text_delta_goes_through_encode_where_the_fields_would_skip_a_rule(
+    dialect: str,
+) -> None:
+    encoder, twin = ENCODERS[dialect](), ENCODERS[dialect]()
+    assert isinstance(encoder, DialectEncoder)
+    assert isinstance(twin, DialectEncoder)
+    for event in opening():
+        encoder.encode(event)
+        twin.encode(event)
+    # A continuation still reading up to its ``after``: the fields are refused, and the
+    # events go through encode, which writes nothing of them.
+    encoder.start_after("e-5")
+    twin.start_after("e-5")
+    for event_id in ("e-1", "e-5"):
+        assert encoder.encode_text_delta(0, "x", event_id) is None
+        event = Event("content_block_delta", canonical("x"), event_id)
+        assert encoder.encode(event) == twin.encode(event) == b""
+    # Reached: from here on the response writes what the events' encoding writes.
+    for n, text in enumerate(["y", "z"], 6):
+        event = Event("content_block_delta", canonical(text), f"e-{n}")
+        given = encoder.encode_text_delta(0, text, f"e-{n}")
+        assert (encoder.encode(event) if given is None else given) == twin.encode(event)
+
+
+def test_a_subclass_with_an_encode_of_its_own_gets_stored_text_deltas_through_it() -> None:
+    class Counting(UIMessageEncoder):
+        def encode(self, event: Event) -> bytes:
+            return super().encode(event)
+
+    encoder = Counting(message_id="turn")
+    for event in opening():
+        encoder.encode(event)
+    assert encoder.encode_text_delta(0, "x", "e-1") is None  # so the event goes to encode
+    assert encoder.encode(Event("content_block_delta", canonical("x"), "e-1"))
 
 
 @pytest.mark.anyio

@@ -270,8 +270,9 @@ async def test_a_dialect_response_following_a_hub_turn_parses_none_of_its_text_d
     position: int,
 ) -> None:
     """The real path, a hub turn served in a dialect (``stream_response``) on a server:
-    each text delta reaches the response in the turn's append with its record, so only
-    the turn's other events are parsed (five), not its thirty deltas."""
+    each text delta reaches the response in the turn's append with its index and text,
+    so only the turn's other events are parsed (five), not its thirty deltas; and the
+    response is byte for byte what a late reader of the finished turn gets."""
     hub = StreamHub()
     nonce = time.monotonic_ns()  # events whose bytes no earlier test memoised
 
@@ -283,18 +284,24 @@ async def test_a_dialect_response_following_a_hub_turn_parses_none_of_its_text_d
                 await text.write(f"w{i}.{nonce} ")
 
     async def route(request: Request) -> Response:
-        await hub.start("s", produce)
+        if request.query_params.get("start"):
+            await hub.start("s", produce)
         return stream_response(hub, "s", None, encoder=_encoders()[position])
 
     app = Starlette(routes=[Route("/", route)], lifespan=hub.lifespan)
     with serve(app, lifespan="on") as url:
-        before = records_module.reads.parsed
         async with httpx.AsyncClient(timeout=WAIT) as client:
-            response = await client.get(url + "/")
-        parsed = records_module.reads.parsed - before
+            before = records_module.reads.parsed
+            response = await client.get(url + "/?start=1")
+            parsed = records_module.reads.parsed - before
+            # A late reader: the finished turn replayed, every event read and encoded.
+            late = await client.get(url + "/")
     assert response.status_code == 200
     assert all(f"w{i}.{nonce} ".encode() in response.content for i in range(30))
     assert parsed <= 5
+    # Written from the deltas' fields, the frames are the ones encoding the events makes.
+    assert late.status_code == 200
+    assert response.content == late.content
 
 
 async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_once() -> None:

@@ -141,9 +141,9 @@ class DialectEncoder:
             delta: Delta = record
             text = delta.text
             if delta.delta_type == _TEXT and text is not None:
-                frame = self.encode_text(delta.index, text, orjson.dumps(text))
+                frame = self._text_frames(delta.index, text, event.id)
                 if frame is not None:
-                    return id_line(event.id) + frame if event.id and frame else frame
+                    return frame
         payload = read_payload(event, self.log)  # the record's, logged when unreadable
         if payload is None:
             return b""
@@ -152,6 +152,23 @@ class DialectEncoder:
         except self.unreadable as exc:
             self.log.warning("skipped a %s event: %s", log_label(event.event), type(exc).__name__)
             return b""
+
+    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
+        """What :meth:`encode` writes for a text delta of ``text`` for block ``index``
+        with id ``event_id``, from those fields instead of the event (a hub hands a
+        Publisher's stored delta to a dialect's response so, its record unread); None,
+        having done nothing, when the event must go through :meth:`encode` instead (not
+        an open text block, a response that has ended or still reads up to its
+        ``after``, a subclass with an ``encode`` of its own)."""
+        if self.ended or self.after is not None or type(self).encode is not _ENCODE:
+            return None
+        return self._text_frames(index, text, event_id)
+
+    def _text_frames(self, index: int, text: str, event_id: str | None) -> bytes | None:
+        frame = self.encode_text(index, text, orjson.dumps(text))
+        if frame is None:
+            return None
+        return id_line(event_id) + frame if event_id and frame else frame
 
     def frames(self, name: str, payload: dict[str, Any]) -> list[bytes]:
         """The frames of the event ``name`` with its parsed ``payload``, by its hook; no
@@ -314,6 +331,10 @@ _HOOKS: Final[dict[str, Callable[[DialectEncoder, dict[str, Any]], list[bytes]]]
     EventType.ERROR: _error,
 }
 """Each protocol event's hook, with what it takes out of the payload: the one dispatch."""
+
+_ENCODE: Final = DialectEncoder.encode
+"""The base's ``encode``: a subclass with its own gets every event through it, text
+deltas handed over by a hub included (see ``encode_text_delta``)."""
 
 
 set_public_module(__name__, globals(), __all__)

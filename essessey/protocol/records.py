@@ -6,10 +6,10 @@ encoder. :func:`read` gives each of them the same record, and parses the event's
 the first time any of them asks: the records of recent events are kept in a bounded memo
 keyed by the event's bytes (a bytes object caches its hash, so a second look is one dict
 lookup). The text delta a hub has just stored is not parsed at all by the dialect that
-takes it in the append: the dialect's response notes its index and text, which the store
-hands it (:func:`published_text`), and a reader of those very bytes gets its record from
-the note. A record, and the ``payload`` it carries, are shared by every reader: never change
-them.
+takes it in the append: the store hands its index and text over, from which the dialect's
+response writes it, or notes them (:func:`published_text`) where the event must go through
+the encoder's ``encode``, and a reader of those very bytes gets its record from the note.
+A record, and the ``payload`` it carries, are shared by every reader: never change them.
 
 Bad input never raises: a payload that is not JSON, not an object, or not laid out as the
 protocol says gives :class:`Unreadable` with a reason (type names and lengths, never the

@@ -33,6 +33,7 @@ __all__ = [
     "FrameEncoder",
     "ProtocolFrames",
     "TextDeltaEncoder",
+    "TextDeltaFrames",
     "data_frame",
     "id_line",
     "with_id",
@@ -108,6 +109,19 @@ class TextDeltaEncoder(FrameEncoder, Protocol):
         for block ``index`` (no id), as
         :meth:`encode` would write its event; None, having done nothing, when that is not
         an open text block (the event then goes through :meth:`encode`)."""
+        ...
+
+
+@runtime_checkable
+class TextDeltaFrames(Protocol):
+    """An encoder that writes a stored text delta, id included, from its fields: a hub's
+    store hands a Publisher's text delta over to a dialect's response so (private to the
+    bindings and the dialects' base; detected once per response)."""
+
+    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
+        """What ``encode`` writes for the text delta of ``text`` for block ``index`` with
+        id ``event_id``; None, having done nothing, when the event must go through
+        ``encode``."""
         ...
 
 

@@ -80,6 +80,7 @@ from essessey.bindings.sse._encoder import (
     FrameEncoder,
     ProtocolFrames,
     TextDeltaEncoder,
+    TextDeltaFrames,
 )
 from essessey.bindings.sse._format import encode, encode_fields, error_body, format_message
 from essessey.errors import StreamInterrupted, StreamRejected
@@ -276,15 +277,20 @@ class _LineSink:
 class _DialectLineSink(_LineSink):
     """The sink of a response in another wire dialect: each event in its encoder's
     frames. A :class:`TextDeltaEncoder` writes a text delta from its text, without
-    decoding the event."""
+    decoding the event; a :class:`TextDeltaFrames` a stored one a hub hands over."""
 
-    __slots__ = ("_encode_text",)
+    __slots__ = ("_encode_text", "_text_delta")
 
     def __init__(self, line: Line, encoder: FrameEncoder) -> None:
         super().__init__(line, encoder.encode)
         self._encode_text: Callable[[int, str, bytes], bytes | None] | None = (
             cast(TextDeltaEncoder, encoder).encode_text
             if issubclass(type(encoder), TextDeltaEncoder)
+            else None
+        )
+        self._text_delta: Callable[[int, str, str | None], bytes | None] | None = (
+            cast(TextDeltaFrames, encoder).encode_text_delta
+            if issubclass(type(encoder), TextDeltaFrames)
             else None
         )
 
@@ -325,10 +331,32 @@ class _DialectLineSink(_LineSink):
         return True
 
     def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
-        """A text delta is framed as any event is, its record noted for the encoder to
-        read without a parse."""
-        published_text(data, *text)
-        return self.take(EventType.CONTENT_BLOCK_DELTA, data, event_id)
+        """:meth:`take` of a Publisher's text delta, framed from its fields when the
+        line takes it."""
+        try:
+            frame = self._line.take(self._text_frames, (data, event_id, text))
+        except (Exception, LineEnded):
+            return False  # read again through the source, which then raises it
+        if frame is None:
+            return False
+        self.last_was_error = False
+        if frame:
+            totals.sse_events += 1
+            totals.sse_bytes += len(frame)
+        return True
+
+    def _text_frames(self, delta: tuple[bytes, str, tuple[int, str]]) -> bytes:
+        """A stored text delta's frames: from its index and text when the encoder writes
+        them so, else from its event, whose record is noted for the encoder to read
+        without a parse."""
+        data, event_id, (index, text) = delta
+        text_delta = self._text_delta
+        if text_delta is not None:
+            frame = text_delta(index, text, event_id)
+            if frame is not None:
+                return frame
+        published_text(data, index, text)
+        return self._encode(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, event_id)))
 
     def _frames(self, events: Sequence[Event]) -> bytes:
         frames: list[bytes] = []

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from typing import Unpack
+from typing import Unpack, cast
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
@@ -46,6 +46,7 @@ from essessey.bindings.http import json_error, store_guarded
 from essessey.bindings.sse._encoder import (
     ErrorShape,
     FrameEncoder,
+    TextDeltaFrames,
     frame_id,
     id_line,
     split_frame_id,
@@ -91,10 +92,15 @@ class _HubFrames:
     a resume by a frame's id, the rest of that event's frames (a :class:`_RestOfEvent`)
     go out as they are, and end frames the client had (``end_skip``) are left out."""
 
-    __slots__ = ("_encoder", "_last_id", "_last_out", "end_skip")
+    __slots__ = ("_encoder", "_last_id", "_last_out", "_text_delta", "end_skip")
 
     def __init__(self, encoder: FrameEncoder) -> None:
         self._encoder = encoder
+        self._text_delta: Callable[[int, str, str | None], bytes | None] | None = (
+            cast(TextDeltaFrames, encoder).encode_text_delta
+            if issubclass(type(encoder), TextDeltaFrames)
+            else None
+        )
         self._last_id: str | None = None
         # The last event's frames, counted only at the end: this runs for every event.
         self._last_out = b""
@@ -106,6 +112,17 @@ class _HubFrames:
         out = self._encoder.encode(event)
         if event.id is not None and out:
             self._last_id, self._last_out = event.id, out
+        return out
+
+    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
+        """:meth:`encode` of a stored text delta from its fields (see
+        ``TextDeltaFrames``), when the encoder writes one so."""
+        text_delta = self._text_delta
+        if text_delta is None:
+            return None
+        out = text_delta(index, text, event_id)
+        if event_id is not None and out:
+            self._last_id, self._last_out = event_id, out
         return out
 
     def resumed_in(self, event_id: str, encoded: bytes) -> None:
@@ -144,6 +161,10 @@ class _SkippingHubFrames(_HubFrames):
 
     def encode(self, event: Event) -> bytes:
         return self._kept(super().encode(event))
+
+    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
+        out = super().encode_text_delta(index, text, event_id)
+        return None if out is None else self._kept(out)
 
     def _end(self, tail: bytes) -> bytes:
         return self._kept(super()._end(tail))
