@@ -51,7 +51,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Final, Protocol, TypedDict, cast, runtime_checkable
+from typing import Any, Final, Protocol, TypedDict, TypeVar, cast, runtime_checkable
 
 import anyio
 import anyio.lowlevel
@@ -95,6 +95,7 @@ from essessey.stores import Taker
 __all__ = ["RESUME_HEADERS_WITHIN", "DeliveringSource", "EventStreamResponse", "SSEOptions"]
 
 logger = logging.getLogger("essessey.sse")
+_T = TypeVar("_T")
 
 
 # A comment line with no blank line after it: a valid keep-alive that no decoder
@@ -243,6 +244,7 @@ class _LineSink:
     def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
         """:meth:`take` of a Publisher's text delta: one line of JSON under a name known
         here and an id the store made, framed in one step."""
+        # Nearly every event of a hub turn: take's steps written out, a call fewer.
         frame = _ID_TEXT_DELTA_FRAME % (event_id.encode(), data)
         try:
             if not self._line.offer(frame):
@@ -318,28 +320,24 @@ class _DialectLineSink(_LineSink):
         """:meth:`_LineSink.take`, framing the event only when the line takes it: a
         dialect's encoder keeps state, so a refused event must be framed once, when it
         comes through the source."""
-        try:
-            frame = self._line.take(self._encode, new_event(Event, (name, data, event_id)))
-        except (Exception, LineEnded):
-            return False  # read again through the source, which then raises it
-        if frame is None:
-            return False
-        self.last_was_error = name == EventType.ERROR
-        if frame:
-            totals.sse_events += 1
-            totals.sse_bytes += len(frame)
-        return True
+        event = new_event(Event, (name, data, event_id))
+        return self._taken(self._encode, event, name == EventType.ERROR)
 
     def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
         """:meth:`take` of a Publisher's text delta, framed from its fields when the
         line takes it."""
+        return self._taken(self._text_frames, (data, event_id, text), False)
+
+    def _taken(self, frame_of: Callable[[_T], bytes], item: _T, error: bool) -> bool:
+        """Whether the line took ``item``'s frames (``frame_of`` called only if so);
+        ``error``: the item is an ``error`` event."""
         try:
-            frame = self._line.take(self._text_frames, (data, event_id, text))
+            frame = self._line.take(frame_of, item)
         except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
         if frame is None:
             return False
-        self.last_was_error = False
+        self.last_was_error = error
         if frame:
             totals.sse_events += 1
             totals.sse_bytes += len(frame)
