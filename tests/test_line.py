@@ -41,7 +41,9 @@ def no_burst(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_line, "BURST", -1.0)
 
 
-def _line_on(wire: _Wire, *, started: bool = True, max_queue: int = 4) -> Line:
+def _line_on(
+    wire: _Wire, *, started: bool = True, max_queue: int = 4, send_timeout: float | None = None
+) -> Line:
     return Line(
         wire,
         anyio.CancelScope().cancel,
@@ -49,7 +51,7 @@ def _line_on(wire: _Wire, *, started: bool = True, max_queue: int = 4) -> Line:
         log=logging.getLogger("test"),
         ping=b": ping\n",
         ping_interval=0,
-        send_timeout=None,
+        send_timeout=send_timeout,
         max_queue=max_queue,
         max_batch_bytes=1 << 16,
         started=started,
@@ -242,18 +244,7 @@ async def test_a_send_in_progress_at_the_shutdown_counts_as_stalled_after_the_gr
     wire = _Wire()
     stalled: list[bool] = []
     wire.stalled = lambda: stalled.append(True)  # type: ignore[method-assign]
-    line = Line(
-        wire,
-        anyio.CancelScope().cancel,
-        kind="sse",
-        log=logging.getLogger("test"),
-        ping=b": ping\n",
-        ping_interval=0,
-        send_timeout=30.0,
-        max_queue=4,
-        max_batch_bytes=1 << 16,
-        started=True,
-    )
+    line = _line_on(wire, send_timeout=30.0)
     line.sending = True
     line.send_began = time.monotonic()
     line.stop()
