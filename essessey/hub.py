@@ -101,6 +101,7 @@ from essessey.stores import (
     InMemoryEventStore,
     KnowsEventIds,
     SharedEventStore,
+    StreamAppender,
     Taker,
 )
 
@@ -176,22 +177,31 @@ class _HubSink:
     shared store), remembers the last event."""
 
     __slots__ = (
-        "_append_nowait",
+        "_appender",
         "_holder",
         "_shared",
         "_store",
         "_stream_id",
+        "emit_text",
         "last_was_error",
         "message_open",
         "stop_reason",
     )
 
+    emit_text: Callable[[int, str, bytes], Awaitable[None] | None]
+    """The sink's text path (``TextDeltaSink``): the store's own for a store that appends
+    in a plain call, so that a Publisher's text delta goes into the stream in one call.
+    A text delta never follows an ``error`` (the hub's Publisher is strict, and an error
+    ends the message), so it need not note that the last event was not one."""
+
     def __init__(self, hub: StreamHub, stream_id: str, holder: str) -> None:
         self._store = hub.store
         self._shared = hub._shared
-        self._append_nowait = hub._append_nowait
         self._stream_id = stream_id
         self._holder = holder
+        appender = None if hub._appender is None else hub._appender(stream_id)
+        self._appender = appender
+        self.emit_text = self._emit_text_event if appender is None else appender.emit_text
         self.last_was_error = False
         # Whether what the store took so far leaves a message open: the Publisher's
         # checker counts an event before its write, so a write that failed leaves the
@@ -212,10 +222,10 @@ class _HubSink:
                 self.stop_reason = record.stop_reason
 
     async def emit(self, event: Event) -> None:
-        append = self._append_nowait
-        if append is not None:
+        appender = self._appender
+        if appender is not None:
             # A store that appends in a plain call (the in-memory one): no await.
-            append(self._stream_id, event.event, event.data, None)
+            appender.append(event.event, event.data)
         elif (shared := self._shared) is not None:
             await shared.append_as(self._stream_id, event, self._holder)
         else:
@@ -226,16 +236,10 @@ class _HubSink:
         else:
             self._note(event)
 
-    def emit_text(self, index: int, text: str, text_json: bytes) -> Awaitable[None] | None:
+    def _emit_text_event(self, index: int, text: str, text_json: bytes) -> Awaitable[None]:
+        """The text path for a store that appends only with ``append``: the event."""
         data = TEXT_DELTA_PAYLOAD % (index, text_json)
-        append = self._append_nowait
-        if append is None:
-            return self.emit(new_event(Event, (_DELTA, data, None)))
-        # A store that appends in a plain call: the delta is stored in this one (no Event
-        # made) and offered to the takers as a Publisher's text delta.
-        append(self._stream_id, _DELTA, data, (index, text))
-        self.last_was_error = False
-        return None
+        return self.emit(new_event(Event, (_DELTA, data, None)))
 
 
 @dataclass(slots=True)
@@ -400,9 +404,9 @@ class StreamHub:
         self._shared: SharedEventStore | None = (
             self.store if isinstance(self.store, SharedEventStore) else None
         )
-        # The store's append as a plain call, when it has one.
-        self._append_nowait: Callable[[str, str, bytes, tuple[int, str] | None], None] | None = (
-            self.store.append_nowait if isinstance(self.store, AppendsWithoutWaiting) else None
+        # The store's open streams as plain calls, when it has them.
+        self._appender: Callable[[str], StreamAppender | None] | None = (
+            self.store.appender if isinstance(self.store, AppendsWithoutWaiting) else None
         )
         self._delivering: DeliversInAppend | None = (
             self.store if isinstance(self.store, DeliversInAppend) else None

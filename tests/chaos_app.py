@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from essessey import Event, InMemoryEventStore, InMemorySink, Publisher, StreamHub, stream_turn
 from essessey.bindings.sse import hub_routes
+from essessey.stores import StreamAppender
 
 Pace = Callable[[], Awaitable[None]]
 """Called by a producer after each event it emits: where it yields to other tasks."""
@@ -44,11 +45,46 @@ class RecordingStore(InMemoryEventStore):
         super().__init__(**options)
         self.published: defaultdict[str, list[Event]] = defaultdict(list)
 
-    def append_nowait(
-        self, stream_id: str, name: str, data: bytes, text: tuple[int, str] | None = None
+    def _append_fields(
+        self,
+        stream_id: str,
+        name: str,
+        data: bytes,
+        index: int = 0,
+        text: str | None = None,
+        text_json: bytes = b"",
     ) -> None:
-        super().append_nowait(stream_id, name, data, text)
-        self.published[stream_id].append(self._newest(stream_id))
+        super()._append_fields(stream_id, name, data, index, text, text_json)
+        self.note(stream_id)
+
+    def appender(self, stream_id: str) -> StreamAppender | None:
+        inner = super().appender(stream_id)
+        return None if inner is None else _RecordingAppender(self, stream_id, inner)
+
+    def note(self, stream_id: str) -> None:
+        """Remember the stream's newest event (once: an append the appender hands back
+        to the store is seen by both)."""
+        newest = self._newest(stream_id)
+        published = self.published[stream_id]
+        if not published or published[-1].id != newest.id:
+            published.append(newest)
+
+
+class _RecordingAppender:
+    """A running stream's appender that notes each event in its :class:`RecordingStore`."""
+
+    def __init__(self, store: RecordingStore, stream_id: str, inner: StreamAppender) -> None:
+        self._store = store
+        self._stream_id = stream_id
+        self._inner = inner
+
+    def append(self, name: str, data: bytes) -> None:
+        self._inner.append(name, data)
+        self._store.note(self._stream_id)
+
+    def emit_text(self, index: int, text: str, text_json: bytes) -> None:
+        self._inner.emit_text(index, text, text_json)
+        self._store.note(self._stream_id)
 
 
 @dataclass(frozen=True, slots=True)

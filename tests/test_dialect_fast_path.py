@@ -149,8 +149,10 @@ def test_a_stored_text_delta_given_by_its_fields_is_written_as_its_event(
     assert isinstance(given_fields, DialectEncoder)
     for n, text in enumerate(texts):
         event = Event("content_block_delta", canonical(text), f"e-{n}")
-        assert given_fields.encode_text_delta(0, text, f"e-{n}") == read.encode(event)
-    assert given_fields.encode_text_delta(3, "x", "e-9") is None  # no such block
+        assert given_fields.encode_text_delta(
+            0, text, orjson.dumps(text), b"e-%d" % n
+        ) == read.encode(event)
+    assert given_fields.encode_text_delta(3, "x", b'"x"', b"e-9") is None  # no such block
 
 
 @pytest.mark.parametrize("dialect", ENCODERS)
@@ -168,14 +170,27 @@ def test_a_stored_text_delta_goes_through_encode_where_the_fields_would_skip_a_r
     encoder.start_after("e-5")
     twin.start_after("e-5")
     for event_id in ("e-1", "e-5"):
-        assert encoder.encode_text_delta(0, "x", event_id) is None
+        assert encoder.encode_text_delta(0, "x", b'"x"', event_id.encode()) is None
         event = Event("content_block_delta", canonical("x"), event_id)
         assert encoder.encode(event) == twin.encode(event) == b""
     # Reached: from here on the response writes what the events' encoding writes.
     for n, text in enumerate(["y", "z"], 6):
         event = Event("content_block_delta", canonical(text), f"e-{n}")
-        given = encoder.encode_text_delta(0, text, f"e-{n}")
+        given = encoder.encode_text_delta(0, text, orjson.dumps(text), b"e-%d" % n)
         assert (encoder.encode(event) if given is None else given) == twin.encode(event)
+
+
+@pytest.mark.parametrize("dialect", ENCODERS)
+@pytest.mark.parametrize("bad", [b"e\n1", b"e\r1", b"e\x001"])
+def test_a_stored_text_delta_with_an_id_that_would_break_its_frame_raises(
+    dialect: str, bad: bytes
+) -> None:
+    encoder = ENCODERS[dialect]()
+    assert isinstance(encoder, DialectEncoder)
+    for event in opening():
+        encoder.encode(event)
+    with pytest.raises(ValueError, match="CR, LF or NUL"):
+        encoder.encode_text_delta(0, "x", b'"x"', bad)
 
 
 def test_a_subclass_with_an_encode_of_its_own_gets_stored_text_deltas_through_it() -> None:
@@ -186,7 +201,7 @@ def test_a_subclass_with_an_encode_of_its_own_gets_stored_text_deltas_through_it
     encoder = Counting(message_id="turn")
     for event in opening():
         encoder.encode(event)
-    assert encoder.encode_text_delta(0, "x", "e-1") is None  # so the event goes to encode
+    assert encoder.encode_text_delta(0, "x", b'"x"', b"e-1") is None  # so the event goes to encode
     assert encoder.encode(Event("content_block_delta", canonical("x"), "e-1"))
 
 

@@ -4,8 +4,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import hypothesis
 import orjson
 import pytest
+from hypothesis import strategies as st
 
 from essessey import (
     EssesseyError,
@@ -17,7 +19,7 @@ from essessey import (
     check,
 )
 from essessey.check import Rule
-from essessey.protocol import TEXT_DELTA_PAYLOAD
+from essessey.protocol import TEXT_DELTA_HEADS, TEXT_DELTA_PAYLOAD, TEXT_DELTA_TAIL, text_delta_head
 from tests.anthropic_sdk import read_message
 
 MARKER = "SECRET-PAYLOAD-7f3a"
@@ -1124,3 +1126,16 @@ async def test_a_capability_is_learnt_once_from_the_sink_s_class() -> None:
     await publisher.send_content_block_deltas_text(0, ["a", "b"])
     assert taken == []
     assert [e.event for e in sink.events[-2:]] == ["content_block_delta"] * 2
+
+
+@hypothesis.given(index=st.integers(min_value=-5, max_value=5000), text=st.text())
+def test_a_text_delta_s_head_and_tail_around_its_text_are_its_payload(
+    index: int, text: str
+) -> None:
+    # The store writes a text delta's payload from a head made once per index: the same
+    # bytes as the template filled.
+    text_json = orjson.dumps(text)
+    head = TEXT_DELTA_HEADS[index] if index in TEXT_DELTA_HEADS else text_delta_head(index)
+    assert head + text_json + TEXT_DELTA_TAIL == TEXT_DELTA_PAYLOAD % (index, text_json)
+    assert orjson.loads(head + text_json + TEXT_DELTA_TAIL)["delta"]["text"] == text
+    assert (index in TEXT_DELTA_HEADS) == (0 <= index < 256)

@@ -339,9 +339,17 @@ async def test_a_hub_turn_read_by_several_dialect_subscribers_parses_each_event_
             def take(self, name: str, data: bytes, event_id: str) -> bool:
                 return self.write(Event(name, data, event_id))
 
-            def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
-                published_text(data, *text)  # what essessey's dialect responses do
-                return self.take("content_block_delta", data, event_id)
+            def take_text(
+                self,
+                data: bytes,
+                id_head: bytes,
+                seq: int,
+                index: int,
+                text: str,
+                text_json: bytes,
+            ) -> bool:
+                published_text(data, index, text)  # what essessey's dialect responses do
+                return self.take("content_block_delta", data, f"{id_head.decode()}{seq}")
 
         async def follow(position: int) -> None:
             subscription = await hub.open("s")

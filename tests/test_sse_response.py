@@ -93,6 +93,25 @@ def assert_sse_headers(response: httpx.Response) -> None:
 # -- a whole turn, byte for byte ---------------------------------------------------------
 
 
+async def test_text_deltas_of_any_block_index_arrive_as_their_encoded_events() -> None:
+    # A text delta's frame is made from a head per block index, made once for the first
+    # ones: the blocks here go past them.
+    async def many_blocks(publisher: Publisher) -> None:
+        await publisher.send_message_start("msg_1", "s", "m")
+        for index in range(300):
+            await publisher.send_content_block_start_text(index)
+            await publisher.send_content_block_delta_text(index, f"t{index} \u00e9\n")
+            await publisher.send_content_block_stop(index)
+        await publisher.send_stream_epilogue("end_turn", 1)
+
+    async def endpoint(request: Request) -> EventStreamResponse:
+        return EventStreamResponse(many_blocks)
+
+    with serve(route_app(endpoint)) as base:
+        response = await get(base)
+    assert response.content == encode_many(await published(many_blocks))
+
+
 @pytest.mark.parametrize("retry", [None, 2500])
 async def test_a_turn_arrives_as_the_exact_encoded_bytes(retry: int | None) -> None:
     async def endpoint(request: Request) -> EventStreamResponse:

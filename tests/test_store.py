@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from essessey import (
     SubscriberLagged,
     UnknownEventId,
 )
+from essessey.protocol import TEXT_DELTA_PAYLOAD
 from essessey.testing import delta, epoch, fill, seq, start, stop, wait_until
 from tests.clients import collect
 from tests.conftest import Clock
@@ -365,9 +367,11 @@ class FnTaker:
     def take(self, name: str, data: bytes, event_id: str) -> bool:
         return self._take(name, data, event_id)
 
-    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
+    def take_text(
+        self, data: bytes, id_head: bytes, seq: int, index: int, text: str, text_json: bytes
+    ) -> bool:
         self.texts += 1
-        return self._take("content_block_delta", data, event_id)
+        return self._take("content_block_delta", data, f"{id_head.decode()}{seq}")
 
 
 @settings(max_examples=150, deadline=None)
@@ -377,7 +381,7 @@ class FnTaker:
             st.integers(min_value=1, max_value=4),  # events appended at once
             st.booleans(),  # does the reader take the next one offered?
             st.integers(min_value=0, max_value=2),  # checkpoints before the next append
-            st.booleans(),  # appended as a Publisher's text deltas (append_nowait's text)?
+            st.booleans(),  # appended as a Publisher's text deltas (the appender's emit_text)?
         ),
         min_size=1,
         max_size=25,
@@ -414,9 +418,12 @@ def test_a_follower_that_takes_some_events_in_the_append_gets_each_once_in_order
             for step, (count, _, pauses, text) in enumerate(plan):
                 for j in range(count):
                     if text:
-                        data = b'{"type":"content_block_delta","index":0,"delta":%d}' % j
-                        sent.append(("content_block_delta", data))
-                        store.append_nowait("s", "content_block_delta", data, (0, str(j)))
+                        appender = store.appender("s")
+                        assert appender is not None
+                        chunk = orjson.dumps(str(j))
+                        index = 97 * j  # past the indexes whose heads are made once, too
+                        sent.append(("content_block_delta", TEXT_DELTA_PAYLOAD % (index, chunk)))
+                        appender.emit_text(index, str(j), chunk)
                     else:
                         data = b"%d.%d" % (step, j)
                         sent.append(("e", data))

@@ -153,16 +153,25 @@ class DialectEncoder:
             self.log.warning("skipped a %s event: %s", log_label(event.event), type(exc).__name__)
             return b""
 
-    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
-        """What :meth:`encode` writes for a text delta of ``text`` for block ``index``
-        with id ``event_id``, from those fields instead of the event (a hub hands a
-        Publisher's stored delta to a dialect's response so, its record unread); None,
-        having done nothing, when the event must go through :meth:`encode` instead (not
-        an open text block, a response that has ended or still reads up to its
-        ``after``, a subclass with an ``encode`` of its own)."""
+    def encode_text_delta(
+        self, index: int, text: str, text_json: bytes, event_id: bytes
+    ) -> bytes | None:
+        """What :meth:`encode` writes for a text delta of ``text`` (``text_json``: as
+        JSON, orjson's) for block ``index`` with id ``event_id`` (the id's ASCII bytes),
+        from those fields instead of the event (a hub hands a Publisher's stored delta to
+        a dialect's response so, its record unread); None, having done nothing, when the
+        event must go through :meth:`encode` instead (not an open text block, a response
+        that has ended or still reads up to its ``after``, a subclass with an ``encode``
+        of its own). ValueError for an id holding CR, LF or NUL."""
         if self.ended or self.after is not None or type(self).encode is not _ENCODE:
             return None
-        return self._text_frames(index, text, event_id)
+        # _text_frames's steps, with the id as bytes: nearly every event a hub hands over.
+        frame = self.encode_text(index, text, text_json)
+        if not frame:
+            return frame
+        if 10 in event_id or 13 in event_id or 0 in event_id:  # id_line's rule
+            raise ValueError("an SSE id must not contain CR, LF or NUL")
+        return b"id: %b\n%b" % (event_id, frame)
 
     def _text_frames(self, index: int, text: str, event_id: str | None) -> bytes | None:
         frame = self.encode_text(index, text, orjson.dumps(text))

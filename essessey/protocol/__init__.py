@@ -153,6 +153,21 @@ TEXT_DELTA_PAYLOAD: Final = delta_template(DeltaType.TEXT, "text")
 bytes every maker of a text delta writes, so that equal deltas are equal bytes."""
 
 
+def text_delta_head(index: int) -> bytes:
+    """``TEXT_DELTA_PAYLOAD`` up to its text, for block ``index``:
+    ``text_delta_head(index) + text_json + TEXT_DELTA_TAIL`` is
+    ``TEXT_DELTA_PAYLOAD % (index, text_json)``."""
+    return TEXT_DELTA_PAYLOAD.partition(b"%b")[0] % index
+
+
+TEXT_DELTA_HEADS: Final[dict[int, bytes]] = {index: text_delta_head(index) for index in range(256)}
+"""``text_delta_head`` of the first block indexes (a turn's), made once: a text delta's
+payload with no format parsed (a text delta is nearly every event of a turn); a
+``KeyError`` for any other index."""
+TEXT_DELTA_TAIL: Final = TEXT_DELTA_PAYLOAD.partition(b"%b")[2]
+"""``TEXT_DELTA_PAYLOAD`` after its text (see ``TEXT_DELTA_HEADS``)."""
+
+
 class StopReason:
     """Why a message ended. An open set: ``stop_sequence`` and others pass through."""
 

@@ -31,13 +31,16 @@ from essessey.stores._contract import (
     KnowsEventIds as KnowsEventIds,
 )
 from essessey.stores._contract import (
+    StreamAppender as StreamAppender,
+)
+from essessey.stores._contract import (
     Taker as Taker,
 )
 from essessey.stores._memory import InMemoryEventStore
 
-# AppendsWithoutWaiting, DeliversInAppend, KnowsEventIds and Taker are imported for the hub
-# and the bindings, not exported: speed capabilities of the stores here that a store of
-# yours need not implement, and what the bindings hand them.
+# AppendsWithoutWaiting, DeliversInAppend, KnowsEventIds, StreamAppender and Taker are
+# imported for the hub and the bindings, not exported: speed capabilities of the stores
+# here that a store of yours need not implement, and what the bindings hand them.
 
 __all__ = [
     "EventStore",

@@ -26,6 +26,7 @@ __all__ = [
     "DeliversInAppend",
     "EventStore",
     "SharedEventStore",
+    "StreamAppender",
     "Taker",
 ]
 
@@ -134,17 +135,30 @@ class SharedEventStore(EventStore, Protocol):
 
 @runtime_checkable
 class AppendsWithoutWaiting(Protocol):
-    """A store whose append never waits, offered as a plain call."""
+    """A store whose append never waits: a running turn's stream appended to in a plain
+    call."""
 
-    def append_nowait(
-        self, stream_id: str, name: str, data: bytes, text: tuple[int, str] | None = None
-    ) -> None:
-        """:meth:`EventStore.append` of the event ``name`` with ``data``, without a
-        coroutine and without an :class:`~essessey.Event` made for it, returning nothing
-        (a writer that appends this way has no use for the stored event's id). With
-        ``text`` (its block's index and its text), the event is a text delta a
-        :class:`~essessey.Publisher` made (``content_block_delta``, ``data`` the
-        ``TEXT_DELTA_PAYLOAD`` filled: one line of JSON), offered to each :class:`Taker`
+    def appender(self, stream_id: str) -> StreamAppender | None:
+        """The open stream ``stream_id`` (opened by ``open_stream``) as a
+        :class:`StreamAppender`, or None when it is not open (then append as usual)."""
+        ...
+
+
+class StreamAppender(Protocol):
+    """One open stream's append, as plain calls (see :class:`AppendsWithoutWaiting`).
+
+    Each is :meth:`EventStore.append` without a coroutine and without an
+    :class:`~essessey.Event` made for it, returning nothing (a writer that appends this
+    way has no use for the stored event's id), and raising as ``append`` would."""
+
+    def append(self, name: str, data: bytes) -> None:
+        """Append the event ``name`` with ``data``."""
+        ...
+
+    def emit_text(self, index: int, text: str, text_json: bytes) -> None:
+        """Append a text delta a :class:`~essessey.Publisher` made, as a
+        :class:`~essessey.event.TextDeltaSink` takes it: ``content_block_delta`` with the
+        ``TEXT_DELTA_PAYLOAD`` filled (one line of JSON), offered to each :class:`Taker`
         as such (:meth:`Taker.take_text`)."""
         ...
 
@@ -173,12 +187,16 @@ class Taker(Protocol):
         """Take the event ``name`` with ``data``."""
         ...
 
-    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
+    def take_text(
+        self, data: bytes, id_head: bytes, seq: int, index: int, text: str, text_json: bytes
+    ) -> bool:
         """:meth:`take` of a text delta a Publisher made (see
-        :meth:`AppendsWithoutWaiting.append_nowait`): its name is
-        ``content_block_delta``, ``data`` one line of JSON (so it is framed without a
-        look for line breaks), and ``text`` its block's index and its text (so a reader
-        has its record without a parse)."""
+        :meth:`StreamAppender.emit_text`): its name is ``content_block_delta``, ``data``
+        one line of JSON (so it is framed without a look for line breaks); ``index``,
+        ``text`` and ``text_json`` its block's index, its text and its text's JSON (so a
+        reader has its record without a parse). Its id is ``id_head`` (ASCII, the same for
+        every event of the stream) followed by ``seq`` in decimal: given in parts, so that
+        a reader that writes the id as bytes makes no string for it."""
         ...
 
 

@@ -30,13 +30,14 @@ from essessey.errors import (
     UnknownEventId,
 )
 from essessey.event import Event, new_event
-from essessey.protocol import EventType
+from essessey.protocol import TEXT_DELTA_HEADS, TEXT_DELTA_TAIL, EventType, text_delta_head
 from essessey.stores._checks import check_positive
-from essessey.stores._contract import Taker
+from essessey.stores._contract import StreamAppender, Taker
 
 __all__ = ["InMemoryEventStore"]
 
 logger = logging.getLogger("essessey.stores")
+_DELTA: Final = EventType.CONTENT_BLOCK_DELTA
 
 
 class _Follower:
@@ -63,22 +64,33 @@ class _Follower:
 
 
 class _Stream:
+    """One stream of the store; while its turn runs, also that turn's
+    :class:`~essessey.stores.StreamAppender` (see :meth:`InMemoryEventStore.appender`)."""
+
     __slots__ = (
         "bytes",
         "closed",
         "datas",
         "epoch",
         "first_seq",
+        "id_head",
         "names",
         "next_seq",
         "running",
+        "sole",
+        "store",
+        "stream_id",
         "takers",
         "updated",
         "waiters",
     )
 
-    def __init__(self, epoch: str, capacity: int) -> None:
+    def __init__(self, store: InMemoryEventStore, stream_id: str, epoch: str) -> None:
+        self.store = store
+        self.stream_id = stream_id
         self.epoch = epoch
+        self.id_head = f"{epoch}-".encode()  # what each id starts with (Taker.take_text)
+        capacity = store.max_events_per_stream
         # The events as two deques of strings and bytes, their ids made when read: no
         # object the garbage collector tracks is made per event kept. (As Events, a
         # tuple subclass the collector never stops tracking, a million retained events
@@ -101,6 +113,132 @@ class _Stream:
         # and those that take each appended event in the append (see _Follower).
         self.waiters: list[_Follower] = []
         self.takers: list[_Follower] = []
+        # The taker of the one follower among the takers, or None (none, or several):
+        # the one a text delta is offered to, without the loop over the takers.
+        self.sole: Taker | None = None
+
+    def append(self, name: str, data: bytes) -> None:
+        """Append the event ``name`` with ``data`` (a running turn's append)."""
+        if self.running:
+            self.put(name, data)
+        else:  # closed or cleared since: the store's rules for such an append
+            self.store._append_fields(self.stream_id, name, data)
+
+    def emit_text(self, index: int, text: str, text_json: bytes) -> None:
+        """Append a Publisher's text delta (a running turn's append; see
+        :meth:`Taker.take_text`): nearly every event of a turn."""
+        try:
+            data = TEXT_DELTA_HEADS[index] + text_json + TEXT_DELTA_TAIL
+        except KeyError:  # a block index past the first 256
+            data = text_delta_head(index) + text_json + TEXT_DELTA_TAIL
+        if not self.running:
+            self.store._append_fields(self.stream_id, _DELTA, data, index, text, text_json)
+            return
+        # keep's steps written out: nearly every event of a turn.
+        datas = self.datas
+        if len(datas) == datas.maxlen:
+            self.first_seq += 1  # the deques drop their oldest on append
+            dropped = len(datas[0]) + _EVENT_OVERHEAD
+            self.bytes -= dropped
+            self.store._bytes -= dropped
+        self.names.append(_DELTA)
+        datas.append(data)
+        size = len(data) + _EVENT_OVERHEAD
+        self.bytes += size
+        store = self.store
+        store._bytes += size
+        if self.bytes > store.max_bytes_per_stream or store._bytes > store.max_bytes:
+            store._keep_budgets(self)
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        sole = self.sole
+        if sole is not None:
+            # One caught-up reader (nearly always): its taker, without the loop.
+            try:
+                took = sole.take_text(data, self.id_head, seq, index, text, text_json)
+            except Exception as exc:  # a reader's bug must not fail the writer's append
+                took = self.failed(self.takers[0], exc)
+            if not took:
+                self.refused(self.takers[:])
+        elif self.takers:
+            self.offer(_DELTA, data, seq, index, text, text_json)
+        if self.waiters:
+            self.wake()
+
+    def put(
+        self,
+        name: str,
+        data: bytes,
+        index: int = 0,
+        text: str | None = None,
+        text_json: bytes = b"",
+    ) -> None:
+        """Keep the event and offer it to the takers (as a Publisher's text delta of
+        ``index``, ``text`` and ``text_json``, when ``text`` is not None), then wake the
+        waiters."""
+        seq = self.keep(name, data)
+        if self.takers:
+            self.offer(name, data, seq, index, text, text_json)
+        if self.waiters:
+            self.wake()
+
+    def keep(self, name: str, data: bytes) -> int:
+        """Keep the event, within the store's bounds; its sequence."""
+        datas = self.datas
+        if len(datas) == datas.maxlen:
+            self.first_seq += 1  # the deques drop their oldest on append
+            dropped = len(datas[0]) + _EVENT_OVERHEAD
+            self.bytes -= dropped
+            self.store._bytes -= dropped
+        self.names.append(name)
+        datas.append(data)
+        size = len(data) + _EVENT_OVERHEAD  # _cost, inline on the path of every event
+        self.bytes += size
+        store = self.store
+        store._bytes += size
+        if self.bytes > store.max_bytes_per_stream or store._bytes > store.max_bytes:
+            store._keep_budgets(self)
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        return seq
+
+    def offer(
+        self,
+        name: str,
+        data: bytes,
+        seq: int,
+        index: int = 0,
+        text: str | None = None,
+        text_json: bytes = b"",
+    ) -> None:
+        """Offer the event just kept to each taker; those that refuse it leave the takers
+        and are woken to read it."""
+        event_id = f"{self.epoch}-{seq}" if text is None else ""
+        refused: list[_Follower] | None = None
+        for follower in self.takers:
+            taker = follower.taker
+            try:
+                took = taker is not None and (
+                    taker.take(name, data, event_id)
+                    if text is None
+                    else taker.take_text(data, self.id_head, seq, index, text, text_json)
+                )
+            except Exception as exc:  # a reader's bug must not fail the writer's append
+                took = self.failed(follower, exc)
+            if not took:
+                if refused is None:
+                    refused = []
+                refused.append(follower)
+        if refused is not None:
+            self.refused(refused)
+
+    @staticmethod
+    def failed(follower: _Follower, exc: Exception) -> bool:
+        """A taker raised: it is logged and not offered another event (False: the
+        follower reads this one itself)."""
+        log_failure(logger, exc, "a follower's delivery failed; waking it instead")
+        follower.taker = None
+        return False
 
     def event_at(self, seq: int) -> Event:
         offset = seq - self.first_seq
@@ -125,6 +263,12 @@ class _Stream:
             self.takers.remove(follower)
             follower.cursor = seq
             follower.wake()
+        self.takers_changed()
+
+    def takers_changed(self) -> None:
+        """Keep ``sole`` to its rule: the taker of the one follower among the takers."""
+        takers = self.takers
+        self.sole = takers[0].taker if len(takers) == 1 else None
 
     def wake(self) -> None:
         """A change every waiter reads itself: an append (after its takers'), or
@@ -141,6 +285,7 @@ class _Stream:
         takers = self.takers
         if takers:
             self.takers = []
+            self.sole = None
             for follower in takers:
                 follower.cursor = self.next_seq
                 follower.wake()
@@ -154,14 +299,22 @@ class _Stream:
         :meth:`forget`-ten."""
         future: asyncio.Future[None] = loop.create_future()
         follower.signal = future
-        (self.waiters if follower.taker is None else self.takers).append(follower)
+        if follower.taker is None:
+            self.waiters.append(follower)
+        else:
+            self.takers.append(follower)
+            self.takers_changed()
         return future
 
     def forget(self, follower: _Follower) -> None:
         """Take a follower cancelled while it waited (the client left) off its list, or
         a quiet stream would collect one per departed follower."""
         with contextlib.suppress(ValueError):
-            (self.waiters if follower in self.waiters else self.takers).remove(follower)
+            if follower in self.waiters:
+                self.waiters.remove(follower)
+            else:
+                self.takers.remove(follower)
+                self.takers_changed()
 
 
 _SINCE_STEP: Final = 5000
@@ -292,66 +445,37 @@ class InMemoryEventStore:
                     )
             # A fresh epoch per creation: ids from an earlier life of this stream id
             # (before a clear or expiry) must not match positions in this one.
-            stream = _Stream(secrets.token_hex(4), self.max_events_per_stream)
+            stream = _Stream(self, stream_id, secrets.token_hex(4))
             self._streams[stream_id] = stream
         else:
             self._streams.move_to_end(stream_id)
         return stream
 
-    def append_nowait(
-        self, stream_id: str, name: str, data: bytes, text: tuple[int, str] | None = None
+    def appender(self, stream_id: str) -> StreamAppender | None:
+        """The open stream ``stream_id`` as a :class:`~essessey.stores.StreamAppender`
+        (its running turn's appends, as plain calls and with no lookup by id each), or
+        None when it is not open."""
+        stream = self._streams.get(stream_id)
+        return stream if stream is not None and stream.running else None
+
+    def _append_fields(
+        self,
+        stream_id: str,
+        name: str,
+        data: bytes,
+        index: int = 0,
+        text: str | None = None,
+        text_json: bytes = b"",
     ) -> None:
-        """:meth:`append` of the event ``name`` with ``data``, without a coroutine (the
-        in-memory store never waits) and without an :class:`~essessey.Event`: the event is
-        kept as its name and data, and its id is made only for a follower that takes it.
-        ``text``: the event is a text delta a :class:`~essessey.Publisher` made, of that
-        block index and text (see ``essessey.stores.AppendsWithoutWaiting``), offered to
-        the takers as such."""
+        """:meth:`append` of the event ``name`` with ``data``, without a coroutine and
+        without an :class:`~essessey.Event` (see :meth:`_Stream.put`)."""
         stream = self._streams.get(stream_id)
         if stream is None or not stream.running:
             stream = self._reopen(stream_id, name)
-        # A running turn's stream (nearly every append) is neither dropped nor reordered
-        # while it runs: its place and time are its opening's until close_stream moves it
-        # to the end, so the order by update holds for the streams expiry may drop.
-        datas = stream.datas
-        if len(datas) == self.max_events_per_stream:
-            stream.first_seq += 1  # the deques drop their oldest on append
-            dropped = len(datas[0]) + _EVENT_OVERHEAD
-            stream.bytes -= dropped
-            self._bytes -= dropped
-        stream.names.append(name)
-        datas.append(data)
-        size = len(data) + _EVENT_OVERHEAD  # _cost, inline on the path of every event
-        stream.bytes += size
-        self._bytes += size
-        if stream.bytes > self.max_bytes_per_stream or self._bytes > self.max_bytes:
-            self._keep_budgets(stream)
-        stream.next_seq += 1
-        if stream.takers:
-            # Offered to each taker (as a Publisher's text delta with ``text``), here
-            # rather than in a method of the stream's: a call fewer on nearly every event.
-            event_id = f"{stream.epoch}-{stream.next_seq - 1}"
-            refused: list[_Follower] | None = None
-            for follower in stream.takers:
-                taker = follower.taker
-                try:
-                    took = taker is not None and (
-                        taker.take(name, data, event_id)
-                        if text is None
-                        else taker.take_text(data, event_id, text)
-                    )
-                except Exception as exc:  # a reader's bug must not fail the writer's append
-                    log_failure(logger, exc, "a follower's delivery failed; waking it instead")
-                    follower.taker = None
-                    took = False
-                if not took:
-                    if refused is None:
-                        refused = []
-                    refused.append(follower)
-            if refused is not None:
-                stream.refused(refused)
-        if stream.waiters:
-            stream.wake()
+        # A running turn's stream is neither dropped nor reordered while it runs: its
+        # place and time are its opening's until close_stream moves it to the end, so
+        # the order by update holds for the streams expiry may drop.
+        stream.put(name, data, index, text, text_json)
 
     def _reopen(self, stream_id: str, name: str) -> _Stream:
         """The stream an append to a stream with no running turn goes to: created anew
@@ -410,7 +534,7 @@ class InMemoryEventStore:
 
     async def append(self, stream_id: str, event: Event) -> Event:
         """Store ``event`` and return it with its id; wakes the stream's followers."""
-        self.append_nowait(stream_id, event.event, event.data)
+        self._append_fields(stream_id, event.event, event.data)
         return self._newest(stream_id)
 
     def _newest(self, stream_id: str) -> Event:
@@ -593,6 +717,9 @@ class InMemoryEventStore:
         if stream is not None:
             self._bytes -= stream.bytes
             if stream.running:
+                # Its turn's appender (the stream itself) appends through the store
+                # from now on, whose rules for a cleared running stream then hold.
+                stream.running = False
                 cleared = self._cleared_running
                 cleared[stream_id] = None
                 if len(cleared) > self.max_streams:

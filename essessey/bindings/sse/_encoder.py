@@ -118,10 +118,12 @@ class TextDeltaFrames(Protocol):
     store hands a Publisher's text delta over to a dialect's response so (private to the
     bindings and the dialects' base; detected once per response)."""
 
-    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
-        """What ``encode`` writes for the text delta of ``text`` for block ``index`` with
-        id ``event_id``; None, having done nothing, when the event must go through
-        ``encode``."""
+    def encode_text_delta(
+        self, index: int, text: str, text_json: bytes, event_id: bytes
+    ) -> bytes | None:
+        """What ``encode`` writes for the text delta of ``text`` (``text_json`` as JSON)
+        for block ``index`` with id ``event_id`` (its ASCII bytes); None, having done
+        nothing, when the event must go through ``encode``."""
         ...
 
 

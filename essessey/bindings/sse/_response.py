@@ -86,7 +86,13 @@ from essessey.bindings.sse._format import encode, encode_fields, error_body, for
 from essessey.errors import StreamInterrupted, StreamRejected
 from essessey.event import Event, EventBatch, Source, new_event
 from essessey.metrics import totals
-from essessey.protocol import TEXT_DELTA_PAYLOAD, Dialect, EventType
+from essessey.protocol import (
+    TEXT_DELTA_HEADS,
+    TEXT_DELTA_PAYLOAD,
+    TEXT_DELTA_TAIL,
+    Dialect,
+    EventType,
+)
 from essessey.protocol.records import published_text
 from essessey.publisher import Publisher, TurnProducer
 from essessey.shutdown import on_shutdown, shutting_down
@@ -116,8 +122,12 @@ _TEXT_DELTA_HEAD: Final = b"event: content_block_delta\ndata: "
 _BATCH_PREFIXES: Final = {EventType.CONTENT_BLOCK_DELTA: _TEXT_DELTA_HEAD}
 # A text delta's whole frame, to fill as its payload is.
 _TEXT_DELTA_FRAME: Final = _TEXT_DELTA_HEAD + TEXT_DELTA_PAYLOAD + b"\n\n"
+# _TEXT_DELTA_FRAME up to the text, for the first block indexes, and after it: a frame
+# made with no format parsed (see TEXT_DELTA_HEADS).
+_TEXT_DELTA_FRAME_HEADS: Final = {i: _TEXT_DELTA_HEAD + h for i, h in TEXT_DELTA_HEADS.items()}
+_TEXT_DELTA_FRAME_TAIL: Final = TEXT_DELTA_TAIL + b"\n\n"
 # A stored text delta's frame, to fill with its id and its data.
-_ID_TEXT_DELTA_FRAME: Final = b"id: %b\n" + _TEXT_DELTA_HEAD + b"%b\n\n"
+_ID_TEXT_DELTA_FRAME: Final = b"id: %b%d\n" + _TEXT_DELTA_HEAD + b"%b\n\n"
 _PROTOCOL_FRAMES: Final = ProtocolFrames()
 RESUME_HEADERS_WITHIN: Final = 0.25
 """Seconds a resume's response waits for its first event before it sends its headers
@@ -204,7 +214,10 @@ class _LineSink:
     ) -> Coroutine[Any, Any, None] | None:
         # Nearly every event of a turn: _hand written out, one call fewer per delta.
         self.last_was_error = False
-        frame = _TEXT_DELTA_FRAME % (index, text_json)
+        try:
+            frame = _TEXT_DELTA_FRAME_HEADS[index] + text_json + _TEXT_DELTA_FRAME_TAIL
+        except KeyError:  # a block index past the first ones
+            frame = _TEXT_DELTA_FRAME % (index, text_json)
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
         line = self._line
@@ -241,11 +254,13 @@ class _LineSink:
         totals.sse_bytes += len(frame)
         return True
 
-    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
+    def take_text(
+        self, data: bytes, id_head: bytes, seq: int, index: int, text: str, text_json: bytes
+    ) -> bool:
         """:meth:`take` of a Publisher's text delta: one line of JSON under a name known
         here and an id the store made, framed in one step."""
         # Nearly every event of a hub turn: take's steps written out, a call fewer.
-        frame = _ID_TEXT_DELTA_FRAME % (event_id.encode(), data)
+        frame = _ID_TEXT_DELTA_FRAME % (id_head, seq, data)
         try:
             if not self._line.offer(frame):
                 return False
@@ -290,7 +305,7 @@ class _DialectLineSink(_LineSink):
             if issubclass(type(encoder), TextDeltaEncoder)
             else None
         )
-        self._text_delta: Callable[[int, str, str | None], bytes | None] | None = (
+        self._text_delta: Callable[[int, str, bytes, bytes], bytes | None] | None = (
             cast(TextDeltaFrames, encoder).encode_text_delta
             if issubclass(type(encoder), TextDeltaFrames)
             else None
@@ -323,10 +338,12 @@ class _DialectLineSink(_LineSink):
         event = new_event(Event, (name, data, event_id))
         return self._taken(self._encode, event, name == EventType.ERROR)
 
-    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
+    def take_text(
+        self, data: bytes, id_head: bytes, seq: int, index: int, text: str, text_json: bytes
+    ) -> bool:
         """:meth:`take` of a Publisher's text delta, framed from its fields when the
         line takes it."""
-        return self._taken(self._text_frames, (data, event_id, text), False)
+        return self._taken(self._text_frames, (data, id_head, seq, index, text, text_json), False)
 
     def _taken(self, frame_of: Callable[[_T], bytes], item: _T, error: bool) -> bool:
         """Whether the line took ``item``'s frames (``frame_of`` called only if so);
@@ -343,17 +360,18 @@ class _DialectLineSink(_LineSink):
             totals.sse_bytes += len(frame)
         return True
 
-    def _text_frames(self, delta: tuple[bytes, str, tuple[int, str]]) -> bytes:
+    def _text_frames(self, delta: tuple[bytes, bytes, int, int, str, bytes]) -> bytes:
         """A stored text delta's frames: from its index and text when the encoder writes
         them so, else from its event, whose record is noted for the encoder to read
         without a parse."""
-        data, event_id, (index, text) = delta
+        data, id_head, seq, index, text, text_json = delta
         text_delta = self._text_delta
         if text_delta is not None:
-            frame = text_delta(index, text, event_id)
+            frame = text_delta(index, text, text_json, b"%b%d" % (id_head, seq))
             if frame is not None:
                 return frame
         published_text(data, index, text)
+        event_id = f"{id_head.decode()}{seq}"
         return self._encode(new_event(Event, (EventType.CONTENT_BLOCK_DELTA, data, event_id)))
 
     def _frames(self, events: Sequence[Event]) -> bytes:

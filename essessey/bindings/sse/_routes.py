@@ -96,12 +96,12 @@ class _HubFrames:
 
     def __init__(self, encoder: FrameEncoder) -> None:
         self._encoder = encoder
-        self._text_delta: Callable[[int, str, str | None], bytes | None] | None = (
+        self._text_delta: Callable[[int, str, bytes, bytes], bytes | None] | None = (
             cast(TextDeltaFrames, encoder).encode_text_delta
             if issubclass(type(encoder), TextDeltaFrames)
             else None
         )
-        self._last_id: str | None = None
+        self._last_id: str | bytes | None = None
         # The last event's frames, counted only at the end: this runs for every event.
         self._last_out = b""
         self.end_skip = 0
@@ -114,14 +114,17 @@ class _HubFrames:
             self._last_id, self._last_out = event.id, out
         return out
 
-    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
+    def encode_text_delta(
+        self, index: int, text: str, text_json: bytes, event_id: bytes
+    ) -> bytes | None:
         """:meth:`encode` of a stored text delta from its fields (see
         ``TextDeltaFrames``), when the encoder writes one so."""
         text_delta = self._text_delta
         if text_delta is None:
             return None
-        out = text_delta(index, text, event_id)
-        if event_id is not None and out:
+        out = text_delta(index, text, text_json, event_id)
+        if out:
+            # Its id as given (bytes): made a string only at the end, if at all.
             self._last_id, self._last_out = event_id, out
         return out
 
@@ -138,6 +141,8 @@ class _HubFrames:
     def _end(self, tail: bytes) -> bytes:
         frames = _frames(tail)
         last = self._last_id
+        if isinstance(last, bytes):
+            last = last.decode()
         if last is not None:
             first = self._last_out.count(b"\n\n") + 1
             frames = [
@@ -162,8 +167,10 @@ class _SkippingHubFrames(_HubFrames):
     def encode(self, event: Event) -> bytes:
         return self._kept(super().encode(event))
 
-    def encode_text_delta(self, index: int, text: str, event_id: str | None) -> bytes | None:
-        out = super().encode_text_delta(index, text, event_id)
+    def encode_text_delta(
+        self, index: int, text: str, text_json: bytes, event_id: bytes
+    ) -> bytes | None:
+        out = super().encode_text_delta(index, text, text_json, event_id)
         return None if out is None else self._kept(out)
 
     def _end(self, tail: bytes) -> bytes:

@@ -356,8 +356,10 @@ class _LiveTaker:
         totals.websocket_bytes += len(frame)
         return True
 
-    def take_text(self, data: bytes, event_id: str, text: tuple[int, str]) -> bool:
-        return self.take(EventType.CONTENT_BLOCK_DELTA, data, event_id)
+    def take_text(
+        self, data: bytes, id_head: bytes, seq: int, index: int, text: str, text_json: bytes
+    ) -> bool:
+        return self.take(EventType.CONTENT_BLOCK_DELTA, data, f"{id_head.decode()}{seq}")
 
 
 class _WSWire:
