@@ -74,13 +74,23 @@ STEPS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "store append and ids",
-        ("InMemoryEventStore.append_nowait", "InMemoryEventStore._create_or_touch", "_cost"),
+        (
+            "_Stream.emit_text",
+            "_Stream.append",
+            "_Stream.put",
+            "_Stream.keep",
+            "InMemoryEventStore._append_fields",
+            "InMemoryEventStore._create_or_touch",
+            "_cost",
+        ),
     ),
     (
         "hand-over to the subscriber (wake, in-append delivery)",
         (
             "_Stream.wake",
-            "_LineSink.deliver",
+            "_Stream.offer",
+            "_LineSink.take",
+            "_LineSink.take_text",
             "_HubSink.emit",
             "_HubSink.emit_text",
             "_HubSink._note",

@@ -535,28 +535,42 @@ async def test_a_follower_taking_every_live_event_is_never_woken_for_one() -> No
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("text", [False, True], ids=["event", "text-delta"])
+@pytest.mark.parametrize("readers", [1, 2])
 async def test_a_delivery_that_raises_falls_back_to_waking_the_follower(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, text: bool, readers: int
 ) -> None:
+    # One caught-up reader is offered a text delta on a path of its own: both ways, a
+    # taker that raises fails no append, and its follower reads every event itself.
     store = InMemoryEventStore()
     await store.open_stream("s")
-    yielded: list[bytes] = []
+    appender = store.appender("s")
+    assert appender is not None
+    yielded: list[list[bytes]] = [[] for _ in range(readers)]
 
     def deliver(name: str, data: bytes, event_id: str) -> bool:
         raise RuntimeError("a bug in the reader")
 
-    async def read() -> None:
+    async def read(into: list[bytes]) -> None:
         async for event in store.follow_delivering("s", taker=FnTaker(deliver)):
-            yielded.append(event.data)
+            into.append(event.data)
+
+    def append(n: int) -> bytes:
+        if text:
+            appender.emit_text(0, str(n), orjson.dumps(str(n)))
+            return TEXT_DELTA_PAYLOAD % (0, orjson.dumps(str(n)))
+        appender.append("e", b"%d" % n)
+        return b"%d" % n
 
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(read)
-        await anyio.wait_all_tasks_blocked()  # the reader is parked
-        await store.append("s", Event("e", b"a"))  # the writer's append does not fail
-        await anyio.wait_all_tasks_blocked()  # the reader took it
-        await store.append("s", Event("e", b"b"))
+        for into in yielded:
+            tasks.start_soon(read, into)
+        await anyio.wait_all_tasks_blocked()  # the readers are parked
+        sent = [append(0)]  # the writer's append does not fail
+        await anyio.wait_all_tasks_blocked()  # the readers took it
+        sent += [append(1), append(2)]
         await store.close_stream("s")
-    assert yielded == [b"a", b"b"]
+    assert yielded == [sent] * readers
     assert "a follower's delivery failed" in caplog.text
 
 
@@ -739,3 +753,36 @@ async def test_a_long_since_of_a_stream_cleared_meanwhile_gives_what_it_read() -
     assert got == events[: len(got)]  # a prefix, no gap
     assert not await store.exists("s")  # and a follower from its last id is told so
     assert (await store.since("s", got[-1].id)) == ([], False)
+
+
+@pytest.mark.anyio
+async def test_a_turn_s_appender_keeps_the_store_s_rules_once_its_stream_is_closed_or_cleared() -> (
+    None
+):
+    store = InMemoryEventStore()
+    assert store.appender("s") is None  # not open: the turn appends as usual
+    await store.open_stream("s")
+    appender = store.appender("s")
+    assert appender is not None
+    appender.append("message_start", b"{}")
+    appender.emit_text(0, "a", b'"a"')
+    first_epoch = epoch((await store.since("s", None))[0][-1].id)
+    # Cleared while its turn runs: only a new message may start it again, in a new epoch.
+    await store.clear("s")
+    with pytest.raises(StreamReset):
+        appender.emit_text(0, "b", b'"b"')
+    with pytest.raises(StreamReset):
+        appender.append("content_block_stop", b"{}")
+    appender.append("message_start", b"{}")
+    appender.emit_text(0, "c", b'"c"')
+    events, known = await store.since("s", None)
+    assert known
+    assert [e.event for e in events] == ["message_start", "content_block_delta"]
+    assert events[1].data == TEXT_DELTA_PAYLOAD % (0, b'"c"')
+    assert epoch(events[0].id) != first_epoch
+    assert [seq(e.id) for e in events] == [1, 2]
+    # Closed: an append after it goes on in the same epoch, as append would.
+    await store.close_stream("s")
+    appender.append("ping", b"{}")
+    events, _ = await store.since("s", None)
+    assert [seq(e.id) for e in events] == [1, 2, 3]

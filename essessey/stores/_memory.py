@@ -157,8 +157,12 @@ class _Stream:
             try:
                 took = sole.take_text(data, self.id_head, seq, index, text, text_json)
             except Exception as exc:  # a reader's bug must not fail the writer's append
-                took = self.failed(self.takers[0], exc)
+                took = False
+                for follower in self.takers:  # the one whose taker it is
+                    if follower.taker is sole:
+                        self.failed(follower, exc)
             if not took:
+                # Every taker (the one, unless the call changed the list) reads it itself.
                 self.refused(self.takers[:])
         elif self.takers:
             self.offer(_DELTA, data, seq, index, text, text_json)

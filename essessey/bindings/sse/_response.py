@@ -259,14 +259,15 @@ class _LineSink:
     ) -> bool:
         """:meth:`take` of a Publisher's text delta: one line of JSON under a name known
         here and an id the store made, framed in one step."""
-        # Nearly every event of a hub turn: take's steps written out, a call fewer.
+        # Nearly every event of a hub turn: take's steps written out, a call fewer. It
+        # leaves last_was_error as it is: a Publisher's text delta never follows an error
+        # (an error ends the message, and the hub's Publisher is strict).
         frame = _ID_TEXT_DELTA_FRAME % (id_head, seq, data)
         try:
             if not self._line.offer(frame):
                 return False
         except (Exception, LineEnded):
             return False  # read again through the source, which then raises it
-        self.last_was_error = False
         totals.sse_events += 1
         totals.sse_bytes += len(frame)
         return True
