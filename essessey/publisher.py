@@ -103,6 +103,7 @@ class Publisher:
         "_emit_text",
         "_input_tokens",
         "_sink",
+        "_text_path",
         "_thinking_field",
         "_thinking_template",
     )
@@ -128,6 +129,10 @@ class Publisher:
         )
         self._emit_text: Callable[[int, str, bytes], Awaitable[None] | None] | None = (
             cast(TextDeltaSink, sink).emit_text if issubclass(kind, TextDeltaSink) else None
+        )
+        # The sink's emit_text while text deltas do not log (see _debug_now), else None.
+        self._text_path: Callable[[int, str, bytes], Awaitable[None] | None] | None = (
+            self._emit_text
         )
         self._thinking_template = delta_template(DeltaType.THINKING, self._thinking_field)
 
@@ -229,6 +234,8 @@ class Publisher:
     def _debug_now(self) -> bool:
         """Whether this event logs, noted for the deltas that follow it."""
         debug = self._debug = logger.isEnabledFor(logging.DEBUG)
+        # A text delta that logs takes the slow path: the fast one asks nothing more.
+        self._text_path = None if debug else self._emit_text
         return debug
 
     def _log(self, name: str, payload: dict[str, Any], text_len: int) -> None:
@@ -315,11 +322,22 @@ class Publisher:
             raise SerializationError(f"delta is not JSON-serialisable: {exc}") from exc
         checker = self._checker
         if checker is not None:
-            if not checker.accept_text_delta(index, bool(text)):
+            if not checker.accept_text_delta(index, text != ""):
                 self._check_delta(checker, index, DeltaType.TEXT, "text", text)
         elif index.__class__ is not int and not isinstance(index, int):
             # Unchecked, the index still goes into the payload as a number.
             raise _not_index(index)
+        emit_text = self._text_path
+        if emit_text is None:
+            await self._send_text_delta(index, text, text_json)
+            return
+        pending = emit_text(index, text, text_json)
+        if pending is not None:
+            await pending
+
+    async def _send_text_delta(self, index: int, text: str, text_json: bytes) -> None:
+        """A checked text delta, when it does not go straight to the sink's ``emit_text``:
+        it is logged, or the sink has no ``emit_text``."""
         if self._debug:
             self._log_delta(index, text)
         emit_text = self._emit_text
