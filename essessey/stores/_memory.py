@@ -114,7 +114,7 @@ class _Stream:
         self.waiters: list[_Follower] = []
         self.takers: list[_Follower] = []
         # The taker of the one follower among the takers, or None (none, or several):
-        # the one a text delta is offered to, without the loop over the takers.
+        # the one an event is offered to, without the loop over the takers.
         self.sole: Taker | None = None
 
     def append(self, name: str, data: bytes) -> None:
@@ -131,43 +131,10 @@ class _Stream:
             data = TEXT_DELTA_HEADS[index] + text_json + TEXT_DELTA_TAIL
         except KeyError:  # a block index past the first 256
             data = text_delta_head(index) + text_json + TEXT_DELTA_TAIL
-        if not self.running:
+        if self.running:
+            self.put(_DELTA, data, index, text, text_json)
+        else:
             self.store._append_fields(self.stream_id, _DELTA, data, index, text, text_json)
-            return
-        # keep's steps written out: nearly every event of a turn.
-        datas = self.datas
-        if len(datas) == datas.maxlen:
-            self.first_seq += 1  # the deques drop their oldest on append
-            dropped = len(datas[0]) + _EVENT_OVERHEAD
-            self.bytes -= dropped
-            self.store._bytes -= dropped
-        self.names.append(_DELTA)
-        datas.append(data)
-        size = len(data) + _EVENT_OVERHEAD
-        self.bytes += size
-        store = self.store
-        store._bytes += size
-        if self.bytes > store.max_bytes_per_stream or store._bytes > store.max_bytes:
-            store._keep_budgets(self)
-        seq = self.next_seq
-        self.next_seq = seq + 1
-        sole = self.sole
-        if sole is not None:
-            # One caught-up reader (nearly always): its taker, without the loop.
-            try:
-                took = sole.take_text(data, self.id_head, seq, index, text, text_json)
-            except Exception as exc:  # a reader's bug must not fail the writer's append
-                took = False
-                for follower in self.takers:  # the one whose taker it is
-                    if follower.taker is sole:
-                        self.failed(follower, exc)
-            if not took:
-                # Every taker (the one, unless the call changed the list) reads it itself.
-                self.refused(self.takers[:])
-        elif self.takers:
-            self.offer(_DELTA, data, seq, index, text, text_json)
-        if self.waiters:
-            self.wake()
 
     def put(
         self,
@@ -177,17 +144,9 @@ class _Stream:
         text: str | None = None,
         text_json: bytes = b"",
     ) -> None:
-        """Keep the event and offer it to the takers (as a Publisher's text delta of
-        ``index``, ``text`` and ``text_json``, when ``text`` is not None), then wake the
-        waiters."""
-        seq = self.keep(name, data)
-        if self.takers:
-            self.offer(name, data, seq, index, text, text_json)
-        if self.waiters:
-            self.wake()
-
-    def keep(self, name: str, data: bytes) -> int:
-        """Keep the event, within the store's bounds; its sequence."""
+        """Keep the event, within the store's bounds, and offer it to the takers (as a
+        Publisher's text delta of ``index``, ``text`` and ``text_json``, when ``text`` is
+        not None), then wake the waiters."""
         datas = self.datas
         if len(datas) == datas.maxlen:
             self.first_seq += 1  # the deques drop their oldest on append
@@ -204,7 +163,27 @@ class _Stream:
             store._keep_budgets(self)
         seq = self.next_seq
         self.next_seq = seq + 1
-        return seq
+        sole = self.sole
+        if sole is not None:
+            # One caught-up reader (nearly always): its taker, without the loop.
+            try:
+                took = (
+                    sole.take(name, data, f"{self.epoch}-{seq}")
+                    if text is None
+                    else sole.take_text(data, self.id_head, seq, index, text, text_json)
+                )
+            except Exception as exc:  # a reader's bug must not fail the writer's append
+                took = False
+                for follower in self.takers:  # the one whose taker it is
+                    if follower.taker is sole:
+                        self.failed(follower, exc)
+            if not took:
+                # Every taker (the one, unless the call changed the list) reads it itself.
+                self.refused(self.takers[:])
+        elif self.takers:
+            self.offer(name, data, seq, index, text, text_json)
+        if self.waiters:
+            self.wake()
 
     def offer(
         self,
