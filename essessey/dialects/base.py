@@ -141,9 +141,9 @@ class DialectEncoder:
             delta: Delta = record
             text = delta.text
             if delta.delta_type == _TEXT and text is not None:
-                frame = self._text_frames(delta.index, text, event.id)
+                frame = self.encode_text(delta.index, text, orjson.dumps(text))
                 if frame is not None:
-                    return frame
+                    return id_line(event.id) + frame if event.id and frame else frame
         payload = read_payload(event, self.log)  # the record's, logged when unreadable
         if payload is None:
             return b""
@@ -165,19 +165,8 @@ class DialectEncoder:
         of its own). ValueError for an id holding CR, LF or NUL."""
         if self.ended or self.after is not None or type(self).encode is not _ENCODE:
             return None
-        # _text_frames's steps, with the id as bytes: nearly every event a hub hands over.
         frame = self.encode_text(index, text, text_json)
-        if not frame:
-            return frame
-        if 10 in event_id or 13 in event_id or 0 in event_id:  # id_line's rule
-            raise ValueError("an SSE id must not contain CR, LF or NUL")
-        return b"id: %b\n%b" % (event_id, frame)
-
-    def _text_frames(self, index: int, text: str, event_id: str | None) -> bytes | None:
-        frame = self.encode_text(index, text, orjson.dumps(text))
-        if frame is None:
-            return None
-        return id_line(event_id) + frame if event_id and frame else frame
+        return id_line(event_id) + frame if frame else frame
 
     def frames(self, name: str, payload: dict[str, Any]) -> list[bytes]:
         """The frames of the event ``name`` with its parsed ``payload``, by its hook; no
