@@ -103,7 +103,6 @@ class Publisher:
         "_emit_text",
         "_input_tokens",
         "_sink",
-        "_text_path",
         "_thinking_field",
         "_thinking_template",
     )
@@ -129,10 +128,6 @@ class Publisher:
         )
         self._emit_text: Callable[[int, str, bytes], Awaitable[None] | None] | None = (
             cast(TextDeltaSink, sink).emit_text if issubclass(kind, TextDeltaSink) else None
-        )
-        # The sink's emit_text while text deltas do not log (see _debug_now), else None.
-        self._text_path: Callable[[int, str, bytes], Awaitable[None] | None] | None = (
-            self._emit_text
         )
         self._thinking_template = delta_template(DeltaType.THINKING, self._thinking_field)
 
@@ -234,8 +229,6 @@ class Publisher:
     def _debug_now(self) -> bool:
         """Whether this event logs, noted for the deltas that follow it."""
         debug = self._debug = logger.isEnabledFor(logging.DEBUG)
-        # A text delta that logs takes the slow path: the fast one asks nothing more.
-        self._text_path = None if debug else self._emit_text
         return debug
 
     def _log(self, name: str, payload: dict[str, Any], text_len: int) -> None:
@@ -327,17 +320,6 @@ class Publisher:
         elif index.__class__ is not int and not isinstance(index, int):
             # Unchecked, the index still goes into the payload as a number.
             raise _not_index(index)
-        emit_text = self._text_path
-        if emit_text is None:
-            await self._send_text_delta(index, text, text_json)
-            return
-        pending = emit_text(index, text, text_json)
-        if pending is not None:
-            await pending
-
-    async def _send_text_delta(self, index: int, text: str, text_json: bytes) -> None:
-        """A checked text delta, when it does not go straight to the sink's ``emit_text``:
-        it is logged, or the sink has no ``emit_text``."""
         if self._debug:
             self._log_delta(index, text)
         emit_text = self._emit_text
