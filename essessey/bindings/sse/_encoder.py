@@ -145,10 +145,10 @@ class ProtocolFrames:
         return encode(Event(EventType.ERROR, error_body(error_type, message)))
 
 
-def id_line(event_id: str | bytes) -> bytes:
-    """``id: <event_id>`` and its line end, to go before an event's last frame (the id
-    as text, or as its ASCII bytes). ValueError for an id holding CR, LF or NUL."""
-    id_bytes = event_id.encode() if isinstance(event_id, str) else event_id
+def id_line(event_id: str) -> bytes:
+    """``id: <event_id>`` and its line end, to go before an event's last frame.
+    ValueError for an id holding CR, LF or NUL."""
+    id_bytes = event_id.encode()
     # Inline, as in _forbidden_in: this runs for every event a dialect writes.
     if 10 in id_bytes or 13 in id_bytes or 0 in id_bytes:
         raise ValueError("an SSE id must not contain CR, LF or NUL")
