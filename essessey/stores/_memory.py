@@ -69,6 +69,7 @@ class _Stream:
 
     __slots__ = (
         "bytes",
+        "capacity",
         "closed",
         "datas",
         "epoch",
@@ -90,7 +91,9 @@ class _Stream:
         self.stream_id = stream_id
         self.epoch = epoch
         self.id_head = f"{epoch}-".encode()  # what each id starts with (Taker.take_text)
-        capacity = store.max_events_per_stream
+        # The deques' maxlen, kept in a slot of its own: the append's check reads it,
+        # and a slot is cheaper to read than a deque's maxlen.
+        self.capacity = capacity = store.max_events_per_stream
         # The events as two deques of strings and bytes, their ids made when read: no
         # object the garbage collector tracks is made per event kept. (As Events, a
         # tuple subclass the collector never stops tracking, a million retained events
@@ -148,7 +151,7 @@ class _Stream:
         Publisher's text delta of ``index``, ``text`` and ``text_json``, when ``text`` is
         not None), then wake the waiters."""
         datas = self.datas
-        if len(datas) == datas.maxlen:
+        if len(datas) == self.capacity:
             self.first_seq += 1  # the deques drop their oldest on append
             dropped = len(datas[0]) + _EVENT_OVERHEAD
             self.bytes -= dropped
