@@ -514,16 +514,65 @@ async def test_a_text_block_after_the_round_s_tool_calls_goes_out_in_order(
 
 
 @pytest.mark.anyio
-async def test_a_duplicate_tool_use_id_is_refused_and_its_input_skipped() -> None:
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_call_whose_id_repeats_an_earlier_call_s_goes_out_under_a_fresh_id(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
     events = _load("two_parallel_tools")
-    events[18] = {
-        **events[18],
-        "content_block": {**events[18]["content_block"], "id": "toolu_01T1x1fJ34qAmk2tNTrN7Up6"},
-    }
-    publisher, sink = _make("essessey")
-    result = await publish(publisher, events, stream_id="conv_1")
-    assert [c.input for c in result.tool_calls] == [{"city": "Paris"}]
+    first_id = events[12]["content_block"]["id"]
+    events[18] = {**events[18], "content_block": {**events[18]["content_block"], "id": first_id}}
+    publisher, sink = _make(dialect)
+    with caplog.at_level(logging.WARNING, logger="essessey"):
+        result = await publish(publisher, events, stream_id="conv_1")
     assert check(sink.events) == []
+    # Both calls, each input whole: the second under an id of its own.
+    assert [c.input for c in result.tool_calls] == [{"city": "Paris"}, {"city": "Oslo"}]
+    ids = [c.id for c in result.tool_calls]
+    assert ids[0] == first_id
+    assert ids[1] != first_id
+    assert ids[1].startswith("toolu_")
+    assert [c.given_id for c in result.tool_calls] == [first_id, first_id]
+    assert [b["id"] for b in result.content if b["type"] == "tool_use"] == ids
+    starts = [p["content_block"] for p in _payloads(sink.events) if "content_block" in p]
+    assert [b["id"] for b in starts if b["type"] == "tool_use"] == ids
+    reassembled = reassemble_events(sink.events)
+    assert [(c.tool_use_id, c.params) for c in reassembled.tool_calls] == [
+        (c.id, c.input) for c in result.tool_calls
+    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["tool_use block 3 repeats an earlier call's id; using a generated id"]
+
+
+@pytest.mark.anyio
+async def test_a_call_reusing_an_earlier_round_s_id_gets_a_fresh_one_and_its_result() -> None:
+    first = _load("two_parallel_tools")
+    second = _load("two_parallel_tools")
+    publisher, sink = _make("essessey")
+    async with stream_rounds(
+        publisher, message_id="msg_1", stream_id="conv_1", model="claude"
+    ) as rounds:
+        await rounds.round_start()
+        one = await stream_round(rounds, first)
+        for i in range(len(one.tool_calls)):
+            await rounds.tool_result(i, f"result {i}")
+        await rounds.round_end()
+        await rounds.round_start()
+        two = await stream_round(rounds, second)  # the same two ids again
+        for i in range(len(two.tool_calls)):
+            await rounds.tool_result(i, f"again {i}")
+        await rounds.round_end()
+    assert check(sink.events) == []
+    ids = [c.id for c in one.tool_calls + two.tool_calls]
+    assert len(set(ids)) == 4
+    assert [c.input for c in two.tool_calls] == [{"city": "Paris"}, {"city": "Oslo"}]
+    reassembled = reassemble_events(sink.events)
+    answered = {r.tool_use_id: r.text for r in reassembled.tool_results}
+    assert answered == {
+        ids[0]: "result 0",
+        ids[1]: "result 1",
+        ids[2]: "again 0",
+        ids[3]: "again 1",
+    }
 
 
 @pytest.mark.anyio

@@ -10,6 +10,9 @@ ids, resume). Two things change on the way through:
   still route each delta to its block; they never reach the output.
 - **Empty blocks.** A text or thinking block opens on its first content (protocol rule
   2); a provider block that never gets any is not published.
+- **Repeated call ids.** A ``tool_use`` whose id an earlier call of the message has (a
+  compatible server's stream: the API's are unique) goes out under a fresh one, with a
+  WARNING; the provider's stays as the call's ``given_id``.
 
 :func:`publish` publishes one provider message as a whole message; :func:`stream_round`
 publishes one provider message as a round of a turn the caller runs (with
@@ -41,6 +44,7 @@ from essessey._logsafe import log_label
 from essessey.adapters._message import PublishedMessage, PublishedToolCall, parse_arguments
 from essessey.adapters._publishing import publish_message, require_round
 from essessey.adapters._values import (
+    CallIds,
     Malformed,
     call_caller,
     fits_count,
@@ -66,6 +70,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("essessey.adapters.anthropic")
+
+# What a generated tool call id starts with: the provider's own prefix, as the OpenAI
+# readers use OpenAI's ("call_"), so a client that looks at ids sees the usual shape.
+_ID_PREFIX: Final = "toolu_"
 
 INCOMPLETE_MESSAGE: Final = "the provider stream ended before message_stop"
 """The message of the error a stream cut short ends with."""
@@ -190,6 +198,10 @@ class _Reader:
         self.block: _Block | None = None
         self.used: set[int] = set()
         self.calls: list[ToolCallRequest] = []
+        # The published ids of the round's calls: the provider's, or a fresh one for a
+        # call whose id an earlier call of the message already has (made at the first
+        # call, once message_start has settled which round the calls go to).
+        self.ids: CallIds | None = None
         self.text_parts: list[str] = []
         self.thinking_parts: list[str] = []
         # The stop reason (and sequence) a message_start's snapshot gave, if any.
@@ -646,8 +658,14 @@ class _Reader:
                 # integer past 64 bits, not JSON at all): the call cannot go out.
                 _skip(position, name, f"tool_use block {index} has an input not writable as JSON")
                 return
+            ids = self.ids
+            if ids is None:
+                rounds = self.rounds
+                ids = self.ids = CallIds(_ID_PREFIX, rounds.next_index, rounds.call_id_used)
+            published = ids.assign(call_id, len(self.calls), f"tool_use block {index}")
+            self.block.content["id"] = published
             request = ToolCallRequest(
-                call_id, tool, "", caller=_caller(start.get("caller"), position, index)
+                published, tool, "", caller=_caller(start.get("caller"), position, index)
             )
             await self.rounds.tool_call_start(len(self.calls), request)
             self.block.kind = "tool"
@@ -841,7 +859,7 @@ class _Reader:
                     name=str(block.content["name"]),
                     arguments=arguments,
                     input=parse_arguments(arguments),
-                    given_id=str(block.content["id"]),
+                    given_id=str(block.start["id"]),
                 )
             )
         self.result.content.append(block.content)
