@@ -575,6 +575,110 @@ async def test_a_call_reusing_an_earlier_round_s_id_gets_a_fresh_one_and_its_res
     }
 
 
+def _four_blocks() -> list[list[dict[str, Any]]]:
+    """A thinking block, a text block, a tool call and a text block, each whole."""
+    return [
+        _block(
+            0,
+            {"type": "thinking", "thinking": "", "signature": ""},
+            {"type": "thinking_delta", "thinking": "Think "},
+            {"type": "thinking_delta", "thinking": "twice."},
+            {"type": "signature_delta", "signature": "sig"},
+        ),
+        _block(1, {"type": "text", "text": ""}, {"type": "text_delta", "text": MARKER}),
+        _block(
+            2,
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
+            {"type": "input_json_delta", "partial_json": '{"city": '},
+            {"type": "input_json_delta", "partial_json": '"Paris"}'},
+        ),
+        _block(3, {"type": "text", "text": ""}, {"type": "text_delta", "text": "Done."}),
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize(
+    "lost", [lost for n in range(1, 4) for lost in itertools.combinations(range(3), n)]
+)
+async def test_a_lost_block_stop_closes_the_block_where_the_next_one_begins(
+    dialect: Dialect, lost: tuple[int, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    blocks = _four_blocks()
+    clean = _message(*blocks)
+    cut = _message(*(block[:-1] if i in lost else block for i, block in enumerate(blocks)))
+    expected = await _published(dialect, clean)
+    publisher, sink = _make(dialect)
+    with caplog.at_level(logging.WARNING, logger="essessey"):
+        result = await publish(publisher, cut, stream_id="conv_1")
+    # What the provider's SDK reads from such a stream: every block whole.
+    assert sink.events == expected
+    assert result.text == MARKER + "Done."
+    assert [c.input for c in result.tool_calls] == [{"city": "Paris"}]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"provider block {i} got no content_block_stop; closed where block {i + 1} began"
+        for i in lost
+    ]
+    assert not [r for r in caplog.records if MARKER in r.getMessage()]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_stray_start_inside_a_block_is_skipped_and_the_block_goes_on(
+    dialect: Dialect, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocks = _four_blocks()
+    clean = _message(*blocks)
+    stray = {"type": "content_block_start", "index": 7, "content_block": {"type": "text"}}
+    events = list(clean)
+    events.insert(events.index(blocks[0][1]) + 1, stray)  # between block 0's deltas
+    events.insert(events.index(blocks[2][1]), dict(stray, index=8))  # before block 2's first
+    expected = await _published(dialect, clean)
+    publisher, sink = _make(dialect)
+    with caplog.at_level(logging.WARNING, logger="essessey"):
+        await publish(publisher, events, stream_id="conv_1")
+    assert sink.events == expected
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "skipping provider event #3 (content_block_start): block 7 starts while block 0 is open",
+        "skipping provider event #11 (content_block_start): block 8 starts while block 2 is open",
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_start_before_the_open_block_s_stop_goes_out_after_it() -> None:
+    blocks = _four_blocks()
+    clean = _message(*blocks)
+    early = list(clean)
+    start = blocks[2][0]
+    early.remove(start)
+    early.insert(early.index(blocks[1][-1]), start)  # block 2's start before block 1's stop
+    expected = await _published("essessey", clean)
+    publisher, sink = _make("essessey")
+    await publish(publisher, early, stream_id="conv_1")
+    assert sink.events == expected
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_call_started_just_before_the_message_ends_is_kept(dialect: Dialect) -> None:
+    blocks = _four_blocks()
+    call = {"type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {"city": "Oslo"}}
+    # Block 1's stop lost, then a call whose start carries its input, then the message's
+    # end: no stop for either.
+    events = _message(blocks[0], blocks[1][:-1], [{"type": "content_block_start", "index": 2}])
+    events[-3]["content_block"] = call
+    publisher, sink = _make(dialect)
+    result = await publish(publisher, events, stream_id="conv_1")
+    assert check(sink.events) == []
+    assert result.text == MARKER
+    assert [(c.id, c.input) for c in result.tool_calls] == [("toolu_9", {"city": "Oslo"})]
+    parsed = reassemble_events(sink.events)
+    assert parsed.complete
+    assert [(c.tool_use_id, c.params) for c in parsed.tool_calls] == [("toolu_9", {"city": "Oslo"})]
+
+
 @pytest.mark.anyio
 async def test_empty_blocks_are_dropped_and_later_blocks_renumbered() -> None:
     events = _load("text_only")

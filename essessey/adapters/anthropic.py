@@ -2,7 +2,7 @@
 
 The Anthropic Messages API streams the protocol's own events, so a proxy's job is
 mostly to keep them as they are while essessey owns the stream (its stream id, event
-ids, resume). Two things change on the way through:
+ids, resume). What changes on the way through:
 
 - **Indexes.** A provider numbers each message's blocks from 0. An agent turn puts
   several provider messages, and the tool results between them, into one message, so
@@ -10,6 +10,10 @@ ids, resume). Two things change on the way through:
   still route each delta to its block; they never reach the output.
 - **Empty blocks.** A text or thinking block opens on its first content (protocol rule
   2); a provider block that never gets any is not published.
+- **A lost block stop.** A ``content_block_start`` while a block is open waits for the
+  next event: content for the new block (or its stop, or the message's end) closes the
+  open block there, with a WARNING; the open block's own stop lets it go after it; the
+  open block's content means it was stray, and it is skipped.
 - **Repeated call ids.** A ``tool_use`` whose id an earlier call of the message has (a
   compatible server's stream: the API's are unique) goes out under a fresh one, with a
   WARNING; the provider's stays as the call's ``given_id``.
@@ -83,6 +87,11 @@ CUT_MESSAGE: Final = "the provider began a new message before message_stop"
 
 # What the SDK's MessageStream yields besides the raw events: conveniences derived from
 # them (the text so far, a parsed citation). The raw events carry the same content.
+# The events that name a block, and those that end a message: after a held start, the
+# first that names the held block, or ends the message, says the open block's stop was
+# lost (see _Reader._settle).
+_BLOCK_EVENTS: Final = frozenset({EventType.CONTENT_BLOCK_DELTA, EventType.CONTENT_BLOCK_STOP})
+_MESSAGE_ENDS: Final = frozenset({EventType.MESSAGE_DELTA, EventType.MESSAGE_STOP, EventType.ERROR})
 _SDK_DERIVED_EVENTS: Final = frozenset({"text", "thinking", "signature", "input_json", "citation"})
 
 
@@ -196,6 +205,10 @@ class _Reader:
         self.result = StreamedMessage(message_id="", model="")
         self.stage = _Stage.BEFORE_START
         self.block: _Block | None = None
+        # A content_block_start that came while a block was open, with its position: the
+        # next event says whether the open block's stop was lost (the held block goes
+        # on) or the start was stray (the open block goes on); see _settle.
+        self.held_start: tuple[int, dict[str, Any]] | None = None
         self.used: set[int] = set()
         self.calls: list[ToolCallRequest] = []
         # The published ids of the round's calls: the provider's, or a fresh one for a
@@ -234,6 +247,10 @@ class _Reader:
                 await self.feed(position, event)
                 position += 1
         if self.stage is not _Stage.STOPPED:
+            held = self.held_start
+            if held is not None:  # the stream ended as a message's end would
+                self.held_start = None
+                await self._settle(held, EventType.MESSAGE_STOP, {})
             try:
                 await self._send_stop()  # what was read goes out before the stream's error
             except (ProtocolError, SerializationError) as exc:
@@ -254,6 +271,49 @@ class _Reader:
 
     async def feed_event(self, position: int, name: str, payload: dict[str, Any]) -> None:
         """Publish one provider event already read as a dict."""
+        held = self.held_start
+        if held is not None and name != EventType.PING:
+            self.held_start = None
+            if await self._settle(held, name, payload):
+                await self._dispatch(position, name, payload)
+                await self._dispatch(held[0], EventType.CONTENT_BLOCK_START, held[1])
+                return
+        await self._dispatch(position, name, payload)
+
+    async def _settle(
+        self, held: tuple[int, dict[str, Any]], name: str, payload: dict[str, Any]
+    ) -> bool:
+        """Decide what a start that came while a block was open was, by the event after
+        it (``name``): True when it goes out after that event (the open block's own stop
+        came late)."""
+        held_position, start = held
+        block = self.block
+        new_index = start["index"]
+        if block is None:  # closed since (a refusal): the held block simply starts
+            return True
+        index = payload.get("index") if name in _BLOCK_EVENTS else None
+        if name == EventType.CONTENT_BLOCK_STOP and index == block.index:
+            return True
+        if index == new_index or name in _MESSAGE_ENDS:
+            # The open block's stop was lost: as the provider's SDK reads such a stream,
+            # both blocks hold what came for them.
+            logger.warning(
+                "provider block %d got no content_block_stop; closed where block %d began",
+                block.index,
+                new_index,
+            )
+            stop = {"type": EventType.CONTENT_BLOCK_STOP, "index": block.index}
+            await self._dispatch(held_position, EventType.CONTENT_BLOCK_STOP, stop)
+            await self._dispatch(held_position, EventType.CONTENT_BLOCK_START, start)
+            return False
+        name_held = EventType.CONTENT_BLOCK_START
+        _skip(
+            held_position, name_held, f"block {new_index} starts while block {block.index} is open"
+        )
+        return False
+
+    async def _dispatch(self, position: int, name: str, payload: dict[str, Any]) -> None:
+        """Publish one provider event, or skip it with the reason."""
         try:
             if name == EventType.CONTENT_BLOCK_DELTA:
                 await self._delta(position, payload)
@@ -622,11 +682,11 @@ class _Reader:
         if not isinstance(block_type, str):
             _skip(position, name, f"block {index} has no type")
             return
-        if self.block is not None:
-            _skip(position, name, f"block {index} starts while block {self.block.index} is open")
-            return
         if index in self.used:
             _skip(position, name, f"block index {index} was used before")
+            return
+        if self.block is not None:
+            self.held_start = (position, payload)  # see _settle
             return
         self.used.add(index)
         if block_type in (BlockType.TEXT, BlockType.THINKING):
