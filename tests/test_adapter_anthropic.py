@@ -5,7 +5,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import orjson
@@ -899,6 +899,104 @@ def test_any_cut_of_the_content_comes_out_whole(
             assert _payloads(sink.events) == _with_stream_id(events, "conv_1")
 
     anyio.run(main)
+
+
+@settings(max_examples=100, deadline=None)
+@given(stream=_provider_stream(), dialect=st.sampled_from(DIALECTS), data=st.data())
+def test_any_lost_block_stops_leave_the_content_whole(
+    stream: tuple[list[dict[str, Any]], str, str, list[Any]], dialect: Dialect, data: st.DataObject
+) -> None:
+    events, thinking, text, inputs = stream
+    stops = [i for i, event in enumerate(events) if event["type"] == "content_block_stop"]
+    lost = data.draw(st.sets(st.sampled_from(stops)) if stops else st.just(set()))
+    kept = [event for i, event in enumerate(events) if i not in lost]
+
+    async def main() -> None:
+        publisher, sink = _make(dialect)
+        result = await publish(publisher, kept, stream_id="conv_1")
+        assert (result.thinking, result.text) == (thinking, text)
+        assert [c.input for c in result.tool_calls] == inputs
+        assert check(sink.events) == []
+        parsed = reassemble_events(sink.events)
+        assert parsed.complete
+        assert (parsed.thinking, parsed.text) == (thinking, text)
+        assert [c.params for c in parsed.tool_calls] == inputs
+
+    anyio.run(main)
+
+
+class _Records(logging.Handler):
+    """Every record of the ``essessey`` loggers while in use (a hypothesis test cannot
+    take pytest's function-scoped caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> list[logging.LogRecord]:
+        logger = logging.getLogger("essessey")
+        self._level = logger.level
+        logger.addHandler(self)
+        logger.setLevel(logging.DEBUG)
+        return self.records
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger("essessey")
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
+
+
+_STRAY: Final = st.one_of(
+    st.builds(
+        lambda i, t: {"type": "content_block_start", "index": i, "content_block": {"type": t}},
+        st.integers(-1, 6),
+        st.sampled_from(["text", "thinking", "tool_use", "redacted_thinking"]),
+    ),
+    st.builds(
+        lambda i: {
+            "type": "content_block_delta",
+            "index": i,
+            "delta": {"type": "text_delta", "text": MARKER},
+        },
+        st.integers(-1, 6),
+    ),
+    st.builds(lambda i: {"type": "content_block_stop", "index": i}, st.integers(-1, 6)),
+    st.just({"type": "ping"}),
+    st.just({"type": "message_stop"}),
+    st.just({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}}),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(stream=_provider_stream(), dialect=st.sampled_from(DIALECTS), data=st.data())
+def test_a_mangled_stream_is_published_as_a_valid_stream(
+    stream: tuple[list[dict[str, Any]], str, str, list[Any]], dialect: Dialect, data: st.DataObject
+) -> None:
+    # Events lost, repeated and stray ones inserted anywhere after message_start: whatever
+    # comes of it goes out as a stream every reader takes, and payload never reaches a log.
+    events = stream[0]
+    mangled = [events[0]]
+    for event in events[1:]:
+        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
+        if action == "stray":
+            mangled.append(data.draw(_STRAY))
+        if action != "drop":
+            mangled.append(event)
+        if action == "twice":
+            mangled.append(event)
+
+    async def main() -> None:
+        publisher, sink = _make(dialect)
+        await publish(publisher, mangled, stream_id="conv_1")
+        assert check(sink.events) == []
+        reassemble_events(sink.events)
+
+    with _Records() as records:
+        anyio.run(main)
+    assert not [r for r in records if MARKER in r.getMessage()]
 
 
 @pytest.mark.anyio
