@@ -793,6 +793,75 @@ def test_any_chunk_boundaries_give_the_same_content(
     assert parsed.stop_reason == "tool_use"
 
 
+_MARKER = "SECRET-PAYLOAD-7f3e"
+_STRAY_CHUNK = st.one_of(
+    st.builds(lambda: _chunk(content=_MARKER)),
+    st.builds(lambda: _chunk(reasoning=_MARKER)),
+    st.builds(
+        lambda i, with_id, args: _chunk(
+            tool_calls=[
+                _call(
+                    i,
+                    id=f"x{i}" if with_id else None,
+                    name="g" if with_id else None,
+                    arguments=args,
+                )
+            ]
+        ),
+        st.one_of(st.none(), st.integers(-1, 4)),
+        st.booleans(),
+        st.sampled_from(['{"', _MARKER, "}", "]", "", '"' + _MARKER + '"}']),
+    ),
+    st.sampled_from(["stop", "tool_calls", "length", "content_filter", None]).map(
+        lambda reason: _chunk(finish_reason=reason)
+    ),
+    st.just({"id": "chatcmpl-t", "object": "chat.completion.chunk", "choices": []}),
+    st.just({"choices": "not a list"}),
+    st.just({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "0"}]}}]}),
+    st.just({"choices": [{"index": 1, "delta": {"content": _MARKER}}]}),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), dialect=st.sampled_from(DIALECTS))
+def test_a_mangled_stream_is_published_as_a_valid_stream(
+    data: st.DataObject, dialect: Dialect
+) -> None:
+    # A stream's chunks lost, repeated and stray ones inserted anywhere: whatever comes of
+    # it goes out as a stream every reader takes, and no payload reaches a log.
+    chunks = [_chunk(reasoning=_REASONING[:10]), _chunk(reasoning=_REASONING[10:])]
+    chunks += [_chunk(content=_TEXT[:5]), _chunk(content=_TEXT[5:])]
+    for n, args in enumerate(_ARGS):
+        chunks.append(_chunk(tool_calls=[_call(n, id=f"c{n}", name="f", arguments=args[:4])]))
+        chunks.append(_chunk(tool_calls=[_call(n, arguments=args[4:])]))
+    chunks.append(_chunk(finish_reason="tool_calls"))
+    mangled: list[Any] = []
+    for chunk in chunks:
+        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
+        if action == "stray":
+            mangled.append(data.draw(_STRAY_CHUNK))
+        if action != "drop":
+            mangled.append(chunk)
+        if action == "twice":
+            mangled.append(chunk)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("essessey")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        _, events = anyio.run(lambda: _publish(mangled, dialect))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert check(events) == []
+    reassemble_events(events)
+    assert not [r for r in records if _MARKER in r.getMessage()]
+
+
 # -- interleaved parallel calls ---------------------------------------------------------------
 
 

@@ -2712,3 +2712,90 @@ async def test_a_namespace_and_a_phase_the_protocol_cannot_carry_are_logged_once
     assert len([line for line in lines if "phase" in line]) == 1
     assert "billing" not in caplog.text
     assert "commentary" not in caplog.text
+
+
+_MARKER = "SECRET-PAYLOAD-5b1d"
+_ANY_ID = st.sampled_from(["fc_0", "fc_1", "msg_1", "rs_1", "nope", ""])
+_STRAY_EVENT = st.one_of(
+    st.builds(
+        lambda t, i, o: (
+            {"type": t, "item_id": i, "output_index": o, "content_index": 0} | {"delta": _MARKER}
+        ),
+        st.sampled_from(
+            [
+                "response.output_text.delta",
+                "response.function_call_arguments.delta",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_text.delta",
+                "response.refusal.delta",
+            ]
+        ),
+        _ANY_ID,
+        st.integers(-1, 4),
+    ),
+    st.builds(
+        lambda t, o, kind, i: {"type": t, "output_index": o, "item": {"type": kind, "id": i}},
+        st.sampled_from(["response.output_item.added", "response.output_item.done"]),
+        st.integers(-1, 4),
+        st.sampled_from(["message", "function_call", "reasoning", "web_search_call", "x"]),
+        _ANY_ID,
+    ),
+    st.builds(
+        lambda i: (
+            {"type": "response.function_call_arguments.done", "item_id": i}
+            | {"output_index": 0, "arguments": '{"' + _MARKER}
+        ),
+        _ANY_ID,
+    ),
+    st.sampled_from(
+        [
+            {"type": "response.completed", "response": {"status": "completed"}},
+            {"type": "response.in_progress"},
+            {"type": "error", "code": "server_error", "message": _MARKER},
+            {"type": _MARKER},
+            {"type": 7},
+            [],
+        ]
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    base=st.one_of(
+        st.sampled_from(sorted(p.name for p in FIXTURES.glob("*.json"))).map(_load),
+        interleavings(max_calls=3).map(responses_events),
+    ),
+    data=st.data(),
+    dialect=st.sampled_from(DIALECTS),
+)
+def test_a_mangled_stream_is_published_as_a_valid_stream(
+    base: list[dict[str, Any]], data: st.DataObject, dialect: Dialect
+) -> None:
+    # Events lost, repeated and stray ones inserted anywhere: whatever comes of it goes
+    # out as a stream every reader takes, and no payload reaches a log.
+    mangled: list[Any] = []
+    for event in base:
+        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
+        if action == "stray":
+            mangled.append(data.draw(_STRAY_EVENT))
+        if action != "drop":
+            mangled.append(event)
+        if action == "twice":
+            mangled.append(event)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("essessey")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        _, events = anyio.run(lambda: _publish(mangled, dialect))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert check(events) == []
+    reassemble_events(events)
+    assert not [r for r in records if _MARKER in r.getMessage()]
