@@ -970,7 +970,7 @@ _STRAY: Final = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(stream=_provider_stream(), dialect=st.sampled_from(DIALECTS), data=st.data())
 def test_a_mangled_stream_is_published_as_a_valid_stream(
     stream: tuple[list[dict[str, Any]], str, str, list[Any]], dialect: Dialect, data: st.DataObject

@@ -822,7 +822,7 @@ _STRAY_CHUNK = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data(), dialect=st.sampled_from(DIALECTS))
 def test_a_mangled_stream_is_published_as_a_valid_stream(
     data: st.DataObject, dialect: Dialect

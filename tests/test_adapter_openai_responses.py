@@ -2760,7 +2760,7 @@ _STRAY_EVENT = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     base=st.one_of(
         st.sampled_from(sorted(p.name for p in FIXTURES.glob("*.json"))).map(_load),
