@@ -85,13 +85,13 @@ INCOMPLETE_MESSAGE: Final = "the provider stream ended before message_stop"
 CUT_MESSAGE: Final = "the provider began a new message before message_stop"
 """The message of the error a message ends with when the provider began another in it."""
 
-# What the SDK's MessageStream yields besides the raw events: conveniences derived from
-# them (the text so far, a parsed citation). The raw events carry the same content.
 # The events that name a block, and those that end a message: after a held start, the
 # first that names the held block, or ends the message, says the open block's stop was
 # lost (see _Reader._settle).
 _BLOCK_EVENTS: Final = frozenset({EventType.CONTENT_BLOCK_DELTA, EventType.CONTENT_BLOCK_STOP})
 _MESSAGE_ENDS: Final = frozenset({EventType.MESSAGE_DELTA, EventType.MESSAGE_STOP, EventType.ERROR})
+# What the SDK's MessageStream yields besides the raw events: conveniences derived from
+# them (the text so far, a parsed citation). The raw events carry the same content.
 _SDK_DERIVED_EVENTS: Final = frozenset({"text", "thinking", "signature", "input_json", "citation"})
 
 
@@ -289,7 +289,7 @@ class _Reader:
         held_position, start = held
         block = self.block
         new_index = start["index"]
-        if block is None:  # closed since (a refusal): the held block simply starts
+        if block is None:  # no block is open any more: the held one simply starts
             return True
         index = payload.get("index") if name in _BLOCK_EVENTS else None
         if name == EventType.CONTENT_BLOCK_STOP and index == block.index:
@@ -306,10 +306,8 @@ class _Reader:
             await self._dispatch(held_position, EventType.CONTENT_BLOCK_STOP, stop)
             await self._dispatch(held_position, EventType.CONTENT_BLOCK_START, start)
             return False
-        name_held = EventType.CONTENT_BLOCK_START
-        _skip(
-            held_position, name_held, f"block {new_index} starts while block {block.index} is open"
-        )
+        stray = f"block {new_index} starts while block {block.index} is open"
+        _skip(held_position, EventType.CONTENT_BLOCK_START, stray)
         return False
 
     async def _dispatch(self, position: int, name: str, payload: dict[str, Any]) -> None:
