@@ -16,6 +16,21 @@ from essessey import Event, StreamHub, ToolApproval, TurnProducer, check, reasse
 from essessey.hub import Continuation
 
 
+def mangled(data: st.DataObject, items: list[Any], stray: st.SearchStrategy[Any]) -> list[Any]:
+    """``items`` with some lost, some repeated and strays (``stray`` draws each) put
+    before some: a stream a faulty server or proxy could send."""
+    out: list[Any] = []
+    for item in items:
+        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
+        if action == "stray":
+            out.append(data.draw(stray))
+        if action != "drop":
+            out.append(item)
+        if action == "twice":
+            out.append(item)
+    return out
+
+
 def payloads(events: list[Event]) -> list[dict[str, Any]]:
     """Each event's payload, parsed."""
     return [orjson.loads(event.data) for event in events]

@@ -25,9 +25,11 @@ from essessey.adapters.anthropic import (
     stream_round,
 )
 from essessey.protocol import Dialect
+from tests.adapter_views import mangled
 from tests.adapter_views import payloads as _payloads
 from tests.anthropic_sdk import read_message
 from tests.anthropic_sdk import stream_events as sdk_stream_events
+from tests.captured_logs import captured_logs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "anthropic"
 COMPLETE = ["text_only", "thinking_text_tool", "two_parallel_tools", "server_tool"]
@@ -925,30 +927,6 @@ def test_any_lost_block_stops_leave_the_content_whole(
     anyio.run(main)
 
 
-class _Records(logging.Handler):
-    """Every record of the ``essessey`` loggers while in use (a hypothesis test cannot
-    take pytest's function-scoped caplog)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def __enter__(self) -> list[logging.LogRecord]:
-        logger = logging.getLogger("essessey")
-        self._level = logger.level
-        logger.addHandler(self)
-        logger.setLevel(logging.DEBUG)
-        return self.records
-
-    def __exit__(self, *exc: object) -> None:
-        logger = logging.getLogger("essessey")
-        logger.removeHandler(self)
-        logger.setLevel(self._level)
-
-
 _STRAY: Final = st.one_of(
     st.builds(
         lambda i, t: {"type": "content_block_start", "index": i, "content_block": {"type": t}},
@@ -978,23 +956,15 @@ def test_a_mangled_stream_is_published_as_a_valid_stream(
     # Events lost, repeated and stray ones inserted anywhere after message_start: whatever
     # comes of it goes out as a stream every reader takes, and payload never reaches a log.
     events = stream[0]
-    mangled = [events[0]]
-    for event in events[1:]:
-        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
-        if action == "stray":
-            mangled.append(data.draw(_STRAY))
-        if action != "drop":
-            mangled.append(event)
-        if action == "twice":
-            mangled.append(event)
+    sent = [events[0], *mangled(data, events[1:], _STRAY)]
 
     async def main() -> None:
         publisher, sink = _make(dialect)
-        await publish(publisher, mangled, stream_id="conv_1")
+        await publish(publisher, sent, stream_id="conv_1")
         assert check(sink.events) == []
         reassemble_events(sink.events)
 
-    with _Records() as records:
+    with captured_logs() as records:
         anyio.run(main)
     assert not [r for r in records if MARKER in r.getMessage()]
 

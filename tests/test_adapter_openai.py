@@ -36,10 +36,17 @@ from essessey.adapters import RoundStream, ToolCallRequest, stream_rounds
 from essessey.adapters.openai import CUT_STREAM, map_stop_reason, publish, stream_round
 from essessey.bindings.sse import EventStreamResponse
 from essessey.protocol import Dialect
-from tests.adapter_views import Interleaving, assert_each_call_whole, chat_chunks, interleavings
+from tests.adapter_views import (
+    Interleaving,
+    assert_each_call_whole,
+    chat_chunks,
+    interleavings,
+    mangled,
+)
 from tests.adapter_views import blocks as _blocks
 from tests.adapter_views import log_text as _log_text
 from tests.adapter_views import tool_use_blocks as _tool_use_blocks
+from tests.captured_logs import captured_logs
 from tests.servers import serve
 
 MARKER = "SECRET-PAYLOAD-0a1c"
@@ -835,28 +842,9 @@ def test_a_mangled_stream_is_published_as_a_valid_stream(
         chunks.append(_chunk(tool_calls=[_call(n, id=f"c{n}", name="f", arguments=args[:4])]))
         chunks.append(_chunk(tool_calls=[_call(n, arguments=args[4:])]))
     chunks.append(_chunk(finish_reason="tool_calls"))
-    mangled: list[Any] = []
-    for chunk in chunks:
-        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
-        if action == "stray":
-            mangled.append(data.draw(_STRAY_CHUNK))
-        if action != "drop":
-            mangled.append(chunk)
-        if action == "twice":
-            mangled.append(chunk)
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("essessey")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        _, events = anyio.run(lambda: _publish(mangled, dialect))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    sent = mangled(data, chunks, _STRAY_CHUNK)
+    with captured_logs() as records:
+        _, events = anyio.run(lambda: _publish(sent, dialect))
     assert check(events) == []
     reassemble_events(events)
     assert not [r for r in records if _MARKER in r.getMessage()]

@@ -52,10 +52,12 @@ from tests.adapter_views import (
     assert_each_call_whole,
     block_starts,
     interleavings,
+    mangled,
     responses_events,
 )
 from tests.adapter_views import blocks as _blocks
 from tests.adapter_views import log_text as _log_text
+from tests.captured_logs import captured_logs
 from tests.servers import serve
 
 MARKER = "SECRET-PAYLOAD-7f3e"  # in the fixtures' skipped events, and in test payloads
@@ -2774,28 +2776,9 @@ def test_a_mangled_stream_is_published_as_a_valid_stream(
 ) -> None:
     # Events lost, repeated and stray ones inserted anywhere: whatever comes of it goes
     # out as a stream every reader takes, and no payload reaches a log.
-    mangled: list[Any] = []
-    for event in base:
-        action = data.draw(st.sampled_from(["keep", "keep", "keep", "drop", "twice", "stray"]))
-        if action == "stray":
-            mangled.append(data.draw(_STRAY_EVENT))
-        if action != "drop":
-            mangled.append(event)
-        if action == "twice":
-            mangled.append(event)
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("essessey")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        _, events = anyio.run(lambda: _publish(mangled, dialect))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    sent = mangled(data, base, _STRAY_EVENT)
+    with captured_logs() as records:
+        _, events = anyio.run(lambda: _publish(sent, dialect))
     assert check(events) == []
     reassemble_events(events)
     assert not [r for r in records if _MARKER in r.getMessage()]

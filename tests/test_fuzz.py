@@ -28,7 +28,6 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate, pairwise
@@ -82,6 +81,7 @@ from essessey.protocol.asking import (
 from essessey.reassemble import ParsedStream, Reassembler
 from essessey.snapshot import compact
 from tests.adapter_views import block_starts
+from tests.captured_logs import captured_logs
 from tests.fuzz_settings import fuzz
 from tests.servers import serve
 from tests.test_sse_decoder import BOM, SOUP, limit_hit, reference_decode
@@ -165,37 +165,6 @@ def to_json(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(map(to_json, value)) + "]"
     return json.dumps(value, ensure_ascii=False)
-
-
-# -- capturing logs -------------------------------------------------------------------
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextmanager
-def captured_logs(name: str = "essessey") -> Iterator[list[logging.LogRecord]]:
-    """Every record of ``name``'s loggers, DEBUG included, while the block runs.
-
-    A handler of our own rather than pytest's caplog: caplog is a function-scoped
-    fixture, shared by every example Hypothesis runs in one test.
-    """
-    handler = _Records()
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield handler.records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def assert_no_content(records: Sequence[logging.LogRecord]) -> None:
