@@ -88,6 +88,10 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     finally:
         server.stop()
         thread.join(timeout=STARTUP_TIMEOUT)
+        # Every server a test starts, it stops: one still running (a turn its shutdown
+        # waits for) would outlive the test.
+        if thread.is_alive():
+            raise RuntimeError(f"uvicorn did not stop within {STARTUP_TIMEOUT} s")
 
 
 class ServerProcess:

@@ -55,7 +55,8 @@ def held_or_scripted(request: DialectRequest) -> TurnProducer:
 
 
 def test_a_full_store_is_a_503_on_every_dialect_never_a_500() -> None:
-    hub = StreamHub(InMemoryEventStore(max_streams=2))
+    # No grace at shutdown: the held turns are cancelled when the server stops.
+    hub = StreamHub(InMemoryEventStore(max_streams=2), shutdown_grace=0)
     app = Starlette(routes=list(dialect_routes(hub, held_or_scripted)), lifespan=hub.lifespan)
     hold = {"model": "hold", "messages": USER, "stream": True}
     ui = {"id": "full-chat", "messages": [{"id": "u", "role": "user", "parts": []}]}

@@ -485,7 +485,7 @@ def test_an_event_of_many_data_lines_decodes_the_same_at_every_split(lines: int)
 def test_many_short_data_lines_cost_about_their_bytes() -> None:
     # Each line held as an object of its own would cost about 40 bytes more than its
     # three: the event's limit bounds what the decoder holds, not only what it counts.
-    limit = 4 << 20
+    limit = 1 << 20
     decoder = SSEDecoder(max_event_size=limit)
     chunk = b"data:ab\n" * 8192
 
