@@ -4,6 +4,7 @@ interleaved tool calls the adapters' tests feed them, and a turn's approvals ans
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from essessey import Event, StreamHub, ToolApproval, TurnProducer, check, reassemble_events
 from essessey.hub import Continuation
+from tests.captured_logs import captured_logs
 
 
 def mangled(data: st.DataObject, items: list[Any], stray: st.SearchStrategy[Any]) -> list[Any]:
@@ -29,6 +31,16 @@ def mangled(data: st.DataObject, items: list[Any], stray: st.SearchStrategy[Any]
         if action == "twice":
             out.append(item)
     return out
+
+
+def assert_published_quietly(publish: Callable[[], Awaitable[list[Event]]], marker: str) -> None:
+    """Run ``publish`` (it returns the events an adapter published): they pass ``check``,
+    the reassembler reads them, and no log line on the way carries ``marker`` (payload)."""
+    with captured_logs() as records:
+        events = anyio.run(publish)
+    assert check(events) == []
+    reassemble_events(events)
+    assert not [r for r in records if marker in r.getMessage()]
 
 
 def payloads(events: list[Event]) -> list[dict[str, Any]]:
